@@ -1,0 +1,127 @@
+"""`vlmstream` command line.
+
+    vlmstream image IMAGE [--model tiny|DIR] (--caption short|normal|long | --question TEXT)
+                          [--temperature T] [--top-p P] [--max-tokens N] [--seed S]
+                          [--device cpu|cuda] [--dtype D] [--json]
+
+User mistakes print one line `vlmstream: error: ...` on stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Sequence
+
+from engine.errors import VlmstreamError
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vlmstream", description="Real-time video understanding with a VLM.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    img = sub.add_parser("image", help="caption or ask a question about one image",
+                         description="Caption an image or answer a question about it.")
+    img.add_argument("image", metavar="IMAGE", help="path of an image file (any format Pillow reads)")
+    _add_model_args(img)
+    task = img.add_mutually_exclusive_group()
+    task.add_argument("--caption", choices=["short", "normal", "long"],
+                      help="caption length (default: normal, unless --question is given)")
+    task.add_argument("--question", metavar="TEXT", help="a question about the image")
+    _add_sampling_args(img)
+    img.add_argument("--json", action="store_true",
+                     help="print one JSON object: text, token_ids, finish_reason, timings_ms")
+    img.set_defaults(func=_cmd_image)
+    return p
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", metavar="tiny|DIR",
+                   help="'tiny' (embedded default) or a local Moondream 2 folder (default: tiny)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="weights and activations (default: float32 on cpu, bfloat16 on cuda)")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 = greedy (default); > 0 samples with top-p")
+    p.add_argument("--top-p", type=float, default=0.3, metavar="P", help="nucleus mass, in (0, 1] (default 0.3)")
+    p.add_argument("--max-tokens", type=int, default=768, metavar="N", help="answer length limit (default 768)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="sampling seed (default: a fresh one, reported with --json)")
+
+
+def _cmd_image(args: argparse.Namespace) -> int:
+    from engine.models.loader import load_model
+    from engine.reference import ReferenceDecoder
+    from engine.types import SamplingParams
+    from pipelines.image_file import read_image
+
+    # Validate everything cheap before the model loads.
+    params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
+    if args.question is not None and not args.question.strip():
+        raise _UsageError("--question is empty")
+    caption = args.caption or (None if args.question is not None else "normal")
+    rgb = read_image(args.image)
+
+    t0 = time.perf_counter()
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    load_ms = (time.perf_counter() - t0) * 1000.0
+    decoder = ReferenceDecoder(loaded)
+
+    stream = not args.json
+    out = sys.stdout
+
+    def on_text(piece: str) -> None:
+        out.write(piece)
+        out.flush()
+
+    result = decoder.generate(rgb, caption=caption, question=args.question, params=params,
+                              on_text=on_text if stream else None)
+    if args.json:
+        json.dump({
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "finish_reason": result.finish_reason,
+            "timings_ms": result.timings.as_dict(),
+            "model": args.model,
+            "device": str(loaded.device),
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "seed": result.seed,
+            "load_ms": round(load_ms, 3),
+        }, out)
+    out.write("\n")
+    out.flush()
+    return 0
+
+
+class _UsageError(VlmstreamError):
+    pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except VlmstreamError as e:
+        print(f"vlmstream: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("vlmstream: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. piped into `head`
+        return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

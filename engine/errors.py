@@ -1,0 +1,30 @@
+"""Exception types of the public API.
+
+Every user mistake (a bad model folder, an unreadable image, an invalid sampling parameter)
+raises a subclass of `VlmstreamError` whose message is one line that says what is wrong and
+where. The CLI prints that line and exits with code 2; anything else is a bug.
+"""
+
+
+class VlmstreamError(Exception):
+    """Base class: a problem the user can fix, described in one line."""
+
+
+class ConfigError(VlmstreamError, ValueError):
+    """A config.json or a config value is invalid."""
+
+
+class ModelLoadError(VlmstreamError):
+    """A model folder is missing, incomplete, corrupt, or does not match its config."""
+
+
+class ImageError(VlmstreamError):
+    """An image could not be read or decoded."""
+
+
+class RequestError(VlmstreamError, ValueError):
+    """A request is invalid: bad sampling parameters, empty question, prompt too long."""
+
+
+class DeviceError(VlmstreamError):
+    """The requested device is not available on this machine."""

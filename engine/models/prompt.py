@@ -1,0 +1,33 @@
+"""Prompt token ids for the supported tasks, from the config's templates.
+
+caption(length): the caption template. query(question): prefix + tokens(question) + suffix +
+suffix (the answer marker appears twice, as the released Moondream 2 was trained).
+"""
+
+from __future__ import annotations
+
+from ..config import CAPTION_LENGTHS, ModelConfig
+from ..errors import RequestError
+from .tokenizer import Tokenizer
+
+
+def prompt_ids(
+    config: ModelConfig, tokenizer: Tokenizer, caption: str | None = None, question: str | None = None
+) -> list[int]:
+    if (caption is None) == (question is None):
+        raise RequestError("give exactly one of caption (short|normal|long) or question")
+    templates = config.tokenizer.templates
+    if caption is not None:
+        if caption not in CAPTION_LENGTHS:
+            raise RequestError(f"caption length must be one of {', '.join(CAPTION_LENGTHS)}, got {caption!r}")
+        return list(templates.caption[caption])
+    if not isinstance(question, str) or not question.strip():
+        raise RequestError("the question is empty")
+    q = templates.query
+    ids = list(q.prefix) + tokenizer.encode(question) + list(q.suffix) + list(q.suffix)
+    too_big = [i for i in ids if i >= config.text.vocab_size]
+    if too_big:
+        raise RequestError(
+            f"the tokenizer produced id {too_big[0]}, outside the model's vocabulary ({config.text.vocab_size})"
+        )
+    return ids

@@ -1,0 +1,94 @@
+"""Overlap-crop tiling of an image into encoder crops, and the inverse stitching of features.
+
+Contract (shared/MOONDREAM2.md): with patch P, crop C and margin m = P * overlap_margin pixels,
+the window w = C - 2m; the grid comes from the image reduced by 2m per axis; the image is resized
+(PIL Lanczos) to (rows*w + 2m, cols*w + 2m) and cut into C x C tiles at stride w, zero padded at
+the edges; crop 0 is the whole image resized to C x C. At most max_crops + 1 crops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..config import VisionConfig
+
+
+def select_tiling(height: int, width: int, window: int, max_crops: int) -> tuple[int, int]:
+    """(rows, cols) of tiles for an image of height x width (already reduced by the margins)."""
+    if height <= window or width <= window:
+        return 1, 1
+    min_h = math.ceil(height / window)
+    min_w = math.ceil(width / window)
+    if min_h * min_w > max_crops:
+        ratio = math.sqrt(max_crops / (min_h * min_w))
+        rows, cols = max(1, math.floor(min_h * ratio)), max(1, math.floor(min_w * ratio))
+        # Deviation from the published code, for extreme aspect ratios only (e.g. 7600x400):
+        # raising a side from 0 to 1 can overshoot max_crops there; shrink the long side back.
+        if rows * cols > max_crops:
+            rows, cols = (rows, max_crops // rows) if cols > rows else (max_crops // cols, cols)
+        return max(1, rows), max(1, cols)
+    rows = max(math.floor(math.sqrt(max_crops * height / width)), min_h)
+    cols = max(math.floor(math.sqrt(max_crops * width / height)), min_w)
+    if rows * cols > max_crops:
+        if cols > rows:
+            cols = math.floor(max_crops / rows)
+        else:
+            rows = math.floor(max_crops / cols)
+    return max(1, rows), max(1, cols)
+
+
+def _resize(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+    return np.asarray(Image.fromarray(rgb).resize((width, height), Image.Resampling.LANCZOS))
+
+
+def overlap_crops(rgb_HW3: np.ndarray, cfg: VisionConfig) -> tuple[np.ndarray, tuple[int, int]]:
+    """Crops (N, C, C, 3) uint8, global first then tiles row-major, and the (rows, cols) tiling."""
+    if rgb_HW3.dtype != np.uint8 or rgb_HW3.ndim != 3 or rgb_HW3.shape[2] != 3:
+        raise ValueError(f"expected an RGB uint8 array of shape (H, W, 3), got {rgb_HW3.dtype} {rgb_HW3.shape}")
+    h, w = rgb_HW3.shape[:2]
+    c = cfg.crop_size
+    margin = cfg.enc_patch_size * cfg.overlap_margin
+    window = c - 2 * margin
+    rows, cols = select_tiling(h - 2 * margin, w - 2 * margin, window, cfg.max_crops)
+
+    crops = np.zeros((rows * cols + 1, c, c, 3), dtype=np.uint8)
+    crops[0] = _resize(rgb_HW3, c, c)
+    big = _resize(rgb_HW3, rows * window + 2 * margin, cols * window + 2 * margin)
+    for i in range(rows):
+        for j in range(cols):
+            tile = big[i * window : i * window + c, j * window : j * window + c]
+            crops[1 + i * cols + j, : tile.shape[0], : tile.shape[1]] = tile
+    return crops, (rows, cols)
+
+
+def crops_to_tensor(crops_NCC3: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 crops -> (N, 3, C, C) normalised to [-1, 1] as (x / 255 - 0.5) / 0.5."""
+    x = torch.from_numpy(np.ascontiguousarray(crops_NCC3)).to(device)
+    x = x.permute(0, 3, 1, 2).to(dtype)
+    return x.div_(255.0).sub_(0.5).div_(0.5)
+
+
+def reconstruct(tiles_NhwD: torch.Tensor, tiling: tuple[int, int], margin: int) -> torch.Tensor:
+    """Stitch per-tile maps (N, h, w, D) into one (H, W, D) map.
+
+    Neighbouring tiles overlap by 2 * margin; each keeps its margin only on the outer edges of
+    the whole image, so every output cell comes from exactly one tile.
+    """
+    rows, cols = tiling
+    n, th, tw, d = tiles_NhwD.shape
+    if n != rows * cols:
+        raise ValueError(f"{n} tiles do not fill a {rows}x{cols} tiling")
+    step_h, step_w = th - 2 * margin, tw - 2 * margin
+    out = tiles_NhwD.new_zeros((step_h * rows + 2 * margin, step_w * cols + 2 * margin, d))
+    for idx in range(n):
+        i, j = divmod(idx, cols)
+        y0 = 0 if i == 0 else margin
+        y1 = th if i == rows - 1 else th - margin
+        x0 = 0 if j == 0 else margin
+        x1 = tw if j == cols - 1 else tw - margin
+        out[i * step_h + y0 : i * step_h + y1, j * step_w + x0 : j * step_w + x1] = tiles_NhwD[idx, y0:y1, x0:x1]
+    return out

@@ -1,0 +1,36 @@
+"""A model folder's `tokenizer.json`, read with Hugging Face `tokenizers`; never fetched.
+
+`encode` and `decode` use the library defaults (special tokens added by the file's
+post-processor, skipped when decoding), as the Moondream reference does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from ..errors import ModelLoadError
+
+
+class Tokenizer:
+    def __init__(self, path: Path):
+        path = Path(path)
+        if not path.is_file():
+            raise ModelLoadError(f"{path} is missing: a model folder needs its tokenizer.json")
+        try:
+            self._tok = _HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ModelLoadError(f"{path} is not a valid tokenizer.json: {first_line}") from None
+        self.path = path
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids)

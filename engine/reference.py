@@ -1,0 +1,174 @@
+"""The single-sequence reference decoder: the oracle the engine is tested against.
+
+Batch 1, one contiguous KV buffer, no pipelining, a host sync after every step. It follows the
+Moondream generation rules to the letter: image prefix (BOS + image tokens, bidirectional) at
+positions 0..prefix_len-1, the prompt after it, the first answer token from the prompt's last
+position, then one token per step with the answer marker suppressed, until EOS or max_tokens.
+Sampling draws its uniform for token k from (seed, k), as the engine does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .device import synchronize
+from .detokenizer import WordStreamer
+from .errors import RequestError
+from .models.loader import LoadedModel
+from .models.prompt import prompt_ids
+from .models.text import attention_mask
+from .sampler import sample, step_uniform, suppress
+from .types import GenerationResult, SamplingParams, StageTimings
+
+
+@dataclass
+class EncodedImage:
+    """The image prefix's KV, (n_layers, 1, n_kv_heads, prefix_len, head_dim) each, and its timings."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    timings: StageTimings = field(default_factory=StageTimings)
+
+
+class ContiguousKV:
+    """One sequence's keys and values in a contiguous buffer of `capacity` positions."""
+
+    def __init__(self, prefix: EncodedImage, capacity: int):
+        n_layers, _, h, p, d = prefix.k.shape
+        self.k = prefix.k.new_zeros((n_layers, 1, h, capacity, d))
+        self.v = torch.zeros_like(self.k)
+        self.k[:, :, :, :p] = prefix.k
+        self.v[:, :, :, :p] = prefix.v
+        self.capacity = capacity
+
+    def attender(self, pos0: int, n_new: int, prefix_len: int):
+        end = pos0 + n_new
+        mask = attention_mask(torch.arange(pos0, end, device=self.k.device), end, prefix_len)
+        mask = None if bool(mask.all()) else mask
+
+        def attend(layer: int, q, k, v):
+            self.k[layer, :, :, pos0:end] = k
+            self.v[layer, :, :, pos0:end] = v
+            keys, values = self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+            return F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1]
+            )
+
+        return attend
+
+
+class ReferenceDecoder:
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.config = loaded.config
+        self.device = loaded.model.device
+
+    def _ms_since(self, t0: float) -> float:
+        synchronize(self.device)
+        return (time.perf_counter() - t0) * 1000.0
+
+    @torch.inference_mode()
+    def encode_image(self, rgb_HW3: np.ndarray) -> EncodedImage:
+        timings = StageTimings()
+        t0 = time.perf_counter()
+        crops, tiling = self.model.preprocess(rgb_HW3)
+        timings.preprocess = self._ms_since(t0)
+
+        t0 = time.perf_counter()
+        tokens = self.model.image_tokens(crops, tiling)
+        timings.vision = self._ms_since(t0)
+
+        t0 = time.perf_counter()
+        x = self.model.prefix_embeddings(tokens)
+        p = x.shape[1]
+        cfg = self.config.text
+        empty = EncodedImage(
+            k=x.new_zeros((cfg.n_layers, 1, cfg.n_kv_heads, 0, cfg.head_dim)),
+            v=x.new_zeros((cfg.n_layers, 1, cfg.n_kv_heads, 0, cfg.head_dim)),
+        )
+        kv = ContiguousKV(empty, p)
+        pos = torch.arange(p, device=self.device)[None]
+        self.model.text(x, pos, kv.attender(0, p, self.config.prefix_len))
+        timings.prefill = self._ms_since(t0)
+        return EncodedImage(k=kv.k, v=kv.v, timings=timings)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        image: np.ndarray | EncodedImage,
+        caption: str | None = None,
+        question: str | None = None,
+        params: SamplingParams = SamplingParams(),
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenerationResult:
+        t_start = time.perf_counter()
+        ids = prompt_ids(self.config, self.loaded.tokenizer, caption=caption, question=question)
+        params = params.with_seed()
+        if isinstance(image, EncodedImage):
+            encoded, timings = image, StageTimings()  # the image's cost was paid by encode_image
+        else:
+            encoded = self.encode_image(image)
+            timings = StageTimings(**encoded.timings.__dict__)
+
+        text_model, cfg, tok = self.model.text, self.config, self.config.tokenizer
+        pos = cfg.prefix_len
+        if pos + len(ids) >= cfg.text.max_context:
+            raise RequestError(
+                f"the prompt ({len(ids)} tokens) does not fit in the context ({cfg.text.max_context} "
+                f"tokens, {pos} taken by the image)"
+            )
+        capacity = min(cfg.text.max_context, pos + len(ids) + params.max_tokens)
+        kv = ContiguousKV(encoded, capacity)
+        temperature = torch.tensor([params.temperature], device=self.device)
+        top_p = torch.tensor([params.top_p], device=self.device)
+        suppress_row = torch.tensor([True], device=self.device)
+
+        def draw(logits: torch.Tensor, index: int) -> int:
+            u = torch.tensor([step_uniform(params.seed, index)], device=self.device)
+            return int(sample(logits, temperature, top_p, u)[0])
+
+        t0 = time.perf_counter()
+        ids_t = torch.tensor([ids], device=self.device)
+        positions = torch.arange(pos, pos + len(ids), device=self.device)[None]
+        h = text_model(text_model.embed(ids_t), positions, kv.attender(pos, len(ids), cfg.prefix_len))
+        next_id = draw(text_model.logits(h[:, -1]), 0)
+        pos += len(ids)
+        timings.prefill += self._ms_since(t0)
+
+        t0 = time.perf_counter()
+        streamer = WordStreamer(self.loaded.tokenizer.decode)
+        pieces: list[str] = []
+        token_ids: list[int] = []
+        finish = "length"
+        while True:
+            if next_id == tok.eos_id:
+                finish = "stop"
+                break
+            token_ids.append(next_id)
+            piece = streamer.push(next_id)
+            if piece:
+                pieces.append(piece)
+                if on_text:
+                    on_text(piece)
+            if len(token_ids) >= params.max_tokens or pos >= capacity:
+                break
+            x = text_model.embed(torch.tensor([[next_id]], device=self.device))
+            h = text_model(x, torch.tensor([[pos]], device=self.device), kv.attender(pos, 1, cfg.prefix_len))
+            pos += 1
+            logits = suppress(text_model.logits(h[:, -1]), tok.answer_id, suppress_row)
+            next_id = draw(logits, len(token_ids))
+        piece = streamer.flush()
+        if piece:
+            pieces.append(piece)
+            if on_text:
+                on_text(piece)
+        timings.decode = self._ms_since(t0)
+        timings.total = (time.perf_counter() - t_start) * 1000.0
+        return GenerationResult("".join(pieces), token_ids, finish, timings, params.seed)

@@ -1,0 +1,61 @@
+"""Dataclasses shared across the engine and its callers."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field, replace
+
+from .errors import RequestError
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 is greedy (our default: captions of a video should not flicker). With
+    temperature > 0, top-p sampling; `seed` makes it reproducible, None draws a fresh seed."""
+
+    temperature: float = 0.0
+    top_p: float = 0.3
+    max_tokens: int = 768
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t, p, n = self.temperature, self.top_p, self.max_tokens
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise RequestError(f"temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {p!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RequestError(f"max_tokens must be an integer >= 1, got {n!r}")
+        s = self.seed
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63):
+            raise RequestError(f"seed must be an integer in [0, 2**63), got {s!r}")
+
+    def with_seed(self) -> "SamplingParams":
+        """A copy whose seed is concrete, so that the run can be repeated."""
+        return self if self.seed is not None else replace(self, seed=secrets.randbits(63))
+
+
+@dataclass
+class StageTimings:
+    """Milliseconds per stage of one request."""
+
+    preprocess: float = 0.0
+    vision: float = 0.0
+    prefill: float = 0.0
+    decode: float = 0.0
+    total: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    timings: StageTimings = field(default_factory=StageTimings)
+    seed: int | None = None

@@ -1,0 +1,67 @@
+"""Shared fixtures: single-threaded torch, shrunken Moondream configs, model folders on disk."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from engine.config import ModelConfig  # noqa: E402
+from engine.models.loader import TINY_DIR  # noqa: E402
+from engine.models.weights import random_state_dict, save_model_folder  # noqa: E402
+
+torch.set_num_threads(1)
+
+TINY_TOKENIZER = TINY_DIR / "tokenizer.json"
+
+
+def _templates() -> dict:
+    return json.loads((TINY_DIR / "config.json").read_text())["tokenizer"]["templates"]
+
+
+def small_config(gqa: bool = False) -> ModelConfig:
+    """Two shrunken Moondream layouts with the real head size 64 (plain MHA, or grouped-query)."""
+    if gqa:
+        text = dict(dim=256, ff_dim=512, n_layers=2, vocab_size=512, max_context=160, n_heads=4, n_kv_heads=2)
+        vision = dict(enc_dim=128, enc_patch_size=7, enc_n_layers=2, enc_ff_dim=256, enc_n_heads=2,
+                      proj_inner_dim=256, proj_out_dim=256, crop_size=42, max_crops=6, overlap_margin=1)
+        region = dict(dim=256, coord_feat_dim=32, coord_out_dim=64, size_feat_dim=32, size_out_dim=128,
+                      inner_dim=128)
+    else:
+        text = dict(dim=128, ff_dim=256, n_layers=2, vocab_size=512, max_context=128, n_heads=2, n_kv_heads=2)
+        vision = dict(enc_dim=64, enc_patch_size=14, enc_n_layers=2, enc_ff_dim=128, enc_n_heads=1,
+                      proj_inner_dim=128, proj_out_dim=128, crop_size=56, max_crops=4, overlap_margin=1)
+        region = dict(dim=128, coord_feat_dim=32, coord_out_dim=64, size_feat_dim=32, size_out_dim=128,
+                      inner_dim=128)
+    return ModelConfig.from_dict(
+        {"text": text, "vision": vision, "region": region, "tokenizer": {"templates": _templates()}}
+    )
+
+
+def write_folder(folder: Path, config: ModelConfig, seed: int = 0, dtype=torch.bfloat16) -> Path:
+    save_model_folder(folder, config, random_state_dict(config, seed=seed, dtype=dtype), TINY_TOKENIZER)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def small_folder(tmp_path_factory) -> Path:
+    return write_folder(tmp_path_factory.mktemp("small"), small_config(), seed=1, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def gqa_folder(tmp_path_factory) -> Path:
+    return write_folder(tmp_path_factory.mktemp("gqa"), small_config(gqa=True), seed=2)
+
+
+@pytest.fixture(scope="session")
+def rgb_image():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, size=(90, 160, 3), dtype=np.uint8)

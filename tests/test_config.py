@@ -1,0 +1,68 @@
+import json
+
+import pytest
+
+from engine.config import ModelConfig
+from engine.errors import ConfigError, ModelLoadError
+from engine.models.loader import read_config
+
+
+def test_defaults_are_moondream2():
+    c = ModelConfig()
+    assert (c.text.dim, c.text.n_layers, c.text.n_heads, c.text.vocab_size, c.text.max_context) == (
+        2048, 24, 32, 51200, 2048)
+    assert (c.vision.enc_dim, c.vision.enc_n_layers, c.vision.crop_size, c.vision.max_crops) == (1152, 27, 378, 12)
+    assert c.prefix_len == 730
+    assert c.text.rot_dim == 32 and c.text.head_dim == 64
+    assert c.tokenizer.templates.caption["normal"] == (1, 32708, 2, 6382, 3)
+    assert c.tokenizer.templates.query.prefix == (1, 15381, 2)
+
+
+def test_round_trip_and_wrapper(tmp_path):
+    c = ModelConfig.from_dict({"text": {"n_layers": 3}, "tokenizer": {"templates": {"query": {"suffix": [3]}}}})
+    assert c.text.n_layers == 3 and c.text.dim == 2048
+    assert ModelConfig.from_dict(c.to_dict()) == c
+    (tmp_path / "config.json").write_text(json.dumps({"config": c.to_dict()}))
+    assert read_config(tmp_path) == c
+
+
+def test_absent_config_takes_defaults(tmp_path):
+    assert read_config(tmp_path) == ModelConfig()
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"text": {"dimm": 4}}, "text.dimm"),
+    ({"textt": {}}, "config.textt"),
+    ({"tokenizer": {"templates": {"caption": {"tiny": [1]}}}}, "caption.tiny"),
+    ({"tokenizer": {"templates": {"ask": {}}}}, "templates.ask"),
+    ({"vision": {"crop_size": "378"}}, "vision.crop_size"),
+    ({"text": {"n_heads": 0}}, "text.n_heads"),
+    ({"text": {"dim": 100, "n_heads": 3}}, "text.dim"),
+    ({"vision": {"proj_out_dim": 1024}}, "proj_out_dim"),
+    ({"vision": {"overlap_margin": 14}}, "overlap_margin"),
+    ({"tokenizer": {"templates": {"query": {"prefix": "1 2"}}}}, "query.prefix"),
+    ({"tokenizer": {"answer_id": 99999}}, "99999"),
+])
+def test_invalid_configs_name_the_field(data, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        ModelConfig.from_dict(data)
+
+
+def test_bad_json_file(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        read_config(tmp_path)
+
+
+def test_unknown_field_in_folder_is_a_load_error(tmp_path, small_folder):
+    import shutil
+
+    from engine.models.loader import load_model
+
+    folder = tmp_path / "m"
+    shutil.copytree(small_folder, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["text"]["rope_theta"] = 10000
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="text.rope_theta"):
+        load_model(folder)

@@ -1,0 +1,96 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import ModelConfig, VisionConfig
+from engine.models.tiling import crops_to_tensor, overlap_crops, reconstruct, select_tiling
+
+MD2 = ModelConfig().vision  # patch 14, crop 378, margin 4 patches = 56 px, window 266 px
+
+
+@pytest.mark.parametrize("width, height, tiling", [
+    (1, 1, (1, 1)),
+    (378, 378, (1, 1)),
+    (379, 1000, (6, 2)),
+    (1000, 379, (2, 6)),
+    (8000, 300, (1, 1)),
+    (300, 8000, (1, 1)),
+    (4000, 3000, (2, 4)),
+    (3000, 4000, (4, 2)),
+    (1920, 1080, (2, 4)),
+    (800, 600, (2, 4)),
+    (640, 480, (2, 4)),
+    (1000, 1000, (3, 3)),
+    (1412, 392, (2, 6)),  # raised to the minimum, then the larger side shrunk back to fit
+    (489, 489, (3, 3)),  # minimum 2x2, but the square root of 12 allows 3x3
+    (7600, 400, (1, 12)),  # the published code gives 1x13 here; we cap at max_crops
+])
+def test_grid_and_crop_count(width, height, tiling):
+    img = np.zeros((height, width, 3), dtype=np.uint8)
+    crops, got = overlap_crops(img, MD2)
+    assert got == tiling
+    assert crops.shape == (tiling[0] * tiling[1] + 1, 378, 378, 3)
+    assert crops.dtype == np.uint8
+
+
+def test_never_more_than_max_crops_plus_one():
+    rng = random.Random(0)
+    for max_crops in (1, 2, 4, 12, 16):
+        for _ in range(2000):
+            h, w = rng.randint(-200, 20000), rng.randint(-200, 20000)
+            rows, cols = select_tiling(h, w, 266, max_crops)
+            assert rows >= 1 and cols >= 1
+            assert rows * cols <= max(max_crops, 1), (h, w, max_crops, rows, cols)
+
+
+def test_global_crop_first_and_tiles_row_major():
+    # A 2x2-tiled image whose quadrants differ: each tile's centre must come from its own quadrant.
+    cfg = VisionConfig(enc_patch_size=14, crop_size=56, overlap_margin=1, max_crops=4,
+                       enc_dim=64, enc_n_heads=1, proj_out_dim=2048)
+    img = np.zeros((112, 112, 3), dtype=np.uint8)  # window 28, margin 14: resized to 2*28+28 = 84
+    img[:56, :56] = (255, 0, 0)
+    img[:56, 56:] = (0, 255, 0)
+    img[56:, :56] = (0, 0, 255)
+    img[56:, 56:] = (255, 255, 255)
+    crops, tiling = overlap_crops(img, cfg)
+    assert tiling == (2, 2)
+    assert crops.shape[0] == 5
+    centre = [tuple(int(v) for v in c[20, 20]) for c in crops[1:]]
+    assert centre == [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)]
+    # The global crop is the whole image: all four colours appear in it.
+    g = crops[0]
+    assert tuple(g[5, 5]) == (255, 0, 0) and tuple(g[50, 50]) == (255, 255, 255)
+
+
+@pytest.mark.parametrize("tiling", [(1, 1), (1, 3), (2, 2), (3, 2), (4, 1)])
+@pytest.mark.parametrize("grid, margin", [(27, 4), (8, 1), (6, 2)])
+def test_reconstruction_of_tiles(tiling, grid, margin):
+    rows, cols = tiling
+    step = grid - 2 * margin
+    full = torch.randn(rows * step + 2 * margin, cols * step + 2 * margin, 5)
+    tiles = torch.stack([full[i * step: i * step + grid, j * step: j * step + grid]
+                         for i in range(rows) for j in range(cols)])
+    assert torch.equal(reconstruct(tiles, tiling, margin), full)
+
+
+def test_reconstruction_keeps_outer_margins_only():
+    # Tiles filled with their own index: inner margins must come from the neighbour's centre.
+    grid, margin = 6, 2
+    tiles = torch.stack([torch.full((grid, grid, 1), float(i)) for i in range(2)])
+    out = reconstruct(tiles, (1, 2), margin)[..., 0]
+    assert out.shape == (6, 2 * 2 + 4)
+    assert out[:, : 2 + 2].eq(0).all() and out[:, 4:].eq(1).all()
+
+
+def test_normalisation():
+    crops = np.array([[[[0, 255, 127]]]], dtype=np.uint8)
+    x = crops_to_tensor(crops, torch.device("cpu"), torch.float32)
+    assert x.shape == (1, 3, 1, 1)
+    assert torch.allclose(x.flatten(), torch.tensor([-1.0, 1.0, 127 / 255 * 2 - 1]))
+
+
+def test_rejects_non_rgb_arrays():
+    with pytest.raises(ValueError):
+        overlap_crops(np.zeros((10, 10), dtype=np.uint8), MD2)
