@@ -2,9 +2,10 @@
 
 A folder holds `model.safetensors`, `tokenizer.json` and an optional `config.json`. Before any
 weight is read, the checkpoint's header is checked against the config: every expected key
-present with its expected shape, nothing unknown. Tensors are then read one at a time from the
-memory-mapped file, converted to the target dtype and moved to the device, into a model built on
-the meta device, so peak host memory is the converted model plus one tensor.
+present with its expected shape and a float dtype, nothing unknown. Tensors are then read one at
+a time from the memory-mapped file (see `checkpoint.py`), converted to the target dtype and moved
+to the device, into a model built on the meta device, so peak host memory is the converted model
+plus one tensor.
 
 `tiny` names the embedded default preset (`engine/models/tiny/`). Until its trained weights ship,
 that folder has no `model.safetensors` and its weights are generated deterministically (seed 0).
@@ -20,12 +21,12 @@ import torch
 from ..config import ModelConfig
 from ..device import resolve_device, resolve_dtype
 from ..errors import ConfigError, ModelLoadError
+from .checkpoint import FLOAT_DTYPES, Checkpoint
 from .moondream import MoondreamModel
 from .tokenizer import Tokenizer
 from .weights import PREFIX, expected_shapes, random_state_dict
 
 TINY_DIR = Path(__file__).parent / "tiny"
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
 @dataclass
@@ -61,25 +62,23 @@ def read_config(folder: Path) -> ModelConfig:
     return ModelConfig.from_file(path) if path.exists() else ModelConfig()
 
 
-def check_header(path: Path, config: ModelConfig) -> None:
+def check_header(ckpt: Checkpoint, config: ModelConfig) -> None:
     """Raise ModelLoadError naming the first key that is missing, unknown or of the wrong shape."""
     expected = expected_shapes(config)
-    with _open(path) as f:
-        found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    found = set(ckpt.keys())
     missing = [k for k in expected if k not in found]
     if missing:
-        raise ModelLoadError(f"{path}: missing weight {missing[0]} ({len(missing)} missing in all)")
-    unknown = sorted(k for k in found if k not in expected)
+        raise ModelLoadError(f"{ckpt.path}: missing weight {missing[0]} ({len(missing)} missing in all)")
+    unknown = sorted(found - set(expected))
     if unknown:
-        raise ModelLoadError(f"{path}: unexpected weight {unknown[0]} ({len(unknown)} unexpected in all)")
+        raise ModelLoadError(f"{ckpt.path}: unexpected weight {unknown[0]} ({len(unknown)} unexpected in all)")
     for key, shape in expected.items():
-        if found[key] != shape:
+        if ckpt.shape(key) != shape:
             raise ModelLoadError(
-                f"{path}: weight {key} has shape {list(found[key])}, the config expects {list(shape)}"
+                f"{ckpt.path}: weight {key} has shape {list(ckpt.shape(key))}, the config expects {list(shape)}"
             )
-        if dtypes[key] not in _DTYPES:
-            raise ModelLoadError(f"{path}: weight {key} has unsupported dtype {dtypes[key]}")
+        if ckpt.dtype_name(key) not in FLOAT_DTYPES:
+            raise ModelLoadError(f"{ckpt.path}: weight {key} has unsupported dtype {ckpt.dtype_name(key)}")
 
 
 def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
@@ -97,11 +96,9 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
     with torch.device("meta"):
         model = MoondreamModel(config)
     if weights.exists():
-        check_header(weights, config)
-        state = {}
-        with _open(weights) as f:
-            for key in f.keys():
-                state[key[len(PREFIX):]] = _read(f, key, weights).to(dtype=dt).to(dev)
+        with Checkpoint(weights) as ckpt:
+            check_header(ckpt, config)
+            state = {key[len(PREFIX):]: ckpt.read(key, dt, dev) for key in ckpt.keys()}
     elif folder == TINY_DIR:
         state = {k[len(PREFIX):]: v.to(dt).to(dev) for k, v in random_state_dict(config, seed=0).items()}
     else:
@@ -109,24 +106,3 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
     model.load_state_dict(state, assign=True, strict=True)
     model.eval().requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=folder, name=str(spec))
-
-
-def _open(path: Path):
-    from safetensors import safe_open
-
-    try:
-        return safe_open(str(path), framework="pt", device="cpu")
-    except Exception as e:  # safetensors raises its own error types for corrupt files
-        raise ModelLoadError(f"{path} is not a readable safetensors file: {_first_line(e)}") from None
-
-
-def _read(f, key: str, path: Path) -> torch.Tensor:
-    try:
-        return f.get_tensor(key)
-    except Exception as e:
-        raise ModelLoadError(f"{path}: cannot read weight {key}: {_first_line(e)}") from None
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,125 @@
+"""A memory-mapped, read-only view of a `.safetensors` file that loads one tensor at a time.
+
+Format: an 8-byte little-endian header length N, N bytes of JSON
+`{key: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}`, then the data.
+The header is validated against the file before any tensor is read (a truncated or corrupt file is
+a `ModelLoadError` naming what is wrong). After a tensor is copied out, its pages are released
+from the mapping (MADV_DONTNEED), so loading bf16 weights as fp32 peaks at the fp32 model plus
+one tensor, not the model plus the whole file.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelLoadError
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
+          "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+          "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+FLOAT_DTYPES = {"F32", "BF16", "F16"}
+
+
+class Checkpoint:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self._file = open(self.path, "rb")
+        except OSError as e:
+            raise ModelLoadError(f"cannot open {self.path}: {e.strerror}") from None
+        try:
+            self._entries = self._parse_header()
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _fail(self, what: str) -> ModelLoadError:
+        return ModelLoadError(f"{self.path} is not a readable safetensors file: {what}")
+
+    def _parse_header(self) -> dict[str, dict]:
+        size = self.path.stat().st_size
+        head = self._file.read(8)
+        if len(head) < 8:
+            raise self._fail(f"only {size} bytes, too short for a header")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
+        try:
+            header = json.loads(self._file.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise self._fail(f"corrupt header ({e})") from None
+        if not isinstance(header, dict):
+            raise self._fail("corrupt header (not a JSON object)")
+        header.pop("__metadata__", None)
+        self._data_start = 8 + n
+        data_size = size - self._data_start
+        for key, e in header.items():
+            try:
+                dtype, shape, (begin, end) = e["dtype"], e["shape"], e["data_offsets"]
+                numel = 1
+                for d in shape:
+                    numel *= int(d)
+            except (KeyError, TypeError, ValueError):
+                raise self._fail(f"corrupt header entry for {key}") from None
+            if dtype not in DTYPES:
+                raise self._fail(f"weight {key} has unknown dtype {dtype}")
+            if end - begin != numel * DTYPES[dtype].itemsize or begin < 0:
+                raise self._fail(f"header entry for {key} does not match its shape and dtype")
+            if end > data_size:
+                raise self._fail(f"file is truncated: weight {key} ends at byte {self._data_start + end}, "
+                                 f"the file has {size}")
+        return header
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._entries[key]["shape"])
+
+    def dtype_name(self, key: str) -> str:
+        return self._entries[key]["dtype"]
+
+    def read(self, key: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The tensor converted to dtype on device; its file pages are released afterwards."""
+        e = self._entries[key]
+        begin, end = (self._data_start + o for o in e["data_offsets"])
+        src = DTYPES[e["dtype"]]
+        if end == begin:
+            return torch.empty(self.shape(key), dtype=dtype, device=device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only buffer: we copy out before anyone writes
+            raw = torch.frombuffer(self._map, dtype=src, count=(end - begin) // src.itemsize, offset=begin)
+        out = raw.view(self.shape(key)).to(device=device, dtype=dtype, copy=True)
+        del raw
+        self._release(begin, end)
+        return out
+
+    def _release(self, begin: int, end: int) -> None:
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = begin - begin % page
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):
+            pass  # an optimisation only
+
+    def close(self) -> None:
+        try:
+            self._map.close()
+        except BufferError:  # a view is still alive somewhere; the GC closes it later
+            pass
+        self._file.close()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

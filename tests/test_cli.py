@@ -1,0 +1,110 @@
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.cli import main
+from engine.models.loader import load_model
+from engine.reference import ReferenceDecoder
+from engine.types import SamplingParams
+from pipelines.image_file import read_image
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENE = ROOT / "sample_videos" / "scene.png"
+
+
+def run_json(capsys, *args):
+    assert main(["image", *map(str, args), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    return json.loads(out)
+
+
+def test_json_output_on_the_sample_image(capsys):
+    r = run_json(capsys, SCENE, "--caption", "short", "--max-tokens", "8")
+    assert set(r) >= {"text", "token_ids", "finish_reason", "timings_ms"}
+    assert r["finish_reason"] in ("stop", "length")
+    assert all(isinstance(t, int) for t in r["token_ids"]) and 0 not in r["token_ids"]
+    assert len(r["token_ids"]) <= 8
+    assert set(r["timings_ms"]) == {"preprocess", "vision", "prefill", "decode", "total"}
+    assert r["timings_ms"]["total"] > 0
+
+
+def test_cli_equals_the_reference_decoder(capsys, small_folder):
+    q = "Where is the red circle?"
+    r = run_json(capsys, SCENE, "--model", small_folder, "--question", q, "--max-tokens", "10")
+    expected = ReferenceDecoder(load_model(small_folder)).generate(
+        read_image(SCENE), question=q, params=SamplingParams(max_tokens=10))
+    assert r["token_ids"] == expected.token_ids and r["text"] == expected.text
+    assert r["finish_reason"] == expected.finish_reason
+
+
+def test_seeded_sampling_is_reproducible(capsys, small_folder):
+    args = (SCENE, "--model", small_folder, "--temperature", "1", "--top-p", "0.9", "--seed", "11")
+    assert run_json(capsys, *args)["token_ids"] == run_json(capsys, *args)["token_ids"]
+
+
+def test_default_output_is_the_streamed_text(capsys, small_folder):
+    assert main(["image", str(SCENE), "--model", str(small_folder), "--caption", "long", "--max-tokens", "6"]) == 0
+    printed = capsys.readouterr().out
+    r = run_json(capsys, SCENE, "--model", small_folder, "--caption", "long", "--max-tokens", "6")
+    assert printed == r["text"] + "\n"
+
+
+def test_converted_images_are_accepted(capsys, tmp_path):
+    Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8), "L").convert("P").save(tmp_path / "p.png")
+    assert run_json(capsys, tmp_path / "p.png", "--max-tokens", "2")["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["missing.png"], "image not found"),
+    ([str(ROOT / "pyproject.toml")], "not an image"),
+    ([str(SCENE), "--model", "/no/such/model"], "model folder not found"),
+    ([str(SCENE), "--temperature", "-1"], "temperature"),
+    ([str(SCENE), "--top-p", "0"], "top_p"),
+    ([str(SCENE), "--max-tokens", "0"], "max_tokens"),
+    ([str(SCENE), "--question", "   "], "question is empty"),
+    ([str(SCENE), "--seed", "-3"], "seed"),
+])
+def test_user_mistakes_exit_2_with_one_line(capsys, args, needle):
+    assert main(["image", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlmstream: error: ") and needle in err
+    assert err.count("\n") == 1
+
+
+def test_cuda_without_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["image", str(SCENE), "--device", "cuda"]) == 2
+    assert "CUDA" in capsys.readouterr().err
+
+
+def test_corrupt_model_folder(capsys, tmp_path, small_folder):
+    folder = tmp_path / "m"
+    shutil.copytree(small_folder, folder)
+    (folder / "model.safetensors").write_bytes(b"\x00" * 10)
+    assert main(["image", str(SCENE), "--model", str(folder)]) == 2
+    assert "model.safetensors" in capsys.readouterr().err
+
+
+def test_console_script_exit_codes(tmp_path):
+    exe = Path(sys.executable).with_name("vlmstream")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    bad = subprocess.run(cmd + ["image", str(tmp_path / "none.jpg")], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+    both = subprocess.run(cmd + ["image", str(SCENE), "--caption", "short", "--question", "x"],
+                          capture_output=True, text=True, env=env)
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    ok = subprocess.run(cmd + ["image", str(SCENE), "--json", "--max-tokens", "3"], capture_output=True,
+                        text=True, env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["finish_reason"] in ("stop", "length")

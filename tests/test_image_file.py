@@ -1,0 +1,99 @@
+import numpy as np
+import pytest
+from PIL import Image
+
+from engine.errors import ImageError
+from pipelines.image_file import read_image
+
+RGB = np.array([[[255, 0, 0], [0, 255, 0]], [[0, 0, 255], [255, 255, 255]]], dtype=np.uint8)
+
+
+def test_rgb_png(tmp_path):
+    Image.fromarray(RGB).save(tmp_path / "a.png")
+    out = read_image(tmp_path / "a.png")
+    assert out.dtype == np.uint8 and out.shape == (2, 2, 3)
+    assert np.array_equal(out, RGB)
+
+
+def test_grayscale(tmp_path):
+    Image.fromarray(np.array([[0, 128], [200, 255]], dtype=np.uint8), "L").save(tmp_path / "g.png")
+    out = read_image(tmp_path / "g.png")
+    assert out.shape == (2, 2, 3)
+    assert out[1, 0].tolist() == [200, 200, 200]
+
+
+def test_rgba_drops_alpha(tmp_path):
+    rgba = np.dstack([RGB, np.array([[0, 255], [128, 255]], dtype=np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
+    assert np.array_equal(read_image(tmp_path / "a.png"), RGB)
+
+
+@pytest.mark.parametrize("transparent", [False, True])
+def test_palette(tmp_path, transparent):
+    img = Image.fromarray(RGB).convert("P", palette=Image.Palette.ADAPTIVE, colors=4)
+    if transparent:
+        img.info["transparency"] = 0
+    img.save(tmp_path / "p.png", **({"transparency": 0} if transparent else {}))
+    assert np.array_equal(read_image(tmp_path / "p.png"), RGB)
+
+
+def test_16bit_grayscale_is_scaled(tmp_path):
+    wide = np.array([[0, 65535], [32768, 257 * 100]], dtype=np.uint16)
+    Image.fromarray(wide).save(tmp_path / "w.png")
+    assert Image.open(tmp_path / "w.png").mode.startswith("I")
+    out = read_image(tmp_path / "w.png")
+    assert out[:, :, 0].tolist() == [[0, 255], [128, 100]]
+
+
+def test_16bit_rgb_png(tmp_path):
+    # 48-bit RGB PNG, written by hand: Pillow cannot write it, but users have such files.
+    import struct
+    import zlib
+
+    h, w = 2, 2
+    pix = (RGB.astype(np.uint16) * 257).astype(">u2")
+    raw = b"".join(b"\x00" + pix[y].tobytes() for y in range(h))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    (tmp_path / "rgb48.png").write_bytes(png)
+    assert np.array_equal(read_image(tmp_path / "rgb48.png"), RGB)
+
+
+def test_cmyk_jpeg(tmp_path):
+    Image.fromarray(RGB).convert("CMYK").save(tmp_path / "c.jpg")
+    out = read_image(tmp_path / "c.jpg")
+    assert out.shape == (2, 2, 3) and out.dtype == np.uint8
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    img = Image.fromarray(np.zeros((2, 4, 3), dtype=np.uint8))
+    exif = img.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees on display
+    img.save(tmp_path / "r.jpg", exif=exif)
+    assert read_image(tmp_path / "r.jpg").shape == (4, 2, 3)
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: None, "image not found"),
+    (lambda p: p.mkdir(), "is a folder"),
+    (lambda p: p.write_bytes(b""), "empty"),
+    (lambda p: p.write_text("hello, I am text"), "not an image"),
+])
+def test_bad_files(tmp_path, make, needle):
+    path = tmp_path / "x.png"
+    make(path)
+    with pytest.raises(ImageError, match=needle):
+        read_image(path)
+
+
+def test_truncated_image(tmp_path):
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "t.png")
+    data = (tmp_path / "t.png").read_bytes()
+    (tmp_path / "t.png").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ImageError, match="could not be decoded") as e:
+        read_image(tmp_path / "t.png")
+    assert "\n" not in str(e.value)

@@ -1,0 +1,183 @@
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.errors import DeviceError, ModelLoadError
+from engine.models.loader import load_model
+
+from conftest import small_config, write_folder
+
+
+def _copy(src, tmp_path):
+    dst = tmp_path / "model"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_round_trip_hf_layout(tmp_path, gqa, stored):
+    cfg = small_config(gqa=gqa)
+    folder = write_folder(tmp_path / "m", cfg, seed=7, dtype=stored)
+    on_disk = load_file(str(folder / "model.safetensors"))
+    loaded = load_model(folder)
+    assert loaded.config == cfg
+    assert loaded.dtype == torch.float32 and loaded.device.type == "cpu"
+    state = loaded.model.state_dict()
+    assert {"model." + k for k in state} == set(on_disk)
+    for key, value in on_disk.items():
+        assert torch.equal(state[key[len("model."):]], value.float()), key
+    assert not any(p.requires_grad for p in loaded.model.parameters())
+
+
+def test_dtype_is_selectable(small_folder):
+    assert load_model(small_folder, dtype="bfloat16").dtype == torch.bfloat16
+
+
+def test_cuda_on_a_machine_without_it(small_folder):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(DeviceError, match="CUDA"):
+        load_model(small_folder, device="cuda")
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(ModelLoadError, match="model folder not found"):
+        load_model(tmp_path / "nope")
+
+
+def test_file_instead_of_folder(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ModelLoadError, match="is a file"):
+        load_model(tmp_path / "f")
+
+
+def test_missing_tokenizer(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match="tokenizer.json is missing"):
+        load_model(folder)
+
+
+def test_invalid_tokenizer(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    (folder / "tokenizer.json").write_text('{"model": 42}')
+    with pytest.raises(ModelLoadError, match="not a valid tokenizer.json"):
+        load_model(folder)
+
+
+def test_missing_weights(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="model.safetensors is missing"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "garbage", "bad_header"])
+def test_corrupt_safetensors(tmp_path, small_folder, damage):
+    folder = _copy(small_folder, tmp_path)
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(4096))
+    else:
+        path.write_bytes(data[:8] + b"{" * 16 + data[24:])
+    with pytest.raises(ModelLoadError, match="model.safetensors") as e:
+        load_model(folder)
+    assert "\n" not in str(e.value)
+
+
+def _edit_weights(folder, edit):
+    path = folder / "model.safetensors"
+    state = load_file(str(path))
+    edit(state)
+    save_file(state, str(path))
+
+
+def test_missing_key_is_named(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    _edit_weights(folder, lambda s: s.pop("model.text.blocks.1.mlp.fc2.bias"))
+    with pytest.raises(ModelLoadError, match=r"missing weight model\.text\.blocks\.1\.mlp\.fc2\.bias"):
+        load_model(folder)
+
+
+def test_wrong_shape_is_named(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+
+    def edit(s):
+        s["model.vision.blocks.0.attn.qkv.weight"] = torch.zeros(10, 64)
+
+    _edit_weights(folder, edit)
+    with pytest.raises(ModelLoadError, match=r"model\.vision\.blocks\.0\.attn\.qkv\.weight has shape \[10, 64\]"):
+        load_model(folder)
+
+
+def test_unexpected_key_is_named(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    _edit_weights(folder, lambda s: s.__setitem__("model.text.extra", torch.zeros(1)))
+    with pytest.raises(ModelLoadError, match=r"unexpected weight model\.text\.extra"):
+        load_model(folder)
+
+
+def test_config_that_disagrees_with_the_weights(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["text"]["n_layers"] = 3
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"missing weight model\.text\.blocks\.2\."):
+        load_model(folder)
+
+
+def test_unsupported_dtype_is_named(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+
+    def edit(s):
+        s["model.text.wte"] = s["model.text.wte"].to(torch.int32)
+
+    _edit_weights(folder, edit)
+    with pytest.raises(ModelLoadError, match=r"model\.text\.wte has unsupported dtype"):
+        load_model(folder)
+
+
+def test_tiny_preset_loads_deterministically():
+    a, b = load_model("tiny"), load_model("tiny")
+    for (ka, va), (kb, vb) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+
+
+def test_peak_memory_is_not_doubled(tmp_path):
+    """Loading bf16 weights as fp32 peaks near the fp32 model, not at model + full copy."""
+    from engine.config import ModelConfig
+
+    d = small_config().to_dict()
+    d["text"].update(dim=1024, ff_dim=4096, n_layers=4, vocab_size=16384, n_heads=16, n_kv_heads=16)
+    d["vision"]["proj_out_dim"] = d["region"]["dim"] = 1024
+    cfg = ModelConfig.from_dict(d)
+    folder = write_folder(tmp_path / "big", cfg, seed=0, dtype=torch.bfloat16)
+    script = textwrap.dedent(f"""
+        import resource, torch
+        torch.set_num_threads(1)
+        from engine.models.loader import load_model
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        m = load_model({str(folder)!r})
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        size = sum(p.numel() * p.element_size() for p in m.model.parameters())
+        print((peak - base) * 1024, size)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    grown, size = map(int, out.stdout.split())
+    assert size > 300e6
+    # The fp32 model plus one tensor: file pages are released as they are read, no second copy.
+    assert grown < 1.25 * size, (grown / size)

@@ -1,0 +1,63 @@
+import math
+
+import torch
+
+from engine.sampler import sample, step_uniform, suppress
+
+
+def _logits(probs):
+    return torch.tensor(probs, dtype=torch.float32).log()
+
+
+def test_greedy_takes_first_maximum():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 1.0, 1.0, 1.0]])
+    out = sample(logits, torch.zeros(2), torch.full((2,), 0.3), torch.tensor([0.9, 0.1]))
+    assert out.tolist() == [1, 0]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = _logits([[0.2, 0.5, 0.3]]).expand(3, 3)
+    t, p = torch.ones(3), torch.full((3,), 0.6)
+    # kept: 0.5 (mass before 0) and 0.3 (mass before 0.5 <= 0.6); 0.2 dropped. CDF 0.625 | 1.0
+    out = sample(logits, t, p, torch.tensor([0.0, 0.6, 0.99]))
+    assert out.tolist() == [1, 1, 2]
+    assert 0 not in sample(logits, t, p, torch.tensor([0.7, 0.8, 0.999999])).tolist()
+
+
+def test_sampled_frequencies_follow_the_distribution():
+    probs = [0.1, 0.4, 0.2, 0.3]
+    n = 4000
+    u = (torch.arange(n, dtype=torch.float32) + 0.5) / n
+    out = sample(_logits([probs]).expand(n, 4), torch.ones(n), torch.ones(n), u)
+    freq = torch.bincount(out, minlength=4).float() / n
+    assert torch.allclose(freq, torch.tensor(probs), atol=0.002)
+
+
+def test_temperature_sharpens():
+    n = 2000
+    u = (torch.arange(n, dtype=torch.float32) + 0.5) / n
+    logits = _logits([[0.6, 0.4]]).expand(n, 2)
+    cold = sample(logits, torch.full((n,), 0.25), torch.ones(n), u)
+    p0 = 0.6 ** 4 / (0.6 ** 4 + 0.4 ** 4)
+    assert math.isclose((cold == 0).float().mean().item(), p0, abs_tol=0.002)
+
+
+def test_mixed_batch_greedy_and_sampled_rows():
+    logits = _logits([[0.3, 0.7], [0.3, 0.7]])
+    # Sorted, the CDF is [0.7 (token 1), 1.0 (token 0)]: u = 0.9 samples token 0.
+    out = sample(logits, torch.tensor([0.0, 1.0]), torch.ones(2), torch.tensor([0.9, 0.9]))
+    assert out.tolist() == [1, 0]
+
+
+def test_step_uniform():
+    values = [step_uniform(s, k) for s in range(20) for k in range(50)]
+    assert all(0.0 <= v < 1.0 for v in values)
+    assert len(set(values)) > 990
+    assert step_uniform(7, 3) == step_uniform(7, 3)
+    assert abs(sum(values) / len(values) - 0.5) < 0.03
+
+
+def test_suppress_only_selected_rows():
+    logits = torch.zeros(2, 5)
+    suppress(logits, 3, torch.tensor([True, False]))
+    assert logits[0, 3] == float("-inf") and logits[1, 3] == 0 and logits[0, 2] == 0
