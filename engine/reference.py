@@ -37,27 +37,32 @@ class EncodedImage:
 
 
 class ContiguousKV:
-    """One sequence's keys and values in a contiguous buffer of `capacity` positions."""
+    """One sequence's keys and values in a buffer of max_context positions.
 
-    def __init__(self, prefix: EncodedImage, capacity: int):
+    Every attention reads the whole buffer under a (T, max_context) boolean mask, exactly the
+    shapes the published Moondream code computes with, so that greedy ids match it bit for bit
+    as far as the kernels allow, not only up to rounding.
+    """
+
+    def __init__(self, prefix: EncodedImage, capacity: int, prefix_len: int):
         n_layers, _, h, p, d = prefix.k.shape
         self.k = prefix.k.new_zeros((n_layers, 1, h, capacity, d))
         self.v = torch.zeros_like(self.k)
         self.k[:, :, :, :p] = prefix.k
         self.v[:, :, :, :p] = prefix.v
         self.capacity = capacity
+        self.prefix_len = prefix_len
 
-    def attender(self, pos0: int, n_new: int, prefix_len: int):
+    def attender(self, pos0: int, n_new: int):
         end = pos0 + n_new
-        mask = attention_mask(torch.arange(pos0, end, device=self.k.device), end, prefix_len)
-        mask = None if bool(mask.all()) else mask
+        mask = attention_mask(torch.arange(pos0, end, device=self.k.device), self.capacity, self.prefix_len)
 
         def attend(layer: int, q, k, v):
             self.k[layer, :, :, pos0:end] = k
             self.v[layer, :, :, pos0:end] = v
-            keys, values = self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+            keys, values = self.k[layer], self.v[layer]
             return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1]
+                q, keys, values, attn_mask=mask[None, None], enable_gqa=q.shape[1] != keys.shape[1]
             )
 
         return attend
@@ -93,11 +98,11 @@ class ReferenceDecoder:
             k=x.new_zeros((cfg.n_layers, 1, cfg.n_kv_heads, 0, cfg.head_dim)),
             v=x.new_zeros((cfg.n_layers, 1, cfg.n_kv_heads, 0, cfg.head_dim)),
         )
-        kv = ContiguousKV(empty, p)
+        kv = ContiguousKV(empty, cfg.max_context, p)
         pos = torch.arange(p, device=self.device)[None]
-        self.model.text(x, pos, kv.attender(0, p, self.config.prefix_len))
+        self.model.text(x, pos, kv.attender(0, p))
         timings.prefill = self._ms_since(t0)
-        return EncodedImage(k=kv.k, v=kv.v, timings=timings)
+        return EncodedImage(k=kv.k[:, :, :, :p].clone(), v=kv.v[:, :, :, :p].clone(), timings=timings)
 
     @torch.inference_mode()
     def generate(
@@ -124,8 +129,8 @@ class ReferenceDecoder:
                 f"the prompt ({len(ids)} tokens) does not fit in the context ({cfg.text.max_context} "
                 f"tokens, {pos} taken by the image)"
             )
-        capacity = min(cfg.text.max_context, pos + len(ids) + params.max_tokens)
-        kv = ContiguousKV(encoded, capacity)
+        capacity = cfg.text.max_context
+        kv = ContiguousKV(encoded, capacity, cfg.prefix_len)
         temperature = torch.tensor([params.temperature], device=self.device)
         top_p = torch.tensor([params.top_p], device=self.device)
         suppress_row = torch.tensor([True], device=self.device)
@@ -137,7 +142,7 @@ class ReferenceDecoder:
         t0 = time.perf_counter()
         ids_t = torch.tensor([ids], device=self.device)
         positions = torch.arange(pos, pos + len(ids), device=self.device)[None]
-        h = text_model(text_model.embed(ids_t), positions, kv.attender(pos, len(ids), cfg.prefix_len))
+        h = text_model(text_model.embed(ids_t), positions, kv.attender(pos, len(ids)))
         next_id = draw(text_model.logits(h[:, -1]), 0)
         pos += len(ids)
         timings.prefill += self._ms_since(t0)
@@ -160,7 +165,7 @@ class ReferenceDecoder:
             if len(token_ids) >= params.max_tokens or pos >= capacity:
                 break
             x = text_model.embed(torch.tensor([[next_id]], device=self.device))
-            h = text_model(x, torch.tensor([[pos]], device=self.device), kv.attender(pos, 1, cfg.prefix_len))
+            h = text_model(x, torch.tensor([[pos]], device=self.device), kv.attender(pos, 1))
             pos += 1
             logits = suppress(text_model.logits(h[:, -1]), tok.answer_id, suppress_row)
             next_id = draw(logits, len(token_ids))
