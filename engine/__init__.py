@@ -1,0 +1,20 @@
+"""vlmstream's inference engine: a Moondream-family VLM served with pipelined decoding.
+
+    from engine import Engine, EngineConfig, SamplingParams
+    with Engine(EngineConfig(model="tiny")) as engine:
+        handle = engine.submit(rgb_uint8_HxWx3, caption="short")
+        print(handle.result().text)
+"""
+
+from .config import EngineConfig, ModelConfig
+from .engine import Engine
+from .errors import (ConfigError, DeviceError, EngineClosedError, ImageError, ModelLoadError, RequestError,
+                     VlmstreamError)
+from .request import ImageRef, RequestHandle
+from .types import EngineStats, RequestOutput, SamplingParams
+
+__all__ = [
+    "Engine", "EngineConfig", "ModelConfig", "SamplingParams", "RequestOutput", "EngineStats",
+    "RequestHandle", "ImageRef", "VlmstreamError", "ConfigError", "DeviceError", "EngineClosedError",
+    "ImageError", "ModelLoadError", "RequestError",
+]

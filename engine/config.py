@@ -292,3 +292,31 @@ def _templates(data: Any) -> Templates:
             _ids(sub["suffix"], f"{where}.{name}.suffix") if "suffix" in sub else base.suffix,
         )
     return Templates(caption=caption, **prompts)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How an `Engine` runs. `pipeline_depth` 2 overlaps host bookkeeping of step t with the
+    device running step t+1; 1 is the blocking baseline (same code, commit after every step).
+    `kv_pages` None sizes the pool for `max_batch_size` full-context sequences plus their images."""
+
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str | None = None
+    pipeline_depth: int = 2
+    max_batch_size: int = 32
+    kv_pages: int | None = None
+    page_size: int = 16
+    prefill_token_budget: int = 512
+    max_queue: int = 4096
+    debug_checks: bool = False
+
+    def __post_init__(self) -> None:
+        if self.pipeline_depth not in (1, 2):
+            raise ConfigError(f"pipeline_depth must be 1 (blocking) or 2 (pipelined), got {self.pipeline_depth}")
+        for name in ("max_batch_size", "page_size", "prefill_token_budget", "max_queue"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.kv_pages is not None and (not isinstance(self.kv_pages, int) or self.kv_pages < 1):
+            raise ConfigError(f"kv_pages must be a positive integer or None, got {self.kv_pages!r}")

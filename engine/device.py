@@ -1,10 +1,16 @@
-"""Device and dtype selection: the one place that decides what runs where.
+"""The small layer that makes CPU and CUDA look alike: device and dtype selection, and the
+executor that runs engine steps in launch order.
 
 CPU defaults to fp32, CUDA to bf16; both can be overridden. Asking for CUDA where none is
 present is a `DeviceError`, not a crash deep inside torch.
 """
 
 from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
 
 import torch
 
@@ -45,3 +51,129 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued device work; host timings of CUDA stages need it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class Pending:
+    """A launched step: `wait()` returns its result (or raises its error) once it is done."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._cuda_event: Any = None
+        self.busy_s = 0.0
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if self._cuda_event is not None:
+            self._cuda_event.synchronize()  # this step's copies only, never the whole device
+        elif not self._done.wait(timeout):
+            raise TimeoutError("device step did not finish in time")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class Executor:
+    """Runs step functions in launch order on one compute stream.
+
+    CPU: one worker thread (torch single-threaded inside) executes the functions FIFO while the
+    engine thread goes on with host work. CUDA: the function enqueues its kernels on the compute
+    stream from the calling thread and its device-to-host copies on the copy stream; `wait`
+    synchronises on that step's own event.
+    """
+
+    def __init__(self, device: torch.device, queue_size: int = 4):
+        self.device = device
+        self.busy_s = 0.0
+        self._lock = threading.Lock()
+        if device.type == "cuda":
+            self.compute = torch.cuda.Stream(device)
+            self.copy = torch.cuda.Stream(device)
+            self._thread = None
+            self._cuda_pending: list[tuple[Any, Any]] = []
+        else:
+            self._jobs: queue.Queue = queue.Queue(maxsize=queue_size)
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._work, name="vlmstream-device", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        torch.set_num_threads(1)
+        while True:
+            try:
+                item = self._jobs.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return
+                continue
+            if item is None:
+                return
+            fn, pending = item
+            t0 = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    result = fn()
+            except BaseException as e:  # the engine thread re-raises it at commit
+                pending._finish(error=e)
+            else:
+                pending._finish(result)
+            finally:
+                pending.busy_s = time.perf_counter() - t0
+                with self._lock:
+                    self.busy_s += pending.busy_s
+
+    def launch(self, fn: Callable[[], Any], timeout: float = 60.0) -> Pending:
+        pending = Pending()
+        if self._thread is None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(self.compute), torch.inference_mode():
+                start.record()
+                result = fn()
+                end.record()
+            pending._cuda_event = self._copy_event(end)
+            pending._finish(result)
+            self._cuda_pending.append((start, end))
+            return pending
+        try:
+            self._jobs.put((fn, pending), timeout=timeout)
+        except queue.Full:
+            raise TimeoutError("device worker is not taking work") from None
+        return pending
+
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy a step's output to its host buffer. CUDA: on the copy stream, after the step."""
+        if self._thread is None:
+            self.copy.wait_stream(self.compute)
+            with torch.cuda.stream(self.copy):
+                dst.copy_(src, non_blocking=True)
+        else:
+            dst.copy_(src)
+
+    def _copy_event(self, after: Any) -> Any:
+        event = torch.cuda.Event()
+        with torch.cuda.stream(self.copy):
+            self.copy.wait_event(after)
+            event.record(self.copy)
+        return event
+
+    def busy_seconds(self) -> float:
+        """Time the device spent in step functions (CUDA: measured by events of finished steps)."""
+        if self._thread is None:
+            done = [(s, e) for s, e in self._cuda_pending if e.query()]
+            self._cuda_pending = [p for p in self._cuda_pending if not p[1].query()]
+            self.busy_s += sum(s.elapsed_time(e) for s, e in done) / 1000.0
+        with self._lock:
+            return self.busy_s
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            try:
+                self._jobs.put(None, timeout=timeout)
+            except queue.Full:
+                pass
+            self._thread.join(timeout)

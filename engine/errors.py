@@ -28,3 +28,7 @@ class RequestError(VlmstreamError, ValueError):
 
 class DeviceError(VlmstreamError):
     """The requested device is not available on this machine."""
+
+
+class EngineClosedError(VlmstreamError):
+    """The engine is closed (or failed) and takes no more work."""

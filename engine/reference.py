@@ -15,16 +15,15 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .device import synchronize
 from .detokenizer import WordStreamer
 from .errors import RequestError
 from .models.loader import LoadedModel
 from .models.prompt import prompt_ids
-from .models.text import attention_mask
+from .models.text import attention, attention_mask
 from .sampler import sample, step_uniform, suppress
-from .types import GenerationResult, SamplingParams, StageTimings
+from .types import RequestOutput, SamplingParams, StageTimings
 
 
 @dataclass
@@ -39,12 +38,11 @@ class EncodedImage:
 class ContiguousKV:
     """One sequence's keys and values in a buffer of max_context positions.
 
-    Every attention reads the whole buffer under a (T, max_context) boolean mask, exactly the
-    shapes the published Moondream code computes with, so that greedy ids match it bit for bit
-    as far as the kernels allow, not only up to rounding.
+    Every attention reads the whole buffer under a (T, max_context) boolean mask, as the
+    published Moondream code does.
     """
 
-    def __init__(self, prefix: EncodedImage, capacity: int, prefix_len: int):
+    def __init__(self, prefix: EncodedImage, capacity: int, prefix_len: int, exact: bool):
         n_layers, _, h, p, d = prefix.k.shape
         self.k = prefix.k.new_zeros((n_layers, 1, h, capacity, d))
         self.v = torch.zeros_like(self.k)
@@ -52,6 +50,7 @@ class ContiguousKV:
         self.v[:, :, :, :p] = prefix.v
         self.capacity = capacity
         self.prefix_len = prefix_len
+        self.exact = exact
 
     def attender(self, pos0: int, n_new: int):
         end = pos0 + n_new
@@ -60,12 +59,14 @@ class ContiguousKV:
         def attend(layer: int, q, k, v):
             self.k[layer, :, :, pos0:end] = k
             self.v[layer, :, :, pos0:end] = v
-            keys, values = self.k[layer], self.v[layer]
-            return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask[None, None], enable_gqa=q.shape[1] != keys.shape[1]
-            )
+            return attention(q, self.k[layer], self.v[layer], mask[None, None], self.exact)
 
         return attend
+
+
+def exact_attention(loaded: LoadedModel) -> bool:
+    """fp64 attention where it makes results batch invariant (fp32 on CPU); SDPA elsewhere."""
+    return loaded.device.type == "cpu" and loaded.dtype == torch.float32
 
 
 class ReferenceDecoder:
@@ -74,6 +75,7 @@ class ReferenceDecoder:
         self.model = loaded.model
         self.config = loaded.config
         self.device = loaded.model.device
+        self.exact = exact_attention(loaded)
 
     def _ms_since(self, t0: float) -> float:
         synchronize(self.device)
@@ -98,7 +100,7 @@ class ReferenceDecoder:
             k=x.new_zeros((cfg.n_layers, 1, cfg.n_kv_heads, 0, cfg.head_dim)),
             v=x.new_zeros((cfg.n_layers, 1, cfg.n_kv_heads, 0, cfg.head_dim)),
         )
-        kv = ContiguousKV(empty, cfg.max_context, p)
+        kv = ContiguousKV(empty, cfg.max_context, p, self.exact)
         pos = torch.arange(p, device=self.device)[None]
         self.model.text(x, pos, kv.attender(0, p))
         timings.prefill = self._ms_since(t0)
@@ -112,7 +114,7 @@ class ReferenceDecoder:
         question: str | None = None,
         params: SamplingParams = SamplingParams(),
         on_text: Callable[[str], None] | None = None,
-    ) -> GenerationResult:
+    ) -> RequestOutput:
         t_start = time.perf_counter()
         ids = prompt_ids(self.config, self.loaded.tokenizer, caption=caption, question=question)
         params = params.with_seed()
@@ -130,7 +132,7 @@ class ReferenceDecoder:
                 f"tokens, {pos} taken by the image)"
             )
         capacity = cfg.text.max_context
-        kv = ContiguousKV(encoded, capacity, cfg.prefix_len)
+        kv = ContiguousKV(encoded, capacity, cfg.prefix_len, self.exact)
         temperature = torch.tensor([params.temperature], device=self.device)
         top_p = torch.tensor([params.top_p], device=self.device)
         suppress_row = torch.tensor([True], device=self.device)
@@ -176,4 +178,4 @@ class ReferenceDecoder:
                 on_text(piece)
         timings.decode = self._ms_since(t0)
         timings.total = (time.perf_counter() - t_start) * 1000.0
-        return GenerationResult("".join(pieces), token_ids, finish, timings, params.seed)
+        return RequestOutput("".join(pieces), token_ids, finish, timings, params.seed)

@@ -40,22 +40,43 @@ class SamplingParams:
 
 @dataclass
 class StageTimings:
-    """Milliseconds per stage of one request."""
+    """Milliseconds per stage of one request. `queue` (submit to admission) and `first_token`
+    (submit to the first answer token) are measured by the engine only."""
 
     preprocess: float = 0.0
     vision: float = 0.0
     prefill: float = 0.0
     decode: float = 0.0
     total: float = 0.0
+    queue: float | None = None
+    first_token: float | None = None
 
     def as_dict(self) -> dict[str, float]:
-        return {k: round(v, 3) for k, v in self.__dict__.items()}
+        return {k: round(v, 3) for k, v in self.__dict__.items() if v is not None}
 
 
 @dataclass
-class GenerationResult:
+class RequestOutput:
     text: str
     token_ids: list[int]
     finish_reason: str
     timings: StageTimings = field(default_factory=StageTimings)
     seed: int | None = None
+
+    @property
+    def timings_ms(self) -> dict[str, float]:
+        return self.timings.as_dict()
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    kv_pages_total: int
+    kv_pages_free: int
+    kv_pages_in_use: int
+    running: int
+    waiting: int
+    images: int
+    steps: int
+    tokens: int
+    device_busy_fraction: float
+    tokens_per_s: float

@@ -4,6 +4,12 @@ The decoder does not own a KV cache. `TextModel.forward` computes q/k/v for the 
 hands them, rotated, to an `attend(layer, q, k, v)` callback that stores k/v wherever its caller
 keeps them (a contiguous buffer in the reference decoder, paged blocks in the engine) and returns
 the attention output. Parameter names follow the checkpoint keys under `model.text.`.
+
+Batch invariance (fp32 on CPU): a row's result must not depend on which other rows share its
+batch, or the engine could not match the reference decoder token for token. CPU GEMMs change
+kernels below 4 rows, so linears see at least `MIN_GEMM_ROWS` rows (zero rows are padded in);
+attention reduces in fp64 (`attention(..., exact=True)`), which makes its fp32 result
+independent of padding length and batch shape.
 """
 
 from __future__ import annotations
@@ -21,6 +27,32 @@ from .vision import MLP
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 ROPE_THETA = 10000.0
+MIN_GEMM_ROWS = 4
+
+
+def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """fn over the last dim of x, with at least MIN_GEMM_ROWS rows so the GEMM kernel is fixed."""
+    lead, c = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, c)
+    n = x2.shape[0]
+    if n < MIN_GEMM_ROWS:
+        x2 = torch.cat([x2, x2.new_zeros(MIN_GEMM_ROWS - n, c)])
+    return fn(x2)[:n].reshape(*lead, -1)
+
+
+def attention(q_BHTD: torch.Tensor, k_BKLD: torch.Tensor, v_BKLD: torch.Tensor,
+              mask: torch.Tensor | None, exact: bool) -> torch.Tensor:
+    """Scaled dot-product attention; grouped-query when K < H. `exact` reduces in fp64."""
+    if not exact:
+        return F.scaled_dot_product_attention(q_BHTD, k_BKLD, v_BKLD, attn_mask=mask,
+                                              enable_gqa=q_BHTD.shape[1] != k_BKLD.shape[1])
+    group = q_BHTD.shape[1] // k_BKLD.shape[1]
+    k = k_BKLD.double().repeat_interleave(group, dim=1) if group > 1 else k_BKLD.double()
+    v = v_BKLD.double().repeat_interleave(group, dim=1) if group > 1 else v_BKLD.double()
+    scores = torch.matmul(q_BHTD.double(), k.transpose(-1, -2)) * (q_BHTD.shape[-1] ** -0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v).to(q_BHTD.dtype)
 
 
 class _Attention(nn.Module):
@@ -82,16 +114,16 @@ class TextModel(nn.Module):
         q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         for i, block in enumerate(self.blocks):
             h = block.ln(x_BTC)
-            q, k, v = block.attn.qkv(h).split([q_dim, kv_dim, kv_dim], dim=-1)
+            q, k, v = rows_invariant(block.attn.qkv, h).split([q_dim, kv_dim, kv_dim], dim=-1)
             q = self.rotate(q.view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2), pos_BT)
             k = self.rotate(k.view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2), pos_BT)
             v = v.view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
             a = attend(i, q, k, v).transpose(1, 2).reshape(b, t, cfg.dim)
-            x_BTC = x_BTC + block.attn.proj(a) + block.mlp(h)
+            x_BTC = x_BTC + rows_invariant(block.attn.proj, a) + rows_invariant(block.mlp, h)
         return x_BTC
 
     def logits(self, h_BC: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.post_ln(h_BC))
+        return rows_invariant(self.lm_head, self.post_ln(h_BC))
 
 
 def attention_mask(q_pos_T: torch.Tensor, kv_len: int, prefix_len: int) -> torch.Tensor:

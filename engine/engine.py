@@ -1,0 +1,397 @@
+"""The engine: continuous batching with pipelined decoding.
+
+Callers (any thread) post messages to a bounded inbox; one engine thread owns all host state and
+runs the loop:
+
+    drain the inbox -> plan a step (pure) -> launch it -> commit the oldest step once
+    `pipeline_depth` steps are in flight (or nothing else can be planned)
+
+With depth 2 the device runs step t+1 while the host commits step t (appends tokens,
+detokenizes, streams, finalizes); depth 1 commits right after each launch: the blocking
+baseline, same code. A sequence that stops (EOS) or is cancelled is finalized at once and
+released (pages, slot, image) when no launched step includes it any more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .config import EngineConfig
+from .detokenizer import WordStreamer
+from .device import Executor, Pending
+from .errors import EngineClosedError, ImageError, RequestError
+from .kv_cache import PagePool
+from .models.loader import load_model
+from .models.prompt import prompt_ids
+from .models.tiling import overlap_crops
+from .request import ImageRef, RequestHandle
+from .runner import Runner, StepResult, _Slot
+from .scheduler import Budget, StepPlan, own_pages, own_pages_for, plan
+from .sequence import Image, Sequence
+from .types import EngineStats, RequestOutput, SamplingParams, StageTimings
+
+
+@dataclass
+class _InFlight:
+    plan: StepPlan
+    pending: Pending
+    slot: _Slot
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, **overrides: Any):
+        cfg = config or EngineConfig(**overrides)
+        if config is not None and overrides:
+            from dataclasses import replace
+            cfg = replace(config, **overrides)
+        self.config = cfg
+        self.loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        mc = self.loaded.config
+        self.model_config = mc
+        ps = cfg.page_size
+        self._prefix_pages = -(-mc.prefix_len // ps)
+        per_seq = -(-mc.text.max_context // ps)
+        n_pages = cfg.kv_pages or cfg.max_batch_size * (per_seq + self._prefix_pages)
+        if n_pages < self._prefix_pages + per_seq - mc.prefix_len // ps:
+            raise RequestError(f"kv_pages={n_pages} cannot hold even one full-context request")
+        self.pool = PagePool(n_pages, ps)
+        self._executor = Executor(self.loaded.device)
+        self.runner = Runner(self.loaded, n_pages, ps, cfg.max_batch_size, self._executor)
+        self._free_slots = list(range(cfg.max_batch_size - 1, -1, -1))
+
+        self._inbox: queue.Queue = queue.Queue(maxsize=cfg.max_queue)
+        self._ids = itertools.count(1)
+        self._closing = threading.Event()
+        self._closed = False
+        self._error: BaseException | None = None
+        self._post_lock = threading.Lock()
+
+        # Engine-thread state.
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._pending_images: list[Image] = []
+        self._images: dict[int, Image] = {}
+        self._seqs: dict[int, Sequence] = {}
+        self._inflight: deque[_InFlight] = deque()
+        self._steps = 0
+        self._tokens = 0
+        self._started = time.perf_counter()
+        self._busy_base = 0.0
+
+        self._thread = threading.Thread(target=self._loop, name="vlmstream-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API (any thread)
+
+    def encode_image(self, rgb: np.ndarray) -> ImageRef:
+        """Preprocess an image (in the calling thread) and queue its prefix for encoding."""
+        rgb = _as_rgb(rgb)
+        t0 = time.perf_counter()
+        crops, tiling = overlap_crops(rgb, self.model_config.vision)
+        image = Image(id=next(self._ids), crops=crops, tiling=tiling)
+        image.timings.preprocess = (time.perf_counter() - t0) * 1000.0
+        self._post(("image", image))
+        return ImageRef(self, image)
+
+    def submit(self, image: np.ndarray | ImageRef, caption: str | None = None, question: str | None = None,
+               params: SamplingParams = SamplingParams(), constraint: Any = None) -> RequestHandle:
+        if not isinstance(params, SamplingParams):
+            raise RequestError("params must be a SamplingParams")
+        ids = prompt_ids(self.model_config, self.loaded.tokenizer, caption=caption, question=question)
+        mc = self.model_config
+        room = mc.text.max_context - mc.prefix_len - len(ids) + 1
+        if room < 1:
+            raise RequestError(f"the prompt ({len(ids)} tokens) does not fit in the context "
+                               f"({mc.text.max_context} tokens, {mc.prefix_len} taken by the image)")
+        if constraint is not None:
+            raise RequestError("constraints are not supported yet")
+        seq_pages = own_pages_for(len(ids), min(params.max_tokens, room), mc.prefix_len, self.config.page_size)
+        if seq_pages + self._prefix_pages > self.pool.n_pages:
+            raise RequestError(f"the request needs {seq_pages + self._prefix_pages} KV pages, the pool has "
+                               f"{self.pool.n_pages}")
+        params = params.with_seed()
+        own_ref = not isinstance(image, ImageRef)
+        ref = self.encode_image(image) if own_ref else image
+        if ref._engine is not self:
+            raise RequestError("that ImageRef belongs to another engine")
+        handle = RequestHandle(self, next(self._ids))
+        seq = Sequence(id=handle.id, prompt=ids, params=params, image=ref._image, handle=handle,
+                       capacity=min(params.max_tokens, room))
+        with ref._lock:
+            if ref._released:
+                raise RequestError("that ImageRef was released")
+            self._post(("request", seq))
+        if own_ref:
+            ref.release()
+        return handle
+
+    def stats(self) -> EngineStats:
+        wall = max(time.perf_counter() - self._started, 1e-9)
+        busy = self._executor.busy_seconds() - self._busy_base
+        return EngineStats(
+            kv_pages_total=self.pool.n_pages, kv_pages_free=self.pool.n_free, kv_pages_in_use=self.pool.n_used,
+            running=sum(1 for s in self._running if not s.finalized), waiting=len(self._waiting),
+            images=len(self._images), steps=self._steps, tokens=self._tokens,
+            device_busy_fraction=min(busy / wall, 1.0), tokens_per_s=self._tokens / wall,
+        )
+
+    def reset_stats(self) -> None:
+        """Restart the counters behind tokens/s and the busy fraction (for benchmarks)."""
+        self._post(("reset_stats", None))
+
+    def close(self, cancel: bool = False, timeout: float = 600.0) -> None:
+        """Finish (or with cancel=True, cancel) all requests, free every page, join the threads."""
+        with self._post_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if cancel:
+            self._inbox.put(("cancel_all", None))
+        self._closing.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"engine did not drain within {timeout} s")
+        self._executor.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(cancel=exc_type is not None)
+
+    def _post(self, message: tuple) -> None:
+        with self._post_lock:
+            if self._error is not None:
+                raise EngineClosedError(f"the engine failed: {self._error}") from self._error
+            if self._closed and message[0] in ("image", "request"):
+                raise EngineClosedError("the engine is closed")
+        try:
+            self._inbox.put(message, timeout=10.0)
+        except queue.Full:
+            raise RequestError(f"the engine's queue is full ({self.config.max_queue} messages)") from None
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                busy = self._has_work()
+                self._drain(block=not busy)
+                if self._closing.is_set() and not self._has_work() and self._inbox.empty():
+                    break
+                step = self._plan()
+                if not step.empty:
+                    self._launch(step)
+                if self._inflight and (len(self._inflight) >= self.config.pipeline_depth or step.empty):
+                    self._commit(self._inflight.popleft())
+                if self.config.debug_checks:
+                    self._check_invariants()
+        except BaseException as e:  # a device or engine bug: fail every request, keep the cause
+            self._error = e
+            self._fail_all(e)
+
+    def _has_work(self) -> bool:
+        return bool(self._waiting or self._inflight or any(not s.finalized for s in self._running)
+                    or any(i.holders and not i.launched for i in self._pending_images))
+
+    def _drain(self, block: bool) -> None:
+        while True:
+            try:
+                message = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            self._handle(*message)
+
+    def _handle(self, kind: str, item: Any) -> None:
+        if kind == "image":
+            self._images[item.id] = item
+            self._pending_images.append(item)
+        elif kind == "request":
+            item.image.holders += 1
+            self._seqs[item.id] = item
+            self._waiting.append(item)
+        elif kind == "release":
+            item.holders -= 1
+            self._maybe_release_image(item)
+        elif kind == "cancel":
+            seq = self._seqs.get(item)
+            if seq is not None and not seq.finalized:
+                self._finalize(seq, "cancelled")
+                if not seq.admitted:
+                    self._waiting.remove(seq)
+                self._maybe_release(seq)
+        elif kind == "cancel_all":
+            for seq in list(self._seqs.values()):
+                self._handle("cancel", seq.id)
+        elif kind == "reset_stats":
+            self._started, self._tokens = time.perf_counter(), 0
+            self._busy_base = self._executor.busy_seconds()
+
+    def _plan(self) -> StepPlan:
+        budget = Budget(free_pages=self.pool.n_free, free_slots=len(self._free_slots),
+                        prefill_tokens=self.config.prefill_token_budget,
+                        prefix_len=self.model_config.prefix_len, prefix_pages=self._prefix_pages)
+        return plan(self._waiting, self._running, self._pending_images, budget, self.config.page_size)
+
+    def _launch(self, step: StepPlan) -> None:
+        P, ps = self.model_config.prefix_len, self.config.page_size
+        for img in step.images:
+            img.pages = self.pool.allocate(self._prefix_pages)
+            self._pending_images.remove(img)
+        for seq in step.admit:
+            assert self._waiting[0] is seq
+            self._waiting.popleft()
+            seq.slot = self._free_slots.pop()
+            seq.pages = self.pool.allocate(own_pages(seq, P, ps))
+            shared = seq.image.pages[: P // ps]
+            self.pool.incref(shared)
+            seq.page_table = shared + seq.pages
+            seq.kv_slots = self.runner.kv_slots(seq.page_table)
+            seq.admitted_at = time.perf_counter()
+            self._running.append(seq)
+        self._steps += 1
+        pending, slot = self.runner.launch(step, self._steps)
+        for img in step.images:
+            img.launched = True
+            img.inflight += 1
+            img.crops = None
+        for seq in self._members(step):
+            seq.inflight += 1
+        for ch in step.prefills:
+            ch.seq.prefilled += ch.length
+            if ch.last:
+                ch.seq.launched += 1
+        for seq in step.decodes:
+            seq.launched += 1
+        self._inflight.append(_InFlight(step, pending, slot))
+
+    @staticmethod
+    def _members(step: StepPlan) -> list[Sequence]:
+        return list({id(s): s for s in [c.seq for c in step.prefills] + step.decodes}.values())
+
+    def _commit(self, record: _InFlight) -> None:
+        result: StepResult = record.pending.wait(timeout=600.0)
+        record.slot.busy = False
+        step = record.plan
+        now = time.perf_counter()
+        for img in step.images:
+            img.inflight -= 1
+            img.ready = True
+            img.timings.vision = result.busy_ms.get("images", 0.0)
+            self._maybe_release_image(img)
+        for seq in self._members(step):
+            seq.inflight -= 1
+        for seq, token in zip(result.rows, result.tokens.tolist()):
+            if not seq.finalized:
+                self._accept(seq, token, now)
+        for seq in self._members(step):
+            self._maybe_release(seq)
+
+    def _accept(self, seq: Sequence, token: int, now: float) -> None:
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        self._tokens += 1
+        if token == self.model_config.tokenizer.eos_id:
+            self._finalize(seq, "stop")
+            return
+        seq.tokens.append(token)
+        if seq.streamer is None:
+            seq.streamer = WordStreamer(self.loaded.tokenizer.decode)
+        delta = seq.streamer.push(token)
+        if delta:
+            seq.text_parts.append(delta)
+            seq.handle._emit(delta)
+        if len(seq.tokens) >= seq.capacity:
+            self._finalize(seq, "length")
+
+    def _finalize(self, seq: Sequence, reason: str) -> None:
+        seq.finalized = True
+        seq.finish_reason = reason
+        if seq.streamer is not None and reason in ("stop", "length"):
+            rest = seq.streamer.flush()
+            if rest:
+                seq.text_parts.append(rest)
+                seq.handle._emit(rest)
+        now = time.perf_counter()
+        t, img = seq.timings, seq.image
+        t.preprocess, t.vision = img.timings.preprocess, img.timings.vision
+        t.queue = ((seq.admitted_at or now) - seq.submitted_at) * 1000.0
+        if seq.first_token_at is not None:
+            t.first_token = (seq.first_token_at - seq.submitted_at) * 1000.0 + t.preprocess
+            t.prefill = (seq.first_token_at - (seq.admitted_at or seq.first_token_at)) * 1000.0
+            t.decode = (now - seq.first_token_at) * 1000.0
+        t.total = (now - seq.submitted_at) * 1000.0 + t.preprocess
+        seq.handle._finish(RequestOutput("".join(seq.text_parts), list(seq.tokens), reason, t, seq.params.seed))
+
+    def _maybe_release(self, seq: Sequence) -> None:
+        if not seq.finalized or seq.inflight or seq.id not in self._seqs:
+            return
+        del self._seqs[seq.id]
+        if seq.admitted:
+            self.pool.decref(seq.page_table)
+            self._free_slots.append(seq.slot)
+            self._running.remove(seq)
+        seq.image.holders -= 1
+        self._maybe_release_image(seq.image)
+
+    def _maybe_release_image(self, img: Image) -> None:
+        if not img.releasable or img.id not in self._images:
+            return
+        del self._images[img.id]
+        if img in self._pending_images:
+            self._pending_images.remove(img)
+        if img.pages:
+            self.pool.decref(img.pages)
+            img.pages = []
+
+    def _fail_all(self, error: BaseException) -> None:
+        """After a fatal error: every request ends with "error", every page goes back."""
+        self._inflight.clear()
+        for slot in self.runner.slots:
+            slot.busy = False
+        while not self._inbox.empty():
+            kind, item = self._inbox.get_nowait()
+            if kind in ("image", "request", "release"):
+                self._handle(kind, item)
+        for seq in list(self._seqs.values()):
+            if not seq.finalized:
+                self._finalize(seq, "error")
+            if not seq.admitted and seq in self._waiting:
+                self._waiting.remove(seq)
+            seq.inflight = 0
+            self._maybe_release(seq)
+        for img in list(self._images.values()):
+            img.inflight = 0
+            self._maybe_release_image(img)
+
+    def _check_invariants(self) -> None:
+        depth = self.config.pipeline_depth
+        for seq in self._seqs.values():
+            assert 0 <= seq.inflight <= depth, (seq.id, seq.inflight)
+        for img in self._images.values():
+            assert 0 <= img.inflight <= depth
+
+
+def _as_rgb(rgb: Any) -> np.ndarray:
+    if not isinstance(rgb, np.ndarray):
+        raise ImageError(f"expected an RGB image as a numpy array, got {type(rgb).__name__}")
+    if rgb.ndim == 2:
+        rgb = np.repeat(rgb[:, :, None], 3, axis=2)
+    elif rgb.ndim == 3 and rgb.shape[2] == 4:
+        rgb = rgb[:, :, :3]
+    if rgb.ndim != 3 or rgb.shape[2] != 3:
+        raise ImageError(f"expected an image array of shape (H, W, 3), got {rgb.shape}")
+    if rgb.dtype != np.uint8:
+        raise ImageError(f"expected a uint8 image, got {rgb.dtype}")
+    if rgb.shape[0] == 0 or rgb.shape[1] == 0:
+        raise ImageError(f"the image is empty ({rgb.shape[1]}x{rgb.shape[0]})")
+    return np.ascontiguousarray(rgb)

@@ -1,0 +1,100 @@
+"""The caller's side of the engine: handles for requests and shared image prefixes.
+
+Handles are thread-safe. A `RequestHandle` receives text deltas and its final `RequestOutput`
+from the engine thread; `cancel()` only posts a message, so it is safe at any moment and from
+any thread, and idempotent. An `ImageRef` keeps an image prefix alive for further prompts until
+`release()` (or the end of its `with` block).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import TYPE_CHECKING, Iterator
+
+from .types import RequestOutput
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .sequence import Image
+
+_END = object()
+
+
+class RequestHandle:
+    def __init__(self, engine: "Engine", request_id: int):
+        self._engine = engine
+        self.id = request_id
+        self._deltas: queue.Queue = queue.Queue()  # bounded by max_tokens: one delta per token at most
+        self._done = threading.Event()
+        self._output: RequestOutput | None = None
+        self._cancel_sent = False
+
+    # engine side
+    def _emit(self, delta: str) -> None:
+        self._deltas.put(delta)
+
+    def _finish(self, output: RequestOutput) -> None:
+        self._output = output
+        self._done.set()
+        self._deltas.put(_END)
+
+    # caller side
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} not finished after {timeout} s")
+        assert self._output is not None
+        return self._output
+
+    def stream(self, timeout: float | None = None) -> Iterator[str]:
+        """Text deltas (whole words) as they are committed; ends when the request finishes."""
+        while True:
+            try:
+                item = self._deltas.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no text from request {self.id} for {timeout} s") from None
+            if item is _END:
+                return
+            yield item
+
+    def cancel(self) -> None:
+        if self._cancel_sent or self._done.is_set():
+            return
+        self._cancel_sent = True
+        self._engine._post(("cancel", self.id))
+
+
+class ImageRef:
+    def __init__(self, engine: "Engine", image: "Image"):
+        self._engine = engine
+        self._image = image
+        self._released = False
+        self._lock = threading.Lock()
+
+    @property
+    def id(self) -> int:
+        return self._image.id
+
+    @property
+    def tiling(self) -> tuple[int, int]:
+        return self._image.tiling
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._engine._post(("release", self._image))
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def __enter__(self) -> "ImageRef":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,199 @@
+"""Device work of one engine step: build its inputs on the host, launch forward + sampling.
+
+A step runs, in this order on the device: vision encoding of the step's images (all crops in
+one batch) and their bidirectional prefix prefill; prompt prefill chunks; one batched decode
+forward; then sampling of every row that produces a token (first tokens of finished prefills,
+decode rows). Sampled tokens are scattered into `last_token[slot]` on the device, where the next
+step's decode reads them without a host round trip, and copied into the host buffer of the
+step's ping-pong slot. A slot is reused only after its step was committed.
+
+KV lives in pages: `k`/`v` are (n_layers, n_pages * page_size, n_kv_heads, head_dim); position p
+of a sequence is at flat index page_table[p // page_size] * page_size + p % page_size.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .device import Executor, Pending
+from .models.loader import LoadedModel
+from .models.text import attention
+from .models.tiling import crops_to_tensor
+from .reference import exact_attention
+from .sampler import sample, step_uniform, suppress
+from .scheduler import StepPlan
+from .sequence import Sequence
+
+
+@dataclass
+class StepResult:
+    rows: list[Sequence]  # sequences that got a token this step, in row order
+    tokens: torch.Tensor  # host buffer view, valid once the step is done
+    busy_ms: dict[str, float] = field(default_factory=dict)
+
+
+class _Slot:
+    def __init__(self, rows: int, device: torch.device):
+        self.tokens = torch.zeros(rows, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.busy = False
+
+
+class Runner:
+    def __init__(self, loaded: LoadedModel, n_pages: int, page_size: int, max_batch: int, executor: Executor):
+        self.model = loaded.model
+        self.config = loaded.config
+        self.device = loaded.device
+        self.page_size = page_size
+        self.exact = exact_attention(loaded)
+        self.executor = executor
+        t = loaded.config.text
+        shape = (t.n_layers, n_pages * page_size, t.n_kv_heads, t.head_dim)
+        self.k = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
+        self.last_token = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
+        self.max_rows = 2 * max_batch  # decodes + first tokens of prefills that end this step
+        self.slots = [_Slot(self.max_rows, self.device), _Slot(self.max_rows, self.device)]
+
+    def kv_slots(self, page_table: list[int]) -> np.ndarray:
+        """Flat KV index of every position covered by a page table, in position order."""
+        pages = np.asarray(page_table, dtype=np.int64)
+        return (pages[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1)
+
+    def copy_page(self, src: int, dst: int) -> None:
+        ps = self.page_size
+        self.k[:, dst * ps:(dst + 1) * ps] = self.k[:, src * ps:(src + 1) * ps]
+        self.v[:, dst * ps:(dst + 1) * ps] = self.v[:, src * ps:(src + 1) * ps]
+
+    def _attend(self, write_idx: torch.Tensor, gather_idx: torch.Tensor, mask: torch.Tensor):
+        """attend() for TextModel: store new k/v at write_idx, attend over gather_idx (B, L)."""
+
+        def attend(layer: int, q, k, v):
+            b, hk, t, d = k.shape
+            self.k[layer].index_copy_(0, write_idx, k.transpose(1, 2).reshape(b * t, hk, d))
+            self.v[layer].index_copy_(0, write_idx, v.transpose(1, 2).reshape(b * t, hk, d))
+            keys = self.k[layer][gather_idx].transpose(1, 2)  # (B, Hkv, L, D)
+            values = self.v[layer][gather_idx].transpose(1, 2)
+            return attention(q, keys, values, mask, self.exact)
+
+        return attend
+
+    def _to(self, x: np.ndarray | list, dtype=torch.int64) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x), dtype=dtype).to(self.device, non_blocking=True)
+
+    def launch(self, plan: StepPlan, step_id: int) -> tuple[Pending, _Slot]:
+        """Build the step's inputs on the host and launch it; returns its pending handle and slot."""
+        slot = self.slots[step_id % 2]
+        if slot.busy:
+            raise AssertionError("ping-pong slot reused before its step was committed")
+        slot.busy = True
+        cfg, ps = self.config, self.page_size
+        P = cfg.prefix_len
+
+        images = []
+        for img in plan.images:
+            n_pages = -(-P // ps)
+            slots = self.kv_slots(img.pages)[: n_pages * ps]
+            images.append((img.crops, img.tiling, slots))
+
+        prefills, rows = [], []
+        for ch in plan.prefills:
+            s = ch.seq
+            pos0 = P + ch.start
+            positions = np.arange(pos0, pos0 + ch.length)
+            n_ctx = -(-(pos0 + ch.length) // ps) * ps
+            cow = None
+            if ch.start == 0 and P % ps:
+                cow = (s.image.pages[P // ps], s.pages[0])
+            prefills.append((
+                self._to(s.prompt[ch.start:ch.start + ch.length])[None],
+                self._to(positions)[None],
+                self._to(s.kv_slots[positions]),
+                self._to(s.kv_slots[:n_ctx])[None],
+                self._to(np.arange(n_ctx)[None, :] <= positions[:, None], torch.bool)[None, None],
+                cow, ch.last,
+            ))
+            if ch.last:
+                rows.append(s)
+
+        decode = None
+        if plan.decodes:
+            positions = np.array([P + len(s.prompt) + s.launched - 1 for s in plan.decodes])
+            n_ctx = -(-(int(positions.max()) + 1) // ps) * ps
+            gather = np.stack([s.kv_slots[:n_ctx] if len(s.kv_slots) >= n_ctx else
+                               np.pad(s.kv_slots, (0, n_ctx - len(s.kv_slots))) for s in plan.decodes])
+            write = gather[np.arange(len(positions)), positions]
+            decode = (
+                self._to([s.slot for s in plan.decodes]),
+                self._to(positions)[:, None],
+                self._to(write),
+                self._to(gather),
+                self._to(np.arange(n_ctx)[None, :] <= positions[:, None], torch.bool)[:, None, None, :],
+            )
+            rows.extend(plan.decodes)
+
+        n_first = len(rows) - len(plan.decodes)
+        params = [s.params for s in rows]
+        sampling = None
+        if rows:
+            sampling = (
+                self._to([s.slot for s in rows]),
+                self._to([p.temperature for p in params], torch.float32),
+                self._to([p.top_p for p in params], torch.float32),
+                self._to([step_uniform(p.seed, s.launched) for p, s in zip(params, rows)], torch.float32),
+                self._to([i >= n_first for i in range(len(rows))], torch.bool),
+            )
+
+        busy: dict[str, float] = {}
+
+        def run() -> StepResult:
+            logits = []
+            if images:
+                t0 = time.perf_counter()
+                self._encode_images(images)
+                busy["images"] = (time.perf_counter() - t0) * 1000.0
+            t0 = time.perf_counter()
+            for ids, pos, write, gather, mask, cow, last in prefills:
+                if cow is not None:
+                    self.copy_page(*cow)
+                text = self.model.text
+                h = text(text.embed(ids), pos, self._attend(write, gather, mask))
+                if last:
+                    logits.append(text.logits(h[:, -1]))
+            busy["prefill"] = (time.perf_counter() - t0) * 1000.0
+            t0 = time.perf_counter()
+            if decode is not None:
+                slots_d, pos, write, gather, mask = decode
+                text = self.model.text
+                h = text(text.embed(self.last_token[slots_d])[:, None], pos, self._attend(write, gather, mask))
+                logits.append(text.logits(h[:, -1]))
+            if rows:
+                slots_r, temp, top_p, u, not_first = sampling
+                all_logits = torch.cat(logits)
+                suppress(all_logits, cfg.tokenizer.answer_id, not_first)
+                tokens = sample(all_logits, temp, top_p, u)
+                self.last_token[slots_r] = tokens
+                self.executor.to_host(tokens, slot.tokens[: len(rows)])
+            busy["decode"] = (time.perf_counter() - t0) * 1000.0
+            return StepResult(rows, slot.tokens[: len(rows)], busy)
+
+        return self.executor.launch(run), slot
+
+    def _encode_images(self, images: list) -> None:
+        model, cfg = self.model, self.config
+        crops = crops_to_tensor(np.concatenate([c for c, _, _ in images]), self.device, model.dtype)
+        feats = model.vision.encode(crops)
+        prefixes, start = [], 0
+        for c, tiling, _ in images:
+            prefixes.append(model.prefix_embeddings(model.vision.project(feats[start:start + len(c)], tiling))[0])
+            start += len(c)
+        x = torch.stack(prefixes)  # (n_img, P, C)
+        P, n = cfg.prefix_len, len(images)
+        slots = torch.as_tensor(np.stack([s for _, _, s in images])).to(self.device)  # (n_img, L)
+        L = slots.shape[1]
+        mask = (torch.arange(L, device=self.device) < P).expand(P, L)[None, None]
+        positions = torch.arange(P, device=self.device).expand(n, P)
+        model.text(x, positions, self._attend(slots[:, :P].reshape(-1), slots, mask))

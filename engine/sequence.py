@@ -1,0 +1,81 @@
+"""Engine-side state of one image prefix and of one generation. No torch here.
+
+Counters the engine loop alone changes:
+- `inflight`: steps launched but not yet committed that include this item (0..pipeline depth);
+- `launched`: answer tokens whose sampling has been launched (known before their values are);
+- `tokens`: answer tokens committed, in order.
+A sequence is *finalized* once its result is decided (stop, length, cancelled, error) and
+*released* (pages and slot returned) when it is finalized and `inflight` is 0.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .types import SamplingParams, StageTimings
+
+
+@dataclass(eq=False)
+class Image:
+    id: int
+    crops: np.ndarray | None  # uint8 (N, C, C, 3); dropped once its encode step is launched
+    tiling: tuple[int, int]
+    holders: int = 1  # the user's ImageRef (until released) + every unreleased sequence using it
+    pages: list[int] = field(default_factory=list)
+    launched: bool = False
+    ready: bool = False  # encode step committed
+    inflight: int = 0
+    failed: BaseException | None = None
+    timings: StageTimings = field(default_factory=StageTimings)
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+    @property
+    def releasable(self) -> bool:
+        return self.holders == 0 and self.inflight == 0
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    image: Image
+    handle: Any  # RequestHandle: the engine reports deltas and the result to it
+    capacity: int  # answer tokens this sequence may produce: min(max_tokens, what the context allows)
+    constraint: Any = None  # CompiledConstraint or None
+    slot: int | None = None
+    pages: list[int] = field(default_factory=list)  # own pages (the first may copy the prefix tail)
+    page_table: list[int] = field(default_factory=list)  # shared prefix pages + own pages
+    prefilled: int = 0  # prompt tokens launched
+    launched: int = 0
+    tokens: list[int] = field(default_factory=list)
+    inflight: int = 0
+    finalized: bool = False
+    finish_reason: str | None = None
+    text_parts: list[str] = field(default_factory=list)
+    streamer: Any = None  # WordStreamer, created at the first token
+    kv_slots: Any = None  # np.ndarray: flat KV index of every position, fixed at admission
+    timings: StageTimings = field(default_factory=StageTimings)
+    submitted_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.slot is not None
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.prefilled == len(self.prompt)
+
+    def wants_decode(self) -> bool:
+        """True if a decode step for this sequence could still produce a token we keep.
+
+        EOS is not known until commit, so a sequence whose EOS is still in flight is included
+        (a zombie); stops known in advance (capacity) are not."""
+        return (self.admitted and not self.finalized and self.prefill_done
+                and 0 < self.launched < self.capacity)
