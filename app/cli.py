@@ -36,6 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     img.add_argument("--json", action="store_true",
                      help="print one JSON object: text, token_ids, finish_reason, timings_ms")
     img.set_defaults(func=_cmd_image)
+
+    bench = sub.add_parser("bench", help="decode throughput: pipelined vs blocking",
+                           description="Throughput of pipelined vs blocking decoding at several concurrencies.")
+    _add_model_args(bench)
+    bench.add_argument("--streams", default="1,8,32", metavar="N,N,...",
+                       help="concurrent requests per run (default 1,8,32)")
+    bench.add_argument("--tokens", type=int, default=64, metavar="N", help="answer tokens per request (default 64)")
+    bench.add_argument("--repeats", type=int, default=3, metavar="N", help="runs per mode, medians (default 3)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    bench.set_defaults(func=_cmd_bench)
     return p
 
 
@@ -97,6 +107,35 @@ def _cmd_image(args: argparse.Namespace) -> int:
         }, out)
     out.write("\n")
     out.flush()
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from engine.bench import BenchConfig, format_table, run_bench
+
+    try:
+        streams = tuple(int(x) for x in args.streams.split(","))
+    except ValueError:
+        raise _UsageError(f"--streams must be comma-separated integers, got {args.streams!r}") from None
+    if not streams or min(streams) < 1:
+        raise _UsageError("--streams values must be >= 1")
+    if args.tokens < 1 or args.repeats < 1:
+        raise _UsageError("--tokens and --repeats must be >= 1")
+    cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, streams=streams,
+                      tokens=args.tokens, repeats=args.repeats)
+    total = len(streams) * 2 * args.repeats
+    done = [0]
+
+    def progress(what: str) -> None:
+        done[0] += 1
+        print(f"[{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
+
+    report = run_bench(cfg, progress)
+    if args.json:
+        json.dump(report, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(format_table(report))
     return 0
 
 

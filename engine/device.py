@@ -8,6 +8,7 @@ present is a `DeviceError`, not a crash deep inside torch.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -96,6 +97,9 @@ class Executor:
             self._thread = None
             self._cuda_pending: list[tuple[Any, Any]] = []
         else:
+            # The worker needs the GIL back between kernels; with Python's default 5 ms switch
+            # interval it can wait that long behind host bookkeeping, which undoes pipelining.
+            sys.setswitchinterval(min(sys.getswitchinterval(), 1e-4))
             self._jobs: queue.Queue = queue.Queue(maxsize=queue_size)
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._work, name="vlmstream-device", daemon=True)
@@ -163,9 +167,13 @@ class Executor:
     def busy_seconds(self) -> float:
         """Time the device spent in step functions (CUDA: measured by events of finished steps)."""
         if self._thread is None:
-            done = [(s, e) for s, e in self._cuda_pending if e.query()]
-            self._cuda_pending = [p for p in self._cuda_pending if not p[1].query()]
-            self.busy_s += sum(s.elapsed_time(e) for s, e in done) / 1000.0
+            still = []
+            for start, end in self._cuda_pending:
+                if end.query():
+                    self.busy_s += start.elapsed_time(end) / 1000.0
+                else:
+                    still.append((start, end))
+            self._cuda_pending = still
         with self._lock:
             return self.busy_s
 

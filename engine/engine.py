@@ -85,6 +85,7 @@ class Engine:
         self._tokens = 0
         self._started = time.perf_counter()
         self._busy_base = 0.0
+        self._depth = cfg.pipeline_depth
 
         self._thread = threading.Thread(target=self._loop, name="vlmstream-engine", daemon=True)
         self._thread.start()
@@ -143,6 +144,12 @@ class Engine:
             device_busy_fraction=min(busy / wall, 1.0), tokens_per_s=self._tokens / wall,
         )
 
+    def set_pipeline_depth(self, depth: int) -> None:
+        """Switch between pipelined (2) and blocking (1) between steps; for benchmarks."""
+        if depth not in (1, 2):
+            raise RequestError(f"pipeline depth must be 1 or 2, got {depth}")
+        self._post(("depth", depth))
+
     def reset_stats(self) -> None:
         """Restart the counters behind tokens/s and the busy fraction (for benchmarks)."""
         self._post(("reset_stats", None))
@@ -190,7 +197,9 @@ class Engine:
                 step = self._plan()
                 if not step.empty:
                     self._launch(step)
-                if self._inflight and (len(self._inflight) >= self.config.pipeline_depth or step.empty):
+                if step.empty and self._inflight:
+                    self._commit(self._inflight.popleft())
+                while len(self._inflight) >= self._depth:
                     self._commit(self._inflight.popleft())
                 if self.config.debug_checks:
                     self._check_invariants()
@@ -232,6 +241,8 @@ class Engine:
         elif kind == "cancel_all":
             for seq in list(self._seqs.values()):
                 self._handle("cancel", seq.id)
+        elif kind == "depth":
+            self._depth = item
         elif kind == "reset_stats":
             self._started, self._tokens = time.perf_counter(), 0
             self._busy_base = self._executor.busy_seconds()
@@ -300,7 +311,7 @@ class Engine:
         if seq.first_token_at is None:
             seq.first_token_at = now
         self._tokens += 1
-        if token == self.model_config.tokenizer.eos_id:
+        if token == self.model_config.tokenizer.eos_id and not seq.params.ignore_eos:
             self._finalize(seq, "stop")
             return
         seq.tokens.append(token)
@@ -374,7 +385,7 @@ class Engine:
             self._maybe_release_image(img)
 
     def _check_invariants(self) -> None:
-        depth = self.config.pipeline_depth
+        depth = 2
         for seq in self._seqs.values():
             assert 0 <= seq.inflight <= depth, (seq.id, seq.inflight)
         for img in self._images.values():

@@ -21,7 +21,7 @@ from .detokenizer import WordStreamer
 from .errors import RequestError
 from .models.loader import LoadedModel
 from .models.prompt import prompt_ids
-from .models.text import attention, attention_mask
+from .models.text import KV_ALIGN, attention, attention_mask
 from .sampler import sample, step_uniform, suppress
 from .types import RequestOutput, SamplingParams, StageTimings
 
@@ -44,6 +44,7 @@ class ContiguousKV:
 
     def __init__(self, prefix: EncodedImage, capacity: int, prefix_len: int, exact: bool):
         n_layers, _, h, p, d = prefix.k.shape
+        capacity = -(-capacity // KV_ALIGN) * KV_ALIGN  # masked tail: keeps decode batch invariant
         self.k = prefix.k.new_zeros((n_layers, 1, h, capacity, d))
         self.v = torch.zeros_like(self.k)
         self.k[:, :, :, :p] = prefix.k
@@ -155,7 +156,7 @@ class ReferenceDecoder:
         token_ids: list[int] = []
         finish = "length"
         while True:
-            if next_id == tok.eos_id:
+            if next_id == tok.eos_id and not params.ignore_eos:
                 finish = "stop"
                 break
             token_ids.append(next_id)

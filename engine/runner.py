@@ -21,7 +21,7 @@ import torch
 
 from .device import Executor, Pending
 from .models.loader import LoadedModel
-from .models.text import attention
+from .models.text import KV_ALIGN, attention
 from .models.tiling import crops_to_tensor
 from .reference import exact_attention
 from .sampler import sample, step_uniform, suppress
@@ -95,16 +95,14 @@ class Runner:
 
         images = []
         for img in plan.images:
-            n_pages = -(-P // ps)
-            slots = self.kv_slots(img.pages)[: n_pages * ps]
-            images.append((img.crops, img.tiling, slots))
+            images.append((img.crops, img.tiling, _padded(self.kv_slots(img.pages), _aligned(P, ps))))
 
         prefills, rows = [], []
         for ch in plan.prefills:
             s = ch.seq
             pos0 = P + ch.start
             positions = np.arange(pos0, pos0 + ch.length)
-            n_ctx = -(-(pos0 + ch.length) // ps) * ps
+            n_ctx = _aligned(pos0 + ch.length, ps)
             cow = None
             if ch.start == 0 and P % ps:
                 cow = (s.image.pages[P // ps], s.pages[0])
@@ -112,7 +110,7 @@ class Runner:
                 self._to(s.prompt[ch.start:ch.start + ch.length])[None],
                 self._to(positions)[None],
                 self._to(s.kv_slots[positions]),
-                self._to(s.kv_slots[:n_ctx])[None],
+                self._to(_padded(s.kv_slots, n_ctx))[None],
                 self._to(np.arange(n_ctx)[None, :] <= positions[:, None], torch.bool)[None, None],
                 cow, ch.last,
             ))
@@ -122,9 +120,8 @@ class Runner:
         decode = None
         if plan.decodes:
             positions = np.array([P + len(s.prompt) + s.launched - 1 for s in plan.decodes])
-            n_ctx = -(-(int(positions.max()) + 1) // ps) * ps
-            gather = np.stack([s.kv_slots[:n_ctx] if len(s.kv_slots) >= n_ctx else
-                               np.pad(s.kv_slots, (0, n_ctx - len(s.kv_slots))) for s in plan.decodes])
+            n_ctx = _aligned(int(positions.max()) + 1, ps)
+            gather = np.stack([_padded(s.kv_slots, n_ctx) for s in plan.decodes])
             write = gather[np.arange(len(positions)), positions]
             decode = (
                 self._to([s.slot for s in plan.decodes]),
@@ -197,3 +194,14 @@ class Runner:
         mask = (torch.arange(L, device=self.device) < P).expand(P, L)[None, None]
         positions = torch.arange(P, device=self.device).expand(n, P)
         model.text(x, positions, self._attend(slots[:, :P].reshape(-1), slots, mask))
+
+
+def _aligned(n: int, page_size: int) -> int:
+    """Key length to attend over: whole pages, and a multiple of KV_ALIGN (batch invariance)."""
+    step = np.lcm(page_size, KV_ALIGN)
+    return int(-(-n // step) * step)
+
+
+def _padded(kv_slots: np.ndarray, n: int) -> np.ndarray:
+    """The first n flat KV indices; past the sequence's own pages, index 0 (always masked)."""
+    return kv_slots[:n] if len(kv_slots) >= n else np.pad(kv_slots, (0, n - len(kv_slots)))

@@ -14,12 +14,14 @@ FINISH_REASONS = ("stop", "length", "cancelled", "error")
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 is greedy (our default: captions of a video should not flicker). With
-    temperature > 0, top-p sampling; `seed` makes it reproducible, None draws a fresh seed."""
+    temperature > 0, top-p sampling; `seed` makes it reproducible, None draws a fresh seed.
+    With `ignore_eos`, EOS is kept as an ordinary token and only max_tokens stops."""
 
     temperature: float = 0.0
     top_p: float = 0.3
     max_tokens: int = 768
     seed: int | None = None
+    ignore_eos: bool = False  # keep generating through EOS (benchmarks want fixed lengths)
 
     def __post_init__(self) -> None:
         t, p, n = self.temperature, self.top_p, self.max_tokens

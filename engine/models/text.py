@@ -7,9 +7,10 @@ the attention output. Parameter names follow the checkpoint keys under `model.te
 
 Batch invariance (fp32 on CPU): a row's result must not depend on which other rows share its
 batch, or the engine could not match the reference decoder token for token. CPU GEMMs change
-kernels below 4 rows, so linears see at least `MIN_GEMM_ROWS` rows (zero rows are padded in);
-attention reduces in fp64 (`attention(..., exact=True)`), which makes its fp32 result
-independent of padding length and batch shape.
+kernels below 4 rows, so linears see at least `MIN_GEMM_ROWS` rows (zero rows are padded in).
+Single-query attention (decode) through SDPA is invariant to batch and to the padded key length
+as long as that length is a multiple of `KV_ALIGN`; multi-query attention (prefill) is not, so
+with `exact=True` it reduces in fp64, whose fp32 result does not depend on shapes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 ROPE_THETA = 10000.0
 MIN_GEMM_ROWS = 4
+KV_ALIGN = 16
 
 
 def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -42,8 +44,8 @@ def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) 
 
 def attention(q_BHTD: torch.Tensor, k_BKLD: torch.Tensor, v_BKLD: torch.Tensor,
               mask: torch.Tensor | None, exact: bool) -> torch.Tensor:
-    """Scaled dot-product attention; grouped-query when K < H. `exact` reduces in fp64."""
-    if not exact:
+    """Scaled dot-product attention; grouped-query when K < H. `exact`: batch invariant (see top)."""
+    if not exact or q_BHTD.shape[2] == 1:
         return F.scaled_dot_product_attention(q_BHTD, k_BKLD, v_BKLD, attn_mask=mask,
                                               enable_gqa=q_BHTD.shape[1] != k_BKLD.shape[1])
     group = q_BHTD.shape[1] // k_BKLD.shape[1]

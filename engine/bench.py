@@ -1,0 +1,122 @@
+"""Throughput and latency benchmark behind `vlmstream bench`.
+
+For each concurrency N, one engine serves N simultaneous requests (one image each, a fixed
+number of answer tokens, EOS ignored so that every run decodes the same amount). Decode
+throughput is the sum of the requests' decode rates (tokens after the first / time from first
+token to last); end-to-end throughput (prefill included) is reported beside it. Runs alternate
+between pipelined (depth 2) and blocking (depth 1), `repeats` times each; medians are reported. Both
+modes run in the same process on the same engine, so their ratio is meaningful on a noisy
+machine even when absolute figures are not. Greedy outputs of the two modes are compared.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .config import EngineConfig
+from .engine import Engine
+from .types import SamplingParams
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str | None = None
+    streams: tuple[int, ...] = (1, 8, 32)
+    tokens: int = 64
+    repeats: int = 3
+    image_size: tuple[int, int] = (360, 640)
+
+
+def _images(n: int, size: tuple[int, int]) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    h, w = size
+    base = np.linspace(0, 255, w, dtype=np.float32)[None, :, None] * np.ones((h, 1, 3), np.float32)
+    return [np.clip(base + rng.normal(0, 30, (h, w, 3)), 0, 255).astype(np.uint8) for _ in range(n)]
+
+
+def _run(engine: Engine, depth: int, images: list[np.ndarray], tokens: int) -> dict:
+    engine.set_pipeline_depth(depth)
+    engine.reset_stats()
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    refs = [engine.encode_image(img) for img in images]
+    t0 = time.perf_counter()
+    handles = [engine.submit(ref, caption="normal", params=params) for ref in refs]
+    outs = [h.result(timeout=3600) for h in handles]
+    wall = time.perf_counter() - t0
+    stats = engine.stats()
+    for ref in refs:
+        ref.release()
+    n_tokens = sum(len(o.token_ids) for o in outs)
+    # Decode throughput: requests decode side by side, so their per-request rates add up.
+    decode_rate = sum((len(o.token_ids) - 1) / (o.timings.decode / 1000.0) for o in outs if o.timings.decode)
+    return {
+        "tokens_per_s": decode_rate,
+        "end_to_end_tokens_per_s": n_tokens / wall,
+        "wall_s": wall,
+        "device_busy_fraction": stats.device_busy_fraction,
+        "ttft_ms_p50": statistics.median(o.timings.first_token for o in outs),
+        "tokens": [o.token_ids for o in outs],
+    }
+
+
+def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict:
+    engine_cfg = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype,
+                              max_batch_size=max(cfg.streams))
+    results = []
+    with Engine(engine_cfg) as engine:
+        _run(engine, 2, _images(1, cfg.image_size), 4)  # warm-up: allocator, kernels, caches
+        for n in cfg.streams:
+            images = _images(n, cfg.image_size)
+            runs: dict[int, list[dict]] = {2: [], 1: []}
+            for r in range(cfg.repeats):
+                for depth in (2, 1) if r % 2 == 0 else (1, 2):
+                    if progress:
+                        progress(f"streams={n} repeat={r + 1}/{cfg.repeats} "
+                                 f"{'pipelined' if depth == 2 else 'blocking'}")
+                    runs[depth].append(_run(engine, depth, images, cfg.tokens))
+            summary = {}
+            for depth, name in ((2, "pipelined"), (1, "blocking")):
+                summary[name] = {k: statistics.median(run[k] for run in runs[depth])
+                                 for k in ("tokens_per_s", "end_to_end_tokens_per_s", "wall_s",
+                                           "device_busy_fraction", "ttft_ms_p50")}
+            identical = all(a["tokens"] == b["tokens"] for a in runs[2] for b in runs[1])
+            results.append({
+                "streams": n,
+                **summary,
+                "ratio": summary["pipelined"]["tokens_per_s"] / summary["blocking"]["tokens_per_s"],
+                "identical_tokens": identical,
+            })
+    return {
+        "model": cfg.model,
+        "device": cfg.device,
+        "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+        "tokens_per_request": cfg.tokens,
+        "repeats": cfg.repeats,
+        "torch": torch.__version__,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpu_threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d"),
+        "results": results,
+    }
+
+
+def format_table(report: dict) -> str:
+    lines = [f"model={report['model']} device={report['device']} dtype={report['dtype']} "
+             f"tokens/request={report['tokens_per_request']} repeats={report['repeats']} (medians; decode tok/s)",
+             f"{'streams':>7} {'pipelined tok/s':>16} {'blocking tok/s':>15} {'ratio':>6} "
+             f"{'busy pipe':>9} {'busy block':>10} {'TTFT ms':>8} {'identical':>9}"]
+    for r in report["results"]:
+        p, b = r["pipelined"], r["blocking"]
+        lines.append(f"{r['streams']:>7} {p['tokens_per_s']:>16.1f} {b['tokens_per_s']:>15.1f} {r['ratio']:>6.3f} "
+                     f"{p['device_busy_fraction']:>9.3f} {b['device_busy_fraction']:>10.3f} "
+                     f"{p['ttft_ms_p50']:>8.1f} {str(r['identical_tokens']):>9}")
+    return "\n".join(lines)
