@@ -27,14 +27,14 @@ import numpy as np
 from .config import EngineConfig
 from .detokenizer import WordStreamer
 from .device import Executor, Pending
-from .errors import EngineClosedError, ImageError, RequestError
+from .errors import ConfigError, EngineClosedError, ImageError, RequestError
 from .kv_cache import PagePool
 from .models.loader import load_model
 from .models.prompt import prompt_ids
 from .models.tiling import overlap_crops
 from .request import ImageRef, RequestHandle
 from .runner import Runner, StepResult, _Slot
-from .scheduler import Budget, StepPlan, own_pages, own_pages_for, plan
+from .scheduler import Budget, StepPlan, own_pages, plan
 from .sequence import Image, Sequence
 from .types import EngineStats, RequestOutput, SamplingParams, StageTimings
 
@@ -60,8 +60,9 @@ class Engine:
         self._prefix_pages = -(-mc.prefix_len // ps)
         per_seq = -(-mc.text.max_context // ps)
         n_pages = cfg.kv_pages or cfg.max_batch_size * (per_seq + self._prefix_pages)
-        if n_pages < self._prefix_pages + per_seq - mc.prefix_len // ps:
-            raise RequestError(f"kv_pages={n_pages} cannot hold even one full-context request")
+        need = self._prefix_pages + per_seq - mc.prefix_len // ps
+        if n_pages < need:
+            raise ConfigError(f"kv_pages={n_pages} cannot hold one full-context request ({need} pages)")
         self.pool = PagePool(n_pages, ps)
         self._executor = Executor(self.loaded.device)
         self.runner = Runner(self.loaded, n_pages, ps, cfg.max_batch_size, self._executor)
@@ -114,10 +115,6 @@ class Engine:
                                f"({mc.text.max_context} tokens, {mc.prefix_len} taken by the image)")
         if constraint is not None:
             raise RequestError("constraints are not supported yet")
-        seq_pages = own_pages_for(len(ids), min(params.max_tokens, room), mc.prefix_len, self.config.page_size)
-        if seq_pages + self._prefix_pages > self.pool.n_pages:
-            raise RequestError(f"the request needs {seq_pages + self._prefix_pages} KV pages, the pool has "
-                               f"{self.pool.n_pages}")
         params = params.with_seed()
         own_ref = not isinstance(image, ImageRef)
         ref = self.encode_image(image) if own_ref else image
@@ -189,12 +186,15 @@ class Engine:
 
     def _loop(self) -> None:
         try:
+            stalled = False
             while True:
-                busy = self._has_work()
-                self._drain(block=not busy)
+                # Block on the inbox when idle, or when work exists but none can be planned
+                # (e.g. the pool is full of pages that ImageRefs hold): no busy spinning.
+                self._drain(block=stalled or not self._has_work())
                 if self._closing.is_set() and not self._has_work() and self._inbox.empty():
                     break
                 step = self._plan()
+                stalled = step.empty and not self._inflight
                 if not step.empty:
                     self._launch(step)
                 if step.empty and self._inflight:

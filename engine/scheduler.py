@@ -2,11 +2,12 @@
 
 `plan()` is a pure selection over the engine's queues: it reads, it allocates nothing and
 changes nothing; the engine applies the plan (admission, page allocation, in-flight counts).
-Policy, in order: every running sequence that can still produce a token decodes; pending images
-are encoded (vision + bidirectional prefix, never chunked) and waiting requests admitted in FIFO
-order while slots and free pages last (zombies keep their pages until released); prompt prefill
-is chunked so that the image prefixes plus prompt tokens of a step stay within the token budget
-(at least one unit of prefill work always proceeds, so nothing starves).
+Policy, in order: every running sequence that can still produce a token decodes; waiting
+requests are admitted in FIFO order while slots and free pages last (zombies keep their pages
+until released), each bringing its image's encoding (vision + bidirectional prefix, never
+chunked) if that is not launched yet; prompt prefill is chunked so that the image prefixes plus
+prompt tokens of a step stay within the token budget (at least one unit of prefill work always
+proceeds, so nothing starves).
 """
 
 from __future__ import annotations
@@ -64,26 +65,37 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     step = StepPlan(decodes=[s for s in running if s.wants_decode()])
     pages, slots, tokens = budget.free_pages, budget.free_slots, budget.prefill_tokens
 
-    # Images first: a waiting request cannot start before its image prefix is launched.
-    for img in pending_images:
-        if img.launched or img.holders == 0:
-            continue
-        if budget.prefix_pages > pages or (step.images and tokens < budget.prefix_len):
-            break
-        step.images.append(img)
-        pages -= budget.prefix_pages
-        tokens -= budget.prefix_len
-
-    launched = {id(i) for i in step.images}
+    # Admission in FIFO order. A request whose image is not encoded yet brings its image into
+    # the step (vision + prefix); pages for both are reserved together, so images never take
+    # the pages their own requests need (encoding ahead of admission could deadlock the pool).
+    planned: set[int] = set()
     for seq in waiting:
-        if not (seq.image.launched or id(seq.image) in launched):
-            break  # FIFO: the head waits for its image, so does everyone behind it
-        need = own_pages(seq, budget.prefix_len, page_size)
+        img = seq.image
+        new_image = not img.launched and id(img) not in planned
+        need = own_pages(seq, budget.prefix_len, page_size) + (budget.prefix_pages if new_image else 0)
         if slots == 0 or need > pages:
             break
+        if new_image:
+            if tokens < budget.prefix_len and (step.images or step.admit):
+                break
+            step.images.append(img)
+            planned.add(id(img))
+            tokens -= budget.prefix_len
         step.admit.append(seq)
         slots -= 1
         pages -= need
+
+    # Images encoded ahead of any request (encode_image, then submit later) use what is left.
+    if not waiting or len(step.admit) == len(waiting):
+        for img in pending_images:
+            if img.launched or img.holders == 0 or id(img) in planned:
+                continue
+            if budget.prefix_pages > pages or (tokens < budget.prefix_len and (step.images or step.admit)):
+                break
+            step.images.append(img)
+            planned.add(id(img))
+            pages -= budget.prefix_pages
+            tokens -= budget.prefix_len
 
     for seq in [s for s in running if s.admitted and not s.finalized and not s.prefill_done] + step.admit:
         if tokens <= 0 and (step.prefills or step.images):

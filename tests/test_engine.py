@@ -1,0 +1,230 @@
+"""The engine against the reference decoder, and its lifecycle (threads, pages, handles)."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engine import ConfigError, Engine, EngineClosedError, EngineConfig, ImageError, RequestError, SamplingParams
+from engine.models.loader import load_model
+from engine.reference import ReferenceDecoder
+
+GREEDY = SamplingParams(max_tokens=10)
+
+
+@pytest.fixture(scope="module")
+def images():
+    rng = np.random.default_rng(3)
+    return [rng.integers(0, 256, size=(40 + 30 * i, 60 + 50 * i, 3), dtype=np.uint8) for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def reference(small_folder):
+    return ReferenceDecoder(load_model(small_folder))
+
+
+def _engine(folder, depth=2, **kw):
+    return Engine(EngineConfig(model=str(folder), pipeline_depth=depth, debug_checks=True, **kw))
+
+
+def _assert_clean(engine):
+    s = engine.stats()
+    assert s.kv_pages_in_use == 0 and s.running == 0 and s.waiting == 0 and s.images == 0
+    assert not engine._thread.is_alive()
+    assert engine._executor._thread is None or not engine._executor._thread.is_alive()
+
+
+TASKS = [{"caption": "short"}, {"caption": "long"}, {"question": "What color is the star?"},
+         {"question": "Is there a small blue circle in the top left corner of the frame?"}]
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_matches_the_reference_decoder(small_folder, reference, images, depth):
+    jobs = []
+    with _engine(small_folder, depth) as eng:
+        shared = eng.encode_image(images[1])
+        for i, img in enumerate(images):
+            for j, task in enumerate(TASKS):
+                params = SamplingParams(max_tokens=3 + i + 2 * j, temperature=(0.0 if j % 2 else 0.9), seed=i * 7 + j)
+                source = shared if i == 1 else img
+                jobs.append((img, task, params, eng.submit(source, params=params, **task)))
+        shared.release()
+        outs = [(img, task, params, h.result(timeout=60)) for img, task, params, h in jobs]
+    _assert_clean(eng)
+    for img, task, params, out in outs:
+        expected = reference.generate(img, params=params, **task)
+        assert out.token_ids == expected.token_ids, (task, params)
+        assert out.text == expected.text and out.finish_reason == expected.finish_reason
+        assert out.seed == params.seed
+
+
+def test_gqa_model_and_chunked_prefill(gqa_folder, images):
+    ref = ReferenceDecoder(load_model(gqa_folder))
+    question = "Where is the red circle and what color is the large square next to it?"
+    with _engine(gqa_folder, prefill_token_budget=5) as eng:  # prompts prefilled 5 tokens a step
+        handles = [eng.submit(img, question=question, params=GREEDY) for img in images]
+        outs = [h.result(timeout=60) for h in handles]
+    for img, out in zip(images, outs):
+        assert out.token_ids == ref.generate(img, question=question, params=GREEDY).token_ids
+    _assert_clean(eng)
+
+
+def test_stream_yields_the_text_in_words(small_folder, images):
+    with _engine(small_folder) as eng:
+        h = eng.submit(images[0], caption="long", params=SamplingParams(max_tokens=20))
+        pieces = list(h.stream(timeout=30))
+        out = h.result(timeout=1)
+    assert "".join(pieces) == out.text
+    assert set(out.timings_ms) >= {"queue", "preprocess", "vision", "prefill", "first_token", "decode", "total"}
+    assert out.timings_ms["total"] >= out.timings_ms["first_token"] > 0
+
+
+def test_known_stops_cost_no_extra_step(small_folder, images):
+    for depth in (1, 2):
+        with _engine(small_folder, depth) as eng:
+            n = 7
+            out = eng.submit(images[0], caption="short",
+                             params=SamplingParams(max_tokens=n, ignore_eos=True)).result(timeout=30)
+            assert len(out.token_ids) == n and out.finish_reason == "length"
+            # one step encodes the image, prefills the prompt and samples token 1; then n - 1 decodes
+            assert eng.stats().steps == n
+
+
+def test_cancel_before_and_during(small_folder, images):
+    with _engine(small_folder) as eng:
+        blocker = [eng.submit(images[i % 4], caption="long", params=SamplingParams(max_tokens=60, ignore_eos=True))
+                   for i in range(6)]
+        h = eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=60, ignore_eos=True))
+        h.cancel()
+        h.cancel()  # idempotent
+        out = h.result(timeout=30)
+        assert out.finish_reason == "cancelled"
+        live = blocker[0]
+        for _ in live.stream(timeout=30):
+            live.cancel()
+            break
+        out = live.result(timeout=30)
+        assert out.finish_reason == "cancelled" and len(out.token_ids) < 60
+        for b in blocker[1:]:
+            assert b.result(timeout=60).finish_reason == "length"
+        b.cancel()  # after the end: nothing happens
+        assert b.result().finish_reason == "length"
+    _assert_clean(eng)
+
+
+def test_shared_image_pages_live_until_the_last_user(small_folder, images):
+    with _engine(small_folder) as eng:
+        ref = eng.encode_image(images[2])
+        hs = [eng.submit(ref, caption=c, params=GREEDY) for c in ("short", "normal", "long")]
+        for h in hs:
+            h.result(timeout=30)
+        time.sleep(0.1)
+        assert eng.stats().images == 1 and eng.stats().kv_pages_in_use > 0  # the ref still holds it
+        again = eng.submit(ref, caption="short", params=GREEDY).result(timeout=30)
+        assert again.token_ids == hs[0].result().token_ids
+        ref.release()
+        ref.release()
+        deadline = time.time() + 10
+        while eng.stats().kv_pages_in_use and time.time() < deadline:
+            time.sleep(0.01)
+        assert eng.stats().kv_pages_in_use == 0 and eng.stats().images == 0
+        with pytest.raises(RequestError, match="released"):
+            eng.submit(ref, caption="short")
+    _assert_clean(eng)
+
+
+def test_bad_input_leaves_the_engine_serving(small_folder, images):
+    with _engine(small_folder) as eng:
+        good = eng.submit(images[0], caption="short", params=GREEDY)
+        with pytest.raises(RequestError):
+            eng.submit(images[0], question="   ")
+        with pytest.raises(RequestError):
+            eng.submit(images[0], caption="huge")
+        with pytest.raises(RequestError, match="does not fit"):
+            eng.submit(images[0], question="star " * 300)
+        with pytest.raises(ImageError, match="empty"):
+            eng.submit(np.zeros((0, 10, 3), np.uint8), caption="short")
+        with pytest.raises(ImageError):
+            eng.submit(np.zeros((10, 10, 3), np.float32), caption="short")
+        with pytest.raises(ImageError):
+            eng.encode_image("not an image")
+        with pytest.raises(RequestError):
+            eng.submit(images[0], caption="short", params=SamplingParams(temperature=-1.0))
+        assert good.result(timeout=30).finish_reason in ("stop", "length")
+        assert eng.submit(images[1], caption="short", params=GREEDY).result(timeout=30).token_ids
+    with pytest.raises(EngineClosedError):
+        eng.submit(images[0], caption="short")
+    with pytest.raises(EngineClosedError):
+        eng.encode_image(images[0])
+    _assert_clean(eng)
+
+
+def test_close_with_cancel_finishes_every_handle(small_folder, images):
+    eng = _engine(small_folder)
+    handles = [eng.submit(images[i % 4], caption="long", params=SamplingParams(max_tokens=200, ignore_eos=True))
+               for i in range(20)]
+    eng.close(cancel=True)
+    assert all(h.done() for h in handles)
+    assert {h.result().finish_reason for h in handles} <= {"cancelled", "length"}
+    _assert_clean(eng)
+
+
+def test_kv_pool_smaller_than_demand_queues_requests(small_folder, images):
+    with _engine(small_folder, kv_pages=24, max_batch_size=2) as eng:
+        hs = [eng.submit(images[i % 4], caption="short", params=SamplingParams(max_tokens=30, ignore_eos=True))
+              for i in range(8)]
+        assert all(h.result(timeout=60).finish_reason == "length" for h in hs)
+        # a full-context request still fits the pool: the engine refuses pools that cannot hold one
+        assert eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=10_000, ignore_eos=True)
+                          ).result(timeout=60).finish_reason == "length"
+    _assert_clean(eng)
+    with pytest.raises(ConfigError, match="kv_pages"):
+        _engine(small_folder, kv_pages=8)
+
+
+def test_submit_and_cancel_storm_from_threads(small_folder, images):
+    eng = _engine(small_folder, max_batch_size=8)
+    errors, handles, lock = [], [], threading.Lock()
+
+    def producer(k):
+        rng = np.random.default_rng(k)
+        try:
+            for _ in range(150):
+                h = eng.submit(images[int(rng.integers(4))], caption="short",
+                               params=SamplingParams(max_tokens=int(rng.integers(1, 6))))
+                with lock:
+                    handles.append(h)
+                if rng.random() < 0.5:
+                    time.sleep(float(rng.random()) * 0.002)
+                    h.cancel()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=producer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    eng.close()
+    assert not errors
+    assert len(handles) == 600 and all(h.done() for h in handles)
+    reasons = {h.result().finish_reason for h in handles}
+    assert reasons <= {"stop", "length", "cancelled"} and "cancelled" in reasons
+    _assert_clean(eng)
+    assert eng.pool.n_free == eng.pool.n_pages
+
+
+def test_worker_error_reaches_the_caller(small_folder, images, monkeypatch):
+    eng = _engine(small_folder)
+
+    def boom(*a, **k):
+        raise RuntimeError("device exploded")
+
+    monkeypatch.setattr(eng.runner, "_encode_images", boom)
+    h = eng.submit(images[0], caption="short", params=GREEDY)
+    assert h.result(timeout=30).finish_reason == "error"
+    with pytest.raises(EngineClosedError, match="device exploded"):
+        eng.submit(images[0], caption="short")
+    eng.close()
+    assert eng.pool.n_free == eng.pool.n_pages
