@@ -7,6 +7,7 @@
 """
 
 from .config import EngineConfig, ModelConfig
+from .constraints import Choice, ConstraintError, JsonSchema, Regex
 from .engine import Engine
 from .errors import (ConfigError, DeviceError, EngineClosedError, ImageError, ModelLoadError, RequestError,
                      VlmstreamError)
@@ -16,5 +17,5 @@ from .types import EngineStats, RequestOutput, SamplingParams
 __all__ = [
     "Engine", "EngineConfig", "ModelConfig", "SamplingParams", "RequestOutput", "EngineStats",
     "RequestHandle", "ImageRef", "VlmstreamError", "ConfigError", "DeviceError", "EngineClosedError",
-    "ImageError", "ModelLoadError", "RequestError",
+    "ImageError", "ModelLoadError", "RequestError", "Regex", "Choice", "JsonSchema", "ConstraintError",
 ]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .config import EngineConfig
+from .constraints import compile_constraint
 from .detokenizer import WordStreamer
 from .device import Executor, Pending
 from .errors import ConfigError, EngineClosedError, ImageError, RequestError
@@ -74,6 +75,7 @@ class Engine:
         self._closed = False
         self._error: BaseException | None = None
         self._post_lock = threading.Lock()
+        self._automata: dict = {}
 
         # Engine-thread state.
         self._waiting: deque[Sequence] = deque()
@@ -113,8 +115,7 @@ class Engine:
         if room < 1:
             raise RequestError(f"the prompt ({len(ids)} tokens) does not fit in the context "
                                f"({mc.text.max_context} tokens, {mc.prefix_len} taken by the image)")
-        if constraint is not None:
-            raise RequestError("constraints are not supported yet")
+        automaton = self._compile(constraint) if constraint is not None else None
         params = params.with_seed()
         own_ref = not isinstance(image, ImageRef)
         ref = self.encode_image(image) if own_ref else image
@@ -122,7 +123,7 @@ class Engine:
             raise RequestError("that ImageRef belongs to another engine")
         handle = RequestHandle(self, next(self._ids))
         seq = Sequence(id=handle.id, prompt=ids, params=params, image=ref._image, handle=handle,
-                       capacity=min(params.max_tokens, room))
+                       capacity=min(params.max_tokens, room), constraint=automaton)
         with ref._lock:
             if ref._released:
                 raise RequestError("that ImageRef was released")
@@ -130,6 +131,17 @@ class Engine:
         if own_ref:
             ref.release()
         return handle
+
+    def _compile(self, constraint: Any):
+        """Compiled automata are cached per constraint (many frames ask the same thing)."""
+        with self._post_lock:
+            automaton = self._automata.get(constraint)
+        if automaton is None:
+            automaton = compile_constraint(constraint, self.loaded.tokenizer, self.model_config.text.vocab_size,
+                                           self.model_config.tokenizer.eos_id, self.loaded.device)
+            with self._post_lock:
+                self._automata[constraint] = automaton
+        return automaton
 
     def stats(self) -> EngineStats:
         wall = max(time.perf_counter() - self._started, 1e-9)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from .errors import RequestError
 from .models.loader import LoadedModel
 from .models.prompt import prompt_ids
 from .models.text import KV_ALIGN, attention, attention_mask
-from .sampler import sample, step_uniform, suppress
+from .sampler import advance_constraints, apply_constraints, sample, step_uniform, suppress
 from .types import RequestOutput, SamplingParams, StageTimings
 
 
@@ -115,10 +115,19 @@ class ReferenceDecoder:
         question: str | None = None,
         params: SamplingParams = SamplingParams(),
         on_text: Callable[[str], None] | None = None,
+        constraint: Any = None,
     ) -> RequestOutput:
+        """Generate an answer; `constraint` is a Regex, Choice or JsonSchema (engine.constraints)."""
         t_start = time.perf_counter()
         ids = prompt_ids(self.config, self.loaded.tokenizer, caption=caption, question=question)
         params = params.with_seed()
+        automaton = None
+        if constraint is not None:
+            from .constraints import compile_constraint
+
+            automaton = compile_constraint(constraint, self.loaded.tokenizer, self.config.text.vocab_size,
+                                           self.config.tokenizer.eos_id, self.device)
+        fsm_state = torch.zeros(1, dtype=torch.int64, device=self.device)
         if isinstance(image, EncodedImage):
             encoded, timings = image, StageTimings()  # the image's cost was paid by encode_image
         else:
@@ -140,7 +149,14 @@ class ReferenceDecoder:
 
         def draw(logits: torch.Tensor, index: int) -> int:
             u = torch.tensor([step_uniform(params.seed, index)], device=self.device)
-            return int(sample(logits, temperature, top_p, u)[0])
+            groups = []
+            if automaton is not None:
+                zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+                groups = [(automaton, zero, zero, torch.tensor([index == 0], device=self.device))]
+            masked = apply_constraints(logits, groups, fsm_state)
+            token = sample(logits, temperature, top_p, u)
+            advance_constraints(token, masked, fsm_state)
+            return int(token[0])
 
         t0 = time.perf_counter()
         ids_t = torch.tensor([ids], device=self.device)

@@ -24,7 +24,7 @@ from .models.loader import LoadedModel
 from .models.text import KV_ALIGN, attention
 from .models.tiling import crops_to_tensor
 from .reference import exact_attention
-from .sampler import sample, step_uniform, suppress
+from .sampler import advance_constraints, apply_constraints, sample, step_uniform, suppress
 from .scheduler import StepPlan
 from .sequence import Sequence
 
@@ -55,6 +55,7 @@ class Runner:
         self.k = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
         self.last_token = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
+        self.fsm_state = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
         self.max_rows = 2 * max_batch  # decodes + first tokens of prefills that end this step
         self.slots = [_Slot(self.max_rows, self.device), _Slot(self.max_rows, self.device)]
 
@@ -144,6 +145,14 @@ class Runner:
                 self._to([i >= n_first for i in range(len(rows))], torch.bool),
             )
 
+        groups = {}
+        for i, s in enumerate(rows):
+            if s.constraint is not None:
+                groups.setdefault(id(s.constraint), (s.constraint, []))[1].append(i)
+        constraint_groups = [
+            (automaton, self._to(idx), self._to([rows[i].slot for i in idx]), self._to([i < n_first for i in idx], torch.bool))
+            for automaton, idx in groups.values()
+        ]
         busy: dict[str, float] = {}
 
         def run() -> StepResult:
@@ -171,7 +180,9 @@ class Runner:
                 slots_r, temp, top_p, u, not_first = sampling
                 all_logits = torch.cat(logits)
                 suppress(all_logits, cfg.tokenizer.answer_id, not_first)
+                masked = apply_constraints(all_logits, constraint_groups, self.fsm_state)
                 tokens = sample(all_logits, temp, top_p, u)
+                advance_constraints(tokens, masked, self.fsm_state)
                 self.last_token[slots_r] = tokens
                 self.executor.to_host(tokens, slot.tokens[: len(rows)])
             busy["decode"] = (time.perf_counter() - t0) * 1000.0

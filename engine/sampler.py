@@ -53,3 +53,25 @@ def sample(
     pick = torch.minimum(pick, kept)
     sampled = idx.gather(1, pick).squeeze(1)
     return torch.where(temperature_B > 0, sampled, greedy)
+
+
+def apply_constraints(logits_RV: torch.Tensor, groups: list, fsm_state: torch.Tensor) -> list:
+    """Mask constrained rows in place; return what `advance_constraints` needs after sampling.
+
+    groups: (automaton, row indices (G,), state slots (G,), first-token flags (G,)). A row
+    sampling its first answer token starts in state 0; later rows continue from fsm_state[slot],
+    which the previous step left on the device.
+    """
+    out = []
+    for automaton, rows, slots, first in groups:
+        states = torch.where(first, torch.zeros_like(slots), fsm_state[slots])
+        sub = logits_RV[rows]
+        sub.masked_fill_(~automaton.allowed(states), float("-inf"))
+        logits_RV[rows] = sub
+        out.append((automaton, rows, slots, states))
+    return out
+
+
+def advance_constraints(tokens_R: torch.Tensor, masked: list, fsm_state: torch.Tensor) -> None:
+    for automaton, rows, slots, states in masked:
+        fsm_state[slots] = automaton.advance(states, tokens_R[rows])

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engine.engine as engine_module
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Choice, Engine, EngineConfig, Regex, SamplingParams
 from engine.models.loader import load_model
 from engine.reference import ReferenceDecoder
 from engine.runner import Runner, StepResult, _Slot
@@ -29,7 +29,9 @@ request = st.fixed_dictionaries({
     "sampled": st.booleans(),
     "seed": st.integers(0, 1000),
     "cancel": st.one_of(st.none(), st.just(0.0), st.floats(0.0, 0.01)),
+    "constraint": st.sampled_from([None, None, 0, 1]),
 })
+CONSTRAINTS = [Regex(r"(a|the) (red|blue) (circle|star)"), Choice(["yes", "no"])]
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +39,9 @@ def oracle(small_folder):
     ref = ReferenceDecoder(load_model(small_folder))
 
     @lru_cache(maxsize=None)
-    def expected(image: int, task: int, params: SamplingParams):
-        return ref.generate(IMAGES[image], params=params, **TASKS[task]).token_ids
+    def expected(image: int, task: int, params: SamplingParams, constraint):
+        c = None if constraint is None else CONSTRAINTS[constraint]
+        return ref.generate(IMAGES[image], params=params, constraint=c, **TASKS[task]).token_ids
 
     return expected
 
@@ -56,7 +59,8 @@ def _run(folder, depth, requests):
         handles = []
         for r in requests:
             src = refs[r["image"]] if r["shared"] else IMAGES[r["image"]]
-            h = eng.submit(src, params=_params(r), **TASKS[r["task"]])
+            c = None if r["constraint"] is None else CONSTRAINTS[r["constraint"]]
+            h = eng.submit(src, params=_params(r), constraint=c, **TASKS[r["task"]])
             if r["cancel"] == 0.0:
                 h.cancel()
             elif r["cancel"] is not None:
@@ -74,7 +78,7 @@ def _run(folder, depth, requests):
 def test_pipelined_equals_blocking_equals_reference(small_folder, oracle, requests):
     for depth in (2, 1):
         for r, out in zip(requests, _run(small_folder, depth, requests)):
-            want = oracle(r["image"], r["task"], _params(r))
+            want = oracle(r["image"], r["task"], _params(r), r["constraint"])
             if r["cancel"] is None:
                 assert out.token_ids == want and out.finish_reason in ("stop", "length")
             else:  # cancelled at some point: whatever was produced is the reference's beginning

@@ -1,0 +1,176 @@
+"""Constrained decoding: regex, choice and JSON-schema constraints as token automata on the device.
+
+A constraint is compiled with outlines-core over the model's tokenizer vocabulary into a token
+automaton: states, and for each state the tokens allowed and the state each leads to. EOS is
+allowed exactly in final states. The automaton lives on the device, either dense
+(`next_state[state, token]`, -1 = forbidden) or, when that would be large, as a list of edges;
+the mask for a row follows the state reached by its *sampled* token on the device, so the next
+step never waits for the host.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import RequestError
+
+DENSE_LIMIT = 1 << 24  # states x vocabulary entries kept as a dense table
+
+
+class ConstraintError(RequestError):
+    """A constraint that cannot be compiled (bad regex or schema, or no token can satisfy it)."""
+
+
+@dataclass(frozen=True)
+class Regex:
+    """The answer must fully match this regular expression."""
+
+    pattern: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The answer must be exactly one of these strings."""
+
+    options: tuple[str, ...]
+
+    def __init__(self, options):
+        object.__setattr__(self, "options", tuple(options))
+
+
+@dataclass(frozen=True)
+class JsonSchema:
+    """The answer must be JSON that validates against this schema (a dict or a JSON string)."""
+
+    schema: str
+
+    def __init__(self, schema):
+        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        object.__setattr__(self, "schema", text)
+
+
+Constraint = Regex | Choice | JsonSchema
+
+
+def to_regex(constraint: Constraint) -> str:
+    if isinstance(constraint, Regex):
+        return constraint.pattern
+    if isinstance(constraint, Choice):
+        if not constraint.options or not all(isinstance(o, str) and o for o in constraint.options):
+            raise ConstraintError("Choice needs a non-empty list of non-empty strings")
+        return "(" + "|".join(re.escape(o) for o in constraint.options) + ")"
+    if isinstance(constraint, JsonSchema):
+        from outlines_core.json_schema import build_regex_from_schema
+
+        try:
+            return build_regex_from_schema(constraint.schema)
+        except Exception as e:  # outlines-core raises ValueError / its own errors
+            raise ConstraintError(f"cannot compile the JSON schema: {_first_line(e)}") from None
+    raise ConstraintError(f"unknown constraint {constraint!r} (use Regex, Choice or JsonSchema)")
+
+
+class TokenAutomaton:
+    """A compiled constraint on one device. State 0 is the initial state."""
+
+    def __init__(self, next_state: dict[int, dict[int, int]], finals: set[int], vocab_size: int,
+                 eos_id: int, device: torch.device):
+        self.n_states = len(next_state)
+        self.vocab_size = vocab_size
+        self.dense = self.n_states * vocab_size <= DENSE_LIMIT
+        src, tok, dst = [], [], []
+        for s, edges in next_state.items():
+            for t, d in edges.items():
+                src.append(s), tok.append(t), dst.append(d)
+            if s in finals:
+                src.append(s), tok.append(eos_id), dst.append(s)
+        if self.dense:
+            table = torch.full((self.n_states, vocab_size), -1, dtype=torch.int64)
+            table[torch.tensor(src), torch.tensor(tok)] = torch.tensor(dst)
+            self.table = table.to(device)
+        else:
+            self.src = torch.tensor(src, device=device)
+            self.tok = torch.tensor(tok, device=device)
+            self.dst = torch.tensor(dst, device=device)
+
+    def allowed(self, state_R: torch.Tensor) -> torch.Tensor:
+        """Boolean (R, vocab) mask of the tokens allowed in each row's state."""
+        if self.dense:
+            return self.table[state_R] >= 0
+        match = (self.src[None, :] == state_R[:, None]).to(torch.uint8)  # (R, E)
+        out = torch.zeros(len(state_R), self.vocab_size, dtype=torch.uint8, device=state_R.device)
+        out.scatter_reduce_(1, self.tok.expand(len(state_R), -1), match, "amax")
+        return out.bool()
+
+    def advance(self, state_R: torch.Tensor, token_R: torch.Tensor) -> torch.Tensor:
+        if self.dense:
+            return self.table[state_R, token_R].clamp_(min=0)
+        hit = (self.src[None, :] == state_R[:, None]) & (self.tok[None, :] == token_R[:, None])
+        return (hit * self.dst[None, :]).sum(dim=1)
+
+
+def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, eos_id: int,
+                       device: torch.device) -> TokenAutomaton:
+    """Compile with outlines-core; a ConstraintError says why it cannot be done."""
+    from outlines_core import Index, Vocabulary
+
+    pattern = to_regex(constraint)
+    try:
+        index = Index(pattern, Vocabulary(eos_id, token_bytes(tokenizer, vocab_size, eos_id)))
+    except Exception as e:
+        raise ConstraintError(f"cannot compile constraint {pattern!r}: {_first_line(e)}") from None
+    transitions = index.get_transitions()
+    initial = index.get_initial_state()
+    order = [initial] + sorted(set(transitions) - {initial})
+    order += sorted({d for edges in transitions.values() for d in edges.values()} - set(order))
+    order += sorted(set(index.get_final_states()) - set(order))
+    number = {s: i for i, s in enumerate(order)}
+    next_state = {number[s]: {} for s in order}
+    for s, edges in transitions.items():
+        for t, d in edges.items():
+            if t != eos_id:
+                next_state[number[s]][t] = number[d]
+    finals = {number[s] for s in index.get_final_states()}
+    if not next_state[0] and 0 not in finals:
+        raise ConstraintError(f"no token sequence of this model can satisfy {pattern!r}")
+    return TokenAutomaton(next_state, finals, vocab_size, eos_id, device)
+
+
+def token_bytes(tokenizer: Any, vocab_size: int, eos_id: int) -> dict[bytes, list[int]]:
+    """Each ordinary token's bytes as it appears in decoded text (special tokens excluded)."""
+    hf = tokenizer._tok
+    specials = set(hf.get_added_tokens_decoder())
+    byte_level = type(hf.decoder).__name__ == "ByteLevel"
+    table = {c: b for b, c in _bytes_to_unicode().items()}
+    out: dict[bytes, list[int]] = {}
+    for token, i in hf.get_vocab(with_added_tokens=False).items():
+        if i >= vocab_size or i == eos_id or i in specials:
+            continue
+        if byte_level and all(c in table for c in token):
+            data = bytes(table[c] for c in token)
+        else:
+            data = hf.decode([i]).encode("utf-8")
+        if data:
+            out.setdefault(data, []).append(i)
+    return out
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte <-> printable character table used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
