@@ -134,6 +134,8 @@ class Executor:
         pending = Pending()
         if self._thread is None:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # Inputs were staged on the caller's stream: order the compute stream after them.
+            self.compute.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.compute), torch.inference_mode():
                 start.record()
                 result = fn()

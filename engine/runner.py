@@ -135,6 +135,7 @@ class Runner:
 
         n_first = len(rows) - len(plan.decodes)
         params = [s.params for s in rows]
+        all_greedy = all(p.temperature == 0 for p in params)
         sampling = None
         if rows:
             sampling = (
@@ -181,7 +182,7 @@ class Runner:
                 all_logits = torch.cat(logits)
                 suppress(all_logits, cfg.tokenizer.answer_id, not_first)
                 masked = apply_constraints(all_logits, constraint_groups, self.fsm_state)
-                tokens = sample(all_logits, temp, top_p, u)
+                tokens = sample(all_logits, temp, top_p, u, all_greedy)
                 advance_constraints(tokens, masked, self.fsm_state)
                 self.last_token[slots_r] = tokens
                 self.executor.to_host(tokens, slot.tokens[: len(rows)])

@@ -92,19 +92,17 @@ class TextModel(nn.Module):
             self._rope[device] = (cis.real.contiguous().to(device), cis.imag.contiguous().to(device))
         return self._rope[device]
 
-    def rotate(self, x_BHTD: torch.Tensor, pos_BT: torch.Tensor) -> torch.Tensor:
+    def rotate(self, x_BTHD: torch.Tensor, cos_BT1R: torch.Tensor, sin_BT1R: torch.Tensor) -> torch.Tensor:
         """Rotary on the first rot_dim dims of each head, pairs (i, i + rot_dim/2).
 
         The rotated pairs are written back interleaved, as the reference does; attention
         scores are the same in any layout applied alike to q and k.
         """
-        cos, sin = self.rope_tables(x_BHTD.device)
-        cos, sin = cos[pos_BT].unsqueeze(1), sin[pos_BT].unsqueeze(1)  # (B, 1, T, rot/2)
         rot = self.cfg.rot_dim
-        x_rot, x_pass = x_BHTD[..., :rot], x_BHTD[..., rot:]
+        x_rot, x_pass = x_BTHD[..., :rot], x_BTHD[..., rot:]
         xr, xi = x_rot[..., : rot // 2], x_rot[..., rot // 2 :]
-        out = torch.stack((xr * cos - xi * sin, xr * sin + xi * cos), dim=-1).flatten(-2)
-        return torch.cat([out.to(x_BHTD.dtype), x_pass], dim=-1)
+        out = torch.stack((xr * cos_BT1R - xi * sin_BT1R, xr * sin_BT1R + xi * cos_BT1R), dim=-1).flatten(-2)
+        return torch.cat([out.to(x_BTHD.dtype), x_pass], dim=-1)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.wte)
@@ -113,13 +111,15 @@ class TextModel(nn.Module):
         """Hidden states after all blocks (before post_ln) for inputs at positions pos_BT."""
         cfg = self.cfg
         b, t, _ = x_BTC.shape
-        q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        h_q, h_kv = cfg.n_heads, cfg.n_kv_heads
+        cos, sin = self.rope_tables(x_BTC.device)
+        cos, sin = cos[pos_BT].unsqueeze(2), sin[pos_BT].unsqueeze(2)  # (B, T, 1, rot/2)
         for i, block in enumerate(self.blocks):
             h = block.ln(x_BTC)
-            q, k, v = rows_invariant(block.attn.qkv, h).split([q_dim, kv_dim, kv_dim], dim=-1)
-            q = self.rotate(q.view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2), pos_BT)
-            k = self.rotate(k.view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2), pos_BT)
-            v = v.view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+            qkv = rows_invariant(block.attn.qkv, h).view(b, t, h_q + 2 * h_kv, cfg.head_dim)
+            qk = self.rotate(qkv[:, :, : h_q + h_kv], cos, sin)  # q and k heads in one pass
+            q, k = qk[:, :, :h_q].transpose(1, 2), qk[:, :, h_q:].transpose(1, 2)
+            v = qkv[:, :, h_q + h_kv :].transpose(1, 2)
             a = attend(i, q, k, v).transpose(1, 2).reshape(b, t, cfg.dim)
             x_BTC = x_BTC + rows_invariant(block.attn.proj, a) + rows_invariant(block.mlp, h)
         return x_BTC
