@@ -44,8 +44,29 @@ def _parser() -> argparse.ArgumentParser:
                        help="concurrent requests per run (default 1,8,32)")
     bench.add_argument("--tokens", type=int, default=64, metavar="N", help="answer tokens per request (default 64)")
     bench.add_argument("--repeats", type=int, default=3, metavar="N", help="runs per mode, medians (default 3)")
+    bench.add_argument("--frames", type=int, default=240, metavar="N",
+                       help="also caption N distinct 640x360 frames and report frames/s (0 skips; default 240)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bench.set_defaults(func=_cmd_bench)
+
+    tr = sub.add_parser("train-tiny", help="train the embedded tiny model on generated scenes (CPU)",
+                        description="Train the tiny model on the procedural scene world; deterministic for a seed.")
+    tr.add_argument("--out", default=None, metavar="DIR", help="output folder (default: the embedded tiny folder)")
+    tr.add_argument("--steps", type=int, default=6000, help="optimizer steps (default 6000)")
+    tr.add_argument("--batch-size", type=int, default=16, help="images per step (default 16)")
+    tr.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--threads", type=int, default=2, help="torch threads for training (default 2)")
+    tr.add_argument("--max-minutes", type=float, default=85.0, help="stop early after this long (default 85)")
+    tr.set_defaults(func=_cmd_train)
+
+    ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",
+                        description="Caption and question accuracy on scenes from a seed range never used in training.")
+    ev.add_argument("--model", default="tiny", metavar="tiny|DIR")
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--n", type=int, default=1000, help="held-out scenes (default 1000)")
+    ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ev.set_defaults(func=_cmd_eval)
     return p
 
 
@@ -119,11 +140,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise _UsageError(f"--streams must be comma-separated integers, got {args.streams!r}") from None
     if not streams or min(streams) < 1:
         raise _UsageError("--streams values must be >= 1")
-    if args.tokens < 1 or args.repeats < 1:
-        raise _UsageError("--tokens and --repeats must be >= 1")
+    if args.tokens < 1 or args.repeats < 1 or args.frames < 0:
+        raise _UsageError("--tokens and --repeats must be >= 1, --frames >= 0")
     cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, streams=streams,
-                      tokens=args.tokens, repeats=args.repeats)
-    total = len(streams) * 2 * args.repeats
+                      tokens=args.tokens, repeats=args.repeats, frames=args.frames)
+    total = len(streams) * 2 * args.repeats + (1 if args.frames else 0)
     done = [0]
 
     def progress(what: str) -> None:
@@ -136,6 +157,42 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(format_table(report))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tinyvlm.train import TrainConfig, train
+
+    if min(args.steps, args.batch_size, args.threads) < 1 or args.lr <= 0:
+        raise _UsageError("--steps, --batch-size, --threads and --lr must be positive")
+    kw = {} if args.out is None else {"out": Path(args.out)}
+    report = train(TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                               threads=args.threads, max_minutes=args.max_minutes, **kw))
+    print(json.dumps(report))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from tinyvlm.evaluate import evaluate, format_report
+
+    if args.n < 1:
+        raise _UsageError("--n must be >= 1")
+    bar = tqdm(total=args.n, desc="eval-tiny", unit="scene", disable=args.json)
+
+    def progress(done: int, total: int) -> None:
+        bar.update(done - bar.n)
+
+    report = evaluate(args.model, args.n, args.device, progress)
+    bar.close()
+    if args.json:
+        json.dump(report, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(format_report(report))
     return 0
 
 

@@ -34,6 +34,7 @@ class BenchConfig:
     tokens: int = 64
     repeats: int = 3
     image_size: tuple[int, int] = (360, 640)
+    frames: int = 240  # frame-rate run (0 to skip)
 
 
 def _images(n: int, size: tuple[int, int]) -> list[np.ndarray]:
@@ -68,12 +69,33 @@ def _run(engine: Engine, depth: int, images: list[np.ndarray], tokens: int) -> d
     }
 
 
+def frame_rate(engine: Engine, n_frames: int, size: tuple[int, int], inflight: int = 8) -> dict:
+    """Frames per second for a stream of distinct frames, each captioned (short, greedy), with
+    at most `inflight` frames in the engine at once, as a live stream keeps it."""
+    engine.set_pipeline_depth(2)
+    frames = _images(16, size)
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    t0, pending, outs = time.perf_counter(), [], []
+    for i in range(n_frames):
+        pending.append(engine.submit(frames[i % len(frames)], caption="short", params=params))
+        if len(pending) >= inflight:
+            outs.append(pending.pop(0).result(timeout=600))
+    outs += [h.result(timeout=600) for h in pending]
+    wall = time.perf_counter() - t0
+    return {"frames": n_frames, "frames_per_s": n_frames / wall,
+            "latency_ms_p50": statistics.median(o.timings.total for o in outs),
+            "tokens_per_frame": statistics.mean(len(o.token_ids) for o in outs)}
+
+
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict:
     engine_cfg = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype,
                               max_batch_size=max(cfg.streams))
     results = []
     with Engine(engine_cfg) as engine:
         _run(engine, 2, _images(1, cfg.image_size), 4)  # warm-up: allocator, kernels, caches
+        if progress:
+            progress(f"frame rate, {cfg.frames} frames of {cfg.image_size[1]}x{cfg.image_size[0]}")
+        frames = frame_rate(engine, cfg.frames, cfg.image_size) if cfg.frames else None
         for n in cfg.streams:
             images = _images(n, cfg.image_size)
             runs: dict[int, list[dict]] = {2: [], 1: []}
@@ -106,6 +128,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
         "cpu_threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d"),
         "results": results,
+        "frame_rate": frames,
     }
 
 
@@ -119,4 +142,8 @@ def format_table(report: dict) -> str:
         lines.append(f"{r['streams']:>7} {p['tokens_per_s']:>16.1f} {b['tokens_per_s']:>15.1f} {r['ratio']:>6.3f} "
                      f"{p['device_busy_fraction']:>9.3f} {b['device_busy_fraction']:>10.3f} "
                      f"{p['ttft_ms_p50']:>8.1f} {str(r['identical_tokens']):>9}")
+    fr = report.get("frame_rate")
+    if fr:
+        lines.append(f"frame rate: {fr['frames_per_s']:.1f} frames/s captioned (short, {fr['tokens_per_frame']:.1f} "
+                     f"tokens/frame), latency p50 {fr['latency_ms_p50']:.1f} ms, 8 frames in flight")
     return "\n".join(lines)

@@ -1,0 +1,24 @@
+import json
+
+from app.cli import main
+
+
+def test_bench_json_report(capsys, small_folder):
+    argv = ["bench", "--model", str(small_folder), "--streams", "1,3", "--tokens", "6", "--repeats", "2",
+            "--frames", "6", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["streams"] for r in report["results"]] == [1, 3]
+    for r in report["results"]:
+        assert r["identical_tokens"] is True
+        for mode in ("pipelined", "blocking"):
+            assert r[mode]["tokens_per_s"] > 0 and 0 < r[mode]["device_busy_fraction"] <= 1
+            assert r[mode]["ttft_ms_p50"] > 0
+        assert abs(r["ratio"] - r["pipelined"]["tokens_per_s"] / r["blocking"]["tokens_per_s"]) < 1e-9
+    assert report["frame_rate"]["frames"] == 6 and report["frame_rate"]["frames_per_s"] > 0
+
+
+def test_bench_bad_arguments(capsys):
+    assert main(["bench", "--streams", "1,x"]) == 2
+    assert main(["bench", "--streams", "0"]) == 2
+    assert "error" in capsys.readouterr().err

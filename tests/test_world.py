@@ -1,0 +1,108 @@
+"""The scene world: determinism, consistent ground truth, faithful language, sample clips."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinyvlm.evaluate import eval_questions, named
+from tinyvlm.language import NUMBERS, caption, questions
+from tinyvlm.world import COLORS, SHAPES, SIZES, position_phrase, render, sample_scene
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_videos"
+
+
+def test_same_seed_same_scene_and_pixels():
+    a = sample_scene(np.random.default_rng(42))
+    b = sample_scene(np.random.default_rng(42))
+    assert a == b
+    assert np.array_equal(render(a), render(b))
+    assert sample_scene(np.random.default_rng(43)) != a
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_ground_truth_is_consistent(seed):
+    scene = sample_scene(np.random.default_rng(seed))
+    w, h = scene.width, scene.height
+    assert 160 <= w <= 1920 and 120 <= h <= 1080 and 4 / 3 - 0.01 <= w / h <= 21 / 9 + 0.01
+    assert 1 <= len(scene.objects) <= 4
+    assert len({(o.color, o.shape) for o in scene.objects}) == len(scene.objects)
+    img = render(scene)
+    assert img.shape == (h, w, 3) and img.dtype == np.uint8
+    for o, t in zip(scene.objects, scene.truth()["objects"]):
+        x0, y0, x1, y1 = t["bbox"]
+        assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h
+        assert 0 <= o.cx < w and 0 <= o.cy < h
+        lo, hi = SIZES[o.size]
+        assert lo * min(w, h) <= o.extent <= hi * min(w, h)
+        assert o.shape in SHAPES and o.color in COLORS
+        assert all(abs(c - b) <= 25 for c, b in zip(o.rgb, COLORS[o.color]))
+        assert t["position"] == position_phrase(o.cx, o.cy, w, h)
+
+
+def test_position_phrases():
+    assert position_phrase(10, 10, 300, 300) == "top left"
+    assert position_phrase(150, 150, 300, 300) == "center"
+    assert position_phrase(150, 10, 300, 300) == "top center"
+    assert position_phrase(290, 150, 300, 300) == "middle right"
+    assert position_phrase(299, 299, 300, 300) == "bottom right"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_captions_and_answers_are_faithful(seed):
+    rng = np.random.default_rng(seed)
+    scene = sample_scene(rng)
+    truth = {(o.color, o.shape) for o in scene.objects}
+    for length in ("short", "normal", "long"):
+        assert named(caption(scene, length, rng)) == truth
+    long = caption(scene, "long", rng)
+    assert long.startswith(f"there {'is' if len(truth) == 1 else 'are'} {NUMBERS[len(truth)]} shape")
+    normal = caption(scene, "normal", rng)
+    for o in scene.objects:
+        assert o.position(scene.width, scene.height) in normal
+    for q, a in questions(scene, rng, k=10) + list(eval_questions(scene, rng).values()):
+        if q.startswith("How many"):
+            assert a == NUMBERS[len(scene.objects)]
+        elif q.startswith("What color is the "):
+            shape = q.removeprefix("What color is the ").rstrip("?")
+            assert [o.color for o in scene.objects if o.shape == shape] == [a]
+        elif q.startswith("What shape is the "):
+            color = q.removeprefix("What shape is the ").removesuffix(" object?")
+            assert [o.shape for o in scene.objects if o.color == color] == [a]
+        elif q.startswith("Is there a "):
+            words = q.removeprefix("Is there a ").rstrip("?").split()
+            present = any(o.shape == words[-1] and (len(words) == 1 or o.color == words[0]) for o in scene.objects)
+            assert a == ("yes" if present else "no")
+        else:
+            color, shape = q.removeprefix("Where is the ").rstrip("?").split()
+            o = next(o for o in scene.objects if o.color == color and o.shape == shape)
+            assert a == o.position(scene.width, scene.height)
+
+
+@pytest.mark.parametrize("name, fps, size, seconds", [
+    ("shapes_640x360_60fps", 60, (640, 360), 12),
+    ("shapes_1280x720_30fps", 30, (1280, 720), 15),
+    ("cuts_640x360_30fps", 30, (640, 360), 16),
+])
+def test_sample_clips_and_their_ground_truth(name, fps, size, seconds):
+    import av
+
+    truth = json.loads((SAMPLES / f"{name}.json").read_text())
+    assert (truth["fps"], truth["width"], truth["height"]) == (fps, *size)
+    with av.open(str(SAMPLES / f"{name}.mp4")) as c:
+        s = c.streams.video[0]
+        assert s.codec_context.name == "h264" and s.codec_context.pix_fmt == "yuv420p"
+        assert (s.codec_context.width, s.codec_context.height) == size
+        assert s.frames == fps * seconds == len(truth["frames"])
+    counts = {len(f["objects"]) for f in truth["frames"]}
+    assert counts <= {0, 1, 2, 3, 4}
+    if name.startswith("cuts"):
+        assert sum(f["cut"] for f in truth["frames"]) == seconds // 4 and len(counts) > 1
+    if name == "shapes_1280x720_30fps":
+        assert len(counts) > 1  # shapes leave and enter the frame
+
+
+def test_samples_fit_the_size_budget():
+    total = sum(p.stat().st_size for p in SAMPLES.iterdir() if p.suffix in (".mp4", ".json", ".png"))
+    assert total <= 10_000_000

@@ -1,0 +1,115 @@
+"""Training data: rendered scenes, their crops, and token sequences for every task on them.
+
+One training item is one image and K tasks on it (the three captions and a few questions).
+The text side of an item is packed as [BOS, image tokens] + K blocks of (prompt, answer, EOS);
+each block sees the image prefix and itself (causally), never the other blocks, and starts at
+position prefix_len, exactly as at inference. Seeds make items reproducible: item i of a split
+is drawn from `numpy.random.default_rng([split_seed, i])`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.config import ModelConfig
+from engine.models.prompt import prompt_ids
+from engine.models.tiling import overlap_crops
+from engine.models.tokenizer import Tokenizer
+
+from .language import caption, questions
+from .world import render, sample_scene
+
+TRAIN_SEED = 0
+HELDOUT_SEED = 1_000_003  # never used for training
+
+
+@dataclass
+class Item:
+    crops: np.ndarray  # uint8 (N, C, C, 3)
+    tiling: tuple[int, int]
+    blocks: list[tuple[list[int], list[int]]]  # (prompt ids, answer ids + EOS)
+
+
+def make_item(index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed: int = TRAIN_SEED,
+              max_width: int = 960) -> Item:
+    rng = np.random.default_rng([split_seed, index])
+    scene = sample_scene(rng, max_width=max_width)
+    crops, tiling = overlap_crops(render(scene), config.vision)
+    eos = config.tokenizer.eos_id
+    blocks = []
+    for length in ("short", "normal", "long"):
+        blocks.append((prompt_ids(config, tokenizer, caption=length),
+                       tokenizer.encode(caption(scene, length, rng)) + [eos]))
+    for q, a in questions(scene, rng, k=3):
+        blocks.append((prompt_ids(config, tokenizer, question=q), tokenizer.encode(a) + [eos]))
+    return Item(crops, tiling, blocks)
+
+
+@dataclass
+class Batch:
+    crops: torch.Tensor  # uint8 (sum N, C, C, 3)
+    n_crops: list[int]
+    tilings: list[tuple[int, int]]
+    ids: torch.Tensor  # (B, T) text token ids after the prefix (0 where padded)
+    positions: torch.Tensor  # (B, P + T)
+    mask: torch.Tensor  # (B, 1, P + T, P + T) bool
+    targets: torch.Tensor  # (B, P + T) next-token targets, -100 where no loss
+
+
+def collate(items: list[Item], prefix_len: int) -> Batch:
+    texts, poss, tgts, blocks_of = [], [], [], []
+    for it in items:
+        ids, pos, tgt, blk = [], [], [], []
+        for b, (prompt, answer) in enumerate(it.blocks):
+            seq = prompt + answer
+            ids += seq
+            pos += list(range(prefix_len, prefix_len + len(seq)))
+            # position j predicts token j+1 of the block; only answer tokens are targets
+            t = [-100] * len(seq)
+            for j in range(len(prompt) - 1, len(seq) - 1):
+                t[j] = seq[j + 1]
+            tgt += t
+            blk += [b + 1] * len(seq)
+        texts.append(ids), poss.append(pos), tgts.append(tgt), blocks_of.append(blk)
+    T = max(len(t) for t in texts)
+    B, L = len(items), prefix_len + T
+    ids = torch.zeros(B, T, dtype=torch.long)
+    positions = torch.zeros(B, L, dtype=torch.long)
+    targets = torch.full((B, L), -100, dtype=torch.long)
+    block = torch.full((B, L), -1, dtype=torch.long)  # 0 = image prefix, -1 = padding
+    positions[:, :prefix_len] = torch.arange(prefix_len)
+    block[:, :prefix_len] = 0
+    for i in range(B):
+        n = len(texts[i])
+        ids[i, :n] = torch.tensor(texts[i])
+        positions[i, prefix_len:prefix_len + n] = torch.tensor(poss[i])
+        targets[i, prefix_len:prefix_len + n] = torch.tensor(tgts[i])
+        block[i, prefix_len:prefix_len + n] = torch.tensor(blocks_of[i])
+    idx = torch.arange(L)
+    same = block[:, :, None] == block[:, None, :]
+    causal = idx[None, :, None] >= idx[None, None, :]
+    sees_prefix = (block[:, None, :] == 0) & (block[:, :, None] >= 0)
+    mask = (same & (causal | (block[:, :, None] == 0))) | sees_prefix
+    mask |= torch.eye(L, dtype=torch.bool)[None]  # padding rows attend to themselves: no NaN
+    crops = torch.from_numpy(np.concatenate([it.crops for it in items]))
+    return Batch(crops, [len(it.crops) for it in items], [it.tiling for it in items], ids, positions,
+                 mask[:, None], targets)
+
+
+class ItemStream(torch.utils.data.IterableDataset):
+    """Batches of items start..start+n, generated in a worker process."""
+
+    def __init__(self, config: ModelConfig, tokenizer_path: str, batch_size: int, start: int, n_batches: int):
+        self.config, self.tokenizer_path = config, tokenizer_path
+        self.batch_size, self.start, self.n_batches = batch_size, start, n_batches
+
+    def __iter__(self):
+        torch.set_num_threads(1)
+        tok = Tokenizer(self.tokenizer_path)
+        for b in range(self.n_batches):
+            first = self.start + b * self.batch_size
+            items = [make_item(first + i, self.config, tok) for i in range(self.batch_size)]
+            yield collate(items, self.config.prefix_len)

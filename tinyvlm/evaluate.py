@@ -1,0 +1,118 @@
+"""Accuracy of a model on held-out scenes: `vlmstream eval-tiny`.
+
+Scenes come from a seed range never used in training and cover every frame size (160x120 to
+1920x1080). Every request goes through the engine (greedy). Captions: for each object, is its
+"<colour> <shape>" named (short, normal, long; normal split by 1-2 and 3-4 objects), and does the
+long caption state the count. Questions: exact answer per type.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+
+from engine import Engine, EngineConfig, SamplingParams
+
+from .data import HELDOUT_SEED
+from .language import NUMBERS
+from .world import COLORS, SHAPES, Scene, render, sample_scene
+
+_MENTION = re.compile(r"\b(" + "|".join(COLORS) + r")\s+(" + "|".join(SHAPES) + r")s?\b")
+_COUNT = re.compile(r"\b(one|two|three|four)\s+shapes?\b")
+
+
+def eval_questions(scene: Scene, rng: np.random.Generator) -> dict[str, tuple[str, str]]:
+    """One question of each applicable type, with its exact answer."""
+    objs = scene.objects
+    out = {"count": ("How many shapes are there?", NUMBERS[len(objs)])}
+    shapes = [s for s in SHAPES if sum(o.shape == s for o in objs) == 1]
+    if shapes:
+        s = shapes[int(rng.integers(len(shapes)))]
+        out["color"] = (f"What color is the {s}?", next(o.color for o in objs if o.shape == s))
+    colors = [c for c in COLORS if sum(o.color == c for o in objs) == 1]
+    if colors:
+        c = colors[int(rng.integers(len(colors)))]
+        out["shape"] = (f"What shape is the {c} object?", next(o.shape for o in objs if o.color == c))
+    s = SHAPES[int(rng.integers(len(SHAPES)))]
+    out["yesno_shape"] = (f"Is there a {s}?", "yes" if any(o.shape == s for o in objs) else "no")
+    if rng.random() < 0.5:
+        o = objs[int(rng.integers(len(objs)))]
+        c, s = o.color, o.shape
+    else:
+        c, s = list(COLORS)[int(rng.integers(len(COLORS)))], SHAPES[int(rng.integers(len(SHAPES)))]
+    out["yesno_color_shape"] = (f"Is there a {c} {s}?", "yes" if any(o.color == c and o.shape == s for o in objs)
+                                else "no")
+    o = objs[int(rng.integers(len(objs)))]
+    out["position"] = (f"Where is the {o.color} {o.shape}?", o.position(scene.width, scene.height))
+    return out
+
+
+def named(text: str) -> set[tuple[str, str]]:
+    return set(_MENTION.findall(text.lower()))
+
+
+def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu",
+             progress: Callable[[int, int], None] | None = None) -> dict:
+    hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # name -> [right, total]
+    examples = []
+    t0 = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    with Engine(EngineConfig(model=model, device=device, max_batch_size=32)) as engine:
+        pending = []
+        for i in range(n):
+            rng = np.random.default_rng([HELDOUT_SEED, i])
+            scene = sample_scene(rng)
+            ref = engine.encode_image(render(scene))
+            caps = {length: engine.submit(ref, caption=length, params=params) for length in ("short", "normal", "long")}
+            qs = {kind: (q, a, engine.submit(ref, question=q, params=params))
+                  for kind, (q, a) in eval_questions(scene, rng).items()}
+            ref.release()
+            pending.append((scene, caps, qs))
+            while len(pending) > 8 or (i == n - 1 and pending):  # bounded in flight, ordered
+                _score(pending.pop(0), hits, examples)
+                if progress:
+                    progress(i + 1 - len(pending), n)
+    report = {
+        "model": model, "scenes": n, "seconds": round(time.perf_counter() - t0, 1),
+        "accuracy": {k: round(v[0] / v[1], 4) for k, v in sorted(hits.items()) if v[1]},
+        "counts": {k: v[1] for k, v in sorted(hits.items())},
+        "examples": examples[:5],
+    }
+    return report
+
+
+def _score(entry, hits, examples) -> None:
+    scene, caps, qs = entry
+    truth = {(o.color, o.shape) for o in scene.objects}
+    texts = {length: h.result(timeout=600).text for length, h in caps.items()}
+    bucket = "1-2" if len(scene.objects) <= 2 else "3-4"
+    for length, text in texts.items():
+        said = named(text)
+        for pair in truth:
+            key = f"caption_{length}_objects_{bucket}" if length == "normal" else f"caption_{length}_objects"
+            hits[key][0] += pair in said
+            hits[key][1] += 1
+        if length == "normal":
+            hits["caption_normal_no_extra_objects"][0] += said <= truth
+            hits["caption_normal_no_extra_objects"][1] += 1
+    m = _COUNT.search(texts["long"].lower())
+    hits["caption_long_count"][0] += bool(m) and m.group(1) == NUMBERS[len(scene.objects)]
+    hits["caption_long_count"][1] += 1
+    for kind, (q, a, h) in qs.items():
+        got = h.result(timeout=600).text.strip().lower()
+        hits[f"answer_{kind}"][0] += got == a
+        hits[f"answer_{kind}"][1] += 1
+    if len(examples) < 5:
+        examples.append({"truth": scene.truth()["objects"], "captions": texts,
+                         "answers": {k: [q, a, h.result().text] for k, (q, a, h) in qs.items()}})
+
+
+def format_report(report: dict) -> str:
+    lines = [f"model={report['model']} scenes={report['scenes']} ({report['seconds']} s)"]
+    for k, v in report["accuracy"].items():
+        lines.append(f"  {k:<36} {100 * v:6.2f} %   (n={report['counts'][k]})")
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""Captions and questions about a `Scene`, in plain English, varied but faithful.
+
+short names every object ("a red circle and a small blue star"); normal adds where each is;
+long adds sizes, the background and the count. Questions come in the forms the eval uses, with
+exact one- or two-word answers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .world import SHAPES, Obj, Scene
+
+NUMBERS = ("zero", "one", "two", "three", "four")
+
+
+def _join(parts: list[str]) -> str:
+    if len(parts) == 1:
+        return parts[0]
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _article(words: str) -> str:
+    return ("an " if words[0] in "aeiou" else "a ") + words
+
+
+def _where(o: Obj, scene: Scene, rng: np.random.Generator) -> str:
+    p = o.position(scene.width, scene.height)
+    if p == "center":
+        return str(rng.choice(["in the center", "at the center"]))
+    return str(rng.choice([f"in the {p}", f"at the {p}"]))
+
+
+def caption(scene: Scene, length: str, rng: np.random.Generator) -> str:
+    objs = list(scene.objects)
+    rng.shuffle(objs)
+    if length == "short":
+        parts = [_article(f"{o.size} {o.color} {o.shape}" if rng.random() < 0.3 else f"{o.color} {o.shape}")
+                 for o in objs]
+        return _join(parts)
+    if length == "normal":
+        parts = [f"{_article(f'{o.color} {o.shape}')} {_where(o, scene, rng)}" for o in objs]
+        return _join(parts)
+    if length == "long":
+        n = len(objs)
+        parts = [f"{_article(f'{o.size} {o.color} {o.shape}')} {_where(o, scene, rng)}" for o in objs]
+        noun = "shape" if n == 1 else "shapes"
+        verb = "is" if n == 1 else "are"
+        return (f"there {verb} {NUMBERS[n]} {noun} on a {scene.background.description} background: "
+                f"{_join(parts)}")
+    raise ValueError(length)
+
+
+def questions(scene: Scene, rng: np.random.Generator, k: int = 4) -> list[tuple[str, str]]:
+    """Up to k (question, answer) pairs drawn from the forms that apply to this scene."""
+    objs = scene.objects
+    pool: list[tuple[str, str]] = [("How many shapes are there?", NUMBERS[len(objs)])]
+    by_shape = {s: [o for o in objs if o.shape == s] for s in SHAPES}
+    by_color: dict[str, list[Obj]] = {}
+    for o in objs:
+        by_color.setdefault(o.color, []).append(o)
+    for s, os in by_shape.items():
+        if len(os) == 1:
+            pool.append((f"What color is the {s}?", os[0].color))
+    for c, os in by_color.items():
+        if len(os) == 1:
+            pool.append((f"What shape is the {c} object?", os[0].shape))
+    for o in objs:
+        pool.append((f"Where is the {o.color} {o.shape}?", o.position(scene.width, scene.height)))
+    s = str(rng.choice(SHAPES))
+    pool.append((f"Is there a {s}?", "yes" if by_shape[s] else "no"))
+    from .world import COLORS
+
+    c, s2 = str(rng.choice(list(COLORS))), str(rng.choice(SHAPES))
+    present = any(o.color == c and o.shape == s2 for o in objs)
+    if not present and rng.random() < 0.5:  # half the time ask about an object that is there
+        o = objs[int(rng.integers(len(objs)))]
+        c, s2, present = o.color, o.shape, True
+    pool.append((f"Is there a {c} {s2}?", "yes" if present else "no"))
+    idx = rng.permutation(len(pool))[:k]
+    return [pool[i] for i in idx]

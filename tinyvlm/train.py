@@ -1,0 +1,165 @@
+"""Train the embedded tiny model on CPU: `vlmstream train-tiny`.
+
+Deterministic for a seed (initial weights, data order, dropout-free model); one worker process
+renders scenes while the main process trains. Writes model.safetensors, tokenizer.json and
+config.json into the output folder (by default the engine's embedded `tiny` folder), and the
+loss curve as loss.csv and loss.png.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from engine.config import ModelConfig
+from engine.models.loader import TINY_DIR
+from engine.models.moondream import MoondreamModel
+from engine.models.tiling import crops_to_tensor
+from engine.models.weights import PREFIX, random_state_dict
+
+from .data import ItemStream
+from .tokenizer import build_tokenizer, templates
+
+
+def tiny_config(vocab_size: int, template_ids: dict) -> ModelConfig:
+    """The architecture of Moondream 2 scaled down for 60 fps on two CPU cores (see EVAL.md)."""
+    return ModelConfig.from_dict({
+        "text": {"dim": 192, "ff_dim": 768, "n_layers": 3, "vocab_size": vocab_size, "max_context": 256,
+                 "n_heads": 3, "n_kv_heads": 3},
+        "vision": {"enc_dim": 128, "enc_patch_size": 14, "enc_n_layers": 3, "enc_ff_dim": 512, "enc_n_heads": 2,
+                   "proj_inner_dim": 512, "proj_out_dim": 192, "crop_size": 126, "in_channels": 3,
+                   "max_crops": 4, "overlap_margin": 1},
+        "region": {"dim": 192, "coord_feat_dim": 64, "coord_out_dim": 256, "size_feat_dim": 64,
+                   "size_out_dim": 512, "inner_dim": 256},
+        "tokenizer": {"templates": template_ids},
+    })
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    out: Path = TINY_DIR
+    steps: int = 3000
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup: int = 150
+    weight_decay: float = 0.01
+    seed: int = 0
+    threads: int = 1
+    max_minutes: float = 90.0
+
+
+def forward_loss(model: MoondreamModel, batch) -> torch.Tensor:
+    cfg = model.config
+    crops = crops_to_tensor(batch.crops.numpy(), torch.device("cpu"), torch.float32)
+    feats = model.vision.encode(crops)
+    prefixes, start = [], 0
+    bos = model.text.embed(torch.tensor([cfg.tokenizer.bos_id]))
+    for n, tiling in zip(batch.n_crops, batch.tilings):
+        prefixes.append(torch.cat([bos, model.vision.project(feats[start:start + n], tiling)]))
+        start += n
+    x = torch.cat([torch.stack(prefixes), model.text.embed(batch.ids)], dim=1)
+
+    def attend(_layer, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=batch.mask)
+
+    h = model.text(x, batch.positions, attend)
+    keep = batch.targets >= 0
+    logits = model.text.logits(h[keep])
+    return F.cross_entropy(logits, batch.targets[keep])
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> dict:
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    tok.save(str(out / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    config = tiny_config(vocab, templates(tok))
+    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=1) + "\n")
+
+    model = MoondreamModel(config)
+    state = {k[len(PREFIX):]: v for k, v in random_state_dict(config, seed=cfg.seed).items()}
+    model.load_state_dict(state)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_emb" not in n]
+    other = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_emb" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup:
+            return cfg.lr * (step + 1) / cfg.warmup
+        t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    stream = ItemStream(config, str(out / "tokenizer.json"), cfg.batch_size, start=0, n_batches=cfg.steps)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4,
+                                         persistent_workers=False)
+    rows, t0 = [], time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, desc="train-tiny", unit="step")
+    for step, batch in enumerate(loader):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss = forward_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        elapsed = time.perf_counter() - t0
+        rows.append((step, float(loss), lr_at(step), round(elapsed, 2)))
+        if bar:
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}")
+        if step % 100 == 0 or step == cfg.steps - 1:
+            _write_curve(out, rows)
+        if elapsed > cfg.max_minutes * 60:
+            break
+    if bar:
+        bar.close()
+    model.eval()
+    weights = {PREFIX + k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, str(out / "model.safetensors"))
+    _write_curve(out, rows)
+    return {"steps": len(rows), "final_loss": rows[-1][1], "minutes": (time.perf_counter() - t0) / 60}
+
+
+def _write_curve(out: Path, rows: list[tuple]) -> None:
+    with open(out / "loss.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "loss", "lr", "elapsed_s"])
+        w.writerows(rows)
+    _plot(out / "loss.png", [r[0] for r in rows], [r[1] for r in rows])
+
+
+def _plot(path: Path, xs: list[int], ys: list[float]) -> None:
+    """A small log-scale loss plot with PIL (no plotting library needed)."""
+    from PIL import Image, ImageDraw
+
+    W, H, m = 640, 360, 40
+    img = Image.new("RGB", (W, H), "white")
+    d = ImageDraw.Draw(img)
+    d.rectangle((m, m // 2, W - m // 2, H - m), outline="black")
+    if len(xs) > 1:
+        ly = [math.log10(max(y, 1e-4)) for y in ys]
+        lo, hi = min(ly), max(ly)
+        span = max(hi - lo, 1e-6)
+        pts = [(m + (W - 1.5 * m) * x / max(xs[-1], 1), m // 2 + (H - 1.5 * m) * (hi - y) / span)
+               for x, y in zip(xs, ly)]
+        d.line(pts, fill=(40, 80, 220), width=1)
+        d.text((m + 4, m // 2 + 4), f"loss {ys[0]:.3f} -> {ys[-1]:.3f} (log scale)", fill="black")
+        d.text((m, H - m + 6), f"step 0 .. {xs[-1]}", fill="black")
+    img.save(path)
