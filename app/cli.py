@@ -37,6 +37,23 @@ def _parser() -> argparse.ArgumentParser:
                      help="print one JSON object: text, token_ids, finish_reason, timings_ms")
     img.set_defaults(func=_cmd_image)
 
+    vid = sub.add_parser("video", help="caption video files frame by frame",
+                         description="Caption (or ask about) the frames of video files; results in frame order.")
+    vid.add_argument("files", nargs="+", metavar="FILE", help="video files (whatever FFmpeg reads)")
+    vtask = vid.add_mutually_exclusive_group()
+    vtask.add_argument("--caption", choices=["short", "normal", "long"], help="caption length (default short)")
+    vtask.add_argument("--question", metavar="TEXT", help="a question asked about every processed frame")
+    pick = vid.add_mutually_exclusive_group()
+    pick.add_argument("--fps", type=float, metavar="N", help="process N frames per second of video")
+    pick.add_argument("--every-n", type=int, metavar="N", help="process every Nth frame")
+    pick.add_argument("--every-frame", action="store_true", help="process every frame (the default)")
+    vid.add_argument("-o", "--output", metavar="OUT", help="write OUT.jsonl, OUT.srt or OUT.vtt (by extension)")
+    vid.add_argument("--annotate", metavar="OUT.mp4", help="write an MP4 with captions and latency drawn")
+    vid.add_argument("--resume", action="store_true", help="skip frames already in the -o JSONL")
+    _add_model_args(vid)
+    vid.add_argument("--max-tokens", type=int, default=64, metavar="N", help="answer length limit (default 64)")
+    vid.set_defaults(func=_cmd_video)
+
     bench = sub.add_parser("bench", help="decode throughput: pipelined vs blocking",
                            description="Throughput of pipelined vs blocking decoding at several concurrencies.")
     _add_model_args(bench)
@@ -129,6 +146,79 @@ def _cmd_image(args: argparse.Namespace) -> int:
     out.write("\n")
     out.flush()
     return 0
+
+
+def _cmd_video(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from engine import Engine, EngineConfig, SamplingParams
+    from pipelines.batch import BatchSummary, Sampling, caption_file
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
+    from pipelines.sources import FileSource
+
+    if args.fps is not None and args.fps <= 0 or args.every_n is not None and args.every_n < 1:
+        raise _UsageError("--fps must be > 0 and --every-n >= 1")
+    if args.question is not None and not args.question.strip():
+        raise _UsageError("--question is empty")
+    out = Path(args.output) if args.output else None
+    kind = out.suffix.lower().lstrip(".") if out else None
+    if out and kind not in ("jsonl", "srt", "vtt"):
+        raise _UsageError("-o must end in .jsonl, .srt or .vtt")
+    if len(args.files) > 1 and (kind in ("srt", "vtt") or args.annotate):
+        raise _UsageError("subtitles and --annotate take one file at a time; use a .jsonl for several")
+    if args.resume and kind != "jsonl":
+        raise _UsageError("--resume needs -o OUT.jsonl")
+    params = SamplingParams(max_tokens=args.max_tokens)
+    task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
+    sampling = Sampling(fps=args.fps, every_n=args.every_n)
+    sources = [FileSource(f) for f in args.files]  # open them all first: bad files fail fast
+    done = done_frames(out) if args.resume else set()
+    summary = BatchSummary()
+    interrupted = False
+    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype)) as engine:
+        for src in sources:
+            sinks = []
+            if kind == "jsonl":
+                sinks.append(JsonlSink(out))
+            elif kind in ("srt", "vtt"):
+                sinks.append(SubtitleSink(out, kind, 1.0 / (src.fps or 30.0)))
+            first = None
+            total = src.frame_count
+            bar = tqdm(total=total, desc=Path(src.path).name, unit="frame", leave=True, file=sys.stderr)
+
+            def show(r, bar=bar) -> None:
+                bar.update(max(0, summary.frames_decoded - bar.n))
+                if out is None:
+                    print(f"{r.pts:9.3f}  {r.text.strip()}", flush=True)
+
+            try:
+                if args.annotate:
+                    first = next(src.frames(), None)
+                    src.close()
+                    if first is not None:
+                        src = FileSource(src.path)
+                        sinks.append(AnnotatedVideoSink(args.annotate, first.rgb.shape[1], first.rgb.shape[0]))
+                caption_file(engine, src, sinks, task, params, sampling, done, on_frame=show, summary=summary)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                bar.close()
+                for sink in sinks:
+                    sink.close()
+                src.close()
+            if interrupted:
+                break
+    for err in summary.errors:
+        print(f"vlmstream: warning: {err}", file=sys.stderr)
+    speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
+    print(f"vlmstream: {summary.frames_captioned} frames captioned, {summary.frames_skipped} skipped (resume), "
+          f"{summary.files} file(s), {speed:.1f}x real time" + (" (interrupted)" if interrupted else ""),
+          file=sys.stderr)
+    if interrupted:
+        return 130
+    return 2 if summary.errors and summary.frames_captioned == 0 else 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

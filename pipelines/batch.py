@@ -1,0 +1,103 @@
+"""Offline captioning of video files: every frame, N per second, or every Nth frame.
+
+Frames are submitted to the engine with a bounded number in flight (back-pressure: decoding
+never runs ahead of the engine by more than `max_inflight` frames) and their results are written
+in frame order, never dropped. Files are processed one after the other on one engine. With a
+`done` set (from a previous JSONL), frames already captioned are skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from engine import Engine, SamplingParams
+
+from .sinks import FrameResult
+from .sources import FileSource, Frame
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Which frames to process: every frame, `fps` per second of video time, or every Nth."""
+
+    fps: float | None = None
+    every_n: int | None = None
+
+    def select(self, frames: Iterable[Frame]) -> Iterator[Frame]:
+        next_t = None
+        for f in frames:
+            if self.every_n:
+                if f.index % self.every_n == 0:
+                    yield f
+            elif self.fps:
+                if next_t is None or f.pts >= next_t - 1e-9:
+                    next_t = (f.pts if next_t is None else next_t) + 1.0 / self.fps
+                    while next_t <= f.pts:
+                        next_t += 1.0 / self.fps
+                    yield f
+            else:
+                yield f
+
+
+@dataclass
+class BatchSummary:
+    files: int = 0
+    frames_decoded: int = 0
+    frames_captioned: int = 0
+    frames_skipped: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    video_seconds: float = 0.0
+
+
+def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, params: SamplingParams,
+                 sampling: Sampling, done: set[tuple[str, int]] | None = None, max_inflight: int = 16,
+                 on_frame: Callable[[FrameResult], None] | None = None,
+                 summary: BatchSummary | None = None) -> BatchSummary:
+    summary = summary or BatchSummary()
+    pending: deque[tuple[Frame, object]] = deque()
+    t0 = time.perf_counter()
+
+    def finish_one() -> None:
+        frame, handle = pending.popleft()
+        out = handle.result(timeout=600)
+        r = FrameResult(frame.source_id, frame.index, round(frame.pts, 6), out.text, out.token_ids,
+                        out.finish_reason, out.timings_ms)
+        for sink in sinks:
+            sink.write(r, frame.rgb)
+        summary.frames_captioned += 1
+        if on_frame:
+            on_frame(r)
+
+    last_pts = 0.0
+    try:
+        for frame in sampling.select(_counted(source.frames(), summary)):
+            last_pts = frame.pts
+            if done and (frame.source_id, frame.index) in done:
+                summary.frames_skipped += 1
+                continue
+            pending.append((frame, engine.submit(frame.rgb, params=params, **task)))
+            if len(pending) >= max_inflight:
+                finish_one()
+        while pending:
+            finish_one()
+    except BaseException:
+        for _, handle in pending:  # interrupted: do not leave work behind in the engine
+            handle.cancel()
+        raise
+    finally:
+        summary.seconds += time.perf_counter() - t0
+        summary.video_seconds += last_pts
+        summary.files += 1
+        if source.error:
+            summary.errors.append(source.error)
+    return summary
+
+
+def _counted(frames: Iterator[Frame], summary: BatchSummary) -> Iterator[Frame]:
+    for f in frames:
+        summary.frames_decoded += 1
+        yield f

@@ -1,0 +1,146 @@
+"""Where per-frame results go: JSONL, SRT, WebVTT, annotated MP4.
+
+Every sink writes incrementally and flushes, so an interrupted run keeps what it finished.
+Subtitles merge identical consecutive captions into one cue spanning their frames; a cue ends
+where the next processed frame starts (the last one a frame duration after its start).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class FrameResult:
+    source: str
+    index: int
+    pts: float
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    timings_ms: dict[str, float]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+
+class JsonlSink:
+    """One JSON object per processed frame; appends (a resumed run continues the file)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if self.path.exists():  # drop a line an interruption cut short: its frame is redone
+            data = self.path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                self.path.write_bytes(data[: data.rfind(b"\n") + 1])
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
+        self._f.write(r.to_json() + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def done_frames(path: str | Path) -> set[tuple[str, int]]:
+    """(source, index) of every frame a previous run wrote to this JSONL (for --resume)."""
+    done: set[tuple[str, int]] = set()
+    p = Path(path)
+    if not p.exists():
+        return done
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            obj = json.loads(line)
+            done.add((obj["source"], int(obj["index"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by an interruption: that frame is redone
+    return done
+
+
+def _timestamp(seconds: float, sep: str) -> str:
+    ms = max(0, int(round(seconds * 1000)))
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+class SubtitleSink:
+    """SRT (`fmt="srt"`) or WebVTT (`fmt="vtt"`) cues from per-frame captions."""
+
+    def __init__(self, path: str | Path, fmt: str, frame_duration: float):
+        self.fmt, self.frame_duration = fmt, frame_duration
+        self._f = open(path, "w", encoding="utf-8")
+        if fmt == "vtt":
+            self._f.write("WEBVTT\n\n")
+        self._cue: list = []  # [start, text, last_pts]
+        self._n = 0
+
+    def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
+        text = r.text.strip()
+        if self._cue and text == self._cue[1]:
+            self._cue[2] = r.pts
+            return
+        if self._cue:
+            self._emit(self._cue[0], r.pts, self._cue[1])
+        self._cue = [r.pts, text, r.pts]
+
+    def _emit(self, start: float, end: float, text: str) -> None:
+        if not text:
+            return
+        self._n += 1
+        sep = "," if self.fmt == "srt" else "."
+        head = f"{self._n}\n" if self.fmt == "srt" else ""
+        self._f.write(f"{head}{_timestamp(start, sep)} --> {_timestamp(max(end, start + 0.001), sep)}\n{text}\n\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._cue:
+            self._emit(self._cue[0], self._cue[2] + self.frame_duration, self._cue[1])
+            self._cue = []
+        self._f.close()
+
+
+class AnnotatedVideoSink:
+    """H.264 yuv420p MP4 of the processed frames, caption and latency drawn, original timing."""
+
+    def __init__(self, path: str | Path, width: int, height: int):
+        import av
+
+        self._av = av
+        self.width, self.height = width - width % 2, height - height % 2  # yuv420p wants even sizes
+        self._container = av.open(str(path), mode="w", options={"movflags": "+faststart"})
+        self._stream = self._container.add_stream("libx264", rate=1000)
+        self._stream.width, self._stream.height, self._stream.pix_fmt = self.width, self.height, "yuv420p"
+        self._stream.time_base = __import__("fractions").Fraction(1, 1000)
+        self._stream.options = {"crf": "23", "preset": "veryfast"}
+        self._last_pts = -1
+
+    def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
+        if rgb is None:
+            return
+        from PIL import Image, ImageDraw
+
+        img = Image.fromarray(rgb[: self.height, : self.width])
+        draw = ImageDraw.Draw(img)
+        label = f"{r.text.strip()}"
+        info = f"#{r.index} {r.pts:.3f}s  {r.timings_ms.get('total', 0):.0f} ms"
+        band = max(18, self.height // 12)
+        draw.rectangle((0, self.height - 2 * band, self.width, self.height), fill=(0, 0, 0))
+        draw.text((6, self.height - 2 * band + 2), label[:200], fill=(255, 255, 255))
+        draw.text((6, self.height - band + 2), info, fill=(255, 220, 0))
+        frame = self._av.VideoFrame.from_ndarray(np.asarray(img), format="rgb24")
+        pts = max(int(round(r.pts * 1000)), self._last_pts + 1)  # strictly increasing
+        frame.pts, self._last_pts = pts, pts
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+    def close(self) -> None:
+        for packet in self._stream.encode():
+            self._container.mux(packet)
+        self._container.close()

@@ -1,0 +1,108 @@
+"""Frame sources: video files (PyAV) for now.
+
+A source yields `Frame`s in decode order with presentation times from the container (variable
+frame rates keep their real timestamps) and rotation metadata applied. Every failure to open
+is a `SourceError` with a one-line message; a file that breaks off mid-way yields what decodes
+and records the problem in `source.error` instead of raising, so batch jobs keep what they got.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from engine.errors import VlmstreamError
+
+
+class SourceError(VlmstreamError):
+    """A source cannot be opened or read (missing, not a video, no video stream...)."""
+
+
+@dataclass
+class Frame:
+    source_id: str
+    index: int  # position in the source's decode order (every decoded frame counts)
+    pts: float  # presentation time in seconds
+    rgb: np.ndarray = field(repr=False)  # (H, W, 3) uint8
+    captured_at: float = field(default_factory=time.perf_counter)
+
+
+def _rotate(rgb: np.ndarray, degrees: int) -> np.ndarray:
+    """Apply a display rotation (counter-clockwise degrees, as FFmpeg's display matrix gives)."""
+    turns = (int(round(degrees / 90)) % 4)
+    return np.ascontiguousarray(np.rot90(rgb, k=turns)) if turns else rgb
+
+
+class FileSource:
+    """A video file read with PyAV: whatever FFmpeg decodes."""
+
+    def __init__(self, path: str | Path, source_id: str | None = None, threads: bool = True):
+        import av
+
+        self.path = Path(path)
+        self.source_id = source_id or str(path)
+        self.error: str | None = None
+        if not self.path.exists():
+            raise SourceError(f"video not found: {self.path}")
+        if self.path.is_dir():
+            raise SourceError(f"{self.path} is a folder, not a video")
+        if self.path.stat().st_size == 0:
+            raise SourceError(f"{self.path} is empty (0 bytes)")
+        try:
+            self._container = av.open(str(self.path))
+        except (av.FFmpegError, OSError, ValueError) as e:
+            raise SourceError(f"{self.path} is not a readable video: {_first_line(e)}") from None
+        if not self._container.streams.video:
+            self._container.close()
+            raise SourceError(f"{self.path} has no video stream")
+        self._stream = self._container.streams.video[0]
+        if threads:
+            self._stream.thread_type = "AUTO"  # frame + slice threads: batch work wants throughput
+
+    @property
+    def fps(self) -> float | None:
+        rate = self._stream.average_rate or self._stream.guessed_rate
+        return float(rate) if rate else None
+
+    @property
+    def frame_count(self) -> int | None:
+        """Frames the container announces (may be 0/None for streams that do not say)."""
+        if self._stream.frames:
+            return int(self._stream.frames)
+        if self._container.duration and self.fps:
+            return int(self._container.duration / 1_000_000 * self.fps)
+        return None
+
+    def frames(self) -> Iterator[Frame]:
+        import av
+
+        index = 0
+        try:
+            for frame in self._container.decode(self._stream):
+                pts = float(frame.time) if frame.time is not None else (index / self.fps if self.fps else 0.0)
+                rgb = frame.to_ndarray(format="rgb24")
+                rotation = getattr(frame, "rotation", 0) or 0
+                yield Frame(self.source_id, index, pts, _rotate(rgb, rotation))
+                index += 1
+        except (av.FFmpegError, OSError, ValueError) as e:
+            self.error = f"{self.path}: decoding stopped after {index} frames: {_first_line(e)}"
+        if index == 0 and self.error is None:
+            self.error = f"{self.path}: no frame could be decoded"
+
+    def close(self) -> None:
+        self._container.close()
+
+    def __enter__(self) -> "FileSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

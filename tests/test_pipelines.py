@@ -1,0 +1,182 @@
+"""Video sources, sinks and batch captioning on generated media."""
+
+import json
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.cli import main
+from engine import Engine, EngineConfig, SamplingParams
+from pipelines.batch import BatchSummary, Sampling, caption_file
+from pipelines.sinks import FrameResult, JsonlSink, SubtitleSink, done_frames
+from pipelines.sources import FileSource, SourceError
+
+
+def _frame(i: int, w: int, h: int) -> np.ndarray:
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:, : max(1, (i * 7) % w)] = (200, 40, 40)
+    img[: h // 2, :, 2] = 180
+    return img
+
+
+def write_video(path: Path, codec: str, n: int = 12, size=(64, 48), fps: int = 10, pix_fmt: str = "yuv420p",
+                pts: list[int] | None = None, time_base=None) -> Path:
+    import av
+
+    w, h = size
+    with av.open(str(path), mode="w") as c:
+        s = c.add_stream(codec, rate=fps)
+        s.width, s.height, s.pix_fmt = w, h, pix_fmt
+        if time_base:
+            s.time_base = s.codec_context.time_base = time_base
+        for i in range(n):
+            f = av.VideoFrame.from_ndarray(_frame(i, w, h), format="rgb24")
+            f.pts = pts[i] if pts else i
+            if time_base:
+                f.time_base = time_base
+            for p in s.encode(f):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return path
+
+
+@pytest.mark.parametrize("name, codec, pix_fmt, size", [
+    ("a.mp4", "libx264", "yuv420p", (64, 48)),
+    ("b.mkv", "mpeg4", "yuv420p", (64, 48)),
+    ("c.webm", "libvpx-vp9", "yuv420p", (64, 48)),
+    ("odd.mkv", "libx264", "yuv444p", (333, 251)),
+])
+def test_file_sources_decode_every_frame(tmp_path, name, codec, pix_fmt, size):
+    import av
+
+    if codec not in av.codecs_available:
+        pytest.skip(f"{codec} not in this PyAV build")
+    path = write_video(tmp_path / name, codec, pix_fmt=pix_fmt, size=size)
+    with FileSource(path) as src:
+        frames = list(src.frames())
+        assert src.error is None
+    assert [f.index for f in frames] == list(range(12))
+    assert all(f.rgb.shape == (size[1], size[0], 3) and f.rgb.dtype == np.uint8 for f in frames)
+    assert frames[3].pts == pytest.approx(0.3, abs=1e-6)
+
+
+def test_variable_frame_rate_keeps_timestamps(tmp_path):
+    pts = [0, 40, 100, 110, 300, 330, 700]
+    path = write_video(tmp_path / "vfr.mkv", "libx264", n=len(pts), pts=pts, time_base=Fraction(1, 1000))
+    with FileSource(path) as src:
+        got = [round(f.pts, 3) for f in src.frames()]
+    assert got == [p / 1000 for p in pts]
+
+
+def test_sampling_modes():
+    frames = [type("F", (), {"index": i, "pts": i / 30})() for i in range(90)]
+    assert [f.index for f in Sampling().select(frames)] == list(range(90))
+    assert [f.index for f in Sampling(every_n=30).select(frames)] == [0, 30, 60]
+    assert [f.index for f in Sampling(fps=2).select(frames)] == [0, 15, 30, 45, 60, 75]
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: None, "not found"),
+    (lambda p: p.write_bytes(b""), "empty"),
+    (lambda p: p.write_text("just text, no video"), "not a readable video"),
+])
+def test_bad_files(tmp_path, make, needle):
+    path = tmp_path / "x.mp4"
+    make(path)
+    with pytest.raises(SourceError, match=needle):
+        FileSource(path)
+
+
+def test_audio_only_file(tmp_path):
+    import av
+
+    path = tmp_path / "a.wav"
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("pcm_s16le", rate=8000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate = 8000
+        for p in s.encode(frame):
+            c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    with pytest.raises(SourceError, match="no video stream"):
+        FileSource(path)
+
+
+def test_truncated_file_yields_what_decodes(tmp_path):
+    path = write_video(tmp_path / "t.mkv", "mpeg4", n=40)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+    with FileSource(path) as src:
+        frames = list(src.frames())
+    assert 5 < len(frames) < 40
+
+
+def _parse_subs(text: str) -> list[tuple[str, str, str]]:
+    return re.findall(r"(\d\d:\d\d:\d\d[,.]\d\d\d) --> (\d\d:\d\d:\d\d[,.]\d\d\d)\n(.+)", text)
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_subtitles_merge_and_parse_back(tmp_path, fmt):
+    path = tmp_path / f"s.{fmt}"
+    sink = SubtitleSink(path, fmt, frame_duration=0.5)
+    for i, text in enumerate(["a red circle", "a red circle", "a blue star", "", "a blue star"]):
+        sink.write(FrameResult("v", i, i * 0.5, text, [], "stop", {}))
+    sink.close()
+    body = path.read_text()
+    assert body.startswith("WEBVTT") == (fmt == "vtt")
+    sep = "," if fmt == "srt" else "."
+    assert _parse_subs(body) == [
+        (f"00:00:00{sep}000", f"00:00:01{sep}000", "a red circle"),
+        (f"00:00:01{sep}000", f"00:00:01{sep}500", "a blue star"),
+        (f"00:00:02{sep}000", f"00:00:02{sep}500", "a blue star"),
+    ]
+
+
+def test_batch_in_order_and_resume(tmp_path, small_folder):
+    path = write_video(tmp_path / "v.mp4", "libx264", n=20)
+    out = tmp_path / "o.jsonl"
+    params = SamplingParams(max_tokens=4)
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        with FileSource(path) as src:
+            sink = JsonlSink(out)
+            summary = caption_file(eng, src, [sink], {"caption": "short"}, params, Sampling(every_n=2),
+                                   max_inflight=3)
+            sink.close()
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["index"] for r in rows] == list(range(0, 20, 2)) and summary.frames_captioned == 10
+        assert all(set(r) >= {"source", "index", "pts", "text", "token_ids", "timings_ms"} for r in rows)
+        # an interrupted run: keep the first 4 lines, resume the rest
+        out.write_text("\n".join(out.read_text().splitlines()[:4]) + "\n{\"broken")
+        done = done_frames(out)
+        assert len(done) == 4
+        with FileSource(path) as src:
+            sink = JsonlSink(out)
+            s2 = caption_file(eng, src, [sink], {"caption": "short"}, params, Sampling(every_n=2), done=done)
+            sink.close()
+        assert s2.frames_skipped == 4 and s2.frames_captioned == 6
+    again = [json.loads(line) for line in out.read_text().splitlines() if line.endswith("}")]
+    assert sorted(r["index"] for r in again) == list(range(0, 20, 2))
+    assert {(r["index"], tuple(r["token_ids"])) for r in again} == {(r["index"], tuple(r["token_ids"])) for r in rows}
+
+
+def test_video_cli(tmp_path, small_folder, capsys):
+    path = write_video(tmp_path / "v.mp4", "libx264", n=15)
+    srt, mp4 = tmp_path / "o.srt", tmp_path / "o.mp4"
+    rc = main(["video", str(path), "--model", str(small_folder), "--every-n", "5", "-o", str(srt),
+               "--annotate", str(mp4), "--max-tokens", "3"])
+    assert rc == 0
+    assert len(_parse_subs(srt.read_text())) >= 1
+    import av
+
+    with av.open(str(mp4)) as c:
+        s = c.streams.video[0]
+        assert s.codec_context.name == "h264" and s.codec_context.pix_fmt == "yuv420p"
+        assert sum(1 for _ in c.decode(s)) == 3
+    assert main(["video", str(tmp_path / "missing.mp4")]) == 2
+    assert main(["video", str(path), "-o", str(tmp_path / "x.txt")]) == 2
+    assert "error" in capsys.readouterr().err
