@@ -54,6 +54,21 @@ def _parser() -> argparse.ArgumentParser:
     vid.add_argument("--max-tokens", type=int, default=64, metavar="N", help="answer length limit (default 64)")
     vid.set_defaults(func=_cmd_video)
 
+    live = sub.add_parser("live", help="caption a live source frame by frame (latest frame wins)",
+                          description="Caption a live source; a file is played in real time (looped to --duration).")
+    live.add_argument("source", metavar="SOURCE", help="a video file (webcam:N and URLs: not yet)")
+    ltask = live.add_mutually_exclusive_group()
+    ltask.add_argument("--caption", choices=["short", "normal", "long"], help="caption length (default short)")
+    ltask.add_argument("--question", metavar="TEXT")
+    live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
+    live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    live.add_argument("--max-inflight", type=int, default=2, metavar="N", help="frames in the engine at once (default 2)")
+    live.add_argument("--deadline-ms", type=float, default=None, metavar="D", help="cancel a frame after D ms")
+    live.add_argument("--max-tokens", type=int, default=32, metavar="N", help="answer length limit (default 32)")
+    _add_model_args(live)
+    live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
+    live.set_defaults(func=_cmd_live)
+
     bench = sub.add_parser("bench", help="decode throughput: pipelined vs blocking",
                            description="Throughput of pipelined vs blocking decoding at several concurrencies.")
     _add_model_args(bench)
@@ -219,6 +234,70 @@ def _cmd_video(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     return 2 if summary.errors and summary.frames_captioned == 0 else 0
+
+
+def _cmd_live(args: argparse.Namespace) -> int:
+    from engine import Engine, EngineConfig, SamplingParams
+    from pipelines.grabber import LatestFrameGrabber
+    from pipelines.live import LiveSession
+    from pipelines.sources import FileSource, SourceError
+
+    if "://" in args.source or args.source.startswith("webcam:"):
+        raise SourceError(f"{args.source.split(':')[0]} sources are not supported yet; give a video file")
+    if args.fps <= 0 or args.max_inflight < 1 or (args.duration is not None and args.duration <= 0):
+        raise _UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
+    if args.question is not None and not args.question.strip():
+        raise _UsageError("--question is empty")
+    FileSource(args.source).close()  # fail fast on a bad file
+    task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
+    params = SamplingParams(max_tokens=args.max_tokens)
+
+    def frames():
+        src = FileSource(args.source, threads=False)
+        try:
+            yield from src.frames()
+        finally:
+            src.close()
+
+    def show(r) -> None:
+        if not args.json:
+            print(f"{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {r.output.text.strip()}", flush=True)
+
+    interrupted = False
+    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
+                             max_batch_size=max(4, args.max_inflight))) as engine:
+        # warm-up: the first step pays one-time costs a live stream should not see
+        engine.submit(next(frames()).rgb, params=params, **task).result(timeout=120)
+        grabber = LatestFrameGrabber(frames, realtime=True, loop=args.duration is not None)
+        session = LiveSession(engine, task, params, args.max_inflight, args.deadline_ms, on_result=show)
+        t0, next_t = time.perf_counter(), 0.0
+        try:
+            while args.duration is None or time.perf_counter() - t0 < args.duration:
+                frame = grabber.get(timeout=1.0)
+                if frame is None:
+                    if grabber.ended:
+                        break
+                    continue
+                if time.perf_counter() - t0 < next_t:
+                    continue  # faster than --fps: skip
+                next_t = max(next_t + 1.0 / args.fps, time.perf_counter() - t0 - 1.0 / args.fps)
+                session.offer(frame)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            grabber.close()
+            session.close()
+        stats = session.stats()
+    stats["kv_pages_in_use_after"] = engine.stats().kv_pages_in_use
+    stats["overwritten_at_grab"] = grabber.overwritten
+    if args.json:
+        print(json.dumps(stats))
+    else:
+        print(f"vlmstream: {stats['completed']} of {stats['frames_in']} frames captioned, "
+              f"{stats['achieved_fps']:.1f} fps, {stats['cancelled_stale']} stale cancelled, "
+              f"{stats['dropped']} dropped, p50 {stats['latency_ms'].get('end_to_end', {}).get('p50', 0):.1f} ms",
+              file=sys.stderr)
+    return 130 if interrupted else 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -183,12 +183,15 @@ class Engine:
     def __exit__(self, exc_type, *exc) -> None:
         self.close(cancel=exc_type is not None)
 
-    def _post(self, message: tuple) -> None:
+    def _post(self, message: tuple, block: bool = True) -> None:
         with self._post_lock:
             if self._error is not None:
                 raise EngineClosedError(f"the engine failed: {self._error}") from self._error
             if self._closed and message[0] in ("image", "request"):
                 raise EngineClosedError("the engine is closed")
+        if not block:  # from the engine thread itself (a done callback): never wait on ourselves
+            self._handle(*message)
+            return
         try:
             self._inbox.put(message, timeout=10.0)
         except queue.Full:

@@ -29,6 +29,8 @@ class RequestHandle:
         self._done = threading.Event()
         self._output: RequestOutput | None = None
         self._cancel_sent = False
+        self._callbacks: list = []
+        self._cb_lock = threading.Lock()
 
     # engine side
     def _emit(self, delta: str) -> None:
@@ -36,8 +38,21 @@ class RequestHandle:
 
     def _finish(self, output: RequestOutput) -> None:
         self._output = output
-        self._done.set()
+        with self._cb_lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
         self._deltas.put(_END)
+        for fn in callbacks:
+            fn(self)
+
+    def add_done_callback(self, fn) -> None:
+        """Call fn(handle) once the request has finished (at once if it already has). It runs on
+        the engine thread: it must be quick and must not wait on the engine."""
+        with self._cb_lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     # caller side
     def done(self) -> bool:
@@ -64,7 +79,7 @@ class RequestHandle:
         if self._cancel_sent or self._done.is_set():
             return
         self._cancel_sent = True
-        self._engine._post(("cancel", self.id))
+        self._engine._post(("cancel", self.id), block=threading.current_thread() is not self._engine._thread)
 
 
 class ImageRef:

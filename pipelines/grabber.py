@@ -1,0 +1,88 @@
+"""Latest-frame grabbing: a thread reads a source and keeps only its newest frame.
+
+The consumer takes whatever is newest, so lag never accumulates when it is slower than the
+source; frames it never saw are counted as `overwritten`. File sources can be paced at their
+real-time speed (their presentation times against the wall clock) and looped, for demos and
+tests of live behaviour on recorded clips.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Iterator
+
+from .sources import Frame
+
+
+class LatestFrameGrabber:
+    def __init__(self, frames: Callable[[], Iterator[Frame]], realtime: bool = True, loop: bool = False):
+        """frames: a function returning a fresh iterator of the source's frames (called again to loop)."""
+        self._frames, self.realtime, self.loop = frames, realtime, loop
+        self._cond = threading.Condition()
+        self._latest: Frame | None = None
+        self._taken_index = -1
+        self._stop = threading.Event()
+        self.ended = False
+        self.error: BaseException | None = None
+        self.read = 0
+        self.overwritten = 0
+        self._thread = threading.Thread(target=self._run, name="vlmstream-grabber", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        offset, last_pts, step, seq = 0.0, 0.0, 1.0 / 30, 0
+        try:
+            while not self._stop.is_set():
+                any_frame = False
+                for f in self._frames():
+                    any_frame = True
+                    pts = offset + f.pts
+                    if pts > last_pts:
+                        step = pts - last_pts
+                    last_pts = pts
+                    if self.realtime:
+                        delay = t0 + pts - time.perf_counter()
+                        if delay > 0 and self._stop.wait(delay):
+                            return
+                    frame = Frame(f.source_id, seq, pts, f.rgb)
+                    seq += 1
+                    with self._cond:
+                        if self._latest is not None and self._latest.index > self._taken_index:
+                            self.overwritten += 1
+                        self._latest = frame
+                        self.read += 1
+                        self._cond.notify_all()
+                    if self._stop.is_set():
+                        return
+                if not (self.loop and any_frame):
+                    return
+                offset = last_pts + step  # the next loop continues the clock
+        except BaseException as e:  # reaches the consumer through get()
+            self.error = e
+        finally:
+            with self._cond:
+                self.ended = True
+                self._cond.notify_all()
+
+    def get(self, timeout: float = 5.0) -> Frame | None:
+        """The newest frame not yet taken; None once the source has ended (or on timeout)."""
+        deadline = time.perf_counter() + timeout
+        with self._cond:
+            while True:
+                if self._latest is not None and self._latest.index > self._taken_index:
+                    self._taken_index = self._latest.index
+                    return self._latest
+                if self.ended:
+                    if self.error is not None:
+                        raise self.error
+                    return None
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)

@@ -1,0 +1,137 @@
+"""A live session: one stream's frames in, one caption per frame out, latest frame wins.
+
+Policies: at most `max_inflight` frames in the engine (a frame offered beyond that is dropped
+at intake); when a frame's result completes, every older frame still in flight is stale and is
+cancelled (the engine releases it through its reference counts); a request older than
+`deadline_ms` is cancelled. Results reach `on_result` in completion order, which is frame order
+for the frames that complete (older ones are cancelled when a newer one wins).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from engine import Engine, RequestOutput, SamplingParams
+
+from .sources import Frame
+
+STAGES = ("queue", "preprocess", "vision", "prefill", "first_token", "decode", "total", "end_to_end")
+
+
+@dataclass
+class LiveResult:
+    frame: Frame
+    output: RequestOutput
+    end_to_end_ms: float  # from the frame's capture to its result
+
+
+class LiveSession:
+    def __init__(self, engine: Engine, task: dict, params: SamplingParams = SamplingParams(max_tokens=32),
+                 max_inflight: int = 2, deadline_ms: float | None = None,
+                 on_result: Callable[[LiveResult], None] | None = None):
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        self.engine, self.task, self.params = engine, task, params
+        self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
+        self._lock = threading.Lock()
+        self._inflight: deque[tuple[Frame, object, float]] = deque()  # frame order
+        self._finished: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self.frames_in = self.submitted = self.completed = 0
+        self.cancelled_stale = self.cancelled_deadline = self.dropped = 0
+        self._latency: dict[str, list[float]] = {s: [] for s in STAGES}
+        self._completions: deque[float] = deque(maxlen=120)
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="vlmstream-live", daemon=True)
+        self._thread.start()
+
+    def offer(self, frame: Frame) -> bool:
+        """Hand a frame to the session; False if it was dropped because the engine is saturated."""
+        with self._lock:
+            self.frames_in += 1
+            if len(self._inflight) >= self.max_inflight:
+                self.dropped += 1
+                return False
+            handle = self.engine.submit(frame.rgb, params=self.params, **self.task)
+            self._inflight.append((frame, handle, time.perf_counter()))
+            self.submitted += 1
+        handle.add_done_callback(lambda h, f=frame: self._finished.put((f, h)))
+        return True
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._inflight)
+
+    def _run(self) -> None:
+        while not (self._stop.is_set() and self._finished.empty() and not self.in_flight):
+            try:
+                frame, handle = self._finished.get(timeout=0.005)
+            except queue.Empty:
+                self._expire()
+                continue
+            out = handle.result()
+            with self._lock:
+                for i, (f, h, _) in enumerate(self._inflight):
+                    if h is handle:
+                        del self._inflight[i]
+                        break
+                stale = []
+                if out.finish_reason in ("stop", "length"):
+                    while self._inflight and self._inflight[0][0].index < frame.index:
+                        stale.append(self._inflight.popleft()[1])
+                    self.cancelled_stale += len(stale)
+            for h in stale:
+                h.cancel()
+            if out.finish_reason in ("stop", "length"):
+                now = time.perf_counter()
+                result = LiveResult(frame, out, (now - frame.captured_at) * 1000.0)
+                self.completed += 1
+                self._completions.append(now)
+                for k, v in out.timings_ms.items():
+                    if k in self._latency:
+                        self._latency[k].append(v)
+                self._latency["end_to_end"].append(result.end_to_end_ms)
+                if self.on_result:
+                    self.on_result(result)
+
+    def _expire(self) -> None:
+        if self.deadline_ms is None:
+            return
+        now = time.perf_counter()
+        with self._lock:
+            late = [(f, h) for f, h, t in self._inflight if (now - t) * 1000.0 > self.deadline_ms]
+            keep = deque(x for x in self._inflight if all(x[1] is not h for _, h in late))
+            self._inflight = keep
+            self.cancelled_deadline += len(late)
+        for _, h in late:
+            h.cancel()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Let in-flight frames finish (or be cancelled), then stop the session's thread."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def stats(self) -> dict:
+        wall = max(time.perf_counter() - self._t0, 1e-9)
+        c = list(self._completions)
+        rolling = (len(c) - 1) / (c[-1] - c[0]) if len(c) > 1 and c[-1] > c[0] else 0.0
+        return {
+            "frames_in": self.frames_in, "submitted": self.submitted, "completed": self.completed,
+            "cancelled_stale": self.cancelled_stale, "cancelled_deadline": self.cancelled_deadline,
+            "dropped": self.dropped, "achieved_fps": self.completed / wall, "rolling_fps": rolling,
+            "latency_ms": {k: _percentiles(v) for k, v in self._latency.items() if v},
+        }
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values)
+    return {"p50": round(float(np.percentile(a, 50)), 3), "p90": round(float(np.percentile(a, 90)), 3),
+            "p99": round(float(np.percentile(a, 99)), 3)}

@@ -1,0 +1,102 @@
+"""Live-session semantics on a slow fake device: stale cancellation, intake drops, deadlines."""
+
+import time
+
+import numpy as np
+
+import engine.engine as engine_module
+from engine import Engine, EngineConfig, SamplingParams
+from engine.runner import StepResult
+from pipelines.grabber import LatestFrameGrabber
+from pipelines.live import LiveSession
+from pipelines.sources import Frame
+
+from test_engine_properties import FakeRunner
+
+
+class NewestStopsFirst(FakeRunner):
+    """Each step takes 15 ms; request `stop_id` says EOS after two tokens, the others go on."""
+
+    stop_id = None
+
+    def launch(self, plan, step_id):
+        slot = self.slots[step_id % 2]
+        assert not slot.busy
+        slot.busy = True
+        rows = [c.seq for c in plan.prefills if c.last] + plan.decodes
+        newest = NewestStopsFirst.stop_id
+
+        def run():
+            time.sleep(0.015)
+            for i, s in enumerate(rows):
+                slot.tokens[i] = 0 if (s.id == newest and s.launched >= 2) else 7
+            return StepResult(rows, slot.tokens[: len(rows)], {})
+
+        return self.executor.launch(run), slot
+
+
+def _frames(n):
+    return [Frame("cam", i, i / 60, np.full((48, 64, 3), (10 * i) % 256, np.uint8)) for i in range(n)]
+
+
+def _wait(pred, timeout=10.0):
+    end = time.time() + timeout
+    while not pred() and time.time() < end:
+        time.sleep(0.005)
+    assert pred()
+
+
+def test_newer_result_cancels_older_frames(small_folder, monkeypatch):
+    monkeypatch.setattr(engine_module, "Runner", NewestStopsFirst)
+    monkeypatch.setattr(NewestStopsFirst, "stop_id", None)
+    results = []
+    with Engine(EngineConfig(model=str(small_folder), debug_checks=True)) as eng:
+        s = LiveSession(eng, {"caption": "short"}, SamplingParams(max_tokens=200), max_inflight=3,
+                        on_result=results.append)
+        for f in _frames(3):
+            assert s.offer(f)
+        NewestStopsFirst.stop_id = s._inflight[-1][1].id  # the newest frame's request
+        _wait(lambda: s.completed == 1 and s.in_flight == 0)
+        s.close()
+        st = s.stats()
+        assert st["cancelled_stale"] == 2 and st["completed"] == 1 and st["dropped"] == 0
+        assert [r.frame.index for r in results] == [2]
+        _wait(lambda: eng.stats().kv_pages_in_use == 0)
+    assert eng.stats().kv_pages_in_use == 0
+
+
+def test_intake_drops_when_saturated_and_deadlines_cancel(small_folder, monkeypatch):
+    monkeypatch.setattr(engine_module, "Runner", FakeRunner)  # never says EOS: only max_tokens stops
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        s = LiveSession(eng, {"caption": "short"}, SamplingParams(max_tokens=1000, ignore_eos=True),
+                        max_inflight=2, deadline_ms=100)
+        accepted = [s.offer(f) for f in _frames(5)]
+        assert accepted == [True, True, False, False, False]
+        _wait(lambda: s.in_flight == 0)
+        s.close()
+        st = s.stats()
+        assert st["dropped"] == 3 and st["cancelled_deadline"] == 2 and st["completed"] == 0
+    assert eng.stats().kv_pages_in_use == 0
+
+
+def test_grabber_keeps_only_the_latest_frame():
+    frames = _frames(50)
+    g = LatestFrameGrabber(lambda: iter(frames), realtime=False)
+    _wait(lambda: g.ended)
+    f = g.get(timeout=1)
+    assert f.index == 49 and g.overwritten == 49
+    assert g.get(timeout=0.1) is None
+    g.close()
+
+
+def test_grabber_paces_in_real_time_and_loops():
+    frames = [Frame("f", i, i / 50, np.zeros((2, 2, 3), np.uint8)) for i in range(10)]  # 0.2 s at 50 fps
+    g = LatestFrameGrabber(lambda: iter(frames), realtime=True, loop=True)
+    t0, got = time.time(), []
+    while time.time() - t0 < 0.5:
+        f = g.get(timeout=0.1)
+        if f is not None:
+            got.append(f.pts)
+    g.close()
+    assert got == sorted(got) and got[-1] >= 0.35  # looped past the 0.2 s clip, clock continuing
+    assert len(got) >= 15
