@@ -207,6 +207,7 @@ class Engine:
                 # (e.g. the pool is full of pages that ImageRefs hold): no busy spinning.
                 self._drain(block=stalled or not self._has_work())
                 if self._closing.is_set() and not self._has_work() and self._inbox.empty():
+                    self._drop_images()
                     break
                 step = self._plan()
                 stalled = step.empty and not self._inflight
@@ -378,6 +379,12 @@ class Engine:
         if img.pages:
             self.pool.decref(img.pages)
             img.pages = []
+
+    def _drop_images(self) -> None:
+        """At close: images still held by unreleased ImageRefs give their pages back too."""
+        for img in list(self._images.values()):
+            img.holders = 0
+            self._maybe_release_image(img)
 
     def _fail_all(self, error: BaseException) -> None:
         """After a fatal error: every request ends with "error", every page goes back."""

@@ -134,6 +134,15 @@ def test_shared_image_pages_live_until_the_last_user(small_folder, images):
     _assert_clean(eng)
 
 
+def test_close_frees_images_whose_refs_were_never_released(small_folder, images):
+    eng = _engine(small_folder)
+    ref = eng.encode_image(images[0])
+    eng.submit(ref, caption="short", params=GREEDY).result(timeout=30)
+    assert eng.stats().kv_pages_in_use > 0
+    eng.close()
+    _assert_clean(eng)
+
+
 def test_bad_input_leaves_the_engine_serving(small_folder, images):
     with _engine(small_folder) as eng:
         good = eng.submit(images[0], caption="short", params=GREEDY)

@@ -180,3 +180,30 @@ def test_video_cli(tmp_path, small_folder, capsys):
     assert main(["video", str(tmp_path / "missing.mp4")]) == 2
     assert main(["video", str(path), "-o", str(tmp_path / "x.txt")]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_sigint_keeps_results_and_resume_finishes(tmp_path, small_folder):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = write_video(tmp_path / "long.mp4", "libx264", n=400)
+    out = tmp_path / "o.jsonl"
+    exe = Path(sys.executable).with_name("vlmstream")
+    cmd = [str(exe), "video", str(path), "--model", str(small_folder), "-o", str(out), "--max-tokens", "24"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 10):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 10 <= len(kept) < 400 and [r["index"] for r in kept] == list(range(len(kept)))
+    done = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["index"] for r in rows) == list(range(400))
