@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     vid.add_argument("--resume", action="store_true", help="skip frames already in the -o JSONL")
     _add_model_args(vid)
     vid.add_argument("--max-tokens", type=int, default=64, metavar="N", help="answer length limit (default 64)")
-    vid.set_defaults(func=_cmd_video)
+    vid.set_defaults(func=_lazy('app.video'))
 
     live = sub.add_parser("live", help="caption a live source frame by frame (latest frame wins)",
                           description="Caption a live source; a file is played in real time (looped to --duration).")
@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("--max-tokens", type=int, default=32, metavar="N", help="answer length limit (default 32)")
     _add_model_args(live)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
-    live.set_defaults(func=_cmd_live)
+    live.set_defaults(func=_lazy('app.live'))
 
     bench = sub.add_parser("bench", help="decode throughput: pipelined vs blocking",
                            description="Throughput of pipelined vs blocking decoding at several concurrencies.")
@@ -100,6 +100,17 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ev.set_defaults(func=_cmd_eval)
     return p
+
+
+def _lazy(module: str):
+    """A command implemented in its own module, imported only when that command runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return importlib.import_module(module).run(args)
+
+    return run
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -161,143 +172,6 @@ def _cmd_image(args: argparse.Namespace) -> int:
     out.write("\n")
     out.flush()
     return 0
-
-
-def _cmd_video(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from tqdm import tqdm
-
-    from engine import Engine, EngineConfig, SamplingParams
-    from pipelines.batch import BatchSummary, Sampling, caption_file
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
-    from pipelines.sources import FileSource
-
-    if args.fps is not None and args.fps <= 0 or args.every_n is not None and args.every_n < 1:
-        raise _UsageError("--fps must be > 0 and --every-n >= 1")
-    if args.question is not None and not args.question.strip():
-        raise _UsageError("--question is empty")
-    out = Path(args.output) if args.output else None
-    kind = out.suffix.lower().lstrip(".") if out else None
-    if out and kind not in ("jsonl", "srt", "vtt"):
-        raise _UsageError("-o must end in .jsonl, .srt or .vtt")
-    if len(args.files) > 1 and (kind in ("srt", "vtt") or args.annotate):
-        raise _UsageError("subtitles and --annotate take one file at a time; use a .jsonl for several")
-    if args.resume and kind != "jsonl":
-        raise _UsageError("--resume needs -o OUT.jsonl")
-    params = SamplingParams(max_tokens=args.max_tokens)
-    task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
-    sampling = Sampling(fps=args.fps, every_n=args.every_n)
-    sources = [FileSource(f) for f in args.files]  # open them all first: bad files fail fast
-    done = done_frames(out) if args.resume else set()
-    summary = BatchSummary()
-    interrupted = False
-    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype)) as engine:
-        for src in sources:
-            sinks = []
-            if kind == "jsonl":
-                sinks.append(JsonlSink(out))
-            elif kind in ("srt", "vtt"):
-                sinks.append(SubtitleSink(out, kind, 1.0 / (src.fps or 30.0)))
-            first = None
-            total = src.frame_count
-            bar = tqdm(total=total, desc=Path(src.path).name, unit="frame", leave=True, file=sys.stderr)
-
-            def show(r, bar=bar) -> None:
-                bar.update(max(0, summary.frames_decoded - bar.n))
-                if out is None:
-                    print(f"{r.pts:9.3f}  {r.text.strip()}", flush=True)
-
-            try:
-                if args.annotate:
-                    first = next(src.frames(), None)
-                    src.close()
-                    if first is not None:
-                        src = FileSource(src.path)
-                        sinks.append(AnnotatedVideoSink(args.annotate, first.rgb.shape[1], first.rgb.shape[0]))
-                caption_file(engine, src, sinks, task, params, sampling, done, on_frame=show, summary=summary)
-            except KeyboardInterrupt:
-                interrupted = True
-            finally:
-                bar.close()
-                for sink in sinks:
-                    sink.close()
-                src.close()
-            if interrupted:
-                break
-    for err in summary.errors:
-        print(f"vlmstream: warning: {err}", file=sys.stderr)
-    speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
-    print(f"vlmstream: {summary.frames_captioned} frames captioned, {summary.frames_skipped} skipped (resume), "
-          f"{summary.files} file(s), {speed:.1f}x real time" + (" (interrupted)" if interrupted else ""),
-          file=sys.stderr)
-    if interrupted:
-        return 130
-    return 2 if summary.errors and summary.frames_captioned == 0 else 0
-
-
-def _cmd_live(args: argparse.Namespace) -> int:
-    from engine import Engine, EngineConfig, SamplingParams
-    from pipelines.grabber import LatestFrameGrabber
-    from pipelines.live import LiveSession
-    from pipelines.sources import FileSource, SourceError
-
-    if "://" in args.source or args.source.startswith("webcam:"):
-        raise SourceError(f"{args.source.split(':')[0]} sources are not supported yet; give a video file")
-    if args.fps <= 0 or args.max_inflight < 1 or (args.duration is not None and args.duration <= 0):
-        raise _UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
-    if args.question is not None and not args.question.strip():
-        raise _UsageError("--question is empty")
-    FileSource(args.source).close()  # fail fast on a bad file
-    task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
-    params = SamplingParams(max_tokens=args.max_tokens)
-
-    def frames():
-        src = FileSource(args.source, threads=False)
-        try:
-            yield from src.frames()
-        finally:
-            src.close()
-
-    def show(r) -> None:
-        if not args.json:
-            print(f"{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {r.output.text.strip()}", flush=True)
-
-    interrupted = False
-    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                             max_batch_size=max(4, args.max_inflight))) as engine:
-        # warm-up: the first step pays one-time costs a live stream should not see
-        engine.submit(next(frames()).rgb, params=params, **task).result(timeout=120)
-        grabber = LatestFrameGrabber(frames, realtime=True, loop=args.duration is not None)
-        session = LiveSession(engine, task, params, args.max_inflight, args.deadline_ms, on_result=show)
-        t0, next_t = time.perf_counter(), 0.0
-        try:
-            while args.duration is None or time.perf_counter() - t0 < args.duration:
-                frame = grabber.get(timeout=1.0)
-                if frame is None:
-                    if grabber.ended:
-                        break
-                    continue
-                if time.perf_counter() - t0 < next_t:
-                    continue  # faster than --fps: skip
-                next_t = max(next_t + 1.0 / args.fps, time.perf_counter() - t0 - 1.0 / args.fps)
-                session.offer(frame)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            grabber.close()
-            session.close()
-        stats = session.stats()
-    stats["kv_pages_in_use_after"] = engine.stats().kv_pages_in_use
-    stats["overwritten_at_grab"] = grabber.overwritten
-    if args.json:
-        print(json.dumps(stats))
-    else:
-        print(f"vlmstream: {stats['completed']} of {stats['frames_in']} frames captioned, "
-              f"{stats['achieved_fps']:.1f} fps, {stats['cancelled_stale']} stale cancelled, "
-              f"{stats['dropped']} dropped, p50 {stats['latency_ms'].get('end_to_end', {}).get('p50', 0):.1f} ms",
-              file=sys.stderr)
-    return 130 if interrupted else 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

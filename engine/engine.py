@@ -37,7 +37,7 @@ from .request import ImageRef, RequestHandle
 from .runner import Runner, StepResult, _Slot
 from .scheduler import Budget, StepPlan, own_pages, plan
 from .sequence import Image, Sequence
-from .types import EngineStats, RequestOutput, SamplingParams, StageTimings
+from .types import EngineStats, RequestOutput, SamplingParams
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pytest
 
 from app.cli import main
 from engine import Engine, EngineConfig, SamplingParams
-from pipelines.batch import BatchSummary, Sampling, caption_file
+from pipelines.batch import Sampling, caption_file
 from pipelines.sinks import FrameResult, JsonlSink, SubtitleSink, done_frames
 from pipelines.sources import FileSource, SourceError
 

@@ -1,0 +1,85 @@
+"""`vlmstream video`: see `vlmstream video --help` and the README."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.errors import VlmstreamError
+
+
+class UsageError(VlmstreamError):
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from engine import Engine, EngineConfig, SamplingParams
+    from pipelines.batch import BatchSummary, Sampling, caption_file
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
+    from pipelines.sources import FileSource
+
+    if args.fps is not None and args.fps <= 0 or args.every_n is not None and args.every_n < 1:
+        raise UsageError("--fps must be > 0 and --every-n >= 1")
+    if args.question is not None and not args.question.strip():
+        raise UsageError("--question is empty")
+    out = Path(args.output) if args.output else None
+    kind = out.suffix.lower().lstrip(".") if out else None
+    if out and kind not in ("jsonl", "srt", "vtt"):
+        raise UsageError("-o must end in .jsonl, .srt or .vtt")
+    if len(args.files) > 1 and (kind in ("srt", "vtt") or args.annotate):
+        raise UsageError("subtitles and --annotate take one file at a time; use a .jsonl for several")
+    if args.resume and kind != "jsonl":
+        raise UsageError("--resume needs -o OUT.jsonl")
+    params = SamplingParams(max_tokens=args.max_tokens)
+    task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
+    sampling = Sampling(fps=args.fps, every_n=args.every_n)
+    sources = [FileSource(f) for f in args.files]  # open them all first: bad files fail fast
+    done = done_frames(out) if args.resume else set()
+    summary = BatchSummary()
+    interrupted = False
+    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype)) as engine:
+        for src in sources:
+            sinks = []
+            if kind == "jsonl":
+                sinks.append(JsonlSink(out))
+            elif kind in ("srt", "vtt"):
+                sinks.append(SubtitleSink(out, kind, 1.0 / (src.fps or 30.0)))
+            first = None
+            total = src.frame_count
+            bar = tqdm(total=total, desc=Path(src.path).name, unit="frame", leave=True, file=sys.stderr)
+
+            def show(r, bar=bar) -> None:
+                bar.update(max(0, summary.frames_decoded - bar.n))
+                if out is None:
+                    print(f"{r.pts:9.3f}  {r.text.strip()}", flush=True)
+
+            try:
+                if args.annotate:
+                    first = next(src.frames(), None)
+                    src.close()
+                    if first is not None:
+                        src = FileSource(src.path)
+                        sinks.append(AnnotatedVideoSink(args.annotate, first.rgb.shape[1], first.rgb.shape[0]))
+                caption_file(engine, src, sinks, task, params, sampling, done, on_frame=show, summary=summary)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                bar.close()
+                for sink in sinks:
+                    sink.close()
+                src.close()
+            if interrupted:
+                break
+    for err in summary.errors:
+        print(f"vlmstream: warning: {err}", file=sys.stderr)
+    speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
+    print(f"vlmstream: {summary.frames_captioned} frames captioned, {summary.frames_skipped} skipped (resume), "
+          f"{summary.files} file(s), {speed:.1f}x real time" + (" (interrupted)" if interrupted else ""),
+          file=sys.stderr)
+    if interrupted:
+        return 130
+    return 2 if summary.errors and summary.frames_captioned == 0 else 0
