@@ -150,10 +150,11 @@ def test_unsupported_dtype_is_named(tmp_path, small_folder):
         load_model(folder)
 
 
-def test_tiny_preset_loads_deterministically():
-    a, b = load_model("tiny"), load_model("tiny")
-    for (ka, va), (kb, vb) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
-        assert ka == kb and torch.equal(va, vb)
+def test_embedded_tiny_model_loads():
+    tiny = load_model("tiny")
+    assert tiny.config.prefix_len == 1 + tiny.config.vision.n_patches
+    assert tiny.tokenizer.vocab_size <= tiny.config.text.vocab_size
+    assert all(torch.isfinite(p).all() for p in tiny.model.parameters())
 
 
 def test_peak_memory_is_not_doubled(tmp_path):

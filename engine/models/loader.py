@@ -7,8 +7,7 @@ a time from the memory-mapped file (see `checkpoint.py`), converted to the targe
 to the device, into a model built on the meta device, so peak host memory is the converted model
 plus one tensor.
 
-`tiny` names the embedded default preset (`engine/models/tiny/`). Until its trained weights ship,
-that folder has no `model.safetensors` and its weights are generated deterministically (seed 0).
+`tiny` names the embedded default model (`engine/models/tiny/`, written by `vlmstream train-tiny`).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from ..errors import ConfigError, ModelLoadError
 from .checkpoint import FLOAT_DTYPES, Checkpoint
 from .moondream import MoondreamModel
 from .tokenizer import Tokenizer
-from .weights import PREFIX, expected_shapes, random_state_dict
+from .weights import PREFIX, expected_shapes
 
 TINY_DIR = Path(__file__).parent / "tiny"
 
@@ -99,8 +98,6 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
         with Checkpoint(weights) as ckpt:
             check_header(ckpt, config)
             state = {key[len(PREFIX):]: ckpt.read(key, dt, dev) for key in ckpt.keys()}
-    elif folder == TINY_DIR:
-        state = {k[len(PREFIX):]: v.to(dt).to(dev) for k, v in random_state_dict(config, seed=0).items()}
     else:
         raise ModelLoadError(f"{weights} is missing: a model folder needs its model.safetensors")
     model.load_state_dict(state, assign=True, strict=True)
