@@ -195,12 +195,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         done[0] += 1
         print(f"[{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
 
-    report = run_bench(cfg, progress)
-    if args.json:
-        json.dump(report, sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        print(format_table(report))
+    _print_report(run_bench(cfg, progress), args.json, format_table)
     return 0
 
 
@@ -232,12 +227,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     report = evaluate(args.model, args.n, args.device, progress)
     bar.close()
-    if args.json:
+    _print_report(report, args.json, format_report)
+    return 0
+
+
+def _print_report(report: dict, as_json: bool, table) -> None:
+    """One JSON object on stdout with --json, else the human table."""
+    if as_json:
         json.dump(report, sys.stdout)
         sys.stdout.write("\n")
     else:
-        print(format_report(report))
-    return 0
+        print(table(report))
 
 
 class _UsageError(VlmstreamError):
