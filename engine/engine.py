@@ -28,16 +28,16 @@ from .config import EngineConfig
 from .constraints import compile_constraint
 from .detokenizer import WordStreamer
 from .device import Executor, Pending
-from .errors import ConfigError, EngineClosedError, ImageError, RequestError
+from .errors import ConfigError, EngineClosedError, RequestError
 from .kv_cache import PagePool
 from .models.loader import load_model
 from .models.prompt import prompt_ids
 from .models.tiling import overlap_crops
-from .request import ImageRef, RequestHandle
+from .request import ImageRef, RequestHandle, as_rgb
 from .runner import Runner, StepResult, _Slot
 from .scheduler import Budget, StepPlan, own_pages, plan
 from .sequence import Image, Sequence
-from .types import EngineStats, RequestOutput, SamplingParams
+from .types import EngineStats, SamplingParams
 
 
 @dataclass
@@ -97,7 +97,7 @@ class Engine:
 
     def encode_image(self, rgb: np.ndarray) -> ImageRef:
         """Preprocess an image (in the calling thread) and queue its prefix for encoding."""
-        rgb = _as_rgb(rgb)
+        rgb = as_rgb(rgb)
         t0 = time.perf_counter()
         crops, tiling = overlap_crops(rgb, self.model_config.vision)
         image = Image(id=next(self._ids), crops=crops, tiling=tiling)
@@ -348,16 +348,7 @@ class Engine:
             if rest:
                 seq.text_parts.append(rest)
                 seq.handle._emit(rest)
-        now = time.perf_counter()
-        t, img = seq.timings, seq.image
-        t.preprocess, t.vision = img.timings.preprocess, img.timings.vision
-        t.queue = ((seq.admitted_at or now) - seq.submitted_at) * 1000.0
-        if seq.first_token_at is not None:
-            t.first_token = (seq.first_token_at - seq.submitted_at) * 1000.0 + t.preprocess
-            t.prefill = (seq.first_token_at - (seq.admitted_at or seq.first_token_at)) * 1000.0
-            t.decode = (now - seq.first_token_at) * 1000.0
-        t.total = (now - seq.submitted_at) * 1000.0 + t.preprocess
-        seq.handle._finish(RequestOutput("".join(seq.text_parts), list(seq.tokens), reason, t, seq.params.seed))
+        seq.handle._finish(seq.output(reason, time.perf_counter()))
 
     def _maybe_release(self, seq: Sequence) -> None:
         if not seq.finalized or seq.inflight or seq.id not in self._seqs:
@@ -412,19 +403,3 @@ class Engine:
             assert 0 <= seq.inflight <= depth, (seq.id, seq.inflight)
         for img in self._images.values():
             assert 0 <= img.inflight <= depth
-
-
-def _as_rgb(rgb: Any) -> np.ndarray:
-    if not isinstance(rgb, np.ndarray):
-        raise ImageError(f"expected an RGB image as a numpy array, got {type(rgb).__name__}")
-    if rgb.ndim == 2:
-        rgb = np.repeat(rgb[:, :, None], 3, axis=2)
-    elif rgb.ndim == 3 and rgb.shape[2] == 4:
-        rgb = rgb[:, :, :3]
-    if rgb.ndim != 3 or rgb.shape[2] != 3:
-        raise ImageError(f"expected an image array of shape (H, W, 3), got {rgb.shape}")
-    if rgb.dtype != np.uint8:
-        raise ImageError(f"expected a uint8 image, got {rgb.dtype}")
-    if rgb.shape[0] == 0 or rgb.shape[1] == 0:
-        raise ImageError(f"the image is empty ({rgb.shape[1]}x{rgb.shape[0]})")
-    return np.ascontiguousarray(rgb)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+import numpy as np
+
+from .errors import ImageError
 from .types import RequestOutput
 
 if TYPE_CHECKING:
@@ -113,3 +116,20 @@ class ImageRef:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def as_rgb(rgb: Any) -> np.ndarray:
+    """A caller's image as a contiguous (H, W, 3) uint8 array (gray and RGBA converted)."""
+    if not isinstance(rgb, np.ndarray):
+        raise ImageError(f"expected an RGB image as a numpy array, got {type(rgb).__name__}")
+    if rgb.ndim == 2:
+        rgb = np.repeat(rgb[:, :, None], 3, axis=2)
+    elif rgb.ndim == 3 and rgb.shape[2] == 4:
+        rgb = rgb[:, :, :3]
+    if rgb.ndim != 3 or rgb.shape[2] != 3:
+        raise ImageError(f"expected an image array of shape (H, W, 3), got {rgb.shape}")
+    if rgb.dtype != np.uint8:
+        raise ImageError(f"expected a uint8 image, got {rgb.dtype}")
+    if rgb.shape[0] == 0 or rgb.shape[1] == 0:
+        raise ImageError(f"the image is empty ({rgb.shape[1]}x{rgb.shape[0]})")
+    return np.ascontiguousarray(rgb)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .types import SamplingParams, StageTimings
+from .types import RequestOutput, SamplingParams, StageTimings
 
 
 @dataclass(eq=False)
@@ -71,6 +71,18 @@ class Sequence:
     @property
     def prefill_done(self) -> bool:
         return self.prefilled == len(self.prompt)
+
+    def output(self, reason: str, now: float) -> RequestOutput:
+        """The final result, with its per-stage timings (ms; image stages are the image's)."""
+        t, img = self.timings, self.image
+        t.preprocess, t.vision = img.timings.preprocess, img.timings.vision
+        t.queue = ((self.admitted_at or now) - self.submitted_at) * 1000.0
+        if self.first_token_at is not None:
+            t.first_token = (self.first_token_at - self.submitted_at) * 1000.0 + t.preprocess
+            t.prefill = (self.first_token_at - (self.admitted_at or self.first_token_at)) * 1000.0
+            t.decode = (now - self.first_token_at) * 1000.0
+        t.total = (now - self.submitted_at) * 1000.0 + t.preprocess
+        return RequestOutput("".join(self.text_parts), list(self.tokens), reason, t, self.params.seed)
 
     def wants_decode(self) -> bool:
         """True if a decode step for this sequence could still produce a token we keep.
