@@ -18,19 +18,28 @@ def run(args: argparse.Namespace) -> int:
     from engine import Engine, EngineConfig, SamplingParams
     from pipelines.grabber import LatestFrameGrabber
     from pipelines.live import LiveSession
-    from pipelines.sources import FileSource, SourceError
+    from pipelines.sources import FileSource, SourceError, StreamSource
 
-    if "://" in args.source or args.source.startswith("webcam:"):
-        raise SourceError(f"{args.source.split(':')[0]} sources are not supported yet; give a video file")
+    import numpy as np
+
+    network = "://" in args.source
+    if args.source.startswith("webcam:"):
+        raise SourceError("webcam sources are not supported yet; give a video file or a stream URL")
     if args.fps <= 0 or args.max_inflight < 1 or (args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
     if args.question is not None and not args.question.strip():
         raise UsageError("--question is empty")
-    FileSource(args.source).close()  # fail fast on a bad file
+    if network:
+        stream = StreamSource(args.source)  # checks the scheme; redacts credentials
+    else:
+        FileSource(args.source).close()  # fail fast on a bad file
     task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
     params = SamplingParams(max_tokens=args.max_tokens)
 
     def frames():
+        if network:
+            yield from stream.frames()
+            return
         src = FileSource(args.source, threads=False)
         try:
             yield from src.frames()
@@ -45,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
     with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                              max_batch_size=max(4, args.max_inflight))) as engine:
         # warm-up: the first step pays one-time costs a live stream should not see
-        engine.submit(next(frames()).rgb, params=params, **task).result(timeout=120)
-        grabber = LatestFrameGrabber(frames, realtime=True, loop=args.duration is not None)
+        warm = np.zeros((240, 320, 3), np.uint8) if network else next(frames()).rgb
+        engine.submit(warm, params=params, **task).result(timeout=120)
+        grabber = LatestFrameGrabber(frames, realtime=not network, loop=args.duration is not None and not network)
         session = LiveSession(engine, task, params, args.max_inflight, args.deadline_ms, on_result=show)
         t0, next_t = time.perf_counter(), 0.0
         try:
@@ -62,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
                 session.offer(frame)
         except KeyboardInterrupt:
             interrupted = True
+        except SourceError as e:  # the stream stayed unreachable: report what we have
+            if not session.frames_in:
+                raise
+            print(f"vlmstream: warning: {e}", file=sys.stderr)
         finally:
             grabber.close()
             session.close()

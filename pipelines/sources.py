@@ -106,3 +106,84 @@ class FileSource:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "udp", "rtp", "tcp", "srt", "http", "https")
+
+
+def redact(url: str) -> str:
+    """The URL with any user:password replaced, for messages and logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, "***@" + host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+class StreamSource:
+    """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP, SRT...).
+
+    Opening and reading are bounded by timeouts. When the stream breaks (sender restarted,
+    network gone), it is reopened with exponential backoff; if nothing can be read for
+    `max_wait` seconds, `frames()` raises a SourceError. Presentation times are seconds since the
+    source started (stream timestamps restart when a sender does). Credentials never appear in
+    messages.
+    """
+
+    def __init__(self, url: str, source_id: str | None = None, open_timeout: float = 5.0,
+                 read_timeout: float = 3.0, max_wait: float = 30.0, reconnect: bool = True):
+        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        self.url, self.display = url, redact(url)
+        if scheme not in STREAM_SCHEMES:
+            raise SourceError(f"unsupported URL scheme {scheme!r} in {self.display} "
+                              f"(use one of {', '.join(STREAM_SCHEMES)})")
+        self.source_id = source_id or self.display
+        self.open_timeout, self.read_timeout = open_timeout, read_timeout
+        self.max_wait, self.reconnect = max_wait, reconnect
+        self.error: str | None = None
+        self.reconnects = 0
+        self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
+        if scheme.startswith("rtsp"):
+            self._options["rtsp_transport"] = "tcp"
+
+    def _open(self):
+        import av
+
+        return av.open(self.url, timeout=(self.open_timeout, self.read_timeout), options=self._options)
+
+    def frames(self) -> Iterator[Frame]:
+        import av
+
+        t0 = time.perf_counter()
+        last_ok, delay, index = time.perf_counter(), 0.25, 0
+        while True:
+            try:
+                container = self._open()
+            except (av.FFmpegError, OSError) as e:
+                if time.perf_counter() - last_ok > self.max_wait or not self.reconnect:
+                    raise SourceError(f"cannot read {self.display}: {self._clean(e)}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 4.0)
+                continue
+            try:
+                if not container.streams.video:
+                    raise SourceError(f"{self.display} has no video stream")
+                for frame in container.decode(container.streams.video[0]):
+                    last_ok, delay = time.perf_counter(), 0.25
+                    rgb = _rotate(frame.to_ndarray(format="rgb24"), getattr(frame, "rotation", 0) or 0)
+                    yield Frame(self.source_id, index, last_ok - t0, rgb)
+                    index += 1
+            except (av.FFmpegError, OSError) as e:
+                self.error = f"{self.display}: {self._clean(e)}"
+            finally:
+                container.close()
+            if not self.reconnect:
+                return
+            self.reconnects += 1
+
+    def _clean(self, e: Exception) -> str:
+        return _first_line(e).replace(self.url, self.display)

@@ -1,0 +1,79 @@
+"""Network streams over loopback: reading, reconnecting after the sender restarts, bounded waits."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from pipelines.sources import SourceError, StreamSource, redact
+
+SENDER = Path(__file__).with_name("stream_sender.py")
+
+
+def _port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _send(url: str, seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SENDER), url + "?pkt_size=1316", str(seconds)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_udp_stream_survives_a_sender_restart():
+    url = f"udp://127.0.0.1:{_port()}"
+
+    def senders():
+        _send(url, 1.5).wait(30)
+        time.sleep(0.8)
+        _send(url, 1.5).wait(30)
+
+    t = threading.Thread(target=senders)
+    t.start()
+    src = StreamSource(url, open_timeout=3, read_timeout=1, max_wait=3)
+    got, t0 = [], time.time()
+    with pytest.raises(SourceError, match="cannot read"):  # after the second sender: nothing for 3 s
+        for f in src.frames():
+            got.append((f.index, f.pts))
+    t.join()
+    assert src.reconnects >= 1
+    assert len(got) > 50  # 45 frames a run at 30 fps: both runs contributed
+    assert [i for i, _ in got] == list(range(len(got)))
+    assert all(b >= a for (_, a), (_, b) in zip(got, got[1:]))
+    assert time.time() - t0 < 20
+
+
+def test_unreachable_stream_fails_within_bounded_time():
+    src = StreamSource(f"udp://127.0.0.1:{_port()}", open_timeout=1, read_timeout=1, max_wait=2)
+    t0 = time.time()
+    with pytest.raises(SourceError, match="cannot read udp://127.0.0.1"):
+        next(src.frames())
+    assert time.time() - t0 < 10
+
+
+def test_unsupported_scheme_and_redacted_credentials(capsys):
+    with pytest.raises(SourceError, match="unsupported URL scheme 'ftp'"):
+        StreamSource("ftp://example/video.mp4")
+    assert redact("rtsp://admin:hunter2@10.0.0.5:554/live") == "rtsp://***@10.0.0.5:554/live"
+    assert main(["live", "gopher://user:hunter2@host/x"]) == 2
+    err = capsys.readouterr().err
+    assert "unsupported URL scheme" in err and "hunter2" not in err
+
+
+def test_live_cli_on_a_udp_stream(capsys, small_folder):
+    url = f"udp://127.0.0.1:{_port()}"
+    sender = _send(url, 6)
+    try:
+        rc = main(["live", url, "--model", str(small_folder), "--duration", "3", "--json", "--max-tokens", "4"])
+    finally:
+        sender.wait(30)
+    assert rc == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["completed"] > 10 and stats["kv_pages_in_use_after"] == 0
