@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                           description="Caption a live source: a network stream (reconnecting when it breaks) "
                                       "or a file played in real time (looped to --duration).")
     live.add_argument("source", metavar="SOURCE",
-                      help="a video file (played in real time) or a stream URL: rtsp, udp, http(s)/HLS, rtmp, srt")
+                      help="a video file (played in real time), webcam:N, or a stream URL: rtsp, udp, "
+                           "http(s)/HLS, rtmp, srt")
     ltask = live.add_mutually_exclusive_group()
     ltask.add_argument("--caption", choices=["short", "normal", "long"], help="caption length (default short)")
     ltask.add_argument("--question", metavar="TEXT")

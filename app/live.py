@@ -18,18 +18,20 @@ def run(args: argparse.Namespace) -> int:
     from engine import Engine, EngineConfig, SamplingParams
     from pipelines.grabber import LatestFrameGrabber
     from pipelines.live import LiveSession
-    from pipelines.sources import FileSource, SourceError, StreamSource
+    from pipelines.sources import FileSource, SourceError, StreamSource, WebcamSource, parse_webcam
 
     import numpy as np
 
+    camera = parse_webcam(args.source)
     network = "://" in args.source
-    if args.source.startswith("webcam:"):
-        raise SourceError("webcam sources are not supported yet; give a video file or a stream URL")
     if args.fps <= 0 or args.max_inflight < 1 or (args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
     if args.question is not None and not args.question.strip():
         raise UsageError("--question is empty")
-    if network:
+    if camera is not None:
+        stream = WebcamSource(camera)  # fails now if there is no camera
+        network = True  # like a stream: already real time, nothing to loop
+    elif network:
         stream = StreamSource(args.source)  # checks the scheme; redacts credentials
     else:
         FileSource(args.source).close()  # fail fast on a bad file

@@ -187,3 +187,54 @@ class StreamSource:
 
     def _clean(self, e: Exception) -> str:
         return _first_line(e).replace(self.url, self.display)
+
+
+class WebcamSource:
+    """A local camera through OpenCV (`webcam:N`). Frames are timed by the wall clock."""
+
+    def __init__(self, index: int, source_id: str | None = None, read_timeout: float = 3.0):
+        import os
+
+        os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")  # no driver chatter for a missing camera
+        import cv2
+
+        self._cv2 = cv2
+        self.index, self.source_id = index, source_id or f"webcam:{index}"
+        self.read_timeout = read_timeout
+        self.error: str | None = None
+        self._cap = cv2.VideoCapture(index)
+        if not self._cap.isOpened():
+            self._cap.release()
+            raise SourceError(f"no camera at webcam:{index} (is it connected, and not used by another program?)")
+
+    def frames(self) -> Iterator[Frame]:
+        t0 = last_ok = time.perf_counter()
+        index = 0
+        try:
+            while True:
+                ok, bgr = self._cap.read()
+                now = time.perf_counter()
+                if not ok or bgr is None:
+                    if now - last_ok > self.read_timeout:
+                        self.error = f"webcam:{self.index} stopped delivering frames"
+                        return
+                    time.sleep(0.01)
+                    continue
+                last_ok = now
+                yield Frame(self.source_id, index, now - t0, self._cv2.cvtColor(bgr, self._cv2.COLOR_BGR2RGB))
+                index += 1
+        finally:
+            self._cap.release()
+
+
+def parse_webcam(source: str) -> int | None:
+    """The camera index of 'webcam:N', None for anything else; a bad N is a SourceError."""
+    if not source.startswith("webcam:"):
+        return None
+    try:
+        index = int(source.removeprefix("webcam:"))
+    except ValueError:
+        raise SourceError(f"a webcam is written webcam:N with N a number, got {source!r}") from None
+    if index < 0:
+        raise SourceError(f"webcam index must be >= 0, got {index}")
+    return index

@@ -77,3 +77,43 @@ def test_live_cli_on_a_udp_stream(capsys, small_folder):
     assert rc == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["completed"] > 10 and stats["kv_pages_in_use_after"] == 0
+
+
+def test_missing_camera_is_a_clear_error(capsys):
+    assert main(["live", "webcam:7"]) == 2
+    assert main(["live", "webcam:x"]) == 2
+    err = capsys.readouterr().err
+    assert "no camera at webcam:7" in err and "webcam:N" in err
+    assert "Traceback" not in err
+
+
+def test_webcam_frames_are_rgb_and_timed(monkeypatch):
+    import cv2
+    import numpy as np
+
+    from pipelines.sources import WebcamSource
+
+    class FakeCapture:
+        def __init__(self, index):
+            self.n = 0
+
+        def isOpened(self):
+            return True
+
+        def read(self):
+            self.n += 1
+            if self.n > 5:
+                return False, None
+            bgr = np.zeros((4, 6, 3), np.uint8)
+            bgr[..., 0] = 255  # blue in BGR
+            return True, bgr
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(cv2, "VideoCapture", FakeCapture)
+    src = WebcamSource(0, read_timeout=0.05)
+    frames = list(src.frames())
+    assert len(frames) == 5 and frames[0].rgb[0, 0].tolist() == [0, 0, 255]
+    assert [f.index for f in frames] == list(range(5)) and frames[-1].pts >= frames[0].pts
+    assert src.error == "webcam:0 stopped delivering frames"
