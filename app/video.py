@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 
 from engine.errors import VlmstreamError
 
@@ -18,7 +19,9 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from engine import Engine, EngineConfig, SamplingParams
-    from pipelines.batch import BatchSummary, Sampling, caption_file
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipelines.batch import BatchSummary, Sampling, caption_file, merge
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
     from pipelines.sources import FileSource
 
@@ -32,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("-o must end in .jsonl, .srt or .vtt")
     if len(args.files) > 1 and (kind in ("srt", "vtt") or args.annotate):
         raise UsageError("subtitles and --annotate take one file at a time; use a .jsonl for several")
+    if len(set(args.files)) != len(args.files):
+        raise UsageError("a file is listed twice")
     if args.resume and kind != "jsonl":
         raise UsageError("--resume needs -o OUT.jsonl")
     params = SamplingParams(max_tokens=args.max_tokens)
@@ -39,41 +44,58 @@ def run(args: argparse.Namespace) -> int:
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
     sources = [FileSource(f) for f in args.files]  # open them all first: bad files fail fast
     done = done_frames(out) if args.resume else set()
-    summary = BatchSummary()
-    interrupted = False
-    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype)) as engine:
-        for src in sources:
-            sinks = []
-            if kind == "jsonl":
-                sinks.append(JsonlSink(out))
-            elif kind in ("srt", "vtt"):
-                sinks.append(SubtitleSink(out, kind, 1.0 / (src.fps or 30.0)))
-            first = None
-            total = src.frame_count
-            bar = tqdm(total=total, desc=Path(src.path).name, unit="frame", leave=True, file=sys.stderr)
+    shared = JsonlSink(out) if kind == "jsonl" else None
+    stop = threading.Event()
+    print_lock = threading.Lock()
 
-            def show(r, bar=bar) -> None:
-                bar.update(max(0, summary.frames_decoded - bar.n))
-                if out is None:
-                    print(f"{r.pts:9.3f}  {r.text.strip()}", flush=True)
+    def process(i: int, src) -> BatchSummary:
+        summary = BatchSummary()
+        sinks = [shared] if shared else []
+        if kind in ("srt", "vtt"):
+            sinks.append(SubtitleSink(out, kind, 1.0 / (src.fps or 30.0)))
+        bar = tqdm(total=src.frame_count, desc=Path(src.path).name, unit="frame", position=i, leave=True,
+                   file=sys.stderr)
 
-            try:
-                if args.annotate:
-                    first = next(src.frames(), None)
-                    src.close()
-                    if first is not None:
-                        src = FileSource(src.path)
-                        sinks.append(AnnotatedVideoSink(args.annotate, first.rgb.shape[1], first.rgb.shape[0]))
-                caption_file(engine, src, sinks, task, params, sampling, done, on_frame=show, summary=summary)
-            except KeyboardInterrupt:
-                interrupted = True
-            finally:
-                bar.close()
-                for sink in sinks:
-                    sink.close()
+        def show(r) -> None:
+            bar.update(max(0, summary.frames_decoded - bar.n))
+            if out is None:
+                with print_lock:
+                    prefix = f"{Path(r.source).name}  " if len(sources) > 1 else ""
+                    print(f"{prefix}{r.pts:9.3f}  {r.text.strip()}", flush=True)
+
+        try:
+            if args.annotate:
+                first = next(src.frames(), None)
                 src.close()
-            if interrupted:
-                break
+                src = FileSource(src.path)
+                if first is not None:
+                    sinks.append(AnnotatedVideoSink(args.annotate, first.rgb.shape[1], first.rgb.shape[0]))
+            caption_file(engine, src, sinks, task, params, sampling, done, on_frame=show, summary=summary, stop=stop)
+        except KeyboardInterrupt:  # stopped by the flag: the summary still counts what was written
+            stop.set()
+        finally:
+            bar.close()
+            for sink in sinks:
+                if sink is not shared:
+                    sink.close()
+            src.close()
+        return summary
+
+    interrupted = False
+    summaries: list[BatchSummary] = []
+    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype)) as engine:
+        with ThreadPoolExecutor(max_workers=min(4, len(sources))) as pool:
+            futures = [pool.submit(process, i, src) for i, src in enumerate(sources)]
+            try:
+                for f in futures:
+                    summaries.append(f.result())
+            except KeyboardInterrupt:  # Ctrl-C: the workers stop at their next frame
+                interrupted = True
+                stop.set()
+                summaries += [f.result() for f in futures if not f.cancelled()]
+    if shared:
+        shared.close()
+    summary = merge(summaries)
     for err in summary.errors:
         print(f"vlmstream: warning: {err}", file=sys.stderr)
     speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0

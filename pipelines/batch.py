@@ -2,12 +2,15 @@
 
 Frames are submitted to the engine with a bounded number in flight (back-pressure: decoding
 never runs ahead of the engine by more than `max_inflight` frames) and their results are written
-in frame order, never dropped. Files are processed one after the other on one engine. With a
-`done` set (from a previous JSONL), frames already captioned are skipped.
+in frame order, never dropped. Several files can run at once, each in its own thread, sharing
+one engine (which then batches their frames together). With a `done` set (from a previous
+JSONL), frames already captioned are skipped. A `stop` event ends a run early (Ctrl-C): its
+frames still in flight are cancelled, what was written stays.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -56,7 +59,7 @@ class BatchSummary:
 def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, params: SamplingParams,
                  sampling: Sampling, done: set[tuple[str, int]] | None = None, max_inflight: int = 16,
                  on_frame: Callable[[FrameResult], None] | None = None,
-                 summary: BatchSummary | None = None) -> BatchSummary:
+                 summary: BatchSummary | None = None, stop: threading.Event | None = None) -> BatchSummary:
     summary = summary or BatchSummary()
     pending: deque[tuple[Frame, object]] = deque()
     t0 = time.perf_counter()
@@ -75,6 +78,8 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, pa
     last_pts = 0.0
     try:
         for frame in sampling.select(_counted(source.frames(), summary)):
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
             last_pts = frame.pts
             if done and (frame.source_id, frame.index) in done:
                 summary.frames_skipped += 1
@@ -95,6 +100,19 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, pa
         if source.error:
             summary.errors.append(source.error)
     return summary
+
+
+def merge(summaries: list[BatchSummary]) -> BatchSummary:
+    total = BatchSummary()
+    for s in summaries:
+        total.files += s.files
+        total.frames_decoded += s.frames_decoded
+        total.frames_captioned += s.frames_captioned
+        total.frames_skipped += s.frames_skipped
+        total.errors += s.errors
+        total.seconds = max(total.seconds, s.seconds)  # files ran side by side
+        total.video_seconds += s.video_seconds
+    return total
 
 
 def _counted(frames: Iterator[Frame], summary: BatchSummary) -> Iterator[Frame]:

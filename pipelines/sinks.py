@@ -8,6 +8,7 @@ where the next processed frame starts (the last one a frame duration after its s
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +30,8 @@ class FrameResult:
 
 
 class JsonlSink:
-    """One JSON object per processed frame; appends (a resumed run continues the file)."""
+    """One JSON object per processed frame; appends (a resumed run continues the file).
+    Thread-safe: several files captioned at once share one JSONL."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -38,10 +40,13 @@ class JsonlSink:
             if data and not data.endswith(b"\n"):
                 self.path.write_bytes(data[: data.rfind(b"\n") + 1])
         self._f = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
-        self._f.write(r.to_json() + "\n")
-        self._f.flush()
+        line = r.to_json() + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
 
     def close(self) -> None:
         self._f.close()

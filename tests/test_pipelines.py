@@ -207,3 +207,17 @@ def test_sigint_keeps_results_and_resume_finishes(tmp_path, small_folder):
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["index"] for r in rows) == list(range(400))
+
+
+def test_several_files_at_once_into_one_jsonl(tmp_path, small_folder):
+    a = write_video(tmp_path / "a.mp4", "libx264", n=18)
+    b = write_video(tmp_path / "b.mkv", "mpeg4", n=12)
+    out = tmp_path / "both.jsonl"
+    assert main(["video", str(a), str(b), "--model", str(small_folder), "--every-n", "2", "-o", str(out),
+                 "--max-tokens", "3"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by_source = {}
+    for r in rows:
+        by_source.setdefault(Path(r["source"]).name, []).append(r["index"])
+    assert by_source == {"a.mp4": list(range(0, 18, 2)), "b.mkv": list(range(0, 12, 2))}
+    assert main(["video", str(a), str(a)]) == 2
