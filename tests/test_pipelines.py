@@ -221,3 +221,17 @@ def test_several_files_at_once_into_one_jsonl(tmp_path, small_folder):
         by_source.setdefault(Path(r["source"]).name, []).append(r["index"])
     assert by_source == {"a.mp4": list(range(0, 18, 2)), "b.mkv": list(range(0, 12, 2))}
     assert main(["video", str(a), str(a)]) == 2
+
+
+def test_zero_frame_video_is_an_error(tmp_path, small_folder, capsys):
+    import av
+
+    path = tmp_path / "empty.mkv"
+    c = av.open(str(path), "w")
+    s = c.add_stream("mpeg4", rate=10)
+    s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+    c.start_encoding()  # header, no frame
+    c.close()
+    assert main(["video", str(path), "--model", str(small_folder)]) == 2
+    err = capsys.readouterr().err
+    assert "empty.mkv" in err and err.count("\n") == 1 and "Traceback" not in err
