@@ -235,3 +235,25 @@ def test_zero_frame_video_is_an_error(tmp_path, small_folder, capsys):
     assert main(["video", str(path), "--model", str(small_folder)]) == 2
     err = capsys.readouterr().err
     assert "empty.mkv" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("degrees", [90, 180, 270])
+def test_rotation_metadata_is_applied_as_ffmpeg_does(tmp_path, degrees):
+    """Media rotated by the ffmpeg tool (Debian's, installed by .ci/run) decode upright."""
+    import shutil
+    import subprocess
+
+    from PIL import Image
+
+    ffmpeg = shutil.which("ffmpeg")
+    assert ffmpeg, "ffmpeg is missing: the README's test command installs it"
+    src = write_video(tmp_path / "in.mp4", "libx264", n=4, size=(64, 48))
+    rotated, png = tmp_path / f"r{degrees}.mp4", tmp_path / "first.png"
+    subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-i", str(src), "-c", "copy",
+                    "-metadata:s:v:0", f"rotate={degrees}", str(rotated)], check=True)
+    subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-i", str(rotated), "-frames:v", "1", str(png)], check=True)
+    with FileSource(rotated) as s:
+        first = next(s.frames()).rgb
+    upright = np.asarray(Image.open(png).convert("RGB"))
+    assert first.shape == upright.shape == ((64, 48, 3) if degrees % 180 else (48, 64, 3))
+    assert np.abs(first.astype(int) - upright.astype(int)).mean() < 1.0
