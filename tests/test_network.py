@@ -117,3 +117,21 @@ def test_webcam_frames_are_rgb_and_timed(monkeypatch):
     assert len(frames) == 5 and frames[0].rgb[0, 0].tolist() == [0, 0, 255]
     assert [f.index for f in frames] == list(range(5)) and frames[-1].pts >= frames[0].pts
     assert src.error == "webcam:0 stopped delivering frames"
+
+
+def test_http_source_reads_a_served_clip():
+    import functools
+    import http.server
+
+    root = Path(__file__).resolve().parents[1] / "sample_videos"
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/cuts_640x360_30fps.mp4"
+        src = StreamSource(url, reconnect=False)
+        frames = list(src.frames())
+    finally:
+        server.shutdown()
+    assert len(frames) == 480 and frames[0].rgb.shape == (360, 640, 3)
