@@ -143,7 +143,7 @@ def _cmd_image(args: argparse.Namespace) -> int:
     # Validate everything cheap before the model loads.
     params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
     if args.question is not None and not args.question.strip():
-        raise _UsageError("--question is empty")
+        raise UsageError("--question is empty")
     caption = args.caption or (None if args.question is not None else "normal")
     rgb = read_image(args.image)
 
@@ -184,11 +184,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     try:
         streams = tuple(int(x) for x in args.streams.split(","))
     except ValueError:
-        raise _UsageError(f"--streams must be comma-separated integers, got {args.streams!r}") from None
+        raise UsageError(f"--streams must be comma-separated integers, got {args.streams!r}") from None
     if not streams or min(streams) < 1:
-        raise _UsageError("--streams values must be >= 1")
+        raise UsageError("--streams values must be >= 1")
     if args.tokens < 1 or args.repeats < 1 or args.frames < 0:
-        raise _UsageError("--tokens and --repeats must be >= 1, --frames >= 0")
+        raise UsageError("--tokens and --repeats must be >= 1, --frames >= 0")
     cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, streams=streams,
                       tokens=args.tokens, repeats=args.repeats, frames=args.frames)
     total = len(streams) * 2 * args.repeats + (1 if args.frames else 0)
@@ -208,7 +208,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from tinyvlm.train import TrainConfig, train
 
     if min(args.steps, args.batch_size, args.threads) < 1 or args.lr <= 0:
-        raise _UsageError("--steps, --batch-size, --threads and --lr must be positive")
+        raise UsageError("--steps, --batch-size, --threads and --lr must be positive")
     kw = {} if args.out is None else {"out": Path(args.out)}
     report = train(TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                                threads=args.threads, max_minutes=args.max_minutes, **kw))
@@ -222,7 +222,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from tinyvlm.evaluate import evaluate, format_report
 
     if args.n < 1:
-        raise _UsageError("--n must be >= 1")
+        raise UsageError("--n must be >= 1")
     bar = tqdm(total=args.n, desc="eval-tiny", unit="scene", disable=args.json)
 
     def progress(done: int, total: int) -> None:
@@ -243,8 +243,8 @@ def _print_report(report: dict, as_json: bool, table) -> None:
         print(table(report))
 
 
-class _UsageError(VlmstreamError):
-    pass
+class UsageError(VlmstreamError):
+    """A bad combination of command-line arguments (exit code 2, like every user mistake)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,11 +7,7 @@ import json
 import sys
 import time
 
-from engine.errors import VlmstreamError
-
-
-class UsageError(VlmstreamError):
-    pass
+from app.cli import UsageError
 
 
 def run(args: argparse.Namespace) -> int:

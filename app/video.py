@@ -6,11 +6,7 @@ import argparse
 import sys
 import threading
 
-from engine.errors import VlmstreamError
-
-
-class UsageError(VlmstreamError):
-    pass
+from app.cli import UsageError
 
 
 def run(args: argparse.Namespace) -> int:
