@@ -15,7 +15,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from engine import Engine, EngineConfig, SamplingParams
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
 
     from pipelines.batch import BatchSummary, Sampling, caption_file, merge
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
@@ -83,8 +83,11 @@ def run(args: argparse.Namespace) -> int:
         with ThreadPoolExecutor(max_workers=min(4, len(sources))) as pool:
             futures = [pool.submit(process, i, src) for i, src in enumerate(sources)]
             try:
-                for f in futures:
-                    summaries.append(f.result())
+                # Poll: a SIGINT the kernel hands to a worker thread is only noticed by the main
+                # thread when it next wakes, so it must never block without a timeout.
+                while wait(futures, timeout=0.1).not_done:
+                    pass
+                summaries += [f.result() for f in futures]
             except KeyboardInterrupt:  # Ctrl-C: the workers stop at their next frame
                 interrupted = True
                 stop.set()
