@@ -5,6 +5,10 @@ The text side of an item is packed as [BOS, image tokens] + K blocks of (prompt,
 each block sees the image prefix and itself (causally), never the other blocks, and starts at
 position prefix_len, exactly as at inference. Seeds make items reproducible: item i of a split
 is drawn from `numpy.random.default_rng([split_seed, i])`.
+
+Each item also carries per-patch labels (colour and shape of the object under each cell of the
+image-token grid) for an auxiliary loss used only in training: a few caption tokens per image are
+a thin signal for a vision encoder learning from scratch; a label per image token is a dense one.
 """
 
 from __future__ import annotations
@@ -20,10 +24,16 @@ from engine.models.tiling import overlap_crops
 from engine.models.tokenizer import Tokenizer
 
 from .language import caption, questions
-from .world import render, sample_scene
+from .world import COLORS, SHAPES, Scene, render, sample_scene
+
+PATCH_COLORS = ("background",) + tuple(COLORS)  # label 0 = no object
+PATCH_SHAPES = ("background",) + SHAPES
+_CELL = 8  # label mask pixels per grid cell
 
 TRAIN_SEED = 0
 HELDOUT_SEED = 1_000_003  # never used for training
+# Exact short answers are most of the eval; their tokens are a small share of a caption-heavy item.
+QUESTIONS_PER_ITEM = 5
 
 
 @dataclass
@@ -31,6 +41,38 @@ class Item:
     crops: np.ndarray  # uint8 (N, C, C, 3)
     tiling: tuple[int, int]
     blocks: list[tuple[list[int], list[int]]]  # (prompt ids, answer ids + EOS)
+    labels: np.ndarray  # int64 (2, grid * grid): colour and shape index per image token
+
+
+def patch_labels(scene: Scene, grid: int) -> np.ndarray:
+    """Colour and shape of the object covering most of each cell of a grid x grid split of the frame.
+
+    The grid is the image-token grid (the global crop squeezes the frame to a square, so cells are
+    frame-relative). A cell holding an object's centre is labelled with that object even when the
+    object covers little of it, so small objects are never unlabelled.
+    """
+    from PIL import Image, ImageDraw
+
+    n = grid * _CELL
+    sx, sy = n / scene.width, n / scene.height
+    mask = Image.new("L", (n, n), 0)
+    draw = ImageDraw.Draw(mask)
+    for k, o in enumerate(scene.objects, start=1):  # later objects are drawn on top, as in render()
+        if o.shape == "circle":
+            r = o.extent / 2
+            draw.ellipse(((o.cx - r) * sx, (o.cy - r) * sy, (o.cx + r) * sx, (o.cy + r) * sy), fill=k)
+        else:
+            draw.polygon([(x * sx, y * sy) for x, y in o.polygon()], fill=k)
+    cells = np.asarray(mask).reshape(grid, _CELL, grid, _CELL).transpose(0, 2, 1, 3).reshape(grid * grid, -1)
+    counts = np.stack([(cells == k).sum(1) for k in range(len(scene.objects) + 1)], axis=1)
+    counts[:, 0] = np.maximum(counts[:, 0] - cells.shape[1] * 3 // 4, 0)  # an object covering 1/8+ of a cell wins
+    owner = counts.argmax(1)
+    for k, o in enumerate(scene.objects, start=1):
+        cell = min(int(o.cy * sy / _CELL), grid - 1) * grid + min(int(o.cx * sx / _CELL), grid - 1)
+        owner[cell] = k
+    colour = np.array([0] + [PATCH_COLORS.index(o.color) for o in scene.objects])[owner]
+    shape = np.array([0] + [PATCH_SHAPES.index(o.shape) for o in scene.objects])[owner]
+    return np.stack([colour, shape]).astype(np.int64)
 
 
 def make_item(index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed: int = TRAIN_SEED,
@@ -43,9 +85,9 @@ def make_item(index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed:
     for length in ("short", "normal", "long"):
         blocks.append((prompt_ids(config, tokenizer, caption=length),
                        tokenizer.encode(caption(scene, length, rng)) + [eos]))
-    for q, a in questions(scene, rng, k=3):
+    for q, a in questions(scene, rng, k=QUESTIONS_PER_ITEM):
         blocks.append((prompt_ids(config, tokenizer, question=q), tokenizer.encode(a) + [eos]))
-    return Item(crops, tiling, blocks)
+    return Item(crops, tiling, blocks, patch_labels(scene, config.vision.grid))
 
 
 @dataclass
@@ -57,6 +99,7 @@ class Batch:
     positions: torch.Tensor  # (B, P + T)
     mask: torch.Tensor  # (B, 1, P + T, P + T) bool
     targets: torch.Tensor  # (B, P + T) next-token targets, -100 where no loss
+    labels: torch.Tensor  # (B, 2, grid * grid) per-image-token colour and shape (auxiliary loss)
 
 
 def collate(items: list[Item], prefix_len: int) -> Batch:
@@ -95,8 +138,9 @@ def collate(items: list[Item], prefix_len: int) -> Batch:
     mask = (same & (causal | (block[:, :, None] == 0))) | sees_prefix
     mask |= torch.eye(L, dtype=torch.bool)[None]  # padding rows attend to themselves: no NaN
     crops = torch.from_numpy(np.concatenate([it.crops for it in items]))
+    labels = torch.from_numpy(np.stack([it.labels for it in items]))
     return Batch(crops, [len(it.crops) for it in items], [it.tiling for it in items], ids, positions,
-                 mask[:, None], targets)
+                 mask[:, None], targets, labels)
 
 
 class ItemStream(torch.utils.data.IterableDataset):
