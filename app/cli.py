@@ -73,6 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
     live.set_defaults(func=_lazy('app.live'))
 
+    ui = sub.add_parser("ui", help="the web UI: live view, browser webcam, video files (Gradio)",
+                        description="Serve the web UI; it opens with a sample video playing live.")
+    ui.add_argument("--source", default=None, metavar="SOURCE",
+                    help="what the Live tab plays when a page opens: a sample name, a file, webcam index "
+                         "or URL (default: the 60 fps sample)")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    _add_model_args(ui)
+    ui.set_defaults(func=_lazy('app.ui'))
+
     bench = sub.add_parser("bench", help="decode throughput: pipelined vs blocking",
                            description="Throughput of pipelined vs blocking decoding at several concurrencies.")
     _add_model_args(bench)

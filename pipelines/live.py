@@ -45,7 +45,7 @@ class LiveSession:
         self._finished: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.frames_in = self.submitted = self.completed = 0
-        self.cancelled_stale = self.cancelled_deadline = self.dropped = 0
+        self.cancelled_stale = self.cancelled_deadline = self.cancelled_closed = self.dropped = 0
         self._latency: dict[str, list[float]] = {s: [] for s in STAGES}
         self._completions: deque[float] = deque(maxlen=120)
         self._t0 = time.perf_counter()
@@ -114,6 +114,15 @@ class LiveSession:
         for _, h in late:
             h.cancel()
 
+    def cancel_all(self) -> None:
+        """Cancel every frame in flight (a viewer left: nobody will read these captions)."""
+        with self._lock:
+            handles = [h for _, h, _ in self._inflight]
+            self._inflight.clear()
+            self.cancelled_closed += len(handles)
+        for h in handles:
+            h.cancel()
+
     def close(self, timeout: float = 30.0) -> None:
         """Let in-flight frames finish (or be cancelled), then stop the session's thread."""
         self._stop.set()
@@ -126,6 +135,7 @@ class LiveSession:
         return {
             "frames_in": self.frames_in, "submitted": self.submitted, "completed": self.completed,
             "cancelled_stale": self.cancelled_stale, "cancelled_deadline": self.cancelled_deadline,
+            "cancelled_closed": self.cancelled_closed,
             "dropped": self.dropped, "achieved_fps": self.completed / wall, "rolling_fps": rolling,
             "latency_ms": {k: _percentiles(v) for k, v in self._latency.items() if v},
         }

@@ -7,6 +7,7 @@ where the next processed frame starts (the last one a frame duration after its s
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from dataclasses import asdict, dataclass
@@ -111,6 +112,28 @@ class SubtitleSink:
         self._f.close()
 
 
+def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
+    """A copy of the frame with its caption and a line of info drawn in a band at the bottom."""
+    from PIL import Image, ImageDraw
+
+    img = Image.fromarray(np.ascontiguousarray(rgb))
+    draw = ImageDraw.Draw(img)
+    w, h = img.size
+    band = max(18, h // 14)
+    font = _font(int(band * 0.7))
+    draw.rectangle((0, h - 2 * band, w, h), fill=(0, 0, 0))
+    draw.text((6, h - 2 * band + 2), text.strip()[:200], fill=(255, 255, 255), font=font)
+    draw.text((6, h - band + 2), info, fill=(255, 220, 0), font=font)
+    return np.asarray(img)
+
+
+@functools.lru_cache(maxsize=8)
+def _font(size: int):
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size=size)  # Pillow's embedded scalable font: no system fonts needed
+
+
 class AnnotatedVideoSink:
     """H.264 yuv420p MP4 of the processed frames, caption and latency drawn, original timing."""
 
@@ -129,17 +152,9 @@ class AnnotatedVideoSink:
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
         if rgb is None:
             return
-        from PIL import Image, ImageDraw
-
-        img = Image.fromarray(rgb[: self.height, : self.width])
-        draw = ImageDraw.Draw(img)
-        label = f"{r.text.strip()}"
         info = f"#{r.index} {r.pts:.3f}s  {r.timings_ms.get('total', 0):.0f} ms"
-        band = max(18, self.height // 12)
-        draw.rectangle((0, self.height - 2 * band, self.width, self.height), fill=(0, 0, 0))
-        draw.text((6, self.height - 2 * band + 2), label[:200], fill=(255, 255, 255))
-        draw.text((6, self.height - band + 2), info, fill=(255, 220, 0))
-        frame = self._av.VideoFrame.from_ndarray(np.asarray(img), format="rgb24")
+        img = annotate(rgb[: self.height, : self.width], r.text, info)
+        frame = self._av.VideoFrame.from_ndarray(img, format="rgb24")
         pts = max(int(round(r.pts * 1000)), self._last_pts + 1)  # strictly increasing
         frame.pts, self._last_pts = pts, pts
         for packet in self._stream.encode(frame):

@@ -1,0 +1,259 @@
+"""What the web UI serves, without the web: one engine per process, shared by every browser tab.
+
+The engine is created on first use (importing this module loads nothing heavy) and rebuilt when
+the model or device setting changes. Each browser tab is a session id; a session owns at most one
+pulled live feed (a file, stream or webcam on the server) and one pushed feed (its browser's
+camera); closing the tab closes both and cancels their requests. Single images and video files go
+through the same engine via the pipelines' public functions. Every user mistake raises `UIError`
+(or a `VlmstreamError`) with a one-line message for the page.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+SAMPLES_DIR = Path(__file__).resolve().parent.parent / "sample_videos"
+LIVE_FPS = 60.0
+LIVE_MAX_INFLIGHT = 6
+
+
+class UIError(Exception):
+    """A user mistake the page reports in one line (bad URL, unreadable upload, empty question)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str | None = None
+    temperature: float = 0.0
+    max_tokens: int = 32
+    pipelined: bool = True
+
+
+def sample_videos() -> list[str]:
+    return sorted(p.name for p in SAMPLES_DIR.glob("*.mp4"))
+
+
+def make_task(kind: str, question: str = "", constraint_kind: str = "none", constraint_text: str = "") -> dict:
+    """Keyword arguments for `Engine.submit`: kind 'short' | 'normal' | 'long' (a caption) or
+    'question', plus an optional constraint (see `make_constraint`)."""
+    if kind == "question":
+        if not (question or "").strip():
+            raise UIError("the question is empty")
+        task = {"question": question.strip()}
+    elif kind in ("short", "normal", "long"):
+        task = {"caption": kind}
+    else:
+        raise UIError(f"unknown prompt {kind!r}")
+    constraint = make_constraint(constraint_kind, constraint_text or "")
+    if constraint is not None:
+        task["constraint"] = constraint
+    return task
+
+
+def make_constraint(kind: str, text: str):
+    """kind: 'none' | 'choices' (comma or newline separated) | 'regex' | 'json schema'."""
+    from engine import Choice, JsonSchema, Regex
+
+    if kind in ("none", "", None):
+        return None
+    if not text.strip():
+        raise UIError(f"the {kind} constraint is empty")
+    if kind == "choices":
+        options = [o.strip() for o in text.replace("\n", ",").split(",") if o.strip()]
+        return Choice(options)
+    if kind == "regex":
+        return Regex(text)
+    if kind == "json schema":
+        try:
+            return JsonSchema(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise UIError(f"the JSON schema is not valid JSON: {e.msg} (line {e.lineno})") from None
+    raise UIError(f"unknown constraint kind {kind!r}")
+
+
+class Service:
+    def __init__(self, settings: Settings = Settings()):
+        self.settings = settings
+        self._lock = threading.RLock()
+        self._engine = None
+        self._feeds: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> LiveFeed
+
+    # ---------------------------------------------------------------- engine and settings
+    def engine(self):
+        with self._lock:
+            if self._engine is None:
+                from engine import Engine, EngineConfig
+
+                self._engine = Engine(EngineConfig(model=self.settings.model, device=self.settings.device,
+                                                   dtype=self.settings.dtype,
+                                                   pipeline_depth=2 if self.settings.pipelined else 1))
+            return self._engine
+
+    def params(self, seed: int | None = None):
+        from engine import SamplingParams
+
+        s = self.settings
+        return SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, seed=seed)
+
+    def apply(self, settings: Settings) -> str:
+        """Change settings; a new model or device stops every feed and reloads the engine."""
+        if settings.max_tokens < 1 or not 0.0 <= settings.temperature <= 2.0:
+            raise UIError("max tokens must be >= 1 and temperature within 0..2")
+        with self._lock:
+            old, self.settings = self.settings, settings
+            reload = (old.model, old.device, old.dtype) != (settings.model, settings.device, settings.dtype)
+            if reload:
+                for key in list(self._feeds):
+                    self._feeds.pop(key).close()
+                if self._engine is not None:
+                    self._engine.close(cancel=True)
+                    self._engine = None
+                try:
+                    self.engine()
+                except Exception:
+                    self.settings = old
+                    raise
+            elif self._engine is not None and old.pipelined != settings.pipelined:
+                self._engine.set_pipeline_depth(2 if settings.pipelined else 1)
+                self._engine.reset_stats()
+        return "engine reloaded" if reload else "settings applied"
+
+    def engine_stats(self) -> dict:
+        with self._lock:
+            if self._engine is None:
+                return {}
+            s = self._engine.stats()
+        return {"batch": s.running, "waiting": s.waiting, "tokens_per_s": round(s.tokens_per_s, 1),
+                "device_busy_pct": round(100 * s.device_busy_fraction, 1), "kv_pages_in_use": s.kv_pages_in_use,
+                "kv_pages_total": s.kv_pages_total, "mode": "pipelined" if self.settings.pipelined else "blocking"}
+
+    # ---------------------------------------------------------------- live feeds
+    def start_live(self, session: str, source: str, task: dict) -> object:
+        """Start (or restart) this session's live feed from a sample name, file path, URL or webcam index."""
+        from pipelines.feed import LiveFeed
+        from pipelines.sources import FileSource, StreamSource, WebcamSource, parse_webcam
+
+        source = (source or "").strip()
+        if not source:
+            raise UIError("choose a source")
+        self.stop_live(session)
+        if source in sample_videos():
+            source = str(SAMPLES_DIR / source)
+        camera, network = parse_webcam(source), "://" in source
+        if camera is not None:
+            cam = WebcamSource(camera)
+            frames, realtime, loop = cam.frames, False, False
+        elif network:
+            stream = StreamSource(source)
+            frames, realtime, loop = stream.frames, False, False
+        else:
+            if not Path(source).is_file():
+                raise UIError(f"no such file: {source}")
+            FileSource(source).close()  # a junk file fails here, in one line
+
+            def frames():
+                src = FileSource(source, threads=False)
+                try:
+                    yield from src.frames()
+                finally:
+                    src.close()
+            realtime, loop = True, True  # a recording plays as if live, round and round
+        feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=realtime, loop=loop, fps=LIVE_FPS,
+                        max_inflight=LIVE_MAX_INFLIGHT)
+        with self._lock:
+            self._feeds[(session, "pull")] = feed
+        return feed
+
+    def feed(self, session: str, kind: str = "pull"):
+        with self._lock:
+            return self._feeds.get((session, kind))
+
+    def stop_live(self, session: str, kind: str = "pull") -> None:
+        with self._lock:
+            feed = self._feeds.pop((session, kind), None)
+        if feed is not None:
+            feed.close()
+
+    def push_frame(self, session: str, rgb: np.ndarray, task: dict) -> object:
+        """A browser camera frame; the session's pushed feed starts on the first one."""
+        from pipelines.feed import LiveFeed
+
+        with self._lock:
+            feed = self._feeds.get((session, "push"))
+            if feed is None or feed.task != task:  # a new prompt starts a new feed
+                if feed is not None:
+                    feed.close()
+                feed = LiveFeed(self.engine(), task, self.params(), max_inflight=LIVE_MAX_INFLIGHT)
+                self._feeds[(session, "push")] = feed
+        feed.push(np.ascontiguousarray(rgb[..., :3]), source_id="browser camera")
+        return feed
+
+    def close_session(self, session: str) -> None:
+        for kind in ("pull", "push"):
+            self.stop_live(session, kind)
+
+    # ---------------------------------------------------------------- one image, one video
+    def caption_image(self, rgb: np.ndarray, task: dict) -> dict:
+        out = self.engine().submit(rgb, params=self.params(), **task).result(timeout=300)
+        return {"text": out.text.strip(), "finish_reason": out.finish_reason, "timings_ms": out.timings_ms}
+
+    def caption_video(self, path: str, task: dict, out_dir: Path, every_n: int = 1,
+                      on_progress: Callable[[int, int | None], None] | None = None) -> dict:
+        """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths."""
+        from pipelines.batch import BatchSummary, Sampling, caption_file
+        from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
+        from pipelines.sources import FileSource
+
+        if every_n < 1:
+            raise UIError("every n-th frame must be >= 1")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        src = FileSource(path)
+        total = src.frame_count
+        first = next(src.frames(), None)
+        src.close()
+        if first is None:
+            raise UIError("the video has no frames")
+        duration = every_n / (src.fps or 30.0)
+        paths = {"jsonl": out_dir / "captions.jsonl", "srt": out_dir / "captions.srt",
+                 "vtt": out_dir / "captions.vtt", "mp4": out_dir / "annotated.mp4"}
+        paths["jsonl"].unlink(missing_ok=True)
+        sinks = [JsonlSink(paths["jsonl"]), SubtitleSink(paths["srt"], "srt", duration),
+                 SubtitleSink(paths["vtt"], "vtt", duration),
+                 AnnotatedVideoSink(paths["mp4"], first.rgb.shape[1], first.rgb.shape[0])]
+        rows: list[dict] = []
+
+        def on_frame(r) -> None:
+            rows.append({"index": r.index, "pts": r.pts, "text": r.text.strip(),
+                         "ms": round(r.timings_ms.get("total", 0.0), 1)})
+            if on_progress:
+                on_progress(len(rows) * every_n, total)
+
+        summary = BatchSummary()
+        src = FileSource(path)
+        try:
+            caption_file(self.engine(), src, sinks, task, self.params(), Sampling(every_n=every_n),
+                         on_frame=on_frame, summary=summary)
+        finally:
+            src.close()
+            for sink in sinks:
+                sink.close()
+        speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
+        return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
+                "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
+                "x_real_time": round(speed, 2), "warnings": summary.errors}
+
+    def close(self) -> None:
+        with self._lock:
+            for key in list(self._feeds):
+                self._feeds.pop(key).close()
+            if self._engine is not None:
+                self._engine.close(cancel=True)
+                self._engine = None

@@ -1,0 +1,238 @@
+"""`vlmstream ui`: the Gradio web UI (live view, browser webcam, video files, single images, settings).
+
+One `Service` (one engine) per process, shared by every browser tab; each tab's live feeds are
+keyed by its Gradio session and closed when the tab goes away. No engine logic here: tabs call
+`app.service`, which calls the pipelines' public functions. Importing this module is cheap:
+Gradio and the engine load when `build` or `run` is called.
+"""
+
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from app.cli import UsageError
+from app.service import Service, Settings, UIError, make_task, sample_videos
+
+PAGE_HZ = 15.0  # frame + caption updates per second pushed to a watching page (at most)
+SLOW_HZ = 2.0  # chart, counters and log
+DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
+PROMPTS = ["short", "normal", "long", "question"]
+CONSTRAINTS = ["none", "choices", "regex", "json schema"]
+
+
+def build(service: Service, source: str | None = None):
+    import gradio as gr
+
+    from app.view import CSS, chart_svg, counters_html, frame_html, log_text
+    from engine import VlmstreamError
+
+    samples = sample_videos()
+    default_source = source or (DEFAULT_SAMPLE if DEFAULT_SAMPLE in samples else (samples[0] if samples else ""))
+
+    def live(src, upload, kind, question, ckind, ctext, request: gr.Request):
+        sid = request.session_hash
+        try:
+            task = make_task(kind, question, ckind, ctext)
+            feed = service.start_live(sid, upload or src, task)
+        except (UIError, VlmstreamError, OSError) as e:
+            for _ in range(2):  # again after the previous feed's loop has surely seen it was stopped
+                yield frame_html(None, f"error: {e}"), counters_html({}, service.engine_stats(), False, str(e)), \
+                    gr.skip(), gr.skip()
+                time.sleep(3.0 / PAGE_HZ)
+            return
+        version, slow_at = -1, 0.0
+        try:
+            while True:
+                if service.feed(sid) is not feed:  # replaced by a new Start: that one owns the page now
+                    if service.feed(sid) is None:  # stopped: make sure the page says so
+                        yield gr.skip(), counters_html(feed.snapshot().counters, service.engine_stats(), False), \
+                            gr.skip(), gr.skip()
+                    return
+                snap = feed.snapshot()
+                now = time.monotonic()
+                frame = frame_html(snap) if snap.version != version else gr.skip()
+                version = snap.version
+                if now >= slow_at or not snap.running:
+                    slow_at = now + 1.0 / SLOW_HZ
+                    yield (frame, counters_html(snap.counters, service.engine_stats(), snap.running, snap.error),
+                           chart_svg(snap.latency, feed.window_s), log_text(snap.log))
+                else:
+                    yield frame, gr.skip(), gr.skip(), gr.skip()
+                if not snap.running:
+                    return
+                time.sleep(1.0 / PAGE_HZ)
+        finally:  # the page went away (or Stop): nothing keeps running for nobody
+            if service.feed(sid) is feed:
+                service.stop_live(sid)
+
+    def stop(request: gr.Request):
+        feed = service.feed(request.session_hash)
+        service.stop_live(request.session_hash)
+        if feed is None:
+            return gr.skip()
+        snap = feed.snapshot()
+        return counters_html(snap.counters, service.engine_stats(), False, snap.error)
+
+    def webcam(rgb, kind, question, request: gr.Request):
+        if rgb is None:
+            return gr.skip(), gr.skip()
+        try:
+            feed = service.push_frame(request.session_hash, rgb, make_task(kind, question))
+        except (UIError, VlmstreamError) as e:
+            return frame_html(None, f"error: {e}"), gr.skip()
+        snap = feed.snapshot()
+        return frame_html(snap), counters_html(snap.counters, service.engine_stats(), True, snap.error)
+
+    def image(rgb, kind, question, ckind, ctext):
+        if rgb is None:
+            raise gr.Error("upload an image first")
+        try:
+            out = service.caption_image(rgb, make_task(kind, question, ckind, ctext))
+        except (UIError, VlmstreamError) as e:
+            raise gr.Error(str(e)) from None
+        return out["text"], out
+
+    def video(path, kind, question, every_n, progress=gr.Progress()):
+        if not path:
+            raise gr.Error("upload a video first")
+        out_dir = Path(tempfile.mkdtemp(prefix="vlmstream-video-"))
+
+        def on_progress(done: int, total: int | None) -> None:
+            progress((min(done, total), total) if total else done, desc="captioning", unit="frames")
+
+        try:
+            out = service.caption_video(path, make_task(kind, question), out_dir, int(every_n or 1), on_progress)
+        except (UIError, VlmstreamError, OSError) as e:
+            raise gr.Error(str(e)) from None
+        rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"]]
+        note = (f"{out['frames']} frames captioned in {out['seconds']} s ({out['x_real_time']}x real time)"
+                + "".join(f"\n\nwarning: {w}" for w in out["warnings"]))
+        p = out["paths"]
+        return note, rows, [p["srt"], p["vtt"], p["jsonl"], p["mp4"]], p["mp4"]
+
+    def apply(model, device, temperature, max_tokens, pipelined):
+        try:
+            msg = service.apply(Settings(model=(model or "tiny").strip(), device=device, dtype=service.settings.dtype,
+                                         temperature=float(temperature), max_tokens=int(max_tokens),
+                                         pipelined=bool(pipelined)))
+        except (UIError, VlmstreamError, OSError) as e:
+            raise gr.Error(str(e)) from None
+        return msg
+
+    with gr.Blocks(title="vlmstream", analytics_enabled=False) as demo:
+        gr.Markdown("# vlmstream\nReal-time video understanding: every frame captioned by a vision-language model.")
+        with gr.Tab("Live"):
+            with gr.Row():
+                src = gr.Dropdown(samples + ["0"], value=default_source, allow_custom_value=True, scale=3,
+                                  label="Source: a sample, a webcam index on the server, a URL or a path")
+                upload = gr.File(label="...or a video file to play live", file_types=["video"], type="filepath",
+                                 scale=2)
+            with gr.Row():
+                kind = gr.Radio(PROMPTS, value="short", label="Prompt")
+                question = gr.Textbox(label="Question", placeholder="How many shapes are there?")
+                ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
+                ctext = gr.Textbox(label="Choices (comma separated), regex or JSON schema")
+            with gr.Row():
+                start = gr.Button("Start", variant="primary", elem_id="vs-start")
+                stop_btn = gr.Button("Stop", elem_id="vs-stop")
+            with gr.Row():
+                with gr.Column(scale=3):
+                    frame = gr.HTML(frame_html(None), elem_id="vs-frame-box")
+                with gr.Column(scale=2):
+                    counters = gr.HTML(elem_id="vs-counters-box")
+                    log = gr.Textbox(label="Captions (newest first)", lines=14, max_lines=14, elem_id="vs-log")
+            chart = gr.HTML(chart_svg([], 30.0), elem_id="vs-chart-box")
+            live_inputs = [src, upload, kind, question, ckind, ctext]
+            live_outputs = [frame, counters, chart, log]
+            started = start.click(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
+                                  api_name=False)
+            stop_btn.click(stop, None, counters, api_name=False, concurrency_limit=None)
+            if default_source:
+                demo.load(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
+                          api_name=False)
+            del started
+        with gr.Tab("Browser webcam"):
+            with gr.Row():
+                cam = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Your camera",
+                               elem_id="vs-cam")
+                with gr.Column():
+                    cam_frame = gr.HTML(frame_html(None, "start your camera"), elem_id="vs-cam-frame")
+                    cam_counters = gr.HTML()
+            with gr.Row():
+                cam_kind = gr.Radio(PROMPTS, value="short", label="Prompt")
+                cam_question = gr.Textbox(label="Question")
+            cam.stream(webcam, [cam, cam_kind, cam_question], [cam_frame, cam_counters], stream_every=0.1,
+                       concurrency_limit=None, show_progress="hidden", api_name=False)
+        with gr.Tab("Video file"):
+            with gr.Row():
+                vfile = gr.File(label="Video", file_types=["video"], type="filepath")
+                with gr.Column():
+                    vkind = gr.Radio(PROMPTS, value="short", label="Prompt")
+                    vquestion = gr.Textbox(label="Question")
+                    every = gr.Number(1, precision=0, minimum=1, label="Every n-th frame")
+                    vrun = gr.Button("Caption video", variant="primary", elem_id="vs-video-run")
+            vnote = gr.Markdown(elem_id="vs-video-note")
+            vtable = gr.Dataframe(headers=["frame", "time (s)", "caption", "ms"], wrap=True, elem_id="vs-video-table")
+            vfiles = gr.File(label="Downloads (SRT, VTT, JSONL, annotated MP4)", file_count="multiple")
+            vvideo = gr.Video(label="Annotated video")
+            vrun.click(video, [vfile, vkind, vquestion, every], [vnote, vtable, vfiles, vvideo],
+                       api_name="caption_video", concurrency_limit=2)
+        with gr.Tab("Image"):
+            with gr.Row():
+                img = gr.Image(type="numpy", label="Image")
+                with gr.Column():
+                    ikind = gr.Radio(PROMPTS, value="normal", label="Prompt")
+                    iquestion = gr.Textbox(label="Question")
+                    ickind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
+                    ictext = gr.Textbox(label="Choices, regex or JSON schema")
+                    irun = gr.Button("Caption", variant="primary")
+            itext = gr.Textbox(label="Answer", elem_id="vs-image-text")
+            itimings = gr.JSON(label="Result and timings")
+            irun.click(image, [img, ikind, iquestion, ickind, ictext], [itext, itimings], api_name="caption_image",
+                       concurrency_limit=None)
+        with gr.Tab("Settings"):
+            s = service.settings
+            with gr.Row():
+                model = gr.Textbox(s.model, label="Model: tiny or a Moondream 2 folder")
+                device = gr.Dropdown(["cpu", "cuda"], value=s.device, label="Device")
+            with gr.Row():
+                temperature = gr.Slider(0.0, 2.0, value=s.temperature, step=0.05, label="Temperature (0 = greedy)")
+                max_tokens = gr.Number(s.max_tokens, precision=0, minimum=1, label="Max tokens")
+                pipelined = gr.Checkbox(s.pipelined, label="Pipelined decoding (off = blocking loop)")
+            sapply = gr.Button("Apply", variant="primary")
+            sstatus = gr.Markdown()
+            stats = gr.JSON(label="Engine")
+            sapply.click(apply, [model, device, temperature, max_tokens, pipelined], sstatus, api_name="apply_settings")
+            gr.Timer(1.0).tick(service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
+        def closed(request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
+            service.close_session(request.session_hash)
+
+        demo.unload(closed)
+    demo.queue(default_concurrency_limit=None)
+    return demo
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise UsageError("--port must be within 1..65535")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no network calls from this machine
+    service = Service(Settings(model=args.model, device=args.device, dtype=args.dtype))
+    try:
+        service.engine()  # a bad --model fails here, in one line, before the server starts
+        demo = build(service, args.source)
+        demo.launch(server_name=args.host, server_port=args.port, css=_css(), ssr_mode=False, quiet=False,
+                    show_error=True)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        service.close()
+    return 0
+
+
+def _css() -> str:
+    from app.view import CSS
+
+    return CSS

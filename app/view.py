@@ -1,0 +1,136 @@
+"""HTML for the web UI's live views, built from a feed snapshot (pure functions, no Gradio).
+
+The frame goes to the page as an inline JPEG with its caption drawn on the pixels, so a caption
+can never be shown over a frame it does not describe. The latency chart is an inline SVG of
+stacked bars (one per captioned frame, stages queue / vision / prefill / decode) with the
+end-to-end latency as a line; a few kilobytes a second, redrawn by the browser without a plotting
+library.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import time
+
+import numpy as np
+
+from pipelines.feed import CHART_STAGES, FeedSnapshot, LatencyPoint, LogLine
+from pipelines.sinks import annotate
+
+STAGE_COLORS = {"queue": "#9aa5b1", "vision": "#4c78a8", "prefill": "#f58518", "decode": "#54a24b"}
+MAX_BARS = 120
+
+
+def jpeg_data_uri(rgb: np.ndarray, quality: int = 80) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="JPEG", quality=quality)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def frame_html(snap: FeedSnapshot | None, message: str = "") -> str:
+    if snap is None or snap.frame_rgb is None:
+        text = html.escape(message or (snap.error if snap and snap.error else "") or "no frame yet")
+        return f'<div id="vs-frame" class="vs-empty">{text}</div>'
+    info = f"#{snap.index}  {snap.pts:.2f}s  {snap.end_to_end_ms:.0f} ms"
+    uri = jpeg_data_uri(annotate(snap.frame_rgb, snap.text, info))
+    return (f'<div id="vs-frame" data-version="{snap.version}" data-index="{snap.index}">'
+            f'<img src="{uri}" style="max-width:100%" alt="current frame"/>'
+            f'<div id="vs-caption" data-index="{snap.index}">{html.escape(snap.text)}</div>'
+            f'<div class="vs-info">{html.escape(info)}</div></div>')
+
+
+def log_text(log: list[LogLine], n: int = 40) -> str:
+    lines = []
+    for line in reversed(log[-n:]):  # newest first
+        clock = time.strftime("%H:%M:%S", time.localtime(line.wall)) + f".{int(line.wall * 1000) % 1000:03d}"
+        lines.append(f"{clock}  t={line.pts:7.2f}s  {line.end_to_end_ms:5.0f} ms  {line.text}")
+    return "\n".join(lines)
+
+
+def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, height: int = 220) -> str:
+    """Stacked stage latency per frame over the last window_s seconds, end to end as a line."""
+    m_left, m_bottom, m_top = 44, 22, 18
+    if not points:
+        return (f'<svg id="vs-chart" data-bars="0" width="{width}" height="{height}">'
+                f'<text x="{m_left}" y="{height // 2}" fill="#888">no latency data yet</text></svg>')
+    if len(points) > MAX_BARS:  # keep every k-th point: the chart stays light at 60 fps
+        k = -(-len(points) // MAX_BARS)
+        points = points[::-1][::k][::-1]
+    top = max(max(p.end_to_end_ms for p in points), max(sum(p.stages_ms.values()) for p in points), 1.0)
+    top = _nice(top)
+    plot_w, plot_h = width - m_left - 8, height - m_bottom - m_top
+    bar_w = plot_w / len(points)
+    parts = [f'<svg id="vs-chart" data-bars="{len(points)}" width="{width}" height="{height}" '
+             f'xmlns="http://www.w3.org/2000/svg" font-size="11" font-family="sans-serif">']
+    for frac in (0.0, 0.5, 1.0):
+        y = m_top + plot_h * (1 - frac)
+        parts.append(f'<line x1="{m_left}" x2="{width - 8}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
+                     f'<text x="{m_left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#555">{top * frac:.0f}</text>')
+    for i, p in enumerate(points):
+        x, base = m_left + i * bar_w, 0.0
+        for stage in CHART_STAGES:
+            v = p.stages_ms.get(stage, 0.0)
+            if v <= 0:
+                continue
+            y0 = m_top + plot_h * (1 - (base + v) / top)
+            parts.append(f'<rect class="vs-bar" x="{x:.1f}" y="{y0:.1f}" width="{max(bar_w - 0.5, 0.5):.1f}" '
+                         f'height="{plot_h * v / top:.1f}" fill="{STAGE_COLORS[stage]}"/>')
+            base += v
+    line = " ".join(f"{m_left + (i + 0.5) * bar_w:.1f},{m_top + plot_h * (1 - p.end_to_end_ms / top):.1f}"
+                    for i, p in enumerate(points))
+    parts.append(f'<polyline points="{line}" fill="none" stroke="#e45756" stroke-width="1.5"/>')
+    span = points[-1].wall - points[0].wall
+    parts.append(f'<text x="{m_left}" y="{height - 6}" fill="#555">ms per frame, last {min(span, window_s):.0f} s '
+                 f'({len(points)} frames shown)</text>')
+    x = width - 8
+    for name, color in [("end to end", "#e45756")] + [(s, STAGE_COLORS[s]) for s in reversed(CHART_STAGES)]:
+        x -= 22 + 6 * len(name)
+        parts.append(f'<rect x="{x}" y="4" width="9" height="9" fill="{color}"/>'
+                     f'<text x="{x + 12}" y="12" fill="#333">{name}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _nice(v: float) -> float:
+    for step in (10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000):
+        if v <= step:
+            return float(step)
+    return float(np.ceil(v / 10000) * 10000)
+
+
+def counters_html(counters: dict, engine: dict, running: bool, error: str | None = None) -> str:
+    lat = counters.get("latency_ms", {}).get("end_to_end", {})
+    cells = [
+        ("state", "running" if running else "stopped"),
+        ("fps", f"{counters.get('rolling_fps', 0.0):.1f}"),
+        ("captioned", counters.get("completed", 0)),
+        ("in flight", counters.get("in_flight", 0)),
+        ("cancelled as stale", counters.get("cancelled_stale", 0)),
+        ("dropped", counters.get("dropped", 0)),
+        ("p50 / p99 ms", f"{lat.get('p50', 0):.0f} / {lat.get('p99', 0):.0f}"),
+        ("batch", engine.get("batch", 0)),
+        ("tokens/s", engine.get("tokens_per_s", 0)),
+        ("device busy", f"{engine.get('device_busy_pct', 0)} %"),
+        ("KV pages", f"{engine.get('kv_pages_in_use', 0)} / {engine.get('kv_pages_total', 0)}"),
+        ("mode", engine.get("mode", "")),
+    ]
+    body = "".join(f'<div class="vs-counter" data-name="{html.escape(k)}"><b>{html.escape(str(v))}</b>'
+                   f'<span>{html.escape(k)}</span></div>' for k, v in cells)
+    err = f'<div class="vs-error">{html.escape(error)}</div>' if error else ""
+    return f'<div id="vs-counters">{body}</div>{err}'
+
+
+CSS = """
+#vs-counters { display: flex; flex-wrap: wrap; gap: 6px; }
+.vs-counter { border: 1px solid #ddd; border-radius: 6px; padding: 4px 8px; min-width: 90px; }
+.vs-counter b { display: block; font-size: 1.15em; }
+.vs-counter span { color: #666; font-size: 0.8em; }
+.vs-error { color: #b00020; font-weight: bold; margin-top: 6px; }
+#vs-caption { font-size: 1.2em; margin-top: 4px; }
+.vs-info { color: #666; font-size: 0.85em; }
+.vs-empty { color: #888; padding: 40px; border: 1px dashed #ccc; text-align: center; }
+"""

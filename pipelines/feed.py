@@ -1,0 +1,157 @@
+"""A live feed: one source played through a live session, plus what a viewer needs to watch it.
+
+Two ways in. Pull: give a function returning frame iterators (a file, a stream, a webcam); a
+pump thread takes the grabber's newest frame at up to `fps` and offers it to the session. Push:
+call `push(rgb)` with frames as they arrive (a browser's camera); the session's intake bound
+makes the latest frame win. Either way the feed keeps, under one lock: the newest result with
+the exact frame it describes, a rolling caption log, per-frame stage latencies for the last
+`window_s` seconds, and the session's counters. `snapshot()` copies all of it for a viewer that
+polls; `version` grows with every result so a viewer can skip redraws when nothing changed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from engine import Engine, SamplingParams
+
+from .grabber import LatestFrameGrabber
+from .live import LiveResult, LiveSession
+from .sources import Frame
+
+CHART_STAGES = ("queue", "vision", "prefill", "decode")
+
+
+@dataclass(frozen=True)
+class LogLine:
+    wall: float  # time.time() when the result arrived
+    pts: float
+    index: int
+    text: str
+    end_to_end_ms: float
+
+
+@dataclass(frozen=True)
+class LatencyPoint:
+    wall: float
+    index: int
+    stages_ms: dict[str, float]  # CHART_STAGES, each >= 0
+    end_to_end_ms: float
+
+
+@dataclass
+class FeedSnapshot:
+    version: int
+    running: bool
+    error: str | None
+    frame_rgb: np.ndarray | None  # the frame the newest caption describes
+    text: str
+    pts: float
+    index: int
+    end_to_end_ms: float
+    log: list[LogLine] = field(default_factory=list)  # newest last
+    latency: list[LatencyPoint] = field(default_factory=list)  # oldest first, last window_s seconds
+    counters: dict = field(default_factory=dict)
+
+
+class LiveFeed:
+    def __init__(self, engine: Engine, task: dict, params: SamplingParams,
+                 frames: Callable[[], Iterator[Frame]] | None = None, realtime: bool = True, loop: bool = False,
+                 fps: float = 60.0, max_inflight: int = 6, deadline_ms: float | None = None,
+                 window_s: float = 30.0, log_size: int = 200):
+        self.task, self.fps, self.window_s = task, fps, window_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.version = 0
+        self._latest: LiveResult | None = None
+        self._log: deque[LogLine] = deque(maxlen=log_size)
+        self._latency: deque[LatencyPoint] = deque()
+        self.error: str | None = None
+        self._pushed = 0
+        self._t0 = time.perf_counter()
+        self.session = LiveSession(engine, task, params, max_inflight, deadline_ms, on_result=self._on_result)
+        self._grabber: LatestFrameGrabber | None = None
+        self._pump: threading.Thread | None = None
+        if frames is not None:
+            self._grabber = LatestFrameGrabber(frames, realtime=realtime, loop=loop)
+            self._pump = threading.Thread(target=self._run_pump, name="vlmstream-feed", daemon=True)
+            self._pump.start()
+
+    @property
+    def running(self) -> bool:
+        if self._stop.is_set():
+            return False
+        return self._pump is None or self._pump.is_alive()
+
+    def push(self, rgb: np.ndarray, source_id: str = "push") -> bool:
+        """Offer one frame (H, W, 3) uint8; False if dropped (engine saturated) or the feed is closed."""
+        if self._stop.is_set():
+            return False
+        with self._lock:
+            index, self._pushed = self._pushed, self._pushed + 1
+        return self.session.offer(Frame(source_id, index, time.perf_counter() - self._t0, rgb))
+
+    def _run_pump(self) -> None:
+        assert self._grabber is not None
+        t0, next_t = time.perf_counter(), 0.0
+        try:
+            while not self._stop.is_set():
+                frame = self._grabber.get(timeout=0.5)
+                if frame is None:
+                    if self._grabber.ended:
+                        break
+                    continue
+                now = time.perf_counter() - t0
+                if now < next_t:
+                    continue  # the source is faster than the feed's fps
+                next_t = max(next_t + 1.0 / self.fps, now - 1.0 / self.fps)
+                self.session.offer(frame)
+        except Exception as e:  # a source that failed (unreachable stream, unreadable file)
+            self.error = str(e).splitlines()[0] if str(e) else type(e).__name__
+        finally:
+            with self._lock:
+                self.version += 1
+
+    def _on_result(self, r: LiveResult) -> None:
+        t = r.output.timings_ms
+        stages = {"queue": t.get("queue", 0.0), "vision": t.get("preprocess", 0.0) + t.get("vision", 0.0),
+                  "prefill": t.get("prefill", 0.0), "decode": t.get("decode", 0.0)}
+        now = time.time()
+        with self._lock:
+            self._latest = r
+            self._log.append(LogLine(now, r.frame.pts, r.frame.index, r.output.text.strip(), r.end_to_end_ms))
+            self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
+                                              r.end_to_end_ms))
+            while self._latency and self._latency[0].wall < now - self.window_s:
+                self._latency.popleft()
+            self.version += 1
+
+    def snapshot(self) -> FeedSnapshot:
+        stats = self.session.stats()
+        stats["in_flight"] = self.session.in_flight
+        if self._grabber is not None:
+            stats["overwritten_at_grab"] = self._grabber.overwritten
+        with self._lock:
+            r = self._latest
+            return FeedSnapshot(
+                version=self.version, running=self.running, error=self.error,
+                frame_rgb=None if r is None else r.frame.rgb, text="" if r is None else r.output.text.strip(),
+                pts=0.0 if r is None else r.frame.pts, index=-1 if r is None else r.frame.index,
+                end_to_end_ms=0.0 if r is None else r.end_to_end_ms,
+                log=list(self._log), latency=list(self._latency), counters=stats)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the source, cancel what is in flight, and join the threads (idempotent)."""
+        self._stop.set()
+        if self._grabber is not None:
+            self._grabber.close()
+        if self._pump is not None:
+            self._pump.join(timeout)
+        self.session.cancel_all()
+        self.session.close(timeout)

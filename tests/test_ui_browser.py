@@ -1,0 +1,217 @@
+"""`vlmstream ui` as a user gets it: started as the README says, driven through its API with
+gradio_client and in Debian's headless Chromium with Playwright (no browser download).
+
+Screenshots and the measured page update rates go to `.artifacts/` at the repository root.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / ".artifacts"
+SAMPLES = ROOT / "sample_videos"
+
+pytest.importorskip("gradio_client")
+playwright_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    exe = Path(sys.executable).with_name("vlmstream")
+    log = open(ARTIFACTS.mkdir(exist_ok=True) or ARTIFACTS / "ui_server.log", "w")
+    p = subprocess.Popen([str(exe), "ui", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 180
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            break
+        except OSError:
+            if p.poll() is not None or time.time() > deadline:
+                p.kill()
+                pytest.fail(f"vlmstream ui did not start: {(ARTIFACTS / 'ui_server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+    yield url
+    p.terminate()
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from gradio_client import Client
+
+    return Client(server, verbose=False)
+
+
+def engine_idle(client, timeout=60.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        stats = client.predict(api_name="/engine_stats")
+        if stats.get("batch") == 0 and stats.get("kv_pages_in_use") == 0:
+            return stats
+        if time.time() > deadline:
+            raise AssertionError(f"engine still busy after the page closed: {stats}")
+        time.sleep(0.5)
+
+
+def test_api_captions_an_image_and_answers_a_question(client):
+    from gradio_client import handle_file
+
+    img = handle_file(str(SAMPLES / "scene.png"))
+    text, result = client.predict(img, "normal", "", "none", "", api_name="/caption_image")
+    assert text and result["text"] == text and result["finish_reason"] == "stop"
+    assert {"queue", "vision", "prefill", "decode", "total"} <= set(result["timings_ms"])
+    answer, _ = client.predict(img, "question", "How many shapes are there?", "choices", "one, two, three, four",
+                               api_name="/caption_image")
+    assert answer in ("one", "two", "three", "four")
+    with pytest.raises(Exception, match="question is empty"):
+        client.predict(img, "question", "  ", "none", "", api_name="/caption_image")
+
+
+def test_api_captions_a_video_with_downloads(client):
+    from gradio_client import handle_file
+
+    note, table, files, video = client.predict(handle_file(str(SAMPLES / "cuts_640x360_30fps.mp4")), "short", "", 30,
+                                               api_name="/caption_video")
+    rows = table["data"]
+    assert "frames captioned" in note and len(rows) >= 5
+    assert [r[0] for r in rows] == list(range(0, 30 * len(rows), 30)) and all(r[2] for r in rows)
+    names = sorted(Path(f).name for f in files)
+    assert names == ["annotated.mp4", "captions.jsonl", "captions.srt", "captions.vtt"]
+    jsonl = next(f for f in files if f.endswith(".jsonl"))
+    assert [json.loads(line)["text"].strip() for line in Path(jsonl).read_text().splitlines()] == [r[2] for r in rows]
+    assert Path(video["video"] if isinstance(video, dict) else video).stat().st_size > 1000
+
+
+def launch(p, *args):
+    if not CHROMIUM:
+        pytest.skip("chromium is not installed (the README's test command installs it)")
+    return p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", *args])
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_ui", ROOT / "scripts" / "bench_ui.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_ui = _bench()  # the benchmark's in-page watcher: the test and BENCHMARKS.md measure the same way
+
+
+def test_live_tab_plays_the_sample_with_captions_chart_and_counters(server, client):
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1300})
+        page.goto(server)
+        page.wait_for_selector("#vs-caption", timeout=120_000)  # the sample starts playing on its own
+        page.evaluate(bench_ui.WATCH_JS)
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            frames = page.evaluate("window.__vs.frames")
+            if len({f[1] for f in frames}) >= 10 and time.time() - t0 > 5:
+                break
+            time.sleep(0.5)
+        seconds = time.time() - t0
+        watched = page.evaluate("window.__vs")
+        counters = page.inner_text("#vs-counters")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui_live.png"), full_page=True)
+        indices = [f[1] for f in watched["frames"]]
+        texts = {f[2] for f in watched["frames"]}
+        assert len(set(indices)) >= 10 and all(t for t in texts)  # ten captioned frames, each with a caption
+        assert [int(i) for i in dict.fromkeys(indices)] == sorted(int(i) for i in dict.fromkeys(indices))
+        assert len(texts) >= 2  # the scene moves; so do its captions
+        assert any(bars > 0 for _, bars in watched["charts"]) and len(watched["charts"]) >= 2
+        assert "running" in counters and "cancelled as stale" in counters
+        rate = bench_ui.page_rates(watched, seconds)
+        (ARTIFACTS / "ui_rates.json").write_text(json.dumps(rate) + "\n")
+        print("page update rate:", rate)
+        page.click("#vs-stop")
+        page.wait_for_function("document.querySelector('#vs-counters') && "
+                               "document.querySelector('#vs-counters').innerText.includes('stopped')", timeout=30_000)
+        browser.close()
+    engine_idle(client)  # stopped and closed: nothing left running for nobody
+
+
+def test_a_bad_url_is_a_message_in_the_page(server):
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page()
+        page.goto(server)
+        page.wait_for_selector("#vs-caption", timeout=120_000)
+        box = page.get_by_label("Source: a sample, a webcam index on the server, a URL or a path")
+        box.fill("gopher://nowhere/x")
+        box.press("Enter")
+        page.click("#vs-start")
+        page.wait_for_selector("#vs-frame:has-text('error')", timeout=30_000)
+        assert "gopher" in page.inner_text("#vs-frame")
+        page.get_by_role("tab", name="Image").click()  # the UI is still alive
+        browser.close()
+
+
+def write_y4m(path: Path, frames: list[np.ndarray], fps: int = 15) -> None:
+    """Raw 4:2:0 YUV4MPEG2, the format Chromium's fake camera reads."""
+    h, w, _ = frames[0].shape
+    with open(path, "wb") as f:
+        f.write(f"YUV4MPEG2 W{w} H{h} F{fps}:1 Ip A1:1 C420jpeg\n".encode())
+        for rgb in frames:
+            x = rgb.astype(np.float32)
+            y = 0.299 * x[..., 0] + 0.587 * x[..., 1] + 0.114 * x[..., 2]
+            u = 128 - 0.168736 * x[..., 0] - 0.331264 * x[..., 1] + 0.5 * x[..., 2]
+            v = 128 + 0.5 * x[..., 0] - 0.418688 * x[..., 1] - 0.081312 * x[..., 2]
+            f.write(b"FRAME\n")
+            for plane in (y, u.reshape(h // 2, 2, w // 2, 2).mean((1, 3)), v.reshape(h // 2, 2, w // 2, 2).mean((1, 3))):
+                f.write(np.clip(np.round(plane), 0, 255).astype(np.uint8).tobytes())
+
+
+def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
+    from tinyvlm.world import render, sample_scene
+
+    scene = sample_scene(np.random.default_rng(5), 320, 240, n_objects=2)
+    cam = tmp_path / "camera.y4m"
+    write_y4m(cam, [render(scene)] * 10)
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                         f"--use-file-for-fake-video-capture={cam}")
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, permissions=["camera"])
+        page = ctx.new_page()
+        page.goto(server)
+        page.get_by_role("tab", name="Browser webcam").click()
+        page.get_by_text("Click to Access Webcam").click()
+        page.get_by_role("button", name="capture photo").click()  # Gradio's record button starts streaming
+        page.wait_for_selector("#vs-cam-frame #vs-caption", timeout=60_000)
+        page.wait_for_function("document.querySelectorAll('#vs-cam-frame #vs-caption').length && "
+                               "Number(document.querySelector('#vs-cam-frame #vs-frame').dataset.index) >= 5",
+                               timeout=60_000)
+        caption = page.inner_text("#vs-cam-frame #vs-caption")
+        page.screenshot(path=str(ARTIFACTS / "ui_webcam.png"))
+        assert caption.strip()
+        ctx.close()
+        browser.close()
+    engine_idle(client)

@@ -1,0 +1,161 @@
+"""The web UI's service layer and views, without a browser: feeds, settings, video jobs, errors."""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.service import SAMPLES_DIR, Service, Settings, UIError, make_constraint, make_task, sample_videos
+from app.view import chart_svg, counters_html, frame_html, log_text
+from engine import Choice, JsonSchema, Regex, VlmstreamError
+from pipelines.feed import LatencyPoint
+
+
+@pytest.fixture(scope="module")
+def service():
+    s = Service(Settings(max_tokens=12))
+    yield s
+    s.close()
+
+
+def wait_for(pred, timeout=60.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_tasks_and_constraints_from_form_fields():
+    assert make_task("normal") == {"caption": "normal"}
+    assert make_task("question", " How many shapes are there? ") == {"question": "How many shapes are there?"}
+    assert make_task("question", "Is there a star?", "choices", "yes, no") == {
+        "question": "Is there a star?", "constraint": Choice(["yes", "no"])}
+    assert make_constraint("regex", "(one|two)") == Regex("(one|two)")
+    assert make_constraint("json schema", '{"type": "string"}') == JsonSchema({"type": "string"})
+    for bad in [("question", ""), ("medium", "")]:
+        with pytest.raises(UIError):
+            make_task(*bad)
+    with pytest.raises(UIError, match="not valid JSON"):
+        make_constraint("json schema", "{oops")
+    with pytest.raises(UIError, match="empty"):
+        make_constraint("regex", "  ")
+
+
+def test_live_feed_on_a_sample_gives_captions_for_the_frames_they_describe(service):
+    assert "shapes_640x360_60fps.mp4" in sample_videos()
+    feed = service.start_live("tab-a", "shapes_640x360_60fps.mp4", make_task("short"))
+    try:
+        snap = wait_for(lambda: (s := feed.snapshot()).counters["completed"] >= 5 and s)
+        assert snap.running and snap.error is None and snap.text and snap.frame_rgb.shape == (360, 640, 3)
+        assert snap.log[-1].text == snap.text and snap.log[-1].index == snap.index
+        assert all(set(p.stages_ms) == {"queue", "vision", "prefill", "decode"} for p in snap.latency)
+        assert all(p.end_to_end_ms > 0 for p in snap.latency)
+        assert service.feed("tab-a") is feed and service.feed("tab-b") is None
+    finally:
+        service.stop_live("tab-a")
+    assert not feed.running and service.feed("tab-a") is None
+    stats = service.engine().stats()
+    wait_for(lambda: service.engine().stats().kv_pages_in_use == 0)
+    assert stats.kv_pages_total > 0
+
+
+def test_closing_a_tab_cancels_its_requests_and_leaves_other_tabs_running(service):
+    a = service.start_live("tab-a", "shapes_640x360_60fps.mp4", make_task("long"))
+    b = service.start_live("tab-b", "cuts_640x360_30fps.mp4", make_task("short"))
+    try:
+        wait_for(lambda: a.snapshot().counters["completed"] >= 2 and b.snapshot().counters["completed"] >= 2)
+        service.close_session("tab-a")
+        assert not a.running and b.running
+        done = b.snapshot().counters["completed"]
+        wait_for(lambda: b.snapshot().counters["completed"] > done + 3)
+        assert a.session.in_flight == 0
+    finally:
+        service.close_session("tab-b")
+    wait_for(lambda: service.engine().stats().kv_pages_in_use == 0)
+
+
+def test_browser_camera_frames_are_pushed_and_the_latest_wins(service):
+    rgb = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    feed = None
+    for _ in range(40):  # faster than the engine: some are dropped at intake, never queued up
+        feed = service.push_frame("tab-c", rgb, make_task("short"))
+    snap = wait_for(lambda: (s := feed.snapshot()).counters["completed"] >= 1 and s)
+    assert snap.counters["dropped"] > 0 and snap.counters["submitted"] <= 40
+    assert snap.text == service.caption_image(rgb, make_task("short"))["text"]
+    assert service.push_frame("tab-c", rgb, make_task("normal")) is not feed  # a new prompt, a new feed
+    service.close_session("tab-c")
+
+
+def test_bad_sources_are_one_line_errors(service, tmp_path):
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(b"not a video at all" * 100)
+    for source, kind in [("", UIError), (str(tmp_path / "missing.mp4"), UIError), (str(junk), VlmstreamError),
+                         ("ftp://example.com/x", VlmstreamError)]:
+        with pytest.raises(kind) as e:
+            service.start_live("tab-d", source, make_task("short"))
+        assert "\n" not in str(e.value) and str(e.value)
+    # an unreachable stream fails in the feed, which reports it instead of dying silently
+    feed = service.start_live("tab-d", "udp://127.0.0.1:9?timeout=300000", make_task("short"))
+    snap = wait_for(lambda: (s := feed.snapshot()).error and s, timeout=90)
+    assert not snap.running and "\n" not in snap.error
+    service.close_session("tab-d")
+
+
+def test_video_job_writes_every_output_and_reports_progress(service, tmp_path):
+    seen = []
+    out = service.caption_video(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), make_task("short"), tmp_path / "job",
+                                every_n=15, on_progress=lambda done, total: seen.append((done, total)))
+    n = len(out["rows"])
+    assert n >= 10 and out["frames"] == n and [r["index"] for r in out["rows"]] == list(range(0, 15 * n, 15))
+    assert seen[-1][0] >= seen[0][0] and seen[-1][1] >= 15 * (n - 1)
+    paths = {k: Path(v) for k, v in out["paths"].items()}
+    rows = [json.loads(line) for line in paths["jsonl"].read_text().splitlines()]
+    assert [r["text"].strip() for r in rows] == [r["text"] for r in out["rows"]]
+    assert paths["srt"].read_text().startswith("1\n00:00:00,000 --> ")
+    assert paths["vtt"].read_text().startswith("WEBVTT")
+    import av
+
+    with av.open(str(paths["mp4"])) as c:
+        assert sum(1 for _ in c.decode(video=0)) == n
+    with pytest.raises(VlmstreamError):
+        service.caption_video(str(tmp_path / "job" / "captions.srt"), make_task("short"), tmp_path / "bad")
+
+
+def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
+    service.engine()
+    assert service.apply(Settings(max_tokens=12, pipelined=False)) == "settings applied"
+    assert service.engine_stats()["mode"] == "blocking"
+    rgb = np.zeros((120, 160, 3), np.uint8)
+    blocking = service.caption_image(rgb, make_task("short"))["text"]
+    service.apply(Settings(max_tokens=12, pipelined=True))
+    assert service.caption_image(rgb, make_task("short"))["text"] == blocking  # same tokens either way
+    engine = service.engine()
+    with pytest.raises(VlmstreamError):
+        service.apply(Settings(model=str(tmp_path / "nope"), max_tokens=12))
+    assert service.settings.model == "tiny" and service.engine() is not engine  # old engine replaced, still usable
+    with pytest.raises(UIError):
+        service.apply(Settings(max_tokens=0))
+
+
+def test_views_render_what_the_snapshot_holds():
+    pts = [LatencyPoint(100.0 + i, i, {"queue": 1.0, "vision": 5.0, "prefill": 3.0, "decode": 20.0 + i}, 30.0 + i)
+           for i in range(300)]
+    svg = chart_svg(pts, 30.0)
+    import re
+
+    bars = int(re.search(r'data-bars="(\d+)"', svg).group(1))
+    assert 60 <= bars <= 120 and svg.count('class="vs-bar"') == 4 * bars  # thinned, every stage stacked
+    assert "last 30 s" in svg
+    assert 'data-bars="0"' in chart_svg([], 30.0)
+    assert frame_html(None, "error: no such file").count("error: no such file") == 1
+    html = counters_html({"completed": 7, "in_flight": 2, "cancelled_stale": 3, "dropped": 1, "rolling_fps": 59.5},
+                         {"batch": 4, "tokens_per_s": 800.0, "device_busy_pct": 91.0, "kv_pages_in_use": 10,
+                          "kv_pages_total": 700, "mode": "pipelined"}, True)
+    for shown in ("59.5", ">7<", ">3<", "91.0 %", "10 / 700", "pipelined"):
+        assert shown in html
+
