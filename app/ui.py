@@ -13,7 +13,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.cli import UsageError
 from app.service import Service, Settings, UIError, make_task, sample_videos
 
 PAGE_HZ = 15.0  # frame + caption updates per second pushed to a watching page (at most)
@@ -168,7 +167,7 @@ def build(service: Service, source: str | None = None):
                        concurrency_limit=None, show_progress="hidden", api_name=False)
         with gr.Tab("Video file"):
             with gr.Row():
-                vfile = gr.File(label="Video", file_types=["video"], type="filepath")
+                vfile = gr.File(label="Video", file_types=["video"], type="filepath", elem_id="vs-video-file")
                 with gr.Column():
                     vkind = gr.Radio(PROMPTS, value="short", label="Prompt")
                     vquestion = gr.Textbox(label="Question")
@@ -216,6 +215,8 @@ def build(service: Service, source: str | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
+    from app.cli import UsageError
+
     if not 0 < args.port < 65536:
         raise UsageError("--port must be within 1..65535")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no network calls from this machine

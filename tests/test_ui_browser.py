@@ -215,3 +215,38 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
         ctx.close()
         browser.close()
     engine_idle(client)
+
+
+def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp_path):
+    import av
+
+    clip = tmp_path / "upload.mp4"
+    with av.open(str(SAMPLES / "cuts_640x360_30fps.mp4")) as src, av.open(str(clip), "w") as dst:
+        out = dst.add_stream("libx264", rate=30)
+        out.width, out.height, out.pix_fmt = 640, 360, "yuv420p"
+        for i, frame in enumerate(src.decode(video=0)):
+            if i >= 60:
+                break
+            for packet in out.encode(av.VideoFrame.from_ndarray(frame.to_ndarray(format="rgb24"), format="rgb24")):
+                dst.mux(packet)
+        for packet in out.encode():
+            dst.mux(packet)
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        page.goto(server)
+        page.get_by_role("tab", name="Video file").click()
+        page.locator("#vs-video-file input[type=file]").set_input_files(str(clip))
+        page.get_by_label("Every n-th frame").fill("6")
+        page.wait_for_timeout(1000)  # the upload lands before the run starts
+        page.click("#vs-video-run")
+        page.wait_for_selector("#vs-video-note:has-text('frames captioned')", timeout=120_000)
+        assert "10 frames captioned" in page.inner_text("#vs-video-note")
+        assert page.get_attribute("#vs-video-table [role=grid]", "aria-rowcount") == "11"  # header + 10 frames
+        second = page.locator('#vs-video-table [role=row][aria-rowindex="3"]').inner_text().split()
+        assert second[0] == "6" and len(second) > 3  # frame 6, its time, its caption, its latency
+        links = page.locator("a[download]")
+        names = {links.nth(i).get_attribute("download") or links.nth(i).inner_text() for i in range(links.count())}
+        assert {"captions.srt", "captions.vtt", "captions.jsonl", "annotated.mp4"} <= names, names
+        page.screenshot(path=str(ARTIFACTS / "ui_video.png"), full_page=True)
+        browser.close()

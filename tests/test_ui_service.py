@@ -159,3 +159,14 @@ def test_views_render_what_the_snapshot_holds():
     for shown in ("59.5", ">7<", ">3<", "91.0 %", "10 / 700", "pipelined"):
         assert shown in html
 
+
+
+def test_importing_the_ui_loads_nothing_heavy():
+    import subprocess
+    import sys
+
+    code = ("import sys, app.ui, app.service; "
+            "print(sorted(m for m in ('torch', 'gradio', 'av', 'cv2') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout  # gradio and the engine load when the UI is built
