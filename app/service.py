@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,7 @@ import numpy as np
 SAMPLES_DIR = Path(__file__).resolve().parent.parent / "sample_videos"
 LIVE_FPS = 60.0
 LIVE_MAX_INFLIGHT = 6
+RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about this long
 
 
 class UIError(Exception):
@@ -85,6 +87,7 @@ class Service:
         self._lock = threading.RLock()
         self._engine = None
         self._feeds: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> LiveFeed
+        self._history: deque = deque(maxlen=4096)  # engine stats snapshots behind the current rates
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -116,6 +119,7 @@ class Service:
                 if self._engine is not None:
                     self._engine.close(cancel=True)
                     self._engine = None
+                self._history.clear()
                 try:
                     self.engine()
                 except Exception:
@@ -127,12 +131,25 @@ class Service:
         return "engine reloaded" if reload else "settings applied"
 
     def engine_stats(self) -> dict:
+        """The engine's figures now: tokens/s and busy % over the last few seconds, not since start."""
         with self._lock:
             if self._engine is None:
                 return {}
             s = self._engine.stats()
-        return {"batch": s.running, "waiting": s.waiting, "tokens_per_s": round(s.tokens_per_s, 1),
-                "device_busy_pct": round(100 * s.device_busy_fraction, 1), "kv_pages_in_use": s.kv_pages_in_use,
+            history = self._history
+            history.append(s)
+            while len(history) > 1 and s.wall_seconds - history[1].wall_seconds >= RATE_WINDOW_S:
+                history.popleft()
+            first = history[0]
+            if first.wall_seconds > s.wall_seconds or first.tokens > s.tokens:  # counters were reset
+                history.clear()
+                history.append(s)
+                first = s
+        dt = s.wall_seconds - first.wall_seconds
+        tokens_per_s = (s.tokens - first.tokens) / dt if dt > 0.2 else s.tokens_per_s
+        busy = (s.busy_seconds - first.busy_seconds) / dt if dt > 0.2 else s.device_busy_fraction
+        return {"batch": s.running, "waiting": s.waiting, "tokens_per_s": round(tokens_per_s, 1),
+                "device_busy_pct": round(100 * min(max(busy, 0.0), 1.0), 1), "kv_pages_in_use": s.kv_pages_in_use,
                 "kv_pages_total": s.kv_pages_total, "mode": "pipelined" if self.settings.pipelined else "blocking"}
 
     # ---------------------------------------------------------------- live feeds

@@ -151,6 +151,7 @@ class Engine:
             running=sum(1 for s in self._running if not s.finalized), waiting=len(self._waiting),
             images=len(self._images), steps=self._steps, tokens=self._tokens,
             device_busy_fraction=min(busy / wall, 1.0), tokens_per_s=self._tokens / wall,
+            busy_seconds=busy, wall_seconds=wall,
         )
 
     def set_pipeline_depth(self, depth: int) -> None:

@@ -82,3 +82,5 @@ class EngineStats:
     tokens: int
     device_busy_fraction: float
     tokens_per_s: float
+    busy_seconds: float = 0.0  # device busy time and wall time behind the two ratios above, so a
+    wall_seconds: float = 0.0  # monitor can difference two snapshots for current rates

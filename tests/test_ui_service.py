@@ -56,12 +56,14 @@ def test_live_feed_on_a_sample_gives_captions_for_the_frames_they_describe(servi
         assert all(set(p.stages_ms) == {"queue", "vision", "prefill", "decode"} for p in snap.latency)
         assert all(p.end_to_end_ms > 0 for p in snap.latency)
         assert service.feed("tab-a") is feed and service.feed("tab-b") is None
+        busy = wait_for(lambda: (e := service.engine_stats())["tokens_per_s"] > 0 and e["device_busy_pct"] > 0 and e)
+        assert busy["mode"] == "pipelined" and busy["kv_pages_total"] > 0
     finally:
         service.stop_live("tab-a")
     assert not feed.running and service.feed("tab-a") is None
-    stats = service.engine().stats()
     wait_for(lambda: service.engine().stats().kv_pages_in_use == 0)
-    assert stats.kv_pages_total > 0
+    # the figures are current, not averages since start: idle now means 0 tokens/s
+    wait_for(lambda: service.engine_stats()["tokens_per_s"] == 0, timeout=20)
 
 
 def test_closing_a_tab_cancels_its_requests_and_leaves_other_tabs_running(service):
