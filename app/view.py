@@ -23,11 +23,17 @@ STAGE_COLORS = {"queue": "#9aa5b1", "vision": "#4c78a8", "prefill": "#f58518", "
 MAX_BARS = 120
 
 
+MAX_PAGE_WIDTH = 960  # larger frames are scaled down for the page: 15 updates/s stay light on the wire
+
+
 def jpeg_data_uri(rgb: np.ndarray, quality: int = 80) -> str:
     from PIL import Image
 
+    img = Image.fromarray(rgb)
+    if img.width > MAX_PAGE_WIDTH:
+        img = img.resize((MAX_PAGE_WIDTH, round(img.height * MAX_PAGE_WIDTH / img.width)), Image.Resampling.BILINEAR)
     buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="JPEG", quality=quality)
+    img.save(buf, format="JPEG", quality=quality)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 

@@ -172,3 +172,18 @@ def test_importing_the_ui_loads_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout  # gradio and the engine load when the UI is built
+
+
+def test_large_frames_are_scaled_down_for_the_page():
+    import base64
+    import io
+
+    from PIL import Image
+
+    from app.view import MAX_PAGE_WIDTH, jpeg_data_uri
+
+    uri = jpeg_data_uri(np.zeros((1080, 1920, 3), np.uint8))
+    img = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+    assert img.size == (MAX_PAGE_WIDTH, 540)
+    small = Image.open(io.BytesIO(base64.b64decode(jpeg_data_uri(np.zeros((360, 640, 3), np.uint8)).split(",")[1])))
+    assert small.size == (640, 360)
