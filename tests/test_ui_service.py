@@ -53,6 +53,8 @@ def test_live_feed_on_a_sample_gives_captions_for_the_frames_they_describe(servi
         snap = wait_for(lambda: (s := feed.snapshot()).counters["completed"] >= 5 and s)
         assert snap.running and snap.error is None and snap.text and snap.frame_rgb.shape == (360, 640, 3)
         assert snap.log[-1].text == snap.text and snap.log[-1].index == snap.index
+        # the caption shown is the one for the frame shown: the same frame alone gets the same words
+        assert service.caption_image(snap.frame_rgb, make_task("short"))["text"] == snap.text
         assert all(set(p.stages_ms) == {"queue", "vision", "prefill", "decode"} for p in snap.latency)
         assert all(p.end_to_end_ms > 0 for p in snap.latency)
         assert service.feed("tab-a") is feed and service.feed("tab-b") is None
