@@ -17,6 +17,7 @@ from app.service import Service, Settings, UIError, make_task, sample_videos
 
 PAGE_HZ = 15.0  # frame + caption updates per second pushed to a watching page (at most)
 SLOW_HZ = 2.0  # chart, counters and log
+MIN_GAP_S = 0.02
 DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
 PROMPTS = ["short", "normal", "long", "question"]
 CONSTRAINTS = ["none", "choices", "regex", "json schema"]
@@ -42,7 +43,7 @@ def build(service: Service, source: str | None = None):
                     gr.skip(), gr.skip()
                 time.sleep(3.0 / PAGE_HZ)
             return
-        version, slow_at = -1, 0.0
+        version, next_at, slow_at = -1, time.monotonic(), 0.0
         try:
             while True:
                 if service.feed(sid) is not feed:  # replaced by a new Start: that one owns the page now
@@ -50,11 +51,12 @@ def build(service: Service, source: str | None = None):
                         yield gr.skip(), counters_html(feed.snapshot().counters, service.engine_stats(), False), \
                             gr.skip(), gr.skip()
                     return
-                snap = feed.snapshot()
                 now = time.monotonic()
+                full = now >= slow_at or not feed.running
+                snap = feed.snapshot(full=full)
                 frame = frame_html(snap) if snap.version != version else gr.skip()
                 version = snap.version
-                if now >= slow_at or not snap.running:
+                if full:
                     slow_at = now + 1.0 / SLOW_HZ
                     yield (frame, counters_html(snap.counters, service.engine_stats(), snap.running, snap.error),
                            chart_svg(snap.latency, feed.window_s), log_text(snap.log))
@@ -62,7 +64,10 @@ def build(service: Service, source: str | None = None):
                     yield frame, gr.skip(), gr.skip(), gr.skip()
                 if not snap.running:
                     return
-                time.sleep(1.0 / PAGE_HZ)
+                next_at += 1.0 / PAGE_HZ  # a steady rate, not work + sleep; never a busy catch-up
+                now = time.monotonic()
+                next_at = max(next_at, now + MIN_GAP_S)
+                time.sleep(next_at - now)
         finally:  # the page went away (or Stop): nothing keeps running for nobody
             if service.feed(sid) is feed:
                 service.stop_live(sid)

@@ -132,11 +132,15 @@ class LiveFeed:
                 self._latency.popleft()
             self.version += 1
 
-    def snapshot(self) -> FeedSnapshot:
-        stats = self.session.stats()
-        stats["in_flight"] = self.session.in_flight
-        if self._grabber is not None:
-            stats["overwritten_at_grab"] = self._grabber.overwritten
+    def snapshot(self, full: bool = True) -> FeedSnapshot:
+        """The newest result; with full=False, without log, latency history and counters (cheap
+        enough for every page update, while those change the page only a couple of times a second)."""
+        stats = {}
+        if full:
+            stats = self.session.stats()
+            stats["in_flight"] = self.session.in_flight
+            if self._grabber is not None:
+                stats["overwritten_at_grab"] = self._grabber.overwritten
         with self._lock:
             r = self._latest
             return FeedSnapshot(
@@ -144,7 +148,7 @@ class LiveFeed:
                 frame_rgb=None if r is None else r.frame.rgb, text="" if r is None else r.output.text.strip(),
                 pts=0.0 if r is None else r.frame.pts, index=-1 if r is None else r.frame.index,
                 end_to_end_ms=0.0 if r is None else r.end_to_end_ms,
-                log=list(self._log), latency=list(self._latency), counters=stats)
+                log=list(self._log) if full else [], latency=list(self._latency) if full else [], counters=stats)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the source, cancel what is in flight, and join the threads (idempotent)."""

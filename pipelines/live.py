@@ -22,6 +22,7 @@ from engine import Engine, RequestOutput, SamplingParams
 
 from .sources import Frame
 
+LATENCY_WINDOW = 36_000  # ten minutes at 60 fps
 STAGES = ("queue", "preprocess", "vision", "prefill", "first_token", "decode", "total", "end_to_end")
 
 
@@ -46,7 +47,8 @@ class LiveSession:
         self._stop = threading.Event()
         self.frames_in = self.submitted = self.completed = 0
         self.cancelled_stale = self.cancelled_deadline = self.cancelled_closed = self.dropped = 0
-        self._latency: dict[str, list[float]] = {s: [] for s in STAGES}
+        # Percentiles cover the last LATENCY_WINDOW results: a session that runs for days must not grow.
+        self._latency: dict[str, deque[float]] = {s: deque(maxlen=LATENCY_WINDOW) for s in STAGES}
         self._completions: deque[float] = deque(maxlen=120)
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="vlmstream-live", daemon=True)
@@ -141,7 +143,7 @@ class LiveSession:
         }
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
-    a = np.asarray(values)
+def _percentiles(values) -> dict[str, float]:
+    a = np.fromiter(values, dtype=np.float64, count=len(values))
     return {"p50": round(float(np.percentile(a, 50)), 3), "p90": round(float(np.percentile(a, 90)), 3),
             "p99": round(float(np.percentile(a, 99)), 3)}
