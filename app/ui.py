@@ -15,7 +15,7 @@ from pathlib import Path
 
 from app.service import Service, Settings, UIError, make_task, sample_videos
 
-PAGE_HZ = 15.0  # frame + caption updates per second pushed to a watching page (at most)
+PAGE_HZ = 12.0  # frame + caption updates per second pushed to a watching page (at most)
 SLOW_HZ = 2.0  # chart, counters and log
 MIN_GAP_S = 0.02
 DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
