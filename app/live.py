@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from app.cli import UsageError
+from app.cli import UsageError, realtime_dtype
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {r.output.text.strip()}", flush=True)
 
     interrupted = False
-    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
+    with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
                              max_batch_size=max(4, args.max_inflight))) as engine:
         # warm-up: the first step pays one-time costs a live stream should not see
         warm = np.zeros((240, 320, 3), np.uint8) if network else next(frames()).rgb

@@ -220,12 +220,13 @@ def build(service: Service, source: str | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.cli import UsageError
+    from app.cli import UsageError, realtime_dtype
 
     if not 0 < args.port < 65536:
         raise UsageError("--port must be within 1..65535")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no network calls from this machine
-    service = Service(Settings(model=args.model, device=args.device, dtype=args.dtype))
+    dtype = realtime_dtype(args.device, args.dtype)
+    service = Service(Settings(model=args.model, device=args.device, dtype=dtype))
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
         demo = build(service, args.source)

@@ -6,7 +6,7 @@ import argparse
 import sys
 import threading
 
-from app.cli import UsageError
+from app.cli import UsageError, realtime_dtype
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted = False
     summaries: list[BatchSummary] = []
-    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype)) as engine:
+    with Engine(EngineConfig(model=args.model, device=args.device,
+                             dtype=realtime_dtype(args.device, args.dtype))) as engine:
         with ThreadPoolExecutor(max_workers=min(4, len(sources))) as pool:
             futures = [pool.submit(process, i, src) for i, src in enumerate(sources)]
             try:

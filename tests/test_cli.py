@@ -108,3 +108,19 @@ def test_console_script_exit_codes(tmp_path):
                         text=True, env=env, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["finish_reason"] in ("stop", "length")
+
+
+def test_realtime_commands_pick_bf16_only_on_cpus_that_compute_it_natively(monkeypatch):
+    import engine.device as device
+    from app.cli import realtime_dtype
+
+    assert device.cpu_has_native_bf16("processor : 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")
+    assert device.cpu_has_native_bf16("flags : fpu amx_bf16 amx_tile\n")
+    assert not device.cpu_has_native_bf16("flags : fpu avx2 avx512f avx512bw\n")
+    assert not device.cpu_has_native_bf16("")
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda cpuinfo=None: True)
+    assert realtime_dtype("cpu", None) == "bfloat16"
+    assert realtime_dtype("cpu", "float32") == "float32"  # an explicit choice always wins
+    assert realtime_dtype("cuda", None) is None  # the engine's CUDA default (bf16)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    assert realtime_dtype("cpu", None) is None  # fp32

@@ -55,13 +55,13 @@ def named(text: str) -> set[tuple[str, str]]:
     return set(_MENTION.findall(text.lower()))
 
 
-def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu",
+def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str | None = None,
              progress: Callable[[int, int], None] | None = None) -> dict:
     hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # name -> [right, total]
     examples = []
     t0 = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=64)
-    with Engine(EngineConfig(model=model, device=device, max_batch_size=32)) as engine:
+    with Engine(EngineConfig(model=model, device=device, dtype=dtype, max_batch_size=32)) as engine:
         pending = []
         for i in range(n):
             rng = np.random.default_rng([HELDOUT_SEED, i])
