@@ -204,7 +204,18 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
         page.goto(server)
         page.get_by_role("tab", name="Browser webcam").click()
         page.get_by_text("Click to Access Webcam").click()
-        page.get_by_role("button", name="capture photo").click()  # Gradio's record button starts streaming
+        # the camera must be delivering frames before Gradio's record button starts a stream
+        page.wait_for_function("(() => { const v = document.querySelector('#vs-cam video');"
+                               " return v && v.readyState >= 2 && v.videoWidth > 0; })()", timeout=60_000)
+        record = page.get_by_role("button", name="capture photo")
+        for _ in range(3):
+            if "Stop" not in record.inner_text():  # "Record" until a stream runs, then "Stop"
+                record.click()
+            try:
+                page.wait_for_selector("#vs-cam-frame #vs-caption", timeout=20_000)
+                break
+            except playwright_api.TimeoutError:
+                continue  # the click landed before the stream could start: once more
         page.wait_for_selector("#vs-cam-frame #vs-caption", timeout=60_000)
         page.wait_for_function("document.querySelectorAll('#vs-cam-frame #vs-caption').length && "
                                "Number(document.querySelector('#vs-cam-frame #vs-frame').dataset.index) >= 5",
