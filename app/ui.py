@@ -151,13 +151,13 @@ def build(service: Service, source: str | None = None):
             chart = gr.HTML(chart_svg([], 30.0), elem_id="vs-chart-box")
             live_inputs = [src, upload, kind, question, ckind, ctext]
             live_outputs = [frame, counters, chart, log]
-            started = start.click(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
-                                  api_name=False)
+            # also an API: gradio_client can follow a live source (frame HTML, counters, chart, log)
+            start.click(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
+                        api_name="live")
             stop_btn.click(stop, None, counters, api_name=False, concurrency_limit=None)
             if default_source:
                 demo.load(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
                           api_name=False)
-            del started
         with gr.Tab("Browser webcam"):
             with gr.Row():
                 cam = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Your camera",

@@ -261,3 +261,21 @@ def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp
         assert {"captions.srt", "captions.vtt", "captions.jsonl", "annotated.mp4"} <= names, names
         page.screenshot(path=str(ARTIFACTS / "ui_video.png"), full_page=True)
         browser.close()
+
+
+def test_api_follows_a_live_source(client):
+    job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", api_name="/live")
+    frames, counters = set(), ""
+    deadline = time.time() + 90
+    for frame_html, counters_html, _chart, _log in job:
+        if isinstance(frame_html, str) and 'id="vs-caption"' in frame_html:
+            frames.add(frame_html.split('data-index="', 1)[1].split('"', 1)[0])
+        if isinstance(counters_html, str) and "fps" in counters_html:
+            counters = counters_html
+        if len(frames) >= 5 or time.time() > deadline:
+            break
+    job.cancel()
+    assert len(frames) >= 5 and "captioned" in counters
+    frame_html, counters_html, _, _ = client.predict("/nonexistent/clip.mp4", None, "short", "", "none", "",
+                                                     api_name="/live")
+    assert "error: no such file" in frame_html and "stopped" in counters_html  # a message, not a dead stream
