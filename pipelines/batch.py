@@ -57,7 +57,7 @@ class BatchSummary:
 
 
 def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, params: SamplingParams,
-                 sampling: Sampling, done: set[tuple[str, int]] | None = None, max_inflight: int = 16,
+                 sampling: Sampling, done: set[tuple[str, int]] | None = None, max_inflight: int = 32,
                  on_frame: Callable[[FrameResult], None] | None = None,
                  summary: BatchSummary | None = None, stop: threading.Event | None = None) -> BatchSummary:
     summary = summary or BatchSummary()
