@@ -12,8 +12,7 @@ from app.cli import UsageError, realtime_dtype
 
 def run(args: argparse.Namespace) -> int:
     from engine import Engine, EngineConfig, SamplingParams
-    from pipelines.grabber import LatestFrameGrabber
-    from pipelines.live import LiveSession
+    from pipelines.feed import LiveFeed
     from pipelines.sources import FileSource, SourceError, StreamSource, WebcamSource, parse_webcam
 
     import numpy as np
@@ -54,32 +53,23 @@ def run(args: argparse.Namespace) -> int:
         # warm-up: the first step pays one-time costs a live stream should not see
         warm = np.zeros((240, 320, 3), np.uint8) if network else next(frames()).rgb
         engine.submit(warm, params=params, **task).result(timeout=120)
-        grabber = LatestFrameGrabber(frames, realtime=not network, loop=args.duration is not None and not network)
-        session = LiveSession(engine, task, params, args.max_inflight, args.deadline_ms, on_result=show)
-        t0, next_t = time.perf_counter(), 0.0
+        feed = LiveFeed(engine, task, params, frames, realtime=not network,
+                        loop=args.duration is not None and not network, fps=args.fps,
+                        max_inflight=args.max_inflight, deadline_ms=args.deadline_ms, on_result=show)
+        t0 = time.perf_counter()
         try:
-            while args.duration is None or time.perf_counter() - t0 < args.duration:
-                frame = grabber.get(timeout=1.0)
-                if frame is None:
-                    if grabber.ended:
-                        break
-                    continue
-                if time.perf_counter() - t0 < next_t:
-                    continue  # faster than --fps: skip
-                next_t = max(next_t + 1.0 / args.fps, time.perf_counter() - t0 - 1.0 / args.fps)
-                session.offer(frame)
+            while feed.running and (args.duration is None or time.perf_counter() - t0 < args.duration):
+                time.sleep(0.05)
         except KeyboardInterrupt:
             interrupted = True
-        except SourceError as e:  # the stream stayed unreachable: report what we have
-            if not session.frames_in:
-                raise
-            print(f"vlmstream: warning: {e}", file=sys.stderr)
         finally:
-            grabber.close()
-            session.close()
-        stats = session.stats()
+            feed.close(cancel=False)
+        if isinstance(feed.exception, SourceError) and not feed.session.frames_in:
+            raise feed.exception  # nothing was ever read: a plain error
+        if feed.error:  # the stream broke off after a while: report what we have
+            print(f"vlmstream: warning: {feed.error}", file=sys.stderr)
+        stats = feed.snapshot().counters
     stats["kv_pages_in_use_after"] = engine.stats().kv_pages_in_use
-    stats["overwritten_at_grab"] = grabber.overwritten
     if args.json:
         print(json.dumps(stats))
     else:

@@ -64,15 +64,17 @@ class LiveFeed:
     def __init__(self, engine: Engine, task: dict, params: SamplingParams,
                  frames: Callable[[], Iterator[Frame]] | None = None, realtime: bool = True, loop: bool = False,
                  fps: float = 60.0, max_inflight: int = 6, deadline_ms: float | None = None,
-                 window_s: float = 30.0, log_size: int = 200):
-        self.task, self.fps, self.window_s = task, fps, window_s
+                 window_s: float = 30.0, log_size: int = 200,
+                 on_result: Callable[[LiveResult], None] | None = None):
+        self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.version = 0
         self._latest: LiveResult | None = None
         self._log: deque[LogLine] = deque(maxlen=log_size)
         self._latency: deque[LatencyPoint] = deque()
-        self.error: str | None = None
+        self.error: str | None = None  # one line for a page; `exception` is what was raised
+        self.exception: Exception | None = None
         self._pushed = 0
         self._t0 = time.perf_counter()
         self.session = LiveSession(engine, task, params, max_inflight, deadline_ms, on_result=self._on_result)
@@ -113,6 +115,7 @@ class LiveFeed:
                 next_t = max(next_t + 1.0 / self.fps, now - 1.0 / self.fps)
                 self.session.offer(frame)
         except Exception as e:  # a source that failed (unreachable stream, unreadable file)
+            self.exception = e
             self.error = str(e).splitlines()[0] if str(e) else type(e).__name__
         finally:
             with self._lock:
@@ -131,6 +134,8 @@ class LiveFeed:
             while self._latency and self._latency[0].wall < now - self.window_s:
                 self._latency.popleft()
             self.version += 1
+        if self.on_result:
+            self.on_result(r)
 
     def snapshot(self, full: bool = True) -> FeedSnapshot:
         """The newest result; with full=False, without log, latency history and counters (cheap
@@ -150,12 +155,14 @@ class LiveFeed:
                 end_to_end_ms=0.0 if r is None else r.end_to_end_ms,
                 log=list(self._log) if full else [], latency=list(self._latency) if full else [], counters=stats)
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the source, cancel what is in flight, and join the threads (idempotent)."""
+    def close(self, cancel: bool = True, timeout: float = 10.0) -> None:
+        """Stop the source and join the threads (idempotent). cancel: drop what is in flight (a
+        viewer left) instead of letting it finish (a timed run that reports every caption)."""
         self._stop.set()
         if self._grabber is not None:
             self._grabber.close()
         if self._pump is not None:
             self._pump.join(timeout)
-        self.session.cancel_all()
-        self.session.close(timeout)
+        if cancel:
+            self.session.cancel_all()
+        self.session.close(timeout if cancel else max(timeout, 30.0))
