@@ -13,35 +13,17 @@ from app.cli import UsageError, realtime_dtype
 def run(args: argparse.Namespace) -> int:
     from engine import Engine, EngineConfig, SamplingParams
     from pipelines.feed import LiveFeed
-    from pipelines.sources import FileSource, SourceError, StreamSource, WebcamSource, parse_webcam
+    from pipelines.sources import SourceError, open_live
 
     import numpy as np
 
-    camera = parse_webcam(args.source)
-    network = "://" in args.source
     if args.fps <= 0 or args.max_inflight < 1 or (args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
     if args.question is not None and not args.question.strip():
         raise UsageError("--question is empty")
-    if camera is not None:
-        stream = WebcamSource(camera)  # fails now if there is no camera
-        network = True  # like a stream: already real time, nothing to loop
-    elif network:
-        stream = StreamSource(args.source)  # checks the scheme; redacts credentials
-    else:
-        FileSource(args.source).close()  # fail fast on a bad file
+    frames, recorded = open_live(args.source)
     task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
     params = SamplingParams(max_tokens=args.max_tokens)
-
-    def frames():
-        if network:
-            yield from stream.frames()
-            return
-        src = FileSource(args.source, threads=False)
-        try:
-            yield from src.frames()
-        finally:
-            src.close()
 
     def show(r) -> None:
         if not args.json:
@@ -51,10 +33,10 @@ def run(args: argparse.Namespace) -> int:
     with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
                              max_batch_size=max(4, args.max_inflight))) as engine:
         # warm-up: the first step pays one-time costs a live stream should not see
-        warm = np.zeros((240, 320, 3), np.uint8) if network else next(frames()).rgb
+        warm = next(frames()).rgb if recorded else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **task).result(timeout=120)
-        feed = LiveFeed(engine, task, params, frames, realtime=not network,
-                        loop=args.duration is not None and not network, fps=args.fps,
+        feed = LiveFeed(engine, task, params, frames, realtime=recorded,
+                        loop=args.duration is not None and recorded, fps=args.fps,
                         max_inflight=args.max_inflight, deadline_ms=args.deadline_ms, on_result=show)
         t0 = time.perf_counter()
         try:

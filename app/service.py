@@ -156,7 +156,7 @@ class Service:
     def start_live(self, session: str, source: str, task: dict) -> object:
         """Start (or restart) this session's live feed from a sample name, file path, URL or webcam index."""
         from pipelines.feed import LiveFeed
-        from pipelines.sources import FileSource, StreamSource, WebcamSource, parse_webcam
+        from pipelines.sources import open_live, parse_webcam
 
         source = (source or "").strip()
         if not source:
@@ -164,26 +164,10 @@ class Service:
         self.stop_live(session)
         if source in sample_videos():
             source = str(SAMPLES_DIR / source)
-        camera, network = parse_webcam(source), "://" in source
-        if camera is not None:
-            cam = WebcamSource(camera)
-            frames, realtime, loop = cam.frames, False, False
-        elif network:
-            stream = StreamSource(source)
-            frames, realtime, loop = stream.frames, False, False
-        else:
-            if not Path(source).is_file():
-                raise UIError(f"no such file: {source}")
-            FileSource(source).close()  # a junk file fails here, in one line
-
-            def frames():
-                src = FileSource(source, threads=False)
-                try:
-                    yield from src.frames()
-                finally:
-                    src.close()
-            realtime, loop = True, True  # a recording plays as if live, round and round
-        feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=realtime, loop=loop, fps=LIVE_FPS,
+        if parse_webcam(source) is None and "://" not in source and not Path(source).is_file():
+            raise UIError(f"no such file: {source}")
+        frames, recorded = open_live(source)  # a recording plays as if live, round and round
+        feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded, fps=LIVE_FPS,
                         max_inflight=LIVE_MAX_INFLIGHT)
         with self._lock:
             self._feeds[(session, "pull")] = feed

@@ -130,7 +130,7 @@ def build(service: Service, source: str | None = None):
         gr.Markdown("# vlmstream\nReal-time video understanding: every frame captioned by a vision-language model.")
         with gr.Tab("Live"):
             with gr.Row():
-                src = gr.Dropdown(samples + ["0"], value=default_source, allow_custom_value=True, scale=3,
+                src = gr.Dropdown(samples + ["webcam:0"], value=default_source, allow_custom_value=True, scale=3,
                                   label="Source: a sample, a webcam index on the server, a URL or a path")
                 upload = gr.File(label="...or a video file to play live", file_types=["video"], type="filepath",
                                  scale=2)

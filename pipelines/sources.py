@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -238,3 +238,27 @@ def parse_webcam(source: str) -> int | None:
     if index < 0:
         raise SourceError(f"webcam index must be >= 0, got {index}")
     return index
+
+
+def open_live(source: str) -> tuple[Callable[[], Iterator[Frame]], bool]:
+    """A source to watch live, by name: webcam:N, a stream URL, or a video file.
+
+    Returns a function giving a fresh iterator of its frames, and whether the source is a
+    recording (to be paced at its own speed, and loopable) rather than already real time. The
+    source is checked now (camera present, URL scheme, file readable), so a mistake fails here.
+    """
+    camera = parse_webcam(source)
+    if camera is not None:
+        return WebcamSource(camera).frames, False
+    if "://" in source:
+        return StreamSource(source).frames, False  # checks the scheme; redacts credentials
+    FileSource(source).close()
+
+    def frames() -> Iterator[Frame]:
+        src = FileSource(source, threads=False)
+        try:
+            yield from src.frames()
+        finally:
+            src.close()
+
+    return frames, True
