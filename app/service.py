@@ -100,11 +100,11 @@ class Service:
                                                    pipeline_depth=2 if self.settings.pipelined else 1))
             return self._engine
 
-    def params(self, seed: int | None = None):
+    def params(self):
         from engine import SamplingParams
 
         s = self.settings
-        return SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens, seed=seed)
+        return SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens)
 
     def apply(self, settings: Settings) -> str:
         """Change settings; a new model or device stops every feed and reloads the engine."""
@@ -114,12 +114,7 @@ class Service:
             old, self.settings = self.settings, settings
             reload = (old.model, old.device, old.dtype) != (settings.model, settings.device, settings.dtype)
             if reload:
-                for key in list(self._feeds):
-                    self._feeds.pop(key).close()
-                if self._engine is not None:
-                    self._engine.close(cancel=True)
-                    self._engine = None
-                self._history.clear()
+                self.close()
                 try:
                     self.engine()
                 except Exception:
@@ -252,9 +247,11 @@ class Service:
                 "x_real_time": round(speed, 2), "warnings": summary.errors}
 
     def close(self) -> None:
+        """Stop every feed and close the engine (a later call to `engine()` opens a new one)."""
         with self._lock:
             for key in list(self._feeds):
                 self._feeds.pop(key).close()
             if self._engine is not None:
                 self._engine.close(cancel=True)
                 self._engine = None
+            self._history.clear()
