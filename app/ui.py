@@ -26,7 +26,7 @@ CONSTRAINTS = ["none", "choices", "regex", "json schema"]
 def build(service: Service, source: str | None = None):
     import gradio as gr
 
-    from app.view import CSS, chart_svg, counters_html, frame_html, log_text
+    from app.view import chart_svg, counters_html, frame_html, log_text
     from engine import VlmstreamError
 
     samples = sample_videos()
@@ -221,6 +221,7 @@ def build(service: Service, source: str | None = None):
 
 def run(args: argparse.Namespace) -> int:
     from app.cli import UsageError, realtime_dtype
+    from app.view import CSS
 
     if not 0 < args.port < 65536:
         raise UsageError("--port must be within 1..65535")
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
         demo = build(service, args.source)
-        demo.launch(server_name=args.host, server_port=args.port, css=_css(), ssr_mode=False, quiet=False,
+        demo.launch(server_name=args.host, server_port=args.port, css=CSS, ssr_mode=False, quiet=False,
                     show_error=True)
     except KeyboardInterrupt:
         return 130
@@ -238,8 +239,3 @@ def run(args: argparse.Namespace) -> int:
         service.close()
     return 0
 
-
-def _css() -> str:
-    from app.view import CSS
-
-    return CSS

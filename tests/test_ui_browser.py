@@ -36,7 +36,8 @@ def free_port() -> int:
 def server():
     port = free_port()
     exe = Path(sys.executable).with_name("vlmstream")
-    log = open(ARTIFACTS.mkdir(exist_ok=True) or ARTIFACTS / "ui_server.log", "w")
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = open(ARTIFACTS / "ui_server.log", "w")
     p = subprocess.Popen([str(exe), "ui", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}/"

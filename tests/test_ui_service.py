@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.service import SAMPLES_DIR, Service, Settings, UIError, make_constraint, make_task, sample_videos
-from app.view import chart_svg, counters_html, frame_html, log_text
+from app.view import chart_svg, counters_html, frame_html
 from engine import Choice, JsonSchema, Regex, VlmstreamError
 from pipelines.feed import LatencyPoint
 
