@@ -276,6 +276,9 @@ class UsageError(VlmstreamError):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    from engine.device import keep_freed_memory
+
+    keep_freed_memory()
     try:
         return args.func(args)
     except VlmstreamError as e:

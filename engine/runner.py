@@ -106,25 +106,27 @@ class Runner:
             images.append((img.crops, img.tiling, self.kv_slots(img.pages)[:P],
                            _padded(img.pages, _aligned(P, ps) // ps)))
 
-        prefills, rows = [], []
+        # Chunks of equal length and key span run as one batched forward (one sequence has at most
+        # one chunk per step, so batching never reorders a sequence's own chunks): a step admitting
+        # eight frames runs one 8-row prompt prefill instead of eight 1-row ones.
+        groups: dict[tuple[int, int], list] = {}
         for ch in plan.prefills:
-            s = ch.seq
             pos0 = P + ch.start
-            positions = np.arange(pos0, pos0 + ch.length)
-            n_ctx = _aligned(pos0 + ch.length, ps)
-            cow = None
-            if ch.start == 0 and P % ps:
-                cow = (s.image.pages[P // ps], s.pages[0])
+            groups.setdefault((ch.length, _aligned(pos0 + ch.length, ps)), []).append(ch)
+        prefills, rows = [], []
+        for (length, n_ctx), chunks in groups.items():
+            positions = np.stack([np.arange(P + ch.start, P + ch.start + length) for ch in chunks])
+            cows = [(ch.seq.image.pages[P // ps], ch.seq.pages[0]) for ch in chunks if ch.start == 0 and P % ps]
+            last = [i for i, ch in enumerate(chunks) if ch.last]
             prefills.append((
-                self._to(s.prompt[ch.start:ch.start + ch.length])[None],
-                self._to(positions)[None],
-                self._to(s.kv_slots[positions]),
-                self._to(_padded(s.page_table, n_ctx // ps))[None],
-                self._to(np.arange(n_ctx)[None, :] <= positions[:, None], torch.bool)[None, None],
-                cow, ch.last,
+                self._to(np.stack([ch.seq.prompt[ch.start:ch.start + length] for ch in chunks])),
+                self._to(positions),
+                self._to(np.concatenate([ch.seq.kv_slots[pos] for ch, pos in zip(chunks, positions)])),
+                self._to(np.stack([_padded(ch.seq.page_table, n_ctx // ps) for ch in chunks])),
+                self._to(np.arange(n_ctx)[None, None, :] <= positions[:, :, None], torch.bool)[:, None],
+                cows, self._to(last) if last else None,
             ))
-            if ch.last:
-                rows.append(s)
+            rows.extend(chunks[i].seq for i in last)
 
         decode = None
         if plan.decodes:
@@ -171,13 +173,13 @@ class Runner:
                 self._encode_images(images)
                 busy["images"] = (time.perf_counter() - t0) * 1000.0
             t0 = time.perf_counter()
-            for ids, pos, write, gather, mask, cow, last in prefills:
-                if cow is not None:
+            for ids, pos, write, gather, mask, cows, last in prefills:
+                for cow in cows:
                     self.copy_page(*cow)
                 text = self.model.text
                 h = text(text.embed(ids), pos, self._attend(write, gather, mask))
-                if last:
-                    logits.append(text.logits(h[:, -1]))
+                if last is not None:
+                    logits.append(text.logits(h[last, -1]))
             busy["prefill"] = (time.perf_counter() - t0) * 1000.0
             t0 = time.perf_counter()
             if decode is not None:

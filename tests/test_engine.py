@@ -237,3 +237,13 @@ def test_worker_error_reaches_the_caller(small_folder, images, monkeypatch):
         eng.submit(images[0], caption="short")
     eng.close()
     assert eng.pool.n_free == eng.pool.n_pages
+
+
+def test_keep_freed_memory_applies_on_glibc_linux():
+    import platform
+    import sys
+
+    from engine.device import keep_freed_memory
+
+    expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert keep_freed_memory() is expected

@@ -8,12 +8,32 @@ stitched, pooled tile features are concatenated per patch and projected by `proj
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import VisionConfig
 from .tiling import reconstruct
+
+
+_GELU_K = 2.0 * math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation, as x * sigmoid(2u) (= 0.5 x (1 + tanh u)), computed in fp32.
+
+    The same function as F.gelu(approximate="tanh") (within fp32 rounding), but torch's CPU tanh
+    kernel makes F.gelu 2.3x slower than this on CPU, where it was an eighth of a video step.
+    CUDA and autograd keep the fused kernel.
+    """
+    if x.is_cuda or (x.requires_grad and torch.is_grad_enabled()):
+        return F.gelu(x, approximate="tanh")
+    xf = x.float()
+    u = xf * xf
+    u.mul_(0.044715 * _GELU_K).add_(_GELU_K).mul_(xf)
+    return u.sigmoid_().mul_(xf).to(x.dtype)
 
 
 class MLP(nn.Module):
@@ -23,7 +43,7 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(n_hidden, n_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+        return self.fc2(gelu_tanh(self.fc1(x)))
 
 
 class _Attention(nn.Module):
