@@ -298,7 +298,9 @@ def _templates(data: Any) -> Templates:
 class EngineConfig:
     """How an `Engine` runs. `pipeline_depth` 2 overlaps host bookkeeping of step t with the
     device running step t+1; 1 is the blocking baseline (same code, commit after every step).
-    `kv_pages` None sizes the pool for `max_batch_size` full-context sequences plus their images."""
+    `kv_pages` None sizes the pool for `max_batch_size` full-context sequences plus their images.
+    `triton_kernels`: decode attention, KV write and sampling through the Triton kernels of
+    `engine.kernels` (None: on CUDA only; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
 
     model: str = "tiny"
     device: str = "cpu"
@@ -310,6 +312,7 @@ class EngineConfig:
     prefill_token_budget: int = 512
     max_queue: int = 4096
     debug_checks: bool = False
+    triton_kernels: bool | None = None
 
     def __post_init__(self) -> None:
         if self.pipeline_depth not in (1, 2):

@@ -64,6 +64,18 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     return False
 
 
+def use_triton_kernels(flag: bool | None, device: torch.device) -> bool:
+    """Resolve EngineConfig.triton_kernels: default on for CUDA; on CPU only in Triton's interpreter."""
+    if flag is None:
+        return device.type == "cuda"
+    if flag and device.type == "cpu":
+        import os
+
+        if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on"):
+            raise ConfigError("triton_kernels=True on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, for tests)")
+    return bool(flag)
+
+
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 

@@ -24,7 +24,7 @@ from .models.loader import LoadedModel
 from .models.text import KV_ALIGN, attention
 from .models.tiling import crops_to_tensor
 from .reference import exact_attention
-from .sampler import advance_constraints, apply_constraints, sample, step_uniform, suppress
+from .sampler import advance_constraints, apply_constraints, constraint_mask, sample, step_uniform, suppress
 from .scheduler import StepPlan
 from .sequence import Sequence
 
@@ -43,8 +43,14 @@ class _Slot:
 
 
 class Runner:
-    def __init__(self, loaded: LoadedModel, n_pages: int, page_size: int, max_batch: int, executor: Executor):
+    def __init__(self, loaded: LoadedModel, n_pages: int, page_size: int, max_batch: int, executor: Executor,
+                 kernels: bool = False):
         self.model = loaded.model
+        self.kernels = None
+        if kernels:  # imported only here: Triton decides at import whether to interpret (CPU tests)
+            from .kernels import kv_write, paged_attention, sampling
+
+            self.kernels = (kv_write.kv_write_triton, paged_attention.paged_attention_triton, sampling.sample_triton)
         self.config = loaded.config
         self.device = loaded.device
         self.page_size = page_size
@@ -86,6 +92,19 @@ class Runner:
             keys = self.k[layer].view(-1, ps, hk, d).index_select(0, flat).view(n, -1, hk, d).transpose(1, 2)
             values = self.v[layer].view(-1, ps, hk, d).index_select(0, flat).view(n, -1, hk, d).transpose(1, 2)
             return attention(q, keys, values, mask, self.exact)
+
+        return attend
+
+    def _attend_kernels(self, write_idx: torch.Tensor, pages_BP: torch.Tensor, seq_lens_B: torch.Tensor):
+        """attend() for one decode token per row through the Triton kernels (KV write, paged attention)."""
+        kv_write, paged_attention, _ = self.kernels
+        ps = self.page_size
+
+        def attend(layer: int, q, k, v):
+            kv_write(self.k[layer], self.v[layer], k[:, :, 0], v[:, :, 0], write_idx)
+            out = paged_attention(q[:, :, 0], self.k[layer], self.v[layer], pages_BP, seq_lens_B, ps,
+                                  q.shape[-1] ** -0.5)
+            return out[:, :, None]
 
         return attend
 
@@ -185,14 +204,22 @@ class Runner:
             if decode is not None:
                 slots_d, pos, write, gather, mask = decode
                 text = self.model.text
-                h = text(text.embed(self.last_token[slots_d])[:, None], pos, self._attend(write, gather, mask))
+                if self.kernels:
+                    attend = self._attend_kernels(write, gather, pos[:, 0] + 1)
+                else:
+                    attend = self._attend(write, gather, mask)
+                h = text(text.embed(self.last_token[slots_d])[:, None], pos, attend)
                 logits.append(text.logits(h[:, -1]))
             if rows:
                 slots_r, temp, top_p, u, not_first = sampling
                 all_logits = torch.cat(logits)
-                suppress(all_logits, cfg.tokenizer.answer_id, not_first)
-                masked = apply_constraints(all_logits, constraint_groups, self.fsm_state)
-                tokens = sample(all_logits, temp, top_p, u, all_greedy)
+                if self.kernels:
+                    allowed, masked = constraint_mask(all_logits, constraint_groups, self.fsm_state)
+                    tokens = self.kernels[2](all_logits, allowed, not_first, cfg.tokenizer.answer_id, temp, top_p, u)
+                else:
+                    suppress(all_logits, cfg.tokenizer.answer_id, not_first)
+                    masked = apply_constraints(all_logits, constraint_groups, self.fsm_state)
+                    tokens = sample(all_logits, temp, top_p, u, all_greedy)
                 advance_constraints(tokens, masked, self.fsm_state)
                 self.last_token[slots_r] = tokens
                 self.executor.to_host(tokens, slot.tokens[: len(rows)])

@@ -35,9 +35,11 @@ def sample(
 ) -> torch.Tensor:
     """Next token per row (int64, shape (B,)).
 
-    Rows with temperature 0 take the argmax (first index among ties). Others keep the smallest
-    set of most probable tokens whose mass reaches top_p (a token stays if the mass before it is
-    <= top_p) and invert that distribution's CDF at u.
+    Rows with temperature 0 take the argmax (first index among ties). Others keep every token
+    whose strictly more probable tokens weigh at most top_p (the nucleus; tokens of equal
+    probability are kept or dropped together) and invert that distribution's CDF at u, summing
+    in vocabulary order. The definition needs no sort, so a kernel can compute it in passes over
+    the vocabulary (`engine.kernels.sampling`); this function is its reference.
     """
     logits = logits_BV.float()
     greedy = logits.argmax(dim=-1)
@@ -45,16 +47,21 @@ def sample(
         return greedy
     t = torch.where(temperature_B > 0, temperature_B, torch.ones_like(temperature_B)).float()
     probs = torch.softmax(logits / t[:, None], dim=-1)
-    p_sorted, idx = probs.sort(dim=-1, descending=True, stable=True)
+    p_sorted = probs.sort(dim=-1, descending=True).values
+    # Mass of the strictly more probable tokens, for each sorted entry: the exclusive cumulative
+    # sum at the first entry of its group of equal values.
     before = p_sorted.cumsum(dim=-1) - p_sorted
-    p_sorted = torch.where(before > top_p_B.float()[:, None], torch.zeros_like(p_sorted), p_sorted)
-    cdf = p_sorted.cumsum(dim=-1)
-    target = (u_B.float() * cdf[:, -1]).unsqueeze(1)
-    pick = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
-    # Past the kept set's total only through rounding: fall back to the last kept token.
-    kept = (p_sorted > 0).sum(dim=-1, keepdim=True) - 1
-    pick = torch.minimum(pick, kept)
-    sampled = idx.gather(1, pick).squeeze(1)
+    first = torch.searchsorted(-p_sorted, -p_sorted, right=False)
+    greater = before.gather(1, first)
+    n_kept = (greater <= top_p_B.float()[:, None]).sum(dim=-1, keepdim=True).clamp_(min=1)
+    threshold = p_sorted.gather(1, n_kept - 1)
+    kept = (probs >= threshold) & (probs > 0)
+    cdf = (probs * kept).cumsum(dim=-1)
+    target = u_B.float()[:, None] * cdf[:, -1:]
+    pick = torch.searchsorted(cdf, target, right=True)
+    # Past the kept total only through rounding: fall back to the last kept token.
+    last = kept.shape[-1] - 1 - kept.flip(-1).int().argmax(dim=-1, keepdim=True)
+    sampled = torch.minimum(pick, last).squeeze(1)
     return torch.where(temperature_B > 0, sampled, greedy)
 
 
@@ -73,6 +80,19 @@ def apply_constraints(logits_RV: torch.Tensor, groups: list, fsm_state: torch.Te
         logits_RV[rows] = sub
         out.append((automaton, rows, slots, states))
     return out
+
+
+def constraint_mask(logits_RV: torch.Tensor, groups: list, fsm_state: torch.Tensor) -> tuple:
+    """For the fused sampling kernel: (uint8 (R, V) mask or None, what `advance_constraints` needs)."""
+    if not groups:
+        return None, []
+    allowed = torch.ones(logits_RV.shape, dtype=torch.uint8, device=logits_RV.device)
+    out = []
+    for automaton, rows, slots, first in groups:
+        states = torch.where(first, torch.zeros_like(slots), fsm_state[slots])
+        allowed[rows] = automaton.allowed(states).to(torch.uint8)
+        out.append((automaton, rows, slots, states))
+    return allowed, out
 
 
 def advance_constraints(tokens_R: torch.Tensor, masked: list, fsm_state: torch.Tensor) -> None:

@@ -18,7 +18,8 @@ def test_greedy_takes_first_maximum():
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = _logits([[0.2, 0.5, 0.3]]).expand(3, 3)
     t, p = torch.ones(3), torch.full((3,), 0.6)
-    # kept: 0.5 (mass before 0) and 0.3 (mass before 0.5 <= 0.6); 0.2 dropped. CDF 0.625 | 1.0
+    # kept: 0.5 (mass before 0) and 0.3 (mass before 0.5 <= 0.6); 0.2 dropped.
+    # CDF in vocabulary order over the kept tokens 1, 2: 0.625 | 1.0
     out = sample(logits, t, p, torch.tensor([0.0, 0.6, 0.99]))
     assert out.tolist() == [1, 1, 2]
     assert 0 not in sample(logits, t, p, torch.tensor([0.7, 0.8, 0.999999])).tolist()
@@ -44,9 +45,26 @@ def test_temperature_sharpens():
 
 def test_mixed_batch_greedy_and_sampled_rows():
     logits = _logits([[0.3, 0.7], [0.3, 0.7]])
-    # Sorted, the CDF is [0.7 (token 1), 1.0 (token 0)]: u = 0.9 samples token 0.
-    out = sample(logits, torch.tensor([0.0, 1.0]), torch.ones(2), torch.tensor([0.9, 0.9]))
+    # In vocabulary order the CDF is [0.3 (token 0), 1.0 (token 1)]: u = 0.2 samples token 0.
+    out = sample(logits, torch.tensor([0.0, 1.0]), torch.ones(2), torch.tensor([0.2, 0.2]))
     assert out.tolist() == [1, 0]
+
+
+def test_tokens_of_equal_probability_are_kept_together():
+    # 0.4 | 0.3 0.3: with top_p 0.5 both 0.3 tokens have 0.4 before them and are kept.
+    logits = _logits([[0.3, 0.4, 0.3]]).expand(3, 3)
+    out = sample(logits, torch.ones(3), torch.full((3,), 0.5), torch.tensor([0.1, 0.5, 0.9]))
+    assert out.tolist() == [0, 1, 2]
+    # With top_p 0.3 only the most probable token stays.
+    out = sample(logits, torch.ones(3), torch.full((3,), 0.3), torch.tensor([0.1, 0.5, 0.9]))
+    assert out.tolist() == [1, 1, 1]
+
+
+def test_masked_tokens_are_never_sampled():
+    logits = torch.tensor([[float("-inf"), 1.0, float("-inf"), 1.0]]).expand(64, 4)
+    u = (torch.arange(64, dtype=torch.float32) + 0.5) / 64
+    out = sample(logits, torch.ones(64), torch.ones(64), u)
+    assert set(out.tolist()) == {1, 3}
 
 
 def test_step_uniform():
