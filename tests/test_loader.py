@@ -182,3 +182,21 @@ def test_peak_memory_is_not_doubled(tmp_path):
     assert size > 300e6
     # The fp32 model plus one tensor: file pages are released as they are read, no second copy.
     assert grown < 1.25 * size, (grown / size)
+
+
+def test_random_layouts_load_without_a_folder():
+    import pytest
+    import torch
+
+    from engine.errors import ModelLoadError
+    from engine.models.loader import load_model
+
+    a, b = load_model("random:tiny"), load_model("random:tiny")
+    tiny = load_model("tiny")
+    assert a.config == tiny.config and a.name == "random:tiny"
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert sa.keys() == tiny.model.state_dict().keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)  # deterministic
+    assert not torch.equal(sa["text.wte"], tiny.model.state_dict()["text.wte"])
+    with pytest.raises(ModelLoadError, match="random:moondream2"):
+        load_model("random:gpt")

@@ -8,6 +8,9 @@ to the device, into a model built on the meta device, so peak host memory is the
 plus one tensor.
 
 `tiny` names the embedded default model (`engine/models/tiny/`, written by `vlmstream train-tiny`).
+`random:moondream2` (or `random:tiny`) builds that layout with deterministic random weights drawn
+directly on the target device, for benchmarks of a full-size model where no checkpoint exists
+(the tiny tokenizer stands in: random weights make every token equally meaningless).
 """
 
 from __future__ import annotations
@@ -80,8 +83,13 @@ def check_header(ckpt: Checkpoint, config: ModelConfig) -> None:
             raise ModelLoadError(f"{ckpt.path}: weight {key} has unsupported dtype {ckpt.dtype_name(key)}")
 
 
+RANDOM_PREFIX = "random:"
+
+
 def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
                dtype: str | torch.dtype | None = None) -> LoadedModel:
+    if isinstance(spec, str) and spec.startswith(RANDOM_PREFIX):
+        return random_model(spec[len(RANDOM_PREFIX):], device, dtype)
     folder = resolve_model_dir(spec)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -103,3 +111,25 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
     model.load_state_dict(state, assign=True, strict=True)
     model.eval().requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=folder, name=str(spec))
+
+
+def random_model(layout: str, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                 seed: int = 0) -> LoadedModel:
+    """A model of a known layout with random weights generated on `device` (see the module doc)."""
+    from .weights import random_state_dict
+
+    if layout == "moondream2":
+        config = ModelConfig()
+    elif layout == "tiny":
+        config = read_config(TINY_DIR)
+    else:
+        raise ModelLoadError(f"unknown random layout {layout!r} (use random:moondream2 or random:tiny)")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    with torch.device("meta"):
+        model = MoondreamModel(config)
+    state = {k[len(PREFIX):]: v for k, v in random_state_dict(config, seed=seed, dtype=dt, device=dev).items()}
+    model.load_state_dict(state, assign=True, strict=True)
+    model.eval().requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=Tokenizer(TINY_DIR / "tokenizer.json"), config=config,
+                       path=TINY_DIR, name=RANDOM_PREFIX + layout)
