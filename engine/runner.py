@@ -153,12 +153,13 @@ class Runner:
             n_ctx = _aligned(int(positions.max()) + 1, ps)
             gather = np.stack([_padded(s.page_table, n_ctx // ps) for s in plan.decodes])
             write = np.array([s.kv_slots[p] for s, p in zip(plan.decodes, positions)])
+            # One host-to-device transfer for the step's integer inputs instead of four.
+            b = len(plan.decodes)
+            packed = self._to(np.concatenate([[s.slot for s in plan.decodes], positions, write, gather.reshape(-1)]))
+            pos_d = packed[b:2 * b]
             decode = (
-                self._to([s.slot for s in plan.decodes]),
-                self._to(positions)[:, None],
-                self._to(write),
-                self._to(gather),
-                self._to(np.arange(n_ctx)[None, :] <= positions[:, None], torch.bool)[:, None, None, :],
+                packed[:b], pos_d[:, None], packed[2 * b:3 * b], packed[3 * b:].view(b, -1),
+                (torch.arange(n_ctx, device=self.device)[None, :] <= pos_d[:, None])[:, None, None, :],
             )
             rows.extend(plan.decodes)
 
@@ -167,12 +168,12 @@ class Runner:
         all_greedy = all(p.temperature == 0 for p in params)
         sampling = None
         if rows:
+            r = len(rows)
+            floats = self._to([p.temperature for p in params] + [p.top_p for p in params]
+                              + [step_uniform(p.seed, s.launched) for p, s in zip(params, rows)], torch.float32)
             sampling = (
-                self._to([s.slot for s in rows]),
-                self._to([p.temperature for p in params], torch.float32),
-                self._to([p.top_p for p in params], torch.float32),
-                self._to([step_uniform(p.seed, s.launched) for p, s in zip(params, rows)], torch.float32),
-                self._to([i >= n_first for i in range(len(rows))], torch.bool),
+                self._to([s.slot for s in rows]), floats[:r], floats[r:2 * r], floats[2 * r:],
+                torch.arange(r, device=self.device) >= n_first,
             )
 
         groups = {}
