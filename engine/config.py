@@ -299,6 +299,8 @@ class EngineConfig:
     """How an `Engine` runs. `pipeline_depth` 2 overlaps host bookkeeping of step t with the
     device running step t+1; 1 is the blocking baseline (same code, commit after every step).
     `kv_pages` None sizes the pool for `max_batch_size` full-context sequences plus their images.
+    `cuda_graphs`: decode replayed as CUDA graphs by batch-size bucket (None: on CUDA; False is
+    the eager fallback; CUDA only).
     `triton_kernels`: decode attention, KV write and sampling through the Triton kernels of
     `engine.kernels` (None: on CUDA only; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
 
@@ -313,6 +315,7 @@ class EngineConfig:
     max_queue: int = 4096
     debug_checks: bool = False
     triton_kernels: bool | None = None
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         if self.pipeline_depth not in (1, 2):

@@ -76,6 +76,15 @@ def use_triton_kernels(flag: bool | None, device: torch.device) -> bool:
     return bool(flag)
 
 
+def graph_mode(flag: bool | None, device: torch.device) -> str | None:
+    """Resolve EngineConfig.cuda_graphs: "capture" (CUDA graphs for decode) or None (eager)."""
+    if flag and device.type != "cuda":
+        raise ConfigError("cuda_graphs=True needs a CUDA device")
+    if flag is None:
+        flag = device.type == "cuda"
+    return "capture" if flag else None
+
+
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 

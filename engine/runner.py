@@ -44,7 +44,7 @@ class _Slot:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, n_pages: int, page_size: int, max_batch: int, executor: Executor,
-                 kernels: bool = False):
+                 kernels: bool = False, graphs: str | None = None):
         self.model = loaded.model
         self.kernels = None
         if kernels:  # imported only here: Triton decides at import whether to interpret (CPU tests)
@@ -57,10 +57,19 @@ class Runner:
         self.exact = exact_attention(loaded)
         self.executor = executor
         t = loaded.config.text
-        shape = (t.n_layers, n_pages * page_size, t.n_kv_heads, t.head_dim)
+        # With decode graphs, one page past the pool is scratch for padding rows, and one token
+        # slot past max_batch is theirs.
+        shape = (t.n_layers, (n_pages + (graphs is not None)) * page_size, t.n_kv_heads, t.head_dim)
         self.k = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
-        self.last_token = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
+        self.last_token = torch.zeros(max_batch + 1, dtype=torch.int64, device=self.device)
+        self.graphs = None
+        if graphs is not None:
+            from .graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self._static_decode, max_batch, -(-t.max_context // page_size),
+                                       pad_slot=max_batch, scratch_page=n_pages, page_size=page_size,
+                                       device=self.device, capture=graphs == "capture")
         self.fsm_state = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
         self.max_rows = 2 * max_batch  # decodes + first tokens of prefills that end this step
         self.slots = [_Slot(self.max_rows, self.device), _Slot(self.max_rows, self.device)]
@@ -108,6 +117,23 @@ class Runner:
 
         return attend
 
+    def _static_decode(self, slots_B, pos_B, write_B, pages_BP, lens_B) -> torch.Tensor:
+        """The decode forward of DecodeGraphs: fixed shapes, reads only its inputs and fixed tensors."""
+        if self.kernels:
+            attend = self._attend_kernels(write_B, pages_BP, lens_B)
+        else:
+            from .kernels.kv_write import kv_write_reference
+            from .kernels.paged_attention import paged_attention_reference
+
+            def attend(layer: int, q, k, v):
+                kv_write_reference(self.k[layer], self.v[layer], k[:, :, 0], v[:, :, 0], write_B)
+                out = paged_attention_reference(q[:, :, 0], self.k[layer], self.v[layer], pages_BP, lens_B,
+                                                self.page_size, q.shape[-1] ** -0.5)
+                return out[:, :, None]
+        text = self.model.text
+        h = text(text.embed(self.last_token[slots_B])[:, None], pos_B[:, None], attend)
+        return text.logits(h[:, -1])
+
     def _to(self, x: np.ndarray | list, dtype=torch.int64) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), dtype=dtype).to(self.device, non_blocking=True)
 
@@ -147,8 +173,15 @@ class Runner:
             ))
             rows.extend(chunks[i].seq for i in last)
 
-        decode = None
-        if plan.decodes:
+        decode = graph_decode = None
+        if plan.decodes and self.graphs is not None:
+            positions = np.array([P + len(s.prompt) + s.launched - 1 for s in plan.decodes])
+            write = np.array([s.kv_slots[p] for s, p in zip(plan.decodes, positions)])
+            n, packed = self.graphs.host_inputs([s.slot for s in plan.decodes], positions, write,
+                                                [s.page_table for s in plan.decodes])
+            graph_decode = (n, self._to(packed), len(plan.decodes))
+            rows.extend(plan.decodes)
+        elif plan.decodes:
             positions = np.array([P + len(s.prompt) + s.launched - 1 for s in plan.decodes])
             n_ctx = _aligned(int(positions.max()) + 1, ps)
             gather = np.stack([_padded(s.page_table, n_ctx // ps) for s in plan.decodes])
@@ -202,6 +235,9 @@ class Runner:
                     logits.append(text.logits(h[last, -1]))
             busy["prefill"] = (time.perf_counter() - t0) * 1000.0
             t0 = time.perf_counter()
+            if graph_decode is not None:
+                n, packed, b = graph_decode
+                logits.append(self.graphs.run(n, packed)[:b])
             if decode is not None:
                 slots_d, pos, write, gather, mask = decode
                 text = self.model.text

@@ -12,7 +12,8 @@ skipped when the time budget could not hold it):
   sampling: greedy rows exact and sampled rows equal except at float-rounding boundaries
   (>= 97 % of rows); with timings of kernel and reference;
 - engine_parity: the tiny model with kernels on vs off (tokens), pipelined vs blocking with kernels;
-- cuda_graphs: graph replay vs eager (reported as not implemented until the engine has graphs);
+- cuda_graphs: decode graphs vs the eager path (tokens of tiny and full size; replay vs eager
+  logits of every captured bucket, which must be equal);
 - bench_tiny / bench_full: `vlmstream bench` pipelined vs blocking at 1, 8, 32 streams for the tiny
   model and for the full-size layout with random bf16 weights drawn on the device (`random:moondream2`);
 - single_query: a question with 3 answer tokens on a 378x378 image, full size: p50/p99 and TTFT;
@@ -171,7 +172,32 @@ def engine_parity(device: torch.device) -> dict:
 
 
 def cuda_graphs(device: torch.device) -> dict:
-    return {"status": "not implemented: the engine has no CUDA graphs yet", "ok": None}
+    """Decode graphs (per batch-size bucket) against the eager path: tokens, and replay vs eager logits."""
+    if device.type != "cuda":
+        return {"status": "CUDA only (the static decode step is tested on CPU in tests/test_graphs.py)", "ok": None}
+    out = {}
+    for model, n, tokens in (("tiny", 16, 32), (FULL, 6, 12)):
+        base = dict(model=model, device=str(device))
+        eager = _run_requests(EngineConfig(**base, cuda_graphs=False), n, tokens)
+        graphs = _run_requests(EngineConfig(**base, cuda_graphs=True), n, tokens)
+        out[model] = {"requests": n, "identical": sum(a == b for a, b in zip(eager, graphs))}
+    worst = 0.0
+    with Engine(EngineConfig(model="tiny", device=str(device), cuda_graphs=True)) as engine:
+        _ = [h.result(timeout=120) for h in [engine.submit(np.zeros((64, 64, 3), np.uint8), caption="short",
+                                                           params=SamplingParams(max_tokens=8)) for _ in range(5)]]
+        g = engine.runner.graphs
+        for n, (graph, replay_out) in g._graphs.items():
+            _, views = g._static[n]
+            slots, pos, write, lens, pages = views
+            graph.replay()
+            replayed = replay_out.float().clone()
+            eager = g.forward(slots, pos, write, pages, lens).float()
+            torch.cuda.synchronize(device)
+            worst = max(worst, float((replayed - eager).abs().max()))
+        out["buckets_captured"] = sorted(g._graphs)
+    out["replay_vs_eager_max_abs"] = worst
+    out["ok"] = worst == 0.0 and all(v["identical"] == v["requests"] for k, v in out.items() if isinstance(v, dict))
+    return out
 
 
 def _bench(model: str, device: torch.device) -> dict:
@@ -303,6 +329,7 @@ def table(r: dict) -> str:
         ("sampling kernel match", get("kernels", "sampling", "match_fraction"), ">= 0.97, greedy exact"),
         ("kv write exact", get("kernels", "kv_write", "exact"), "True"),
         ("pipelined == blocking (kernels)", get("engine_parity", "pipelined_vs_blocking_identical"), "True"),
+        ("graph replay vs eager max abs", get("cuda_graphs", "replay_vs_eager_max_abs"), "0"),
         ("full: pipelined/blocking @1", get("bench_full", "streams", "1", "ratio"), ">= 1.10"),
         ("full: pipelined/blocking @32", get("bench_full", "streams", "32", "ratio"), ">= 1.25"),
         ("tiny: pipelined/blocking @32", get("bench_tiny", "streams", "32", "ratio"), ""),

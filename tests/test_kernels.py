@@ -19,18 +19,11 @@ from engine.errors import ConfigError
 
 @pytest.fixture(scope="module")
 def kernels():
-    # Triton chooses at decoration time whether a kernel is interpreted: set the flag, then
-    # (re)import the kernel modules.
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    mods = {}
-    for name in ("kv_write", "paged_attention", "sampling"):
-        mods[name] = importlib.reload(importlib.import_module(f"engine.kernels.{name}"))
-    yield mods
-    if old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = old
+    # conftest sets TRITON_INTERPRET=1 before anything imports triton (Triton's own @jit helpers
+    # such as tl.sum are decorated once, at its first import).
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("kernels run on a GPU here; these tests are for Triton's interpreter")
+    return {name: importlib.import_module(f"engine.kernels.{name}") for name in ("kv_write", "paged_attention", "sampling")}
 
 
 def _seed() -> int:
@@ -146,7 +139,7 @@ def test_engine_with_kernels_gives_the_tokens_of_the_torch_path(kernels):
             handles = [engine.submit(img, caption="short", params=p) for img, p in zip(images, params)]
             handles.append(engine.submit(images[0], question="What color is the circle?", params=params[0]))
             outs[flag] = [h.result(timeout=300).token_ids for h in handles]
-            assert engine.stats().kv_pages_in_use == 0
+        assert engine.stats().kv_pages_in_use == 0
     assert outs[True] == outs[False]
 
 

@@ -1,0 +1,102 @@
+"""Decode as a static-shape step, captured once per batch-size bucket as a CUDA graph.
+
+A decode step of B rows runs in the smallest bucket >= B (1, 2, 4, 8, 16, 32, ..., max batch):
+the step's inputs are copied into that bucket's fixed buffers, padding rows point at a scratch
+KV page, a dummy token slot and a length of 1, and the forward writes its logits into a fixed
+buffer whose first B rows are the step's. Attention reads each row's page table up to its own
+length (`engine.kernels.paged_attention`), so the shapes never depend on the context length.
+
+On CUDA each bucket's forward is captured once (after a warm-up on a side stream) and replayed;
+`capture=False` runs the same static step eagerly, which is how CPU tests check the padding
+and bucketing that the graphs replay. Graph replay must equal the eager static step.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+def buckets(max_batch: int) -> list[int]:
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return out + [max_batch]
+
+
+class DecodeGraphs:
+    """Static decode buffers per bucket; `run` fills them and replays (or runs) the forward.
+
+    forward(slots_B, pos_B, write_B, pages_BP, lens_B) -> logits (B, V) must only read its
+    inputs and the model's fixed tensors (weights, KV cache, last-token table).
+    """
+
+    def __init__(self, forward: Callable[..., torch.Tensor], max_batch: int, max_pages: int,
+                 pad_slot: int, scratch_page: int, page_size: int, device: torch.device, capture: bool):
+        self.forward, self.device, self.capture = forward, device, capture
+        self.pad_slot, self.scratch_page, self.page_size = pad_slot, scratch_page, page_size
+        self.max_pages = max_pages
+        self.sizes = buckets(max_batch)
+        self._static: dict[int, tuple] = {}
+        self._graphs: dict[int, tuple] = {}
+        self._pool = None
+
+    def bucket(self, b: int) -> int:
+        for size in self.sizes:
+            if size >= b:
+                return size
+        raise ValueError(f"{b} decode rows exceed the largest bucket ({self.sizes[-1]})")
+
+    def host_inputs(self, slots: list[int], positions: np.ndarray, write: np.ndarray,
+                    page_tables: list[list[int]]) -> tuple[int, np.ndarray]:
+        """The bucket and one int64 array [slots | pos | write | lens | pages] padded to it."""
+        b = len(slots)
+        n = self.bucket(b)
+        packed = np.empty(n * (4 + self.max_pages), dtype=np.int64)
+        s, p, w, ln = (packed[i * n:(i + 1) * n] for i in range(4))
+        pages = packed[4 * n:].reshape(n, self.max_pages)
+        s[:b], s[b:] = slots, self.pad_slot
+        p[:b], p[b:] = positions, 0
+        w[:b], w[b:] = write, self.scratch_page * self.page_size
+        ln[:b], ln[b:] = positions + 1, 1
+        pages.fill(self.scratch_page)
+        for i, table in enumerate(page_tables):
+            used = min(len(table), self.max_pages)
+            pages[i, :used] = table[:used]
+        return n, packed
+
+    def _buffers(self, n: int) -> tuple:
+        if n not in self._static:
+            flat = torch.zeros(n * (4 + self.max_pages), dtype=torch.int64, device=self.device)
+            views = tuple(flat[i * n:(i + 1) * n] for i in range(4)) + (flat[4 * n:].view(n, self.max_pages),)
+            self._static[n] = (flat, views)
+        return self._static[n]
+
+    def run(self, n: int, packed: torch.Tensor) -> torch.Tensor:
+        """Logits (n, V) of the step whose padded inputs are `packed` (on the device)."""
+        flat, (slots, pos, write, lens, pages) = self._buffers(n)
+        flat.copy_(packed, non_blocking=True)
+        if not self.capture:
+            return self.forward(slots, pos, write, pages, lens)
+        if n not in self._graphs:
+            self._graphs[n] = self._capture(slots, pos, write, pages, lens)
+        graph, out = self._graphs[n]
+        graph.replay()
+        return out
+
+    def _capture(self, *inputs) -> tuple:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm-up: Triton compiles, the allocator settles
+            for _ in range(2):
+                self.forward(*inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self.forward(*inputs)
+        return graph, out
