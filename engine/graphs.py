@@ -1,4 +1,4 @@
-"""Decode as a static-shape step, captured once per batch-size bucket as a CUDA graph.
+"""Decode and vision as static-shape steps, captured once per bucket as CUDA graphs.
 
 A decode step of B rows runs in the smallest bucket >= B (1, 2, 4, 8, 16, 32, ..., max batch):
 the step's inputs are copied into that bucket's fixed buffers, padding rows point at a scratch
@@ -9,6 +9,9 @@ length (`engine.kernels.paged_attention`), so the shapes never depend on the con
 On CUDA each bucket's forward is captured once (after a warm-up on a side stream) and replayed;
 `capture=False` runs the same static step eagerly, which is how CPU tests check the padding
 and bucketing that the graphs replay. Graph replay must equal the eager static step.
+
+The vision encoder is graphed the same way by crop-count bucket (`VisionGraphs`): crops attend
+only within themselves, so padding crops never change the real ones.
 """
 
 from __future__ import annotations
@@ -88,15 +91,52 @@ class DecodeGraphs:
         return out
 
     def _capture(self, *inputs) -> tuple:
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up: Triton compiles, the allocator settles
-            for _ in range(2):
-                self.forward(*inputs)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self.forward(*inputs)
-        return graph, out
+        return capture(self.forward, inputs, self.device, self._pool)
+
+
+class VisionGraphs:
+    """The vision encoder per crop-count bucket: crops (N, 3, C, C) -> features (N, patches, dim)."""
+
+    def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], max_crops: int, crop_shape: tuple,
+                 dtype: torch.dtype, device: torch.device, capture: bool):
+        self.encode, self.device, self.capture = encode, device, capture
+        self.sizes = buckets(max_crops)
+        self.crop_shape, self.dtype = crop_shape, dtype
+        self._static: dict[int, torch.Tensor] = {}
+        self._graphs: dict[int, tuple] = {}
+        self._pool = None
+
+    def run(self, crops: torch.Tensor) -> torch.Tensor:
+        n = crops.shape[0]
+        if n > self.sizes[-1]:  # more crops than the largest bucket: eager, not an error
+            return self.encode(crops)
+        size = next(b for b in self.sizes if b >= n)
+        if size not in self._static:
+            self._static[size] = torch.zeros((size, *self.crop_shape), dtype=self.dtype, device=self.device)
+        static = self._static[size]
+        static[:n].copy_(crops, non_blocking=True)  # rows past n keep older crops: never read back
+        if not self.capture:
+            return self.encode(static)[:n]
+        if size not in self._graphs:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            self._graphs[size] = capture(self.encode, (static,), self.device, self._pool)
+        graph, out = self._graphs[size]
+        graph.replay()
+        return out[:n]
+
+
+def capture(fn: Callable[..., torch.Tensor], inputs: tuple, device: torch.device, pool) -> tuple:
+    """(graph, output) of fn(*inputs) captured after a warm-up on a side stream."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks, the allocator settles
+        for _ in range(2):
+            fn(*inputs)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn(*inputs)
+    return graph, out

@@ -29,6 +29,9 @@ from .scheduler import StepPlan
 from .sequence import Sequence
 
 
+VISION_GRAPH_CROPS = 64  # largest crop-count bucket with a vision graph; more crops run eagerly
+
+
 @dataclass
 class StepResult:
     rows: list[Sequence]  # sequences that got a token this step, in row order
@@ -63,13 +66,17 @@ class Runner:
         self.k = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
         self.last_token = torch.zeros(max_batch + 1, dtype=torch.int64, device=self.device)
-        self.graphs = None
+        self.graphs = self.vision_graphs = None
         if graphs is not None:
-            from .graphs import DecodeGraphs
+            from .graphs import DecodeGraphs, VisionGraphs
 
             self.graphs = DecodeGraphs(self._static_decode, max_batch, -(-t.max_context // page_size),
                                        pad_slot=max_batch, scratch_page=n_pages, page_size=page_size,
                                        device=self.device, capture=graphs == "capture")
+            vc = loaded.config.vision
+            self.vision_graphs = VisionGraphs(self.model.vision.encode, VISION_GRAPH_CROPS,
+                                              (vc.in_channels, vc.crop_size, vc.crop_size), loaded.dtype,
+                                              self.device, capture=graphs == "capture")
         self.fsm_state = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
         self.max_rows = 2 * max_batch  # decodes + first tokens of prefills that end this step
         self.slots = [_Slot(self.max_rows, self.device), _Slot(self.max_rows, self.device)]
@@ -268,7 +275,7 @@ class Runner:
     def _encode_images(self, images: list) -> None:
         model, cfg = self.model, self.config
         crops = crops_to_tensor(np.concatenate([c for c, _, _, _ in images]), self.device, model.dtype)
-        feats = model.vision.encode(crops)
+        feats = self.vision_graphs.run(crops) if self.vision_graphs else model.vision.encode(crops)
         prefixes, start = [], 0
         for c, tiling, _, _ in images:
             prefixes.append(model.prefix_embeddings(model.vision.project(feats[start:start + len(c)], tiling))[0])

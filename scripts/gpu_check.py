@@ -12,8 +12,8 @@ skipped when the time budget could not hold it):
   sampling: greedy rows exact and sampled rows equal except at float-rounding boundaries
   (>= 97 % of rows); with timings of kernel and reference;
 - engine_parity: the tiny model with kernels on vs off (tokens), pipelined vs blocking with kernels;
-- cuda_graphs: decode graphs vs the eager path (tokens of tiny and full size; replay vs eager
-  logits of every captured bucket, which must be equal);
+- cuda_graphs: decode and vision graphs vs the eager path (tokens of tiny and full size; replay
+  vs eager outputs of every captured bucket, which must be equal);
 - bench_tiny / bench_full: `vlmstream bench` pipelined vs blocking at 1, 8, 32 streams for the tiny
   model and for the full-size layout with random bf16 weights drawn on the device (`random:moondream2`);
 - single_query: a question with 3 answer tokens on a 378x378 image, full size: p50/p99 and TTFT;
@@ -195,6 +195,14 @@ def cuda_graphs(device: torch.device) -> dict:
             torch.cuda.synchronize(device)
             worst = max(worst, float((replayed - eager).abs().max()))
         out["buckets_captured"] = sorted(g._graphs)
+        vg = engine.runner.vision_graphs
+        for size, (graph, replay_out) in vg._graphs.items():
+            graph.replay()
+            replayed = replay_out.float().clone()
+            eager = vg.encode(vg._static[size]).float()
+            torch.cuda.synchronize(device)
+            worst = max(worst, float((replayed - eager).abs().max()))
+        out["vision_buckets_captured"] = sorted(vg._graphs)
     out["replay_vs_eager_max_abs"] = worst
     out["ok"] = worst == 0.0 and all(v["identical"] == v["requests"] for k, v in out.items() if isinstance(v, dict))
     return out

@@ -56,3 +56,24 @@ def test_static_decode_gives_the_eager_tokens(monkeypatch):
 def test_cuda_graphs_need_cuda():
     with pytest.raises(ConfigError, match="CUDA"):
         Engine(EngineConfig(model="tiny", cuda_graphs=True))
+
+
+def test_vision_graphs_pad_crops_without_changing_the_real_ones():
+    import torch
+
+    from engine.graphs import VisionGraphs
+    from engine.models.loader import load_model
+
+    model = load_model("tiny").model
+    vc = model.config.vision
+    vg = VisionGraphs(model.vision.encode, 8, (3, vc.crop_size, vc.crop_size), torch.float32, torch.device("cpu"),
+                      capture=False)
+    crops = torch.rand(3, 3, vc.crop_size, vc.crop_size) * 2 - 1
+    with torch.inference_mode():
+        eager = model.vision.encode(crops)
+        vg.run(torch.rand(4, 3, vc.crop_size, vc.crop_size))  # an earlier step leaves other crops behind
+        static = vg.run(crops)
+        big = vg.run(torch.rand(9, 3, vc.crop_size, vc.crop_size))  # past the largest bucket: eager
+    assert static.shape == eager.shape and sorted(vg._static) == [4]
+    assert torch.allclose(static, eager, atol=1e-5, rtol=1e-5)
+    assert big.shape[0] == 9
