@@ -137,6 +137,7 @@ def capture(fn: Callable[..., torch.Tensor], inputs: tuple, device: torch.device
             fn(*inputs)
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    # thread_local: a producer thread touching CUDA (a user's own code) must not break the capture.
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         out = fn(*inputs)
     return graph, out
