@@ -37,25 +37,3 @@ def test_a_short_training_run_writes_weights_the_engine_loads(tmp_path):
     loaded = load_model(str(tmp_path))  # strict: every key, every shape; the probe heads are not saved
     assert loaded.config.vision.crop_size == 126
     assert (tmp_path / "loss.png").stat().st_size > 0
-
-
-def test_reused_images_come_back_once_with_new_text(tmp_path):
-    import torch
-
-    from engine.models.loader import TINY_DIR, read_config
-    from tinyvlm.data import ItemStream
-
-    config = read_config(TINY_DIR)
-    tok = str(TINY_DIR / "tokenizer.json")
-    batches = list(ItemStream(config, tok, batch_size=4, start=0, n_batches=3, reuse=2))
-    assert [len(b.n_crops) for b in batches] == [2, 4, 4]  # the first batch has nothing to reuse yet
-    for prev, cur in zip(batches, batches[1:]):
-        n_new = sum(prev.n_crops[:2])
-        assert torch.equal(cur.crops[-n_new:], prev.crops[:n_new])  # last batch's new images, again
-        assert torch.equal(cur.labels[2:], prev.labels[:2])
-        def text(ids):
-            return ids[: int((ids != 0).nonzero().max()) + 1].tolist()
-
-        assert any(text(cur.ids[2 + i]) != text(prev.ids[i]) for i in range(2))  # new captions and questions
-    again = list(ItemStream(config, tok, batch_size=4, start=0, n_batches=3, reuse=2))
-    assert all(torch.equal(a.ids, b.ids) and torch.equal(a.crops, b.crops) for a, b in zip(batches, again))

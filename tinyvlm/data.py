@@ -42,7 +42,6 @@ class Item:
     tiling: tuple[int, int]
     blocks: list[tuple[list[int], list[int]]]  # (prompt ids, answer ids + EOS)
     labels: np.ndarray  # int64 (2, grid * grid): colour and shape index per image token
-    scene: Scene | None = None
 
 
 def patch_labels(scene: Scene, grid: int) -> np.ndarray:
@@ -81,10 +80,6 @@ def make_item(index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed:
     rng = np.random.default_rng([split_seed, index])
     scene = sample_scene(rng, max_width=max_width)
     crops, tiling = overlap_crops(render(scene), config.vision)
-    return Item(crops, tiling, _blocks(scene, config, tokenizer, rng), patch_labels(scene, config.vision.grid), scene)
-
-
-def _blocks(scene: Scene, config: ModelConfig, tokenizer: Tokenizer, rng: np.random.Generator) -> list:
     eos = config.tokenizer.eos_id
     blocks = []
     for length in ("short", "normal", "long"):
@@ -92,13 +87,7 @@ def _blocks(scene: Scene, config: ModelConfig, tokenizer: Tokenizer, rng: np.ran
                        tokenizer.encode(caption(scene, length, rng)) + [eos]))
     for q, a in questions(scene, rng, k=QUESTIONS_PER_ITEM):
         blocks.append((prompt_ids(config, tokenizer, question=q), tokenizer.encode(a) + [eos]))
-    return blocks
-
-
-def retold(item: Item, index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed: int = TRAIN_SEED) -> Item:
-    """The same rendered image with freshly drawn captions and questions (rendering is the costly part)."""
-    rng = np.random.default_rng([split_seed, index, 1])
-    return Item(item.crops, item.tiling, _blocks(item.scene, config, tokenizer, rng), item.labels, item.scene)
+    return Item(crops, tiling, blocks, patch_labels(scene, config.vision.grid))
 
 
 @dataclass
@@ -155,28 +144,16 @@ def collate(items: list[Item], prefix_len: int) -> Batch:
 
 
 class ItemStream(torch.utils.data.IterableDataset):
-    """Batches generated in a worker process from items start, start+1, ...
+    """Batches of items start..start+n, generated in a worker process."""
 
-    With `reuse` 2, a batch is half new images and half the previous batch's images with new
-    captions and questions: each rendered image serves two steps, so rendering (PIL, noise,
-    JPEG: as much CPU as a training step on this machine) costs half as much per step.
-    """
-
-    def __init__(self, config: ModelConfig, tokenizer_path: str, batch_size: int, start: int, n_batches: int,
-                 reuse: int = 1):
-        if reuse not in (1, 2) or (reuse == 2 and batch_size % 2):
-            raise ValueError("reuse must be 1, or 2 with an even batch size")
+    def __init__(self, config: ModelConfig, tokenizer_path: str, batch_size: int, start: int, n_batches: int):
         self.config, self.tokenizer_path = config, tokenizer_path
-        self.batch_size, self.start, self.n_batches, self.reuse = batch_size, start, n_batches, reuse
+        self.batch_size, self.start, self.n_batches = batch_size, start, n_batches
 
     def __iter__(self):
         torch.set_num_threads(1)
         tok = Tokenizer(self.tokenizer_path)
-        fresh = self.batch_size // self.reuse
-        previous: list[tuple[int, Item]] = []
         for b in range(self.n_batches):
-            first = self.start + b * fresh
-            new = [(first + i, make_item(first + i, self.config, tok)) for i in range(fresh)]
-            again = [retold(it, i, self.config, tok) for i, it in previous] if self.reuse == 2 else []
-            previous = new
-            yield collate([it for _, it in new] + again, self.config.prefix_len)
+            first = self.start + b * self.batch_size
+            items = [make_item(first + i, self.config, tok) for i in range(self.batch_size)]
+            yield collate(items, self.config.prefix_len)

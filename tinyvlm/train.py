@@ -57,8 +57,6 @@ class TrainConfig:
     # bf16 autocast: this CPU's bf16 matmuls are ~4x its fp32 ones, a training step ~1.7x faster;
     # master weights and the optimizer stay fp32.
     bf16: bool = True
-    # Each rendered image serves two consecutive steps (half new, half retold): more steps per minute.
-    reuse: int = 2
 
 
 AUX_WEIGHT = 0.5
@@ -138,8 +136,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
             return cfg.lr * (step + 1) / cfg.warmup
         return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
-    stream = ItemStream(config, str(out / "tokenizer.json"), cfg.batch_size, start=0, n_batches=cfg.steps,
-                        reuse=cfg.reuse)
+    stream = ItemStream(config, str(out / "tokenizer.json"), cfg.batch_size, start=0, n_batches=cfg.steps)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4,
                                          persistent_workers=False)
     rows, t0 = [], time.perf_counter()
