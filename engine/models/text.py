@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import TextConfig
-from .vision import MLP
+from .vision import MLP, sdpa
 
 # attend(layer, q_BHTD, k_BKTD, v_BKTD) -> out_BHTD
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -46,8 +46,7 @@ def attention(q_BHTD: torch.Tensor, k_BKLD: torch.Tensor, v_BKLD: torch.Tensor,
               mask: torch.Tensor | None, exact: bool) -> torch.Tensor:
     """Scaled dot-product attention; grouped-query when K < H. `exact`: batch invariant (see top)."""
     if not exact or q_BHTD.shape[2] == 1:
-        return F.scaled_dot_product_attention(q_BHTD, k_BKLD, v_BKLD, attn_mask=mask,
-                                              enable_gqa=q_BHTD.shape[1] != k_BKLD.shape[1])
+        return sdpa(q_BHTD, k_BKLD, v_BKLD, attn_mask=mask, enable_gqa=q_BHTD.shape[1] != k_BKLD.shape[1])
     group = q_BHTD.shape[1] // k_BKLD.shape[1]
     k = k_BKLD.double().repeat_interleave(group, dim=1) if group > 1 else k_BKLD.double()
     v = v_BKLD.double().repeat_interleave(group, dim=1) if group > 1 else v_BKLD.double()

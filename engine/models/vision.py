@@ -36,6 +36,20 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return u.sigmoid_().mul_(xf).to(x.dtype)
 
 
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+         enable_gqa: bool = False) -> torch.Tensor:
+    """F.scaled_dot_product_attention, computed in fp32 for bf16/fp16 inputs on CPU.
+
+    torch's CPU attention kernel in bf16 is slower than casting to fp32 and back (4x for a
+    32-row decode step, 1.1x for prefills here) and less exact. CUDA keeps the native kernels.
+    """
+    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
+                                             enable_gqa=enable_gqa)
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=enable_gqa)
+
+
 class MLP(nn.Module):
     def __init__(self, n_in: int, n_hidden: int, n_out: int):
         super().__init__()
@@ -66,7 +80,7 @@ class VisionBlock(nn.Module):
         b, n, c = x_BNC.shape
         qkv = self.attn.qkv(self.ln1(x_BNC))
         q, k, v = (t.view(b, n, self.n_heads, c // self.n_heads).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
-        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c)
+        a = sdpa(q, k, v).transpose(1, 2).reshape(b, n, c)
         x_BNC = x_BNC + self.attn.proj(a)
         return x_BNC + self.mlp(self.ln2(x_BNC))
 
