@@ -118,7 +118,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
                 summary[name] = {k: statistics.median(run[k] for run in runs[depth])
                                  for k in ("tokens_per_s", "end_to_end_tokens_per_s", "wall_s",
                                            "device_busy_fraction", "ttft_ms_p50")}
-            identical = all(a["tokens"] == b["tokens"] for a in runs[2] for b in runs[1])
+            first = runs[2][0]["tokens"]
+            identical = all(run["tokens"] == first for run in runs[1] + runs[2])
             results.append({
                 "streams": n,
                 "runs_per_mode": r,

@@ -7,6 +7,7 @@ present is a `DeviceError`, not a crash deep inside torch.
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -69,8 +70,6 @@ def use_triton_kernels(flag: bool | None, device: torch.device) -> bool:
     if flag is None:
         return device.type == "cuda"
     if flag and device.type == "cpu":
-        import os
-
         if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on"):
             raise ConfigError("triton_kernels=True on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, for tests)")
     return bool(flag)

@@ -181,26 +181,24 @@ class Runner:
             rows.extend(chunks[i].seq for i in last)
 
         decode = graph_decode = None
-        if plan.decodes and self.graphs is not None:
-            positions = np.array([P + len(s.prompt) + s.launched - 1 for s in plan.decodes])
-            write = np.array([s.kv_slots[p] for s, p in zip(plan.decodes, positions)])
-            n, packed = self.graphs.host_inputs([s.slot for s in plan.decodes], positions, write,
-                                                [s.page_table for s in plan.decodes])
-            graph_decode = (n, self._to(packed), len(plan.decodes))
-            rows.extend(plan.decodes)
-        elif plan.decodes:
-            positions = np.array([P + len(s.prompt) + s.launched - 1 for s in plan.decodes])
-            n_ctx = _aligned(int(positions.max()) + 1, ps)
-            gather = np.stack([_padded(s.page_table, n_ctx // ps) for s in plan.decodes])
-            write = np.array([s.kv_slots[p] for s, p in zip(plan.decodes, positions)])
-            # One host-to-device transfer for the step's integer inputs instead of four.
+        if plan.decodes:
             b = len(plan.decodes)
-            packed = self._to(np.concatenate([[s.slot for s in plan.decodes], positions, write, gather.reshape(-1)]))
-            pos_d = packed[b:2 * b]
-            decode = (
-                packed[:b], pos_d[:, None], packed[2 * b:3 * b], packed[3 * b:].view(b, -1),
-                (torch.arange(n_ctx, device=self.device)[None, :] <= pos_d[:, None])[:, None, None, :],
-            )
+            slots = [s.slot for s in plan.decodes]
+            positions = np.array([P + len(s.prompt) + s.launched - 1 for s in plan.decodes])
+            write = np.array([s.kv_slots[p] for s, p in zip(plan.decodes, positions)])
+            if self.graphs is not None:
+                n, packed = self.graphs.host_inputs(slots, positions, write, [s.page_table for s in plan.decodes])
+                graph_decode = (n, self._to(packed), b)
+            else:
+                n_ctx = _aligned(int(positions.max()) + 1, ps)
+                gather = np.stack([_padded(s.page_table, n_ctx // ps) for s in plan.decodes])
+                # One host-to-device transfer for the step's integer inputs instead of four.
+                packed = self._to(np.concatenate([slots, positions, write, gather.reshape(-1)]))
+                pos_d = packed[b:2 * b]
+                decode = (
+                    packed[:b], pos_d[:, None], packed[2 * b:3 * b], packed[3 * b:].view(b, -1),
+                    (torch.arange(n_ctx, device=self.device)[None, :] <= pos_d[:, None])[:, None, None, :],
+                )
             rows.extend(plan.decodes)
 
         n_first = len(rows) - len(plan.decodes)

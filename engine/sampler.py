@@ -72,13 +72,11 @@ def apply_constraints(logits_RV: torch.Tensor, groups: list, fsm_state: torch.Te
     sampling its first answer token starts in state 0; later rows continue from fsm_state[slot],
     which the previous step left on the device.
     """
-    out = []
-    for automaton, rows, slots, first in groups:
-        states = torch.where(first, torch.zeros_like(slots), fsm_state[slots])
+    out = _states(groups, fsm_state)
+    for automaton, rows, _, states in out:
         sub = logits_RV[rows]
         sub.masked_fill_(~automaton.allowed(states), float("-inf"))
         logits_RV[rows] = sub
-        out.append((automaton, rows, slots, states))
     return out
 
 
@@ -87,12 +85,16 @@ def constraint_mask(logits_RV: torch.Tensor, groups: list, fsm_state: torch.Tens
     if not groups:
         return None, []
     allowed = torch.ones(logits_RV.shape, dtype=torch.uint8, device=logits_RV.device)
-    out = []
-    for automaton, rows, slots, first in groups:
-        states = torch.where(first, torch.zeros_like(slots), fsm_state[slots])
+    out = _states(groups, fsm_state)
+    for automaton, rows, _, states in out:
         allowed[rows] = automaton.allowed(states).to(torch.uint8)
-        out.append((automaton, rows, slots, states))
     return allowed, out
+
+
+def _states(groups: list, fsm_state: torch.Tensor) -> list:
+    """(automaton, rows, slots, states) per group: state 0 for a first token, else the slot's state."""
+    return [(automaton, rows, slots, torch.where(first, torch.zeros_like(slots), fsm_state[slots]))
+            for automaton, rows, slots, first in groups]
 
 
 def advance_constraints(tokens_R: torch.Tensor, masked: list, fsm_state: torch.Tensor) -> None:

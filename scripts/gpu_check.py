@@ -277,10 +277,18 @@ def live(device: torch.device) -> dict:
 
 
 def floor(device: torch.device, results: dict) -> dict:
-    from engine.models.loader import load_model
+    import math
 
-    text = load_model(FULL, device=str(device)).model.text
-    weight_bytes = sum(p.numel() * p.element_size() for p in text.parameters())
+    from engine.config import ModelConfig
+    from engine.device import resolve_dtype
+    from engine.models.loader import TINY_DIR, read_config
+    from engine.models.weights import PREFIX, expected_shapes
+
+    # Bytes a decode step must read: the text decoder's weights, from the layout (no second load).
+    config = read_config(TINY_DIR) if ARGS.quick else ModelConfig()
+    item = torch.empty((), dtype=resolve_dtype(None, device)).element_size()
+    weight_bytes = item * sum(math.prod(shape) for key, shape in expected_shapes(config).items()
+                              if key.startswith(PREFIX + "text."))
     bw = results.get("bandwidth", {}).get("gb_per_s")
     one = results.get("bench_full", {}).get("streams", {}).get("1")
     if not bw or not one:

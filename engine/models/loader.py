@@ -100,17 +100,22 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
     tokenizer = Tokenizer(folder / "tokenizer.json")
     weights = folder / "model.safetensors"
 
-    with torch.device("meta"):
-        model = MoondreamModel(config)
     if weights.exists():
         with Checkpoint(weights) as ckpt:
             check_header(ckpt, config)
             state = {key[len(PREFIX):]: ckpt.read(key, dt, dev) for key in ckpt.keys()}
     else:
         raise ModelLoadError(f"{weights} is missing: a model folder needs its model.safetensors")
+    return _assemble(config, state, tokenizer, folder, str(spec))
+
+
+def _assemble(config: ModelConfig, state: dict, tokenizer: Tokenizer, path: Path, name: str) -> LoadedModel:
+    """The model built on the meta device and handed its weights: no second copy in memory."""
+    with torch.device("meta"):
+        model = MoondreamModel(config)
     model.load_state_dict(state, assign=True, strict=True)
     model.eval().requires_grad_(False)
-    return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=folder, name=str(spec))
+    return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=path, name=name)
 
 
 def random_model(layout: str, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
@@ -126,10 +131,5 @@ def random_model(layout: str, device: str | torch.device = "cpu", dtype: str | t
         raise ModelLoadError(f"unknown random layout {layout!r} (use random:moondream2 or random:tiny)")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    with torch.device("meta"):
-        model = MoondreamModel(config)
     state = {k[len(PREFIX):]: v for k, v in random_state_dict(config, seed=seed, dtype=dt, device=dev).items()}
-    model.load_state_dict(state, assign=True, strict=True)
-    model.eval().requires_grad_(False)
-    return LoadedModel(model=model, tokenizer=Tokenizer(TINY_DIR / "tokenizer.json"), config=config,
-                       path=TINY_DIR, name=RANDOM_PREFIX + layout)
+    return _assemble(config, state, Tokenizer(TINY_DIR / "tokenizer.json"), TINY_DIR, RANDOM_PREFIX + layout)
