@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--batch-size", type=int, default=16, help="images per step (default 16)")
     tr.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--threads", type=int, default=2, help="torch threads for training (default 2)")
+    tr.add_argument("--threads", type=int, default=1,
+                    help="torch threads for training (default 1: the scene renderer has the other core)")
     tr.add_argument("--max-minutes", type=float, default=85.0, help="stop early after this long (default 85)")
     tr.set_defaults(func=_cmd_train)
 

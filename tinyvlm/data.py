@@ -9,6 +9,8 @@ is drawn from `numpy.random.default_rng([split_seed, i])`.
 Each item also carries per-patch labels (colour and shape of the object under each cell of the
 image-token grid) for an auxiliary loss used only in training: a few caption tokens per image are
 a thin signal for a vision encoder learning from scratch; a label per image token is a dense one.
+It also carries the objects' pixel mask on the global crop, patch by patch: predicting which
+pixels of its patch are object makes each token encode the outline it sees, which shape needs.
 """
 
 from __future__ import annotations
@@ -42,6 +44,30 @@ class Item:
     tiling: tuple[int, int]
     blocks: list[tuple[list[int], list[int]]]  # (prompt ids, answer ids + EOS)
     labels: np.ndarray  # int64 (2, grid * grid): colour and shape index per image token
+    outline: np.ndarray  # uint8 (grid * grid, patch * patch): object pixels of the global crop, per patch
+
+
+def _draw_objects(scene: Scene, size: int, fill) -> "Image.Image":
+    """The scene's objects drawn on a size x size mask (the global crop squeezes the frame), later on top."""
+    from PIL import Image, ImageDraw
+
+    sx, sy = size / scene.width, size / scene.height
+    mask = Image.new("L", (size, size), 0)
+    draw = ImageDraw.Draw(mask)
+    for k, o in enumerate(scene.objects, start=1):
+        if o.shape == "circle":
+            r = o.extent / 2
+            draw.ellipse(((o.cx - r) * sx, (o.cy - r) * sy, (o.cx + r) * sx, (o.cy + r) * sy), fill=fill(k))
+        else:
+            draw.polygon([(x * sx, y * sy) for x, y in o.polygon()], fill=fill(k))
+    return mask
+
+
+def outline_mask(scene: Scene, crop: int, patch: int) -> np.ndarray:
+    """Object pixels (0/1) of the global crop, as (patches, patch * patch) in the encoder's patch order."""
+    g = crop // patch
+    m = np.asarray(_draw_objects(scene, crop, lambda k: 1), dtype=np.uint8)
+    return np.ascontiguousarray(m.reshape(g, patch, g, patch).transpose(0, 2, 1, 3).reshape(g * g, patch * patch))
 
 
 def patch_labels(scene: Scene, grid: int) -> np.ndarray:
@@ -51,18 +77,9 @@ def patch_labels(scene: Scene, grid: int) -> np.ndarray:
     frame-relative). A cell holding an object's centre is labelled with that object even when the
     object covers little of it, so small objects are never unlabelled.
     """
-    from PIL import Image, ImageDraw
-
     n = grid * _CELL
     sx, sy = n / scene.width, n / scene.height
-    mask = Image.new("L", (n, n), 0)
-    draw = ImageDraw.Draw(mask)
-    for k, o in enumerate(scene.objects, start=1):  # later objects are drawn on top, as in render()
-        if o.shape == "circle":
-            r = o.extent / 2
-            draw.ellipse(((o.cx - r) * sx, (o.cy - r) * sy, (o.cx + r) * sx, (o.cy + r) * sy), fill=k)
-        else:
-            draw.polygon([(x * sx, y * sy) for x, y in o.polygon()], fill=k)
+    mask = _draw_objects(scene, n, lambda k: k)  # later objects are drawn on top, as in render()
     cells = np.asarray(mask).reshape(grid, _CELL, grid, _CELL).transpose(0, 2, 1, 3).reshape(grid * grid, -1)
     counts = np.stack([(cells == k).sum(1) for k in range(len(scene.objects) + 1)], axis=1)
     counts[:, 0] = np.maximum(counts[:, 0] - cells.shape[1] * 3 // 4, 0)  # an object covering 1/8+ of a cell wins
@@ -87,7 +104,8 @@ def make_item(index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed:
                        tokenizer.encode(caption(scene, length, rng)) + [eos]))
     for q, a in questions(scene, rng, k=QUESTIONS_PER_ITEM):
         blocks.append((prompt_ids(config, tokenizer, question=q), tokenizer.encode(a) + [eos]))
-    return Item(crops, tiling, blocks, patch_labels(scene, config.vision.grid))
+    v = config.vision
+    return Item(crops, tiling, blocks, patch_labels(scene, v.grid), outline_mask(scene, v.crop_size, v.enc_patch_size))
 
 
 @dataclass
@@ -100,6 +118,7 @@ class Batch:
     mask: torch.Tensor  # (B, 1, P + T, P + T) bool
     targets: torch.Tensor  # (B, P + T) next-token targets, -100 where no loss
     labels: torch.Tensor  # (B, 2, grid * grid) per-image-token colour and shape (auxiliary loss)
+    outline: torch.Tensor  # uint8 (B, grid * grid, patch * patch) object pixels of each global crop
 
 
 def collate(items: list[Item], prefix_len: int) -> Batch:
@@ -139,8 +158,9 @@ def collate(items: list[Item], prefix_len: int) -> Batch:
     mask |= torch.eye(L, dtype=torch.bool)[None]  # padding rows attend to themselves: no NaN
     crops = torch.from_numpy(np.concatenate([it.crops for it in items]))
     labels = torch.from_numpy(np.stack([it.labels for it in items]))
+    outline = torch.from_numpy(np.stack([it.outline for it in items]))
     return Batch(crops, [len(it.crops) for it in items], [it.tiling for it in items], ids, positions,
-                 mask[:, None], targets, labels)
+                 mask[:, None], targets, labels, outline)
 
 
 class ItemStream(torch.utils.data.IterableDataset):
