@@ -33,7 +33,45 @@ def test_a_short_training_run_writes_weights_the_engine_loads(tmp_path):
     assert report["steps"] == 3 and np.isfinite(report["final_loss"])
     rows = list(csv.DictReader(open(tmp_path / "loss.csv")))
     assert [int(r["step"]) for r in rows] == [0, 1, 2]
-    assert all(0.0 <= float(r["probe_acc"]) <= 1.0 and float(r["aux_loss"]) > 0 for r in rows)
+    assert all(0.0 <= float(r["probe_acc"]) <= 1.0 and 0.0 <= float(r["probe_shape_acc"]) <= 1.0
+               and float(r["aux_loss"]) > 0 for r in rows)
     loaded = load_model(str(tmp_path))  # strict: every key, every shape; the probe heads are not saved
     assert loaded.config.vision.crop_size == 126
     assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_outline_mask_is_the_object_pixels_of_the_global_crop_patch_by_patch():
+    from tinyvlm.data import outline_mask
+
+    # a 100 px square centred in a 630x315 frame; the global crop squeezes it to ~20 x 40 px
+    sq = Obj("square", "red", "large", cx=315, cy=157, extent=100 * 2 ** 0.5, angle=0.0, rgb=(220, 40, 40))
+    m = outline_mask(scene_with(sq), crop=126, patch=14)
+    assert m.shape == (81, 196) and set(np.unique(m)) == {0, 1}
+    img = m.reshape(9, 9, 14, 14).transpose(0, 2, 1, 3).reshape(126, 126)  # back to pixels
+    ys, xs = np.nonzero(img)
+    assert abs(xs.mean() - 63) < 1.5 and abs(ys.mean() - 63) < 1.5
+    assert 18 <= xs.max() - xs.min() + 1 <= 22 and 38 <= ys.max() - ys.min() + 1 <= 42
+    assert img.sum() == m.sum() and m[0].sum() == 0  # the corner patch is background
+
+
+def test_training_attention_matches_torch_with_masks_and_gradients():
+    import torch
+
+    from engine.models.vision import sdpa
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 7, 16, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.rand(2, 1, 7, 7, generator=g) > 0.3
+    mask |= torch.eye(7, dtype=torch.bool)
+    for m in (None, mask):
+        ours = sdpa(q, k, v, attn_mask=m)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+        g_ours = torch.autograd.grad(ours.square().sum(), (q, k, v))
+        g_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
+        for a, b in zip(g_ours, g_ref):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    kv = [t[:, :2].detach().requires_grad_() for t in (k, v)]  # grouped-query: 4 query heads, 2 kv heads
+    torch.testing.assert_close(sdpa(q, *kv, enable_gqa=True),
+                               torch.nn.functional.scaled_dot_product_attention(q, *kv, enable_gqa=True),
+                               atol=1e-5, rtol=1e-5)
