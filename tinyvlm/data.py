@@ -47,8 +47,9 @@ class Item:
     outline: np.ndarray  # uint8 (grid * grid, patch * patch): object pixels of the global crop, per patch
 
 
-def _draw_objects(scene: Scene, size: int, fill) -> "Image.Image":
-    """The scene's objects drawn on a size x size mask (the global crop squeezes the frame), later on top."""
+def _draw_objects(scene: Scene, size: int) -> np.ndarray:
+    """uint8 (size, size) map of object k+1 per pixel (0 = none) on the global crop, which squeezes
+    the frame to a square; later objects are drawn on top, as in render()."""
     from PIL import Image, ImageDraw
 
     sx, sy = size / scene.width, size / scene.height
@@ -57,17 +58,21 @@ def _draw_objects(scene: Scene, size: int, fill) -> "Image.Image":
     for k, o in enumerate(scene.objects, start=1):
         if o.shape == "circle":
             r = o.extent / 2
-            draw.ellipse(((o.cx - r) * sx, (o.cy - r) * sy, (o.cx + r) * sx, (o.cy + r) * sy), fill=fill(k))
+            draw.ellipse(((o.cx - r) * sx, (o.cy - r) * sy, (o.cx + r) * sx, (o.cy + r) * sy), fill=k)
         else:
-            draw.polygon([(x * sx, y * sy) for x, y in o.polygon()], fill=fill(k))
-    return mask
+            draw.polygon([(x * sx, y * sy) for x, y in o.polygon()], fill=k)
+    return np.asarray(mask)
+
+
+def _by_cell(map_HW: np.ndarray, grid: int) -> np.ndarray:
+    """(grid * c, grid * c) -> (grid * grid, c * c): the pixels of each cell, cells row-major."""
+    c = map_HW.shape[0] // grid
+    return np.ascontiguousarray(map_HW.reshape(grid, c, grid, c).transpose(0, 2, 1, 3).reshape(grid * grid, c * c))
 
 
 def outline_mask(scene: Scene, crop: int, patch: int) -> np.ndarray:
     """Object pixels (0/1) of the global crop, as (patches, patch * patch) in the encoder's patch order."""
-    g = crop // patch
-    m = np.asarray(_draw_objects(scene, crop, lambda k: 1), dtype=np.uint8)
-    return np.ascontiguousarray(m.reshape(g, patch, g, patch).transpose(0, 2, 1, 3).reshape(g * g, patch * patch))
+    return _by_cell((_draw_objects(scene, crop) > 0).astype(np.uint8), crop // patch)
 
 
 def patch_labels(scene: Scene, grid: int) -> np.ndarray:
@@ -79,8 +84,7 @@ def patch_labels(scene: Scene, grid: int) -> np.ndarray:
     """
     n = grid * _CELL
     sx, sy = n / scene.width, n / scene.height
-    mask = _draw_objects(scene, n, lambda k: k)  # later objects are drawn on top, as in render()
-    cells = np.asarray(mask).reshape(grid, _CELL, grid, _CELL).transpose(0, 2, 1, 3).reshape(grid * grid, -1)
+    cells = _by_cell(_draw_objects(scene, n), grid)
     counts = np.stack([(cells == k).sum(1) for k in range(len(scene.objects) + 1)], axis=1)
     counts[:, 0] = np.maximum(counts[:, 0] - cells.shape[1] * 3 // 4, 0)  # an object covering 1/8+ of a cell wins
     owner = counts.argmax(1)

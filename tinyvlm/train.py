@@ -138,7 +138,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     state = {k[len(PREFIX):]: v for k, v in random_state_dict(config, seed=cfg.seed).items()}
     model.load_state_dict(state)
     model.train()
-    probe = PatchProbe(config.text.dim, config.vision.enc_dim, config.vision.patch_dim // config.vision.in_channels)
+    probe = PatchProbe(config.text.dim, config.vision.enc_dim, config.vision.enc_patch_size ** 2)
     named = list(model.named_parameters()) + [("probe." + n, p) for n, p in probe.named_parameters()]
     decay = [p for n, p in named if p.ndim >= 2 and "pos_emb" not in n]
     other = [p for n, p in named if not (p.ndim >= 2 and "pos_emb" not in n)]
