@@ -98,8 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train-tiny", help="train the embedded tiny model on generated scenes (CPU)",
                         description="Train the tiny model on the procedural scene world; deterministic for a seed.")
     tr.add_argument("--out", default=None, metavar="DIR", help="output folder (default: the embedded tiny folder)")
-    tr.add_argument("--steps", type=int, default=15000,
-                    help="optimizer steps (default 15000; the time budget usually ends the run first)")
+    tr.add_argument("--steps", type=int, default=22000,
+                    help="optimizer steps (default 22000; the time budget usually ends the run first)")
     tr.add_argument("--batch-size", type=int, default=16, help="images per step (default 16)")
     tr.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     tr.add_argument("--seed", type=int, default=0)

@@ -40,18 +40,39 @@ def test_a_short_training_run_writes_weights_the_engine_loads(tmp_path):
     assert (tmp_path / "loss.png").stat().st_size > 0
 
 
-def test_outline_mask_is_the_object_pixels_of_the_global_crop_patch_by_patch():
-    from tinyvlm.data import outline_mask
+def test_outline_mask_is_the_object_pixels_of_every_crop_patch_by_patch():
+    import json
 
+    from engine.config import ModelConfig
+    from engine.models.loader import TINY_DIR
+    from engine.models.tiling import overlap_crops
+    from tinyvlm.data import outline_mask
+    from tinyvlm.world import render
+
+    vision = ModelConfig.from_dict(json.loads((TINY_DIR / "config.json").read_text())).vision
     # a 100 px square centred in a 630x315 frame; the global crop squeezes it to ~20 x 40 px
     sq = Obj("square", "red", "large", cx=315, cy=157, extent=100 * 2 ** 0.5, angle=0.0, rgb=(220, 40, 40))
-    m = outline_mask(scene_with(sq), crop=126, patch=14)
-    assert m.shape == (81, 196) and set(np.unique(m)) == {0, 1}
-    img = m.reshape(9, 9, 14, 14).transpose(0, 2, 1, 3).reshape(126, 126)  # back to pixels
-    ys, xs = np.nonzero(img)
+    scene = scene_with(sq)
+    m = outline_mask(scene, vision)
+    crops, tiling = overlap_crops(render(scene), vision)
+    assert m.shape == (len(crops), 81, 196) and len(crops) == 1 + tiling[0] * tiling[1] > 2
+    assert set(np.unique(m)) == {0, 1}
+    pixels = m.reshape(len(crops), 9, 9, 14, 14).transpose(0, 1, 3, 2, 4).reshape(len(crops), 126, 126)
+    ys, xs = np.nonzero(pixels[0])
     assert abs(xs.mean() - 63) < 1.5 and abs(ys.mean() - 63) < 1.5
     assert 18 <= xs.max() - xs.min() + 1 <= 22 and 38 <= ys.max() - ys.min() + 1 <= 42
-    assert img.sum() == m.sum() and m[0].sum() == 0  # the corner patch is background
+    assert m[0, 0].sum() == 0  # the corner patch is background
+    # every crop's mask lies on the red square of the same crop of the rendered frame
+    for crop, mask in zip(crops, pixels):
+        if mask.any():
+            assert crop[..., 0][mask == 1].mean() > 200
+        far = np.ones_like(mask, bool)
+        ys, xs = np.nonzero(mask)
+        if len(ys):
+            far[max(ys.min() - 3, 0):ys.max() + 4, max(xs.min() - 3, 0):xs.max() + 4] = False
+        assert abs(crop[..., 0][far].astype(float).mean() - 128) < 3
+    # the tiles see the square larger than the global crop does
+    assert max(p.sum() for p in pixels[1:]) > 1.8 * pixels[0].sum()
 
 
 def test_training_attention_matches_torch_with_masks_and_gradients():

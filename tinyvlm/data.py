@@ -1,6 +1,6 @@
 """Training data: rendered scenes, their crops, and token sequences for every task on them.
 
-One training item is one image and K tasks on it (the three captions and a few questions).
+One training item is one image and K tasks on it (one caption of a drawn length and a few questions).
 The text side of an item is packed as [BOS, image tokens] + K blocks of (prompt, answer, EOS);
 each block sees the image prefix and itself (causally), never the other blocks, and starts at
 position prefix_len, exactly as at inference. Seeds make items reproducible: item i of a split
@@ -9,8 +9,8 @@ is drawn from `numpy.random.default_rng([split_seed, i])`.
 Each item also carries per-patch labels (colour and shape of the object under each cell of the
 image-token grid) for an auxiliary loss used only in training: a few caption tokens per image are
 a thin signal for a vision encoder learning from scratch; a label per image token is a dense one.
-It also carries the objects' pixel mask on the global crop, patch by patch: predicting which
-pixels of its patch are object makes each token encode the outline it sees, which shape needs.
+It also carries the objects' pixel mask on every crop, patch by patch: predicting which pixels
+of its patch are object makes each token encode the outline it sees, which shape needs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.config import ModelConfig
+from engine.config import ModelConfig, VisionConfig
 from engine.models.prompt import prompt_ids
 from engine.models.tiling import overlap_crops
 from engine.models.tokenizer import Tokenizer
@@ -36,6 +36,15 @@ TRAIN_SEED = 0
 HELDOUT_SEED = 1_000_003  # never used for training
 # Exact short answers are most of the eval; their tokens are a small share of a caption-heavy item.
 QUESTIONS_PER_ITEM = 5
+# One caption per image, not all three: the three were 80 of an item's ~150 text tokens, and the
+# text side is three quarters of a training step, while what limits the model is how many distinct
+# images its vision encoder sees. `normal` (the captions the eval holds to the highest target)
+# gets half of the draws.
+CAPTION_LENGTHS = ("short", "normal", "long")
+CAPTION_WEIGHTS = (0.25, 0.5, 0.25)
+# Frames are drawn at most this wide in training: the crops never use more than ~250 px of a
+# frame's width (1x2 tiles of 126 px), and rendering 640 px costs half of 960 (6.9 vs 13.6 ms).
+TRAIN_MAX_WIDTH = 640
 
 
 @dataclass
@@ -44,16 +53,16 @@ class Item:
     tiling: tuple[int, int]
     blocks: list[tuple[list[int], list[int]]]  # (prompt ids, answer ids + EOS)
     labels: np.ndarray  # int64 (2, grid * grid): colour and shape index per image token
-    outline: np.ndarray  # uint8 (grid * grid, patch * patch): object pixels of the global crop, per patch
+    outline: np.ndarray  # uint8 (N, grid * grid, patch * patch): object pixels of each crop, per patch
 
 
-def _draw_objects(scene: Scene, size: int) -> np.ndarray:
-    """uint8 (size, size) map of object k+1 per pixel (0 = none) on the global crop, which squeezes
-    the frame to a square; later objects are drawn on top, as in render()."""
+def _draw_objects(scene: Scene, width: int, height: int) -> np.ndarray:
+    """uint8 (height, width) map of object k+1 per pixel (0 = none), the frame scaled to that size;
+    later objects are drawn on top, as in render()."""
     from PIL import Image, ImageDraw
 
-    sx, sy = size / scene.width, size / scene.height
-    mask = Image.new("L", (size, size), 0)
+    sx, sy = width / scene.width, height / scene.height
+    mask = Image.new("L", (width, height), 0)
     draw = ImageDraw.Draw(mask)
     for k, o in enumerate(scene.objects, start=1):
         if o.shape == "circle":
@@ -70,9 +79,18 @@ def _by_cell(map_HW: np.ndarray, grid: int) -> np.ndarray:
     return np.ascontiguousarray(map_HW.reshape(grid, c, grid, c).transpose(0, 2, 1, 3).reshape(grid * grid, c * c))
 
 
-def outline_mask(scene: Scene, crop: int, patch: int) -> np.ndarray:
-    """Object pixels (0/1) of the global crop, as (patches, patch * patch) in the encoder's patch order."""
-    return _by_cell((_draw_objects(scene, crop) > 0).astype(np.uint8), crop // patch)
+def outline_mask(scene: Scene, vision: VisionConfig) -> np.ndarray:
+    """Object pixels (0/1) of every crop the encoder sees (global, then tiles), as
+    (crops, patches, patch * patch) in the encoder's patch order.
+
+    The mask goes through the same `overlap_crops` as the frame, so its crops line up with the
+    image's. Tiles matter most: there a small object has ~10-20 px against ~5-10 in the global
+    crop, and small objects are where shape answers fail (EVAL.md).
+    """
+    on = (_draw_objects(scene, scene.width, scene.height) > 0).astype(np.uint8) * 255
+    crops, _ = overlap_crops(np.repeat(on[..., None], 3, axis=2), vision)
+    grid = vision.crop_size // vision.enc_patch_size
+    return np.stack([_by_cell((c[..., 0] > 127).astype(np.uint8), grid) for c in crops])
 
 
 def patch_labels(scene: Scene, grid: int) -> np.ndarray:
@@ -84,7 +102,7 @@ def patch_labels(scene: Scene, grid: int) -> np.ndarray:
     """
     n = grid * _CELL
     sx, sy = n / scene.width, n / scene.height
-    cells = _by_cell(_draw_objects(scene, n), grid)
+    cells = _by_cell(_draw_objects(scene, n, n), grid)
     counts = np.stack([(cells == k).sum(1) for k in range(len(scene.objects) + 1)], axis=1)
     counts[:, 0] = np.maximum(counts[:, 0] - cells.shape[1] * 3 // 4, 0)  # an object covering 1/8+ of a cell wins
     owner = counts.argmax(1)
@@ -97,19 +115,17 @@ def patch_labels(scene: Scene, grid: int) -> np.ndarray:
 
 
 def make_item(index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed: int = TRAIN_SEED,
-              max_width: int = 960) -> Item:
+              max_width: int = TRAIN_MAX_WIDTH) -> Item:
     rng = np.random.default_rng([split_seed, index])
     scene = sample_scene(rng, max_width=max_width)
     crops, tiling = overlap_crops(render(scene), config.vision)
     eos = config.tokenizer.eos_id
-    blocks = []
-    for length in ("short", "normal", "long"):
-        blocks.append((prompt_ids(config, tokenizer, caption=length),
-                       tokenizer.encode(caption(scene, length, rng)) + [eos]))
+    length = CAPTION_LENGTHS[int(rng.choice(len(CAPTION_LENGTHS), p=CAPTION_WEIGHTS))]
+    blocks = [(prompt_ids(config, tokenizer, caption=length), tokenizer.encode(caption(scene, length, rng)) + [eos])]
     for q, a in questions(scene, rng, k=QUESTIONS_PER_ITEM):
         blocks.append((prompt_ids(config, tokenizer, question=q), tokenizer.encode(a) + [eos]))
     v = config.vision
-    return Item(crops, tiling, blocks, patch_labels(scene, v.grid), outline_mask(scene, v.crop_size, v.enc_patch_size))
+    return Item(crops, tiling, blocks, patch_labels(scene, v.grid), outline_mask(scene, v))
 
 
 @dataclass
@@ -122,7 +138,7 @@ class Batch:
     mask: torch.Tensor  # (B, 1, P + T, P + T) bool
     targets: torch.Tensor  # (B, P + T) next-token targets, -100 where no loss
     labels: torch.Tensor  # (B, 2, grid * grid) per-image-token colour and shape (auxiliary loss)
-    outline: torch.Tensor  # uint8 (B, grid * grid, patch * patch) object pixels of each global crop
+    outline: torch.Tensor  # uint8 (sum N, grid * grid, patch * patch) object pixels of every crop
 
 
 def collate(items: list[Item], prefix_len: int) -> Batch:
@@ -162,7 +178,7 @@ def collate(items: list[Item], prefix_len: int) -> Batch:
     mask |= torch.eye(L, dtype=torch.bool)[None]  # padding rows attend to themselves: no NaN
     crops = torch.from_numpy(np.concatenate([it.crops for it in items]))
     labels = torch.from_numpy(np.stack([it.labels for it in items]))
-    outline = torch.from_numpy(np.stack([it.outline for it in items]))
+    outline = torch.from_numpy(np.concatenate([it.outline for it in items]))
     return Batch(crops, [len(it.crops) for it in items], [it.tiling for it in items], ids, positions,
                  mask[:, None], targets, labels, outline)
 

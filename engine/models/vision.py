@@ -50,7 +50,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
             k, v = (t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3) for t in (k, v))
         scores = (q @ k.transpose(-1, -2)).float().mul_(q.shape[-1] ** -0.5)
         if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
+            scores.masked_fill_(~attn_mask, float("-inf"))
         return scores.softmax(-1).to(v.dtype) @ v
     if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
