@@ -34,3 +34,7 @@ def test_heldout_accuracy_stays_above_the_floors():
     acc = report["accuracy"]
     low = {k: (acc.get(k), floor) for k, floor in FLOORS.items() if acc.get(k, 0.0) < floor}
     assert not low, low
+    n = report["counts"]  # the size split covers every asked object and every captioned one
+    assert n["answer_shape_small"] + n["answer_shape_large"] == n["answer_shape"]
+    assert n["caption_normal_objects_small"] + n["caption_normal_objects_large"] == \
+        n["caption_normal_objects_1-2"] + n["caption_normal_objects_3-4"]

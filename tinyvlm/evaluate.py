@@ -3,7 +3,8 @@
 Scenes come from a seed range never used in training and cover every frame size (160x120 to
 1920x1080). Every request goes through the engine (greedy). Captions: for each object, is its
 "<colour> <shape>" named (short, normal, long; normal split by 1-2 and 3-4 objects), and does the
-long caption state the count. Questions: exact answer per type.
+long caption state the count. Questions: exact answer per type. Shape answers and normal-caption
+mentions are also split by the object's size class (small objects are where shape fails).
 """
 
 from __future__ import annotations
@@ -92,10 +93,13 @@ def _score(entry, hits, examples) -> None:
     bucket = "1-2" if len(scene.objects) <= 2 else "3-4"
     for length, text in texts.items():
         said = named(text)
-        for pair in truth:
-            key = f"caption_{length}_objects_{bucket}" if length == "normal" else f"caption_{length}_objects"
-            hits[key][0] += pair in said
-            hits[key][1] += 1
+        for o in scene.objects:
+            pair = (o.color, o.shape)
+            keys = [f"caption_{length}_objects_{bucket}", f"caption_{length}_objects_{o.size}"] \
+                if length == "normal" else [f"caption_{length}_objects"]
+            for key in keys:
+                hits[key][0] += pair in said
+                hits[key][1] += 1
         if length == "normal":
             hits["caption_normal_no_extra_objects"][0] += said <= truth
             hits["caption_normal_no_extra_objects"][1] += 1
@@ -104,8 +108,12 @@ def _score(entry, hits, examples) -> None:
     hits["caption_long_count"][1] += 1
     for kind, (q, a, h) in qs.items():
         got = h.result(timeout=600).text.strip().lower()
-        hits[f"answer_{kind}"][0] += got == a
-        hits[f"answer_{kind}"][1] += 1
+        keys = [f"answer_{kind}"]
+        if kind == "shape":  # "What shape is the <colour> object?": one object has that colour
+            keys.append(f"answer_shape_{next(o.size for o in scene.objects if o.color == q.split()[4])}")
+        for key in keys:
+            hits[key][0] += got == a
+            hits[key][1] += 1
     if len(examples) < 5:
         examples.append({"truth": scene.truth()["objects"], "captions": texts,
                          "answers": {k: [q, a, h.result().text] for k, (q, a, h) in qs.items()}})
