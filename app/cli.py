@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--threads", type=int, default=1,
                     help="torch threads for training (default 1: the scene renderer has the other core)")
-    tr.add_argument("--max-minutes", type=float, default=85.0, help="stop early after this long (default 85)")
+    tr.add_argument("--max-minutes", type=float, default=80.0, help="stop early after this long (default 80)")
     tr.set_defaults(func=_cmd_train)
 
     ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",

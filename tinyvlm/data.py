@@ -1,6 +1,6 @@
 """Training data: rendered scenes, their crops, and token sequences for every task on them.
 
-One training item is one image and K tasks on it (one caption of a drawn length and a few questions).
+One training item is one image and K tasks on it (the three captions and a few questions).
 The text side of an item is packed as [BOS, image tokens] + K blocks of (prompt, answer, EOS);
 each block sees the image prefix and itself (causally), never the other blocks, and starts at
 position prefix_len, exactly as at inference. Seeds make items reproducible: item i of a split
@@ -36,12 +36,6 @@ TRAIN_SEED = 0
 HELDOUT_SEED = 1_000_003  # never used for training
 # Exact short answers are most of the eval; their tokens are a small share of a caption-heavy item.
 QUESTIONS_PER_ITEM = 5
-# One caption per image, not all three: the three were 80 of an item's ~150 text tokens, and the
-# text side is three quarters of a training step, while what limits the model is how many distinct
-# images its vision encoder sees. `normal` (the captions the eval holds to the highest target)
-# gets half of the draws.
-CAPTION_LENGTHS = ("short", "normal", "long")
-CAPTION_WEIGHTS = (0.25, 0.5, 0.25)
 # Frames are drawn at most this wide in training: the crops never use more than ~250 px of a
 # frame's width (1x2 tiles of 126 px), and rendering 640 px costs half of 960 (6.9 vs 13.6 ms).
 TRAIN_MAX_WIDTH = 640
@@ -120,8 +114,10 @@ def make_item(index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed:
     scene = sample_scene(rng, max_width=max_width)
     crops, tiling = overlap_crops(render(scene), config.vision)
     eos = config.tokenizer.eos_id
-    length = CAPTION_LENGTHS[int(rng.choice(len(CAPTION_LENGTHS), p=CAPTION_WEIGHTS))]
-    blocks = [(prompt_ids(config, tokenizer, caption=length), tokenizer.encode(caption(scene, length, rng)) + [eos])]
+    blocks = []
+    for length in ("short", "normal", "long"):
+        blocks.append((prompt_ids(config, tokenizer, caption=length),
+                       tokenizer.encode(caption(scene, length, rng)) + [eos]))
     for q, a in questions(scene, rng, k=QUESTIONS_PER_ITEM):
         blocks.append((prompt_ids(config, tokenizer, question=q), tokenizer.encode(a) + [eos]))
     v = config.vision

@@ -67,9 +67,10 @@ AUX_BACKGROUND_WEIGHT = 0.2  # most cells are background; objects are what the c
 # The outline target (object pixels of each patch of every crop): in a vision-only probe on
 # single-object scenes, shape read off the mean image token stayed at chance (0.25) for 40 k images
 # without it and rose to ~0.31 with it; a per-pixel target is the densest signal about outlines.
-# It covers the tiles as well as the global crop: small objects, where shape answers fail, are
-# twice as large in the tiles.
+# The tiles get the same target with a weight of their own (the global crop's is unchanged):
+# small objects, where shape answers fail, are twice as large there.
 OUTLINE_WEIGHT = 1.0
+TILE_OUTLINE_WEIGHT = 1.0
 
 
 class PatchProbe(torch.nn.Module):
@@ -103,10 +104,11 @@ def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None):
     cfg = model.config
     crops = crops_to_tensor(batch.crops.numpy(), torch.device("cpu"), torch.float32)
     feats = model.vision.encode(crops)
-    prefixes, start = [], 0
+    prefixes, start, is_global = [], 0, torch.zeros(feats.shape[0], dtype=torch.bool)
     bos = model.text.embed(torch.tensor([cfg.tokenizer.bos_id]))
     for n, tiling in zip(batch.n_crops, batch.tilings):
         prefixes.append(torch.cat([bos, model.vision.project(feats[start:start + n], tiling)]))
+        is_global[start] = True
         start += n
     x = torch.cat([torch.stack(prefixes), model.text.embed(batch.ids)], dim=1)
 
@@ -120,7 +122,8 @@ def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None):
     if probe is None:
         return loss
     aux, color_acc, shape_acc = probe.loss(torch.stack(prefixes)[:, 1:], batch.labels)
-    aux = aux + OUTLINE_WEIGHT / AUX_WEIGHT * probe.outline_loss(feats, batch.outline)
+    aux = aux + (OUTLINE_WEIGHT * probe.outline_loss(feats[is_global], batch.outline[is_global])
+                 + TILE_OUTLINE_WEIGHT * probe.outline_loss(feats[~is_global], batch.outline[~is_global])) / AUX_WEIGHT
     return loss, aux, color_acc, shape_acc
 
 
