@@ -14,9 +14,9 @@ from tinyvlm.evaluate import evaluate
 from tinyvlm.world import render, sample_scene
 
 FLOORS = {
-    "answer_color": 0.50, "answer_count": 0.82, "answer_position": 0.72, "answer_shape": 0.54,
-    "answer_yesno_shape": 0.52, "answer_yesno_color_shape": 0.73, "caption_long_count": 0.81,
-    "caption_normal_objects_1-2": 0.54, "caption_normal_objects_3-4": 0.46,
+    "answer_color": 0.51, "answer_count": 0.81, "answer_position": 0.73, "answer_shape": 0.57,
+    "answer_shape_large": 0.75, "answer_yesno_shape": 0.53, "answer_yesno_color_shape": 0.73,
+    "caption_long_count": 0.81, "caption_normal_objects_1-2": 0.58, "caption_normal_objects_3-4": 0.46,
 }
 
 
