@@ -36,8 +36,8 @@ TRAIN_SEED = 0
 HELDOUT_SEED = 1_000_003  # never used for training
 # Exact short answers are most of the eval; their tokens are a small share of a caption-heavy item.
 QUESTIONS_PER_ITEM = 5
-# Frames are drawn at most this wide in training: the crops never use more than ~250 px of a
-# frame's width (1x2 tiles of 126 px), and rendering 640 px costs half of 960 (6.9 vs 13.6 ms).
+# Frames are drawn at most this wide in training: the tiles never use more than ~320 px of a
+# frame's width (1x2 or 1x3 tiles of 126 px), and rendering 640 px costs half of 960 (6.9 vs 13.6 ms).
 TRAIN_MAX_WIDTH = 640
 
 
