@@ -83,8 +83,7 @@ def outline_mask(scene: Scene, vision: VisionConfig) -> np.ndarray:
     """
     on = (_draw_objects(scene, scene.width, scene.height) > 0).astype(np.uint8) * 255
     crops, _ = overlap_crops(np.repeat(on[..., None], 3, axis=2), vision)
-    grid = vision.crop_size // vision.enc_patch_size
-    return np.stack([_by_cell((c[..., 0] > 127).astype(np.uint8), grid) for c in crops])
+    return np.stack([_by_cell((c[..., 0] > 127).astype(np.uint8), vision.grid) for c in crops])
 
 
 def patch_labels(scene: Scene, grid: int) -> np.ndarray:
