@@ -41,15 +41,12 @@ def test_a_short_training_run_writes_weights_the_engine_loads(tmp_path):
 
 
 def test_outline_mask_is_the_object_pixels_of_every_crop_patch_by_patch():
-    import json
-
-    from engine.config import ModelConfig
-    from engine.models.loader import TINY_DIR
+    from engine.models.loader import TINY_DIR, read_config
     from engine.models.tiling import overlap_crops
     from tinyvlm.data import outline_mask
     from tinyvlm.world import render
 
-    vision = ModelConfig.from_dict(json.loads((TINY_DIR / "config.json").read_text())).vision
+    vision = read_config(TINY_DIR).vision
     # a 100 px square centred in a 630x315 frame; the global crop squeezes it to ~20 x 40 px
     sq = Obj("square", "red", "large", cx=315, cy=157, extent=100 * 2 ** 0.5, angle=0.0, rgb=(220, 40, 40))
     scene = scene_with(sq)
