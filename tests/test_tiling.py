@@ -64,6 +64,24 @@ def test_global_crop_first_and_tiles_row_major():
     assert tuple(g[5, 5]) == (255, 0, 0) and tuple(g[50, 50]) == (255, 255, 255)
 
 
+def test_large_frames_resize_close_to_plain_lanczos():
+    # The box pre-reduction that makes HD frames cheap must not change what the model sees: every
+    # crop of a 1080p scene within a few levels of a plain Lanczos resize of the whole frame.
+    from PIL import Image
+
+    from tinyvlm import world
+
+    rgb = world.render(world.sample_scene(np.random.default_rng(7), 1920, 1080))
+    crops, (rows, cols) = overlap_crops(rgb, MD2)
+    plain = np.asarray(Image.fromarray(rgb).resize((378, 378), Image.Resampling.LANCZOS))
+    diff = np.abs(crops[0].astype(int) - plain.astype(int))
+    assert diff.max() <= 8 and diff.mean() < 0.5, (diff.max(), diff.mean())
+    window = 378 - 2 * 56
+    big = np.asarray(Image.fromarray(rgb).resize((cols * window + 112, rows * window + 112), Image.Resampling.LANCZOS))
+    diff = np.abs(crops[1].astype(int) - big[:378, :378].astype(int))
+    assert diff.max() <= 8 and diff.mean() < 0.5, (diff.max(), diff.mean())
+
+
 @pytest.mark.parametrize("tiling", [(1, 1), (1, 3), (2, 2), (3, 2), (4, 1)])
 @pytest.mark.parametrize("grid, margin", [(27, 4), (8, 1), (6, 2)])
 def test_reconstruction_of_tiles(tiling, grid, margin):
