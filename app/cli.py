@@ -115,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                     help="weights and activations (default: float32 on cpu, bfloat16 on cuda)")
     ev.add_argument("--n", type=int, default=1000, help="held-out scenes (default 1000)")
+    ev.add_argument("--renderer", default="world", choices=["world", "second"],
+                    help="draw the scenes with the world's renderer (training's) or a second, independent one")
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ev.set_defaults(func=_cmd_eval)
     return p
@@ -256,7 +258,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         bar.update(done - bar.n)
 
-    report = evaluate(args.model, args.n, args.device, args.dtype, progress)
+    report = evaluate(args.model, args.n, args.device, args.dtype, progress, args.renderer)
     bar.close()
     _print_report(report, args.json, format_report)
     return 0

@@ -46,8 +46,10 @@ def _video_scene(rng: np.random.Generator, w: int, h: int, n: int | None, speed:
         angle = rng.uniform(0, 2 * np.pi)
         v = speed * rng.uniform(0.5, 1.5) * min(w, h) / 360
         moving.append(replace(o, vx=float(v * np.cos(angle)), vy=float(v * np.sin(angle))))
-    # No per-frame sensor noise or JPEG: a video codec does that part.
-    return replace(scene, objects=tuple(moving), effects=Effects(blur=0.0, brightness=1.0))
+    # No per-frame sensor noise or JPEG: a video codec does that part. The clips keep the first
+    # look of each background kind (world.VARIANTS), so they stay the files they were.
+    return replace(scene, objects=tuple(moving), effects=Effects(blur=0.0, brightness=1.0),
+                   background=replace(scene.background, variant=""))
 
 
 def _step(scene: Scene, wrap: bool) -> Scene:
@@ -122,7 +124,7 @@ def make_still() -> None:
     from PIL import Image
 
     scene = sample_scene(np.random.default_rng(7), 640, 360, n_objects=3)
-    scene = replace(scene, effects=Effects())
+    scene = replace(scene, effects=Effects(), background=replace(scene.background, variant=""))
     Image.fromarray(render(scene)).save(STILL, optimize=True)
     (OUT / "scene.json").write_text(json.dumps(scene.truth(), indent=1))
     print(f"wrote {STILL.name}")

@@ -124,3 +124,12 @@ def test_realtime_commands_pick_bf16_only_on_cpus_that_compute_it_natively(monke
     assert realtime_dtype("cuda", None) is None  # the engine's CUDA default (bf16)
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda cpuinfo=None: False)
     assert realtime_dtype("cpu", None) is None  # fp32
+
+
+def test_eval_tiny_reports_which_renderer_drew_the_scenes(capsys):
+    assert main(["eval-tiny", "--n", "4", "--renderer", "second", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["renderer"] == "second" and r["scenes"] == 4 and r["counts"]["answer_count"] == 4
+    with pytest.raises(SystemExit) as e:
+        main(["eval-tiny", "--renderer", "pil"])
+    assert e.value.code == 2

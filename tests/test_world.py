@@ -106,3 +106,64 @@ def test_sample_clips_and_their_ground_truth(name, fps, size, seconds):
 def test_samples_fit_the_size_budget():
     total = sum(p.stat().st_size for p in SAMPLES.iterdir() if p.suffix in (".mp4", ".json", ".png"))
     assert total <= 10_000_000
+
+
+def _with_background(scene, kind: str, variant: str):
+    from dataclasses import replace
+
+    from tinyvlm.world import Effects
+
+    return replace(scene, background=replace(scene.background, kind=kind, variant=variant), effects=Effects())
+
+
+def test_every_background_look_renders_behind_the_objects():
+    from tinyvlm.world import VARIANTS
+
+    scene = sample_scene(np.random.default_rng(5), 480, 270, n_objects=3)
+    top = scene.objects[-1]  # drawn last: nothing covers its centre
+    looks = {}
+    for kind, variants in VARIANTS.items():
+        for variant in variants:
+            s = _with_background(scene, kind, variant)
+            img = render(s)
+            assert img.shape == (270, 480, 3) and img.dtype == np.uint8
+            assert np.array_equal(img, render(s))
+            assert tuple(img[int(top.cy), int(top.cx)]) == top.rgb
+            looks[(kind, variant)] = img
+    distinct = {img.tobytes() for img in looks.values()}
+    assert len(distinct) == len(looks), "two background looks rendered the same pixels"
+
+
+def test_background_looks_come_from_the_background_seed_alone():
+    """Adding looks changed no other draw: the look is a function of the background's seed, and
+    every look of the noisy and textured kinds occurs."""
+    from tinyvlm.world import VARIANTS
+
+    seen = {}
+    for i in range(400):
+        bg = sample_scene(np.random.default_rng([0, i]), 320, 180).background
+        looks = VARIANTS[bg.kind]
+        assert bg.variant == looks[int(np.random.default_rng([bg.seed, 1]).integers(len(looks)))]
+        seen.setdefault(bg.kind, set()).add(bg.variant)
+    assert seen == {k: set(v) for k, v in VARIANTS.items()}
+
+
+def test_second_renderer_draws_the_same_ground_truth_differently():
+    from tinyvlm.second_renderer import STAR_INNER, outline, render_second
+
+    scene = sample_scene(np.random.default_rng(9), 640, 360, n_objects=2)
+    assert np.array_equal(render_second(scene), render_second(scene))
+    assert render_second(scene).shape == (360, 640, 3)
+    assert not np.array_equal(render_second(scene, effects=False), render(_with_background(scene, "solid", "")))
+    top = scene.objects[-1]
+    assert tuple(render_second(scene, effects=False)[int(top.cy), int(top.cx)]) == top.rgb
+    # Its own geometry: sizes are sides (squares, triangles) and outer diameters (stars).
+    from dataclasses import replace
+
+    o = replace(scene.objects[0], cx=100.0, cy=100.0, extent=60.0, angle=0.0)
+    side = lambda pts: float(np.hypot(*(pts[1] - pts[0])))  # noqa: E731
+    assert side(outline(replace(o, shape="square"))) == pytest.approx(60.0)
+    assert side(outline(replace(o, shape="triangle"))) == pytest.approx(60.0)
+    star = outline(replace(o, shape="star"))
+    radii = np.hypot(star[:, 0] - 100, star[:, 1] - 100)
+    assert radii[0::2] == pytest.approx([30.0] * 5) and radii[1::2] == pytest.approx([30.0 * STAR_INNER] * 5)

@@ -5,6 +5,8 @@ Scenes come from a seed range never used in training and cover every frame size 
 "<colour> <shape>" named (short, normal, long; normal split by 1-2 and 3-4 objects), and does the
 long caption state the count. Questions: exact answer per type. Shape answers and normal-caption
 mentions are also split by the object's size class (small objects are where shape fails).
+With `renderer="second"` the same scenes are drawn by `second_renderer` (another drawing of the
+same ground truth, as the independent check of issue 4 uses).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from engine import Engine, EngineConfig, SamplingParams
 
 from .data import HELDOUT_SEED
 from .language import NUMBERS
+from .second_renderer import render_second
 from .world import COLORS, SHAPES, Scene, render, sample_scene
+
+RENDERERS = {"world": render, "second": render_second}
 
 _MENTION = re.compile(r"\b(" + "|".join(COLORS) + r")\s+(" + "|".join(SHAPES) + r")s?\b")
 _COUNT = re.compile(r"\b(one|two|three|four)\s+shapes?\b")
@@ -57,7 +62,10 @@ def named(text: str) -> set[tuple[str, str]]:
 
 
 def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str | None = None,
-             progress: Callable[[int, int], None] | None = None) -> dict:
+             progress: Callable[[int, int], None] | None = None, renderer: str = "world") -> dict:
+    if renderer not in RENDERERS:
+        raise ValueError(f"unknown renderer {renderer!r} (expected one of {', '.join(RENDERERS)})")
+    draw = RENDERERS[renderer]
     hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # name -> [right, total]
     examples = []
     t0 = time.perf_counter()
@@ -67,7 +75,7 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
         for i in range(n):
             rng = np.random.default_rng([HELDOUT_SEED, i])
             scene = sample_scene(rng)
-            ref = engine.encode_image(render(scene))
+            ref = engine.encode_image(draw(scene))
             caps = {length: engine.submit(ref, caption=length, params=params) for length in ("short", "normal", "long")}
             qs = {kind: (q, a, engine.submit(ref, question=q, params=params))
                   for kind, (q, a) in eval_questions(scene, rng).items()}
@@ -78,7 +86,7 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
                 if progress:
                     progress(i + 1 - len(pending), n)
     report = {
-        "model": model, "scenes": n, "seconds": round(time.perf_counter() - t0, 1),
+        "model": model, "renderer": renderer, "scenes": n, "seconds": round(time.perf_counter() - t0, 1),
         "accuracy": {k: round(v[0] / v[1], 4) for k, v in sorted(hits.items()) if v[1]},
         "counts": {k: v[1] for k, v in sorted(hits.items())},
         "examples": examples[:5],
@@ -120,7 +128,7 @@ def _score(entry, hits, examples) -> None:
 
 
 def format_report(report: dict) -> str:
-    lines = [f"model={report['model']} scenes={report['scenes']} ({report['seconds']} s)"]
+    lines = [f"model={report['model']} renderer={report['renderer']} scenes={report['scenes']} ({report['seconds']} s)"]
     for k, v in report["accuracy"].items():
         lines.append(f"  {k:<36} {100 * v:6.2f} %   (n={report['counts'][k]})")
     return "\n".join(lines)
