@@ -42,6 +42,7 @@ def test_absent_config_takes_defaults(tmp_path):
     ({"vision": {"overlap_margin": 14}}, "overlap_margin"),
     ({"tokenizer": {"templates": {"query": {"prefix": "1 2"}}}}, "query.prefix"),
     ({"tokenizer": {"answer_id": 99999}}, "99999"),
+    ({"vision": {"resample": "nearest"}}, "vision.resample"),
 ])
 def test_invalid_configs_name_the_field(data, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):

@@ -83,6 +83,31 @@ def test_large_frames_resize_close_to_plain_lanczos():
         assert diff.max() <= 8 and diff.mean() < 0.5, (diff.max(), diff.mean())
 
 
+@pytest.mark.parametrize("size", [(640, 360), (1920, 1080), (333, 251)])
+def test_bicubic_resample_is_pils_antialiased_bicubic(size):
+    # The tiny model's filter (config resample "bicubic") runs through torch's kernel; it must be
+    # the filter its accuracy was measured with: PIL's BICUBIC, within a level of rounding.
+    import dataclasses
+
+    from PIL import Image
+
+    from tinyvlm import world
+
+    tiny = dataclasses.replace(VisionConfig(enc_dim=128, enc_n_heads=2, crop_size=126, max_crops=4,
+                                            overlap_margin=1, proj_out_dim=192), resample="bicubic")
+    rgb = world.render(world.sample_scene(np.random.default_rng(3), *size))
+    rgb.flags.writeable = False  # frames from PIL and PyAV often are
+    crops, (rows, cols) = overlap_crops(rgb, tiny)
+    c, margin = tiny.crop_size, tiny.enc_patch_size * tiny.overlap_margin
+    window = c - 2 * margin
+    pil = Image.fromarray(rgb)
+    ref_global = np.asarray(pil.resize((c, c), Image.Resampling.BICUBIC))
+    ref_big = np.asarray(pil.resize((cols * window + 2 * margin, rows * window + 2 * margin), Image.Resampling.BICUBIC))
+    assert np.abs(crops[0].astype(int) - ref_global).max() <= 1
+    assert np.abs(crops[-1].astype(int) - ref_big[-c:, -c:]).max() <= 1
+    assert not np.array_equal(crops, overlap_crops(rgb, dataclasses.replace(tiny, resample="lanczos"))[0])
+
+
 @pytest.mark.parametrize("tiling", [(1, 1), (1, 3), (2, 2), (3, 2), (4, 1)])
 @pytest.mark.parametrize("grid, margin", [(27, 4), (8, 1), (6, 2)])
 def test_reconstruction_of_tiles(tiling, grid, margin):

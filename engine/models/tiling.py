@@ -4,11 +4,14 @@ Contract (shared/MOONDREAM2.md): with patch P, crop C and margin m = P * overlap
 the window w = C - 2m; the grid comes from the image reduced by 2m per axis; the image is resized
 (Lanczos, see `_resize`) to (rows*w + 2m, cols*w + 2m) and cut into C x C tiles at stride w, zero
 padded at the edges; crop 0 is the whole image resized to C x C. At most max_crops + 1 crops.
+A model whose config says `resample: "bicubic"` (the embedded tiny model) gets antialiased
+bicubic resizes instead (`_resize_bicubic`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -54,6 +57,15 @@ def _resize(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
                                                   reducing_gap=REDUCING_GAP))
 
 
+def _resize_bicubic(rgb_1CHW: torch.Tensor, height: int, width: int) -> np.ndarray:
+    """Antialiased bicubic (PIL's BICUBIC filter, support scaled with the shrink factor) through
+    torch's uint8 channels-last kernel: 0.3 ms for the tiny model's two resizes of a 640x360 frame
+    against 3.6 ms for PIL's Lanczos on this CPU. The tiny model answers the same either way
+    (held-out accuracy within 0.4 points on every metric, EVAL.md)."""
+    out = torch.nn.functional.interpolate(rgb_1CHW, size=(height, width), mode="bicubic", antialias=True)
+    return out[0].permute(1, 2, 0).numpy()
+
+
 def overlap_crops(rgb_HW3: np.ndarray, cfg: VisionConfig) -> tuple[np.ndarray, tuple[int, int]]:
     """Crops (N, C, C, 3) uint8, global first then tiles row-major, and the (rows, cols) tiling."""
     if rgb_HW3.dtype != np.uint8 or rgb_HW3.ndim != 3 or rgb_HW3.shape[2] != 3:
@@ -65,8 +77,19 @@ def overlap_crops(rgb_HW3: np.ndarray, cfg: VisionConfig) -> tuple[np.ndarray, t
     rows, cols = select_tiling(h - 2 * margin, w - 2 * margin, window, cfg.max_crops)
 
     crops = np.zeros((rows * cols + 1, c, c, 3), dtype=np.uint8)
-    crops[0] = _resize(rgb_HW3, c, c)
-    big = _resize(rgb_HW3, rows * window + 2 * margin, cols * window + 2 * margin)
+    big_h, big_w = rows * window + 2 * margin, cols * window + 2 * margin
+    if cfg.resample == "bicubic":
+        # An (H, W, 3) array viewed as (1, 3, H, W) is channels-last already: no copy. Frames may
+        # be read-only arrays (PIL, PyAV); they are only read here.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            x = torch.from_numpy(np.ascontiguousarray(rgb_HW3)).permute(2, 0, 1)[None]
+        with torch.inference_mode():
+            crops[0] = _resize_bicubic(x, c, c)
+            big = _resize_bicubic(x, big_h, big_w)
+    else:
+        crops[0] = _resize(rgb_HW3, c, c)
+        big = _resize(rgb_HW3, big_h, big_w)
     for i in range(rows):
         for j in range(cols):
             tile = big[i * window : i * window + c, j * window : j * window + c]
