@@ -47,6 +47,8 @@ class FileSource:
         self.source_id = source_id or str(path)
         self.error: str | None = None
         if not self.path.exists():
+            if "://" in str(path):  # Path() would print it as "http:/host/..."
+                raise SourceError(f"{redact(str(path))} is a stream, not a file: `vlmstream live` reads streams")
             raise SourceError(f"video not found: {self.path}")
         if self.path.is_dir():
             raise SourceError(f"{self.path} is a folder, not a video")

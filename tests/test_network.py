@@ -119,15 +119,39 @@ def test_webcam_frames_are_rgb_and_timed(monkeypatch):
     assert src.error == "webcam:0 stopped delivering frames"
 
 
-def test_http_source_reads_a_served_clip():
+def _serve(root: Path):
     import functools
     import http.server
 
-    root = Path(__file__).resolve().parents[1] / "sample_videos"
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *a, **k: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_hls_playlist_is_read_segment_after_segment(tmp_path):
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(clip), "-c", "copy", "-f", "hls", "-hls_time", "2",
+                    "-hls_list_size", "0", str(tmp_path / "index.m3u8")], check=True)
+    assert len(list(tmp_path.glob("*.ts"))) >= 4  # the 16 s clip in several segments
+    server = _serve(tmp_path)
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", reconnect=False)
+        frames = list(src.frames())
+    finally:
+        server.shutdown()
+    assert [f.index for f in frames] == list(range(480)) and frames[0].rgb.shape == (360, 640, 3)
+
+
+def test_a_stream_given_to_the_video_command_is_a_clear_error(tmp_path, capsys):
+    assert main(["video", "rtsp://admin:hunter2@127.0.0.1:9/live", "-o", str(tmp_path / "out.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "is a stream, not a file" in err and "vlmstream live" in err and "hunter2" not in err
+
+
+def test_http_source_reads_a_served_clip():
+    server = _serve(Path(__file__).resolve().parents[1] / "sample_videos")
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/cuts_640x360_30fps.mp4"
         src = StreamSource(url, reconnect=False)
