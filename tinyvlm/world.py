@@ -97,9 +97,9 @@ class Background:
 
 
 # Looks within a background kind. The first world had one each (the first of every list); a model
-# trained on those counted a mosaic of muted blocks as extra shapes (count answers 43 % on a second
-# renderer's mosaic backgrounds against 96 % on its plain ones), so noise and texture come in
-# several looks. The variant is drawn from the background's own seed, so adding looks changed no
+# trained on those counted a mosaic of muted blocks as extra shapes (count answers 49.5 % on the
+# second renderer's mosaics against ~90 % on its other backgrounds, EVAL.md), so noise and
+# texture come in several looks. The variant is drawn from the background's own seed, so adding looks changed no
 # other draw of a scene (objects, colours, effects).
 VARIANTS = {
     "solid": ("plain",),
