@@ -30,14 +30,12 @@ def outline(o: Obj) -> np.ndarray:
     the side of a square, the side of a triangle, the outer diameter of a star."""
     a0 = math.radians(o.angle)
     if o.shape == "square":
-        r, n, start = o.extent / math.sqrt(2), 4, a0 + math.pi / 4
-        radii = [r] * 4
+        n, start, radii = 4, a0 + math.pi / 4, [o.extent / math.sqrt(2)] * 4
     elif o.shape == "triangle":
-        r, n, start = o.extent / math.sqrt(3), 3, a0 - math.pi / 2
-        radii = [r] * 3
+        n, start, radii = 3, a0 - math.pi / 2, [o.extent / math.sqrt(3)] * 3
     elif o.shape == "star":
-        r, n, start = o.extent / 2, 10, a0 - math.pi / 2
-        radii = [r if k % 2 == 0 else STAR_INNER * r for k in range(10)]
+        r = o.extent / 2
+        n, start, radii = 10, a0 - math.pi / 2, [r if k % 2 == 0 else STAR_INNER * r for k in range(10)]
     else:
         raise ValueError(f"not a polygon: {o.shape}")
     angles = start + 2 * math.pi * np.arange(n) / n
@@ -49,8 +47,9 @@ def _background(scene: Scene, rng: np.random.Generator) -> np.ndarray:
     a = np.array(scene.background.color_a, np.float32)
     b = np.array(scene.background.color_b, np.float32)
     kind = BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
     cell = max(4, int(min(w, h) * rng.uniform(0.04, 0.09)))
+    if kind in ("vertical", "radial", "checks", "dots"):
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
     if kind == "solid":
         t = np.zeros((h, w, 1), np.float32)
     elif kind == "vertical":
@@ -59,7 +58,8 @@ def _background(scene: Scene, rng: np.random.Generator) -> np.ndarray:
         t = (np.hypot(xx / w - 0.5, yy / h - 0.5) / math.hypot(0.5, 0.5))[..., None]
     elif kind == "mosaic":
         grid = rng.normal(0, 12, (-(-h // cell), -(-w // cell), 3)).astype(np.float32)
-        return a + cv2.resize(grid, (grid.shape[1] * cell, grid.shape[0] * cell), interpolation=cv2.INTER_NEAREST)[:h, :w]
+        blocks = cv2.resize(grid, (grid.shape[1] * cell, grid.shape[0] * cell), interpolation=cv2.INTER_NEAREST)
+        return a + blocks[:h, :w]
     elif kind == "checks":
         t = ((xx // cell + yy // cell) % 2)[..., None] * 0.5
     elif kind == "grain":

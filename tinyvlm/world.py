@@ -99,8 +99,8 @@ class Background:
 # Looks within a background kind. The first world had one each (the first of every list); a model
 # trained on those counted a mosaic of muted blocks as extra shapes (count answers 49.5 % on the
 # second renderer's mosaics against ~90 % on its other backgrounds, EVAL.md), so noise and
-# texture come in several looks. The variant is drawn from the background's own seed, so adding looks changed no
-# other draw of a scene (objects, colours, effects).
+# texture come in several looks. The variant is drawn from the background's own seed, so adding
+# looks changed no other draw of a scene (objects, colours, effects).
 VARIANTS = {
     "solid": ("plain",),
     "gradient": ("linear", "radial"),
@@ -215,8 +215,9 @@ def render_background(bg: Background, width: int, height: int) -> np.ndarray:
     variant = bg.variant or VARIANTS[bg.kind][0]
     if bg.kind == "solid":
         return np.broadcast_to(a, (height, width, 3)).astype(np.float32)
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     cos, sin = math.cos(math.radians(bg.angle)), math.sin(math.radians(bg.angle))
+    if bg.kind != "noise":  # noise needs no coordinate grid (rendering paces the training's data)
+        yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     if bg.kind == "gradient":
         if variant == "radial":  # centred somewhere on the frame, the angle picks where
             t = np.hypot(xx / width - 0.5 - 0.3 * cos, yy / height - 0.5 - 0.3 * sin)
@@ -242,7 +243,7 @@ def render_background(bg: Background, width: int, height: int) -> np.ndarray:
         return a + out
     period = max(4.0, 12.0 * bg.scale * short / 240)
     u = cos * xx + sin * yy
-    v = -sin * xx + cos * yy
+    v = -sin * xx + cos * yy if variant != "stripes" else None
     if variant == "checks":
         on = (np.floor(u / period) + np.floor(v / period)) % 2
     elif variant == "dots":
