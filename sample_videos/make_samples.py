@@ -40,14 +40,15 @@ STILL = OUT / "scene.png"
 
 
 def _video_scene(rng: np.random.Generator, w: int, h: int, n: int | None, speed: float) -> Scene:
-    scene = sample_scene(rng, w, h, n_objects=n)
+    scene = sample_scene(rng, w, h, n_objects=n, proportions=False)
     moving = []
     for o in scene.objects:
         angle = rng.uniform(0, 2 * np.pi)
         v = speed * rng.uniform(0.5, 1.5) * min(w, h) / 360
         moving.append(replace(o, vx=float(v * np.cos(angle)), vy=float(v * np.sin(angle))))
     # No per-frame sensor noise or JPEG: a video codec does that part. The clips keep the first
-    # look of each background kind (world.VARIANTS), so they stay the files they were.
+    # look of each background kind (world.VARIANTS) and the first proportions, so they stay the
+    # files they were.
     return replace(scene, objects=tuple(moving), effects=Effects(blur=0.0, brightness=1.0),
                    background=replace(scene.background, variant=""))
 
@@ -59,7 +60,7 @@ def _step(scene: Scene, wrap: bool) -> Scene:
     objs = []
     for o in scene.objects:
         cx, cy, vx, vy = o.cx + o.vx, o.cy + o.vy, o.vx, o.vy
-        r = o.extent / 2
+        r = o.radius
         if wrap:
             if cx < -r:
                 cx += w + 2 * r
@@ -123,7 +124,7 @@ def make_clip(spec: dict) -> None:
 def make_still() -> None:
     from PIL import Image
 
-    scene = sample_scene(np.random.default_rng(7), 640, 360, n_objects=3)
+    scene = sample_scene(np.random.default_rng(7), 640, 360, n_objects=3, proportions=False)
     scene = replace(scene, effects=Effects(), background=replace(scene.background, variant=""))
     Image.fromarray(render(scene)).save(STILL, optimize=True)
     (OUT / "scene.json").write_text(json.dumps(scene.truth(), indent=1))

@@ -28,7 +28,7 @@ FLOORS_SECOND = {
 
 
 def test_known_greedy_caption_for_a_fixed_frame():
-    scene = sample_scene(np.random.default_rng([777, 4]), 640, 360, n_objects=1)
+    scene = sample_scene(np.random.default_rng([777, 4]), 640, 360, n_objects=1, proportions=False)
     (obj,) = scene.objects
     assert (obj.color, obj.shape, obj.position(640, 360)) == ("green", "triangle", "top left")
     out = ReferenceDecoder(load_model("tiny")).generate(render(scene), caption="normal",

@@ -167,3 +167,36 @@ def test_second_renderer_draws_the_same_ground_truth_differently():
     star = outline(replace(o, shape="star"))
     radii = np.hypot(star[:, 0] - 100, star[:, 1] - 100)
     assert radii[0::2] == pytest.approx([30.0] * 5) and radii[1::2] == pytest.approx([30.0 * STAR_INNER] * 5)
+
+
+def test_polygons_are_sized_by_either_reading_and_stars_vary():
+    """Half the squares and triangles are sized by their side (drawn larger), stars take an inner
+    radius of 0.38-0.5; the ground-truth box follows what is drawn. Without `proportions`, every
+    object keeps the first world's geometry."""
+    from tinyvlm.world import Obj
+
+    objs = [o for i in range(300) for o in sample_scene(np.random.default_rng([0, i])).objects]
+    polys = [o for o in objs if o.shape in ("square", "triangle")]
+    assert 0.35 < np.mean([o.by_side for o in polys]) < 0.65
+    assert not any(o.by_side for o in objs if o.shape not in ("square", "triangle"))
+    inner = [o.star_inner for o in objs if o.shape == "star"]
+    assert min(inner) >= 0.38 and max(inner) <= 0.5 and np.std(inner) > 0.02
+    first = [o for i in range(100) for o in sample_scene(np.random.default_rng([0, i]), proportions=False).objects]
+    assert not any(o.by_side for o in first) and {o.star_inner for o in first} == {0.45}
+
+    side = lambda pts: float(np.hypot(pts[1][0] - pts[0][0], pts[1][1] - pts[0][1]))  # noqa: E731
+    sq = Obj("square", "red", "large", 100.0, 100.0, 60.0, 0.0, (220, 40, 40))
+    tri = Obj("triangle", "red", "large", 100.0, 100.0, 60.0, 0.0, (220, 40, 40))
+    assert side(sq.polygon()) == pytest.approx(60 / 2 ** 0.5) and side(tri.polygon()) == pytest.approx(60 * 3 ** 0.5 / 2)
+    from dataclasses import replace
+
+    assert side(replace(sq, by_side=True).polygon()) == pytest.approx(60.0)
+    assert side(replace(tri, by_side=True).polygon()) == pytest.approx(60.0)
+    big = replace(sq, by_side=True)
+    x0, y0, x1, y1 = big.bbox(400, 400)
+    xs, ys = zip(*big.polygon())
+    assert x0 <= min(xs) and max(xs) <= x1 and y0 <= min(ys) and max(ys) <= y1
+    assert x1 - x0 > 1.35 * 60  # the box of the circumscribed circle, 60 * sqrt(2)
+    star = replace(sq, shape="star", star_inner=0.4)
+    radii = [float(np.hypot(x - 100, y - 100)) for x, y in star.polygon()]
+    assert radii[0::2] == pytest.approx([30.0] * 5) and radii[1::2] == pytest.approx([12.0] * 5)

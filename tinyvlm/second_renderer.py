@@ -2,9 +2,9 @@
 
 Issue 4 is checked on frames drawn by a separate renderer that follows the same vocabulary.
 This one stands in for it: the same `Scene` (objects, colours, positions, so the same ground
-truth), drawn with OpenCV instead of PIL, with anti-aliased edges, other shape geometry (a star
-of inner radius 0.38 instead of 0.45, squares and triangles sized by their side, not by their
-circumscribed circle), its own backgrounds (vertical and radial gradients, mosaic blocks,
+truth), drawn with OpenCV instead of PIL, with anti-aliased edges, its own shape geometry (a
+star of inner radius 0.38; squares and triangles always sized by their side, which the world
+does for half of them), its own backgrounds (vertical and radial gradients, mosaic blocks,
 checks, grain, dots) and its own camera effects (sensor noise, Gaussian blur, JPEG through
 libjpeg-turbo's encoder in OpenCV, brightness). `vlmstream eval-tiny --renderer second` runs the
 held-out eval on these frames. Deterministic for a scene (everything random comes from the

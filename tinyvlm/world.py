@@ -5,7 +5,8 @@ Everything is deterministic given a `numpy.random.Generator`. A `Scene` lists it
 position cell, plus a background and camera effects; `render(scene)` draws it as RGB uint8.
 Vocabulary (the eval and the captions use exactly these words):
 shapes circle/square/triangle/star; colours red/green/blue/yellow/orange/purple/white/black;
-sizes small (8-15 % of the short side) / large (20-35 %); positions by the centre in thirds:
+sizes small (8-15 % of the short side) / large (20-35 %), read on the circumscribed circle or,
+for half the squares and triangles, on the side; positions by the centre in thirds:
 top/middle/bottom x left/center/right, the middle cell being just "center".
 """
 
@@ -44,6 +45,14 @@ def position_phrase(cx: float, cy: float, width: int, height: int) -> str:
     return f"{row} {col}"
 
 
+def circumradius(shape: str, extent: float, by_side: bool) -> float:
+    if by_side and shape == "square":
+        return extent / math.sqrt(2)
+    if by_side and shape == "triangle":
+        return extent / math.sqrt(3)
+    return extent / 2
+
+
 @dataclass(frozen=True)
 class Obj:
     shape: str
@@ -51,14 +60,24 @@ class Obj:
     size: str
     cx: float  # centre, pixels
     cy: float
-    extent: float  # diameter of the circumscribed circle, pixels
+    extent: float  # the size, pixels: diameter of the circumscribed circle, or the side (by_side)
     angle: float  # degrees
     rgb: tuple[int, int, int]
     vx: float = 0.0  # motion, pixels per frame (videos)
     vy: float = 0.0
+    # How a polygon's size class reads (the vocabulary leaves it open, so another renderer may read
+    # it either way): by the circumscribed circle, or for squares and triangles by the side, which
+    # draws them 1.41x and 1.15x larger.
+    by_side: bool = False
+    star_inner: float = 0.45  # a star's inner radius, as a fraction of the outer one
+
+    @property
+    def radius(self) -> float:
+        """Circumscribed radius, pixels."""
+        return circumradius(self.shape, self.extent, self.by_side)
 
     def bbox(self, width: int, height: int) -> tuple[int, int, int, int]:
-        r = self.extent / 2
+        r = self.radius
         return (max(0, int(self.cx - r)), max(0, int(self.cy - r)),
                 min(width, int(math.ceil(self.cx + r))), min(height, int(math.ceil(self.cy + r))))
 
@@ -66,7 +85,7 @@ class Obj:
         return position_phrase(self.cx, self.cy, width, height)
 
     def polygon(self) -> list[tuple[float, float]]:
-        r, a0 = self.extent / 2, math.radians(self.angle)
+        r, a0 = self.radius, math.radians(self.angle)
         if self.shape == "square":
             pts = [(r * math.cos(a0 + math.pi / 4 + k * math.pi / 2), r * math.sin(a0 + math.pi / 4 + k * math.pi / 2))
                    for k in range(4)]
@@ -74,8 +93,9 @@ class Obj:
             pts = [(r * math.cos(a0 - math.pi / 2 + k * 2 * math.pi / 3), r * math.sin(a0 - math.pi / 2 + k * 2 * math.pi / 3))
                    for k in range(3)]
         elif self.shape == "star":
-            pts = [((r if k % 2 == 0 else 0.45 * r) * math.cos(a0 - math.pi / 2 + k * math.pi / 5),
-                    (r if k % 2 == 0 else 0.45 * r) * math.sin(a0 - math.pi / 2 + k * math.pi / 5)) for k in range(10)]
+            inner = self.star_inner * r
+            pts = [((r if k % 2 == 0 else inner) * math.cos(a0 - math.pi / 2 + k * math.pi / 5),
+                    (r if k % 2 == 0 else inner) * math.sin(a0 - math.pi / 2 + k * math.pi / 5)) for k in range(10)]
         else:
             raise ValueError(self.shape)
         return [(self.cx + x, self.cy + y) for x, y in pts]
@@ -150,8 +170,15 @@ def sample_frame_size(rng: np.random.Generator, max_width: int = 1920) -> tuple[
     return width, height
 
 
-def sample_objects(rng: np.random.Generator, width: int, height: int, n: int) -> tuple[Obj, ...]:
-    """n objects with distinct (colour, shape), centres inside the frame, overlap limited."""
+def sample_objects(rng: np.random.Generator, width: int, height: int, n: int,
+                   proportions: bool = True) -> tuple[Obj, ...]:
+    """n objects with distinct (colour, shape), centres inside the frame, overlap limited.
+
+    With `proportions`, half of the squares and triangles are sized by their side and stars
+    take an inner radius of 0.38-0.5: a model trained on one reading of the sizes and one star
+    lost 12 points of shape on another renderer's larger squares and triangles (EVAL.md). Without
+    it no draw is made for them, so scenes are those of the first world (the sample clips).
+    """
     short = min(width, height)
     objs: list[Obj] = []
     pairs = [(c, s) for c in COLORS for s in SHAPES]
@@ -162,7 +189,9 @@ def sample_objects(rng: np.random.Generator, width: int, height: int, n: int) ->
         color, shape = pairs[len(objs)]  # pairs are distinct; the next one is tried once this fits
         size = "small" if rng.random() < 0.5 else "large"
         extent = rng.uniform(*SIZES[size]) * short
-        r = extent / 2
+        by_side = proportions and shape in ("square", "triangle") and bool(rng.random() < 0.5)
+        star_inner = float(rng.uniform(0.38, 0.5)) if proportions and shape == "star" else 0.45
+        r = circumradius(shape, extent, by_side)
         margin_x, margin_y = min(r * 0.9, width / 2 - 1), min(r * 0.9, height / 2 - 1)
         cx, cy = rng.uniform(margin_x, width - margin_x), rng.uniform(margin_y, height - margin_y)
         # Keep centres off the third lines (a position phrase should not be a coin toss).
@@ -170,11 +199,12 @@ def sample_objects(rng: np.random.Generator, width: int, height: int, n: int) ->
             continue
         if min(abs(cy - height * k / 3) for k in (1, 2)) < 0.02 * height:
             continue
-        if any(math.hypot(cx - o.cx, cy - o.cy) < 0.7 * (r + o.extent / 2) for o in objs):
+        if any(math.hypot(cx - o.cx, cy - o.cy) < 0.7 * (r + o.radius) for o in objs):
             continue
         base = COLORS[color]
         rgb = tuple(int(np.clip(v + rng.integers(-25, 26), 0, 255)) for v in base)
-        objs.append(Obj(shape, color, size, cx, cy, extent, float(rng.uniform(0, 360)), rgb))
+        objs.append(Obj(shape, color, size, cx, cy, extent, float(rng.uniform(0, 360)), rgb,
+                        by_side=by_side, star_inner=star_inner))
     return tuple(objs)
 
 
@@ -201,11 +231,11 @@ def sample_effects(rng: np.random.Generator) -> Effects:
 
 
 def sample_scene(rng: np.random.Generator, width: int | None = None, height: int | None = None,
-                 n_objects: int | None = None, max_width: int = 1920) -> Scene:
+                 n_objects: int | None = None, max_width: int = 1920, proportions: bool = True) -> Scene:
     if width is None or height is None:
         width, height = sample_frame_size(rng, max_width)
     n = int(n_objects or rng.integers(1, 5))
-    objects = sample_objects(rng, width, height, n)
+    objects = sample_objects(rng, width, height, n, proportions)
     return Scene(width, height, objects, sample_background(rng, objects), sample_effects(rng))
 
 
