@@ -106,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--threads", type=int, default=1,
                     help="torch threads for training (default 1: the scene renderer has the other core)")
     tr.add_argument("--max-minutes", type=float, default=80.0, help="stop early after this long (default 80)")
+    tr.add_argument("--processes", type=int, default=2,
+                    help="training processes averaging gradients, each with its own scene renderer (default 2)")
     tr.set_defaults(func=_cmd_train)
 
     ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",
@@ -237,11 +239,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     from tinyvlm.train import TrainConfig, train
 
-    if min(args.steps, args.batch_size, args.threads) < 1 or args.lr <= 0:
-        raise UsageError("--steps, --batch-size, --threads and --lr must be positive")
+    if min(args.steps, args.batch_size, args.threads, args.processes) < 1 or args.lr <= 0:
+        raise UsageError("--steps, --batch-size, --threads, --processes and --lr must be positive")
+    if args.batch_size % args.processes:
+        raise UsageError(f"--batch-size {args.batch_size} does not split over --processes {args.processes}")
     kw = {} if args.out is None else {"out": Path(args.out)}
     report = train(TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                               threads=args.threads, max_minutes=args.max_minutes, **kw))
+                               threads=args.threads, max_minutes=args.max_minutes, processes=args.processes, **kw))
     print(json.dumps(report))
     return 0
 

@@ -29,7 +29,7 @@ def test_patch_labels_mark_objects_on_the_image_token_grid():
 def test_a_short_training_run_writes_weights_the_engine_loads(tmp_path):
     from tinyvlm.train import TrainConfig, train
 
-    report = train(TrainConfig(out=tmp_path, steps=3, batch_size=2, warmup=1, threads=1), progress=False)
+    report = train(TrainConfig(out=tmp_path, steps=3, batch_size=2, warmup=1, threads=1, processes=1), progress=False)
     assert report["steps"] == 3 and np.isfinite(report["final_loss"])
     rows = list(csv.DictReader(open(tmp_path / "loss.csv")))
     assert [int(r["step"]) for r in rows] == [0, 1, 2]
@@ -38,6 +38,27 @@ def test_a_short_training_run_writes_weights_the_engine_loads(tmp_path):
     loaded = load_model(str(tmp_path))  # strict: every key, every shape; the probe heads are not saved
     assert loaded.config.vision.crop_size == 126
     assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_two_processes_train_the_same_steps_as_one(tmp_path):
+    """Two processes split each step's images and average their gradients: the losses follow a
+    one-process run of the same seed and batch (not bit for bit: each process averages over its
+    own tokens), and the weights load."""
+    import pytest
+
+    from tinyvlm.train import TrainConfig, train
+
+    curves = {}
+    for n in (1, 2):
+        out = tmp_path / f"p{n}"
+        report = train(TrainConfig(out=out, steps=4, batch_size=4, warmup=1, processes=n), progress=False)
+        assert report["steps"] == 4
+        curves[n] = [float(r["loss"]) for r in csv.DictReader(open(out / "loss.csv"))]
+    assert curves[2] == pytest.approx(curves[1], rel=0.02)
+    assert curves[1][-1] < curves[1][0] - 0.3  # it learns: the steps are real
+    assert load_model(str(tmp_path / "p2")).config.vision.crop_size == 126
+    with pytest.raises(ValueError, match="does not split"):
+        train(TrainConfig(out=tmp_path / "bad", steps=1, batch_size=3, processes=2), progress=False)
 
 
 def test_outline_mask_is_the_object_pixels_of_every_crop_patch_by_patch():

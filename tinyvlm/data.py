@@ -179,16 +179,19 @@ def collate(items: list[Item], prefix_len: int) -> Batch:
 
 
 class ItemStream(torch.utils.data.IterableDataset):
-    """Batches of items start..start+n, generated in a worker process."""
+    """Batches of items, batch b being items start + b * stride onwards (stride: the batch size,
+    or a whole step's when several processes share it), generated in a worker process."""
 
-    def __init__(self, config: ModelConfig, tokenizer_path: str, batch_size: int, start: int, n_batches: int):
+    def __init__(self, config: ModelConfig, tokenizer_path: str, batch_size: int, start: int, n_batches: int,
+                 stride: int | None = None):
         self.config, self.tokenizer_path = config, tokenizer_path
         self.batch_size, self.start, self.n_batches = batch_size, start, n_batches
+        self.stride = stride or batch_size
 
     def __iter__(self):
         torch.set_num_threads(1)
         tok = Tokenizer(self.tokenizer_path)
         for b in range(self.n_batches):
-            first = self.start + b * self.batch_size
+            first = self.start + b * self.stride
             items = [make_item(first + i, self.config, tok) for i in range(self.batch_size)]
             yield collate(items, self.config.prefix_len)
