@@ -241,11 +241,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     if min(args.steps, args.batch_size, args.threads, args.processes) < 1 or args.lr <= 0:
         raise UsageError("--steps, --batch-size, --threads, --processes and --lr must be positive")
-    if args.batch_size % args.processes:
-        raise UsageError(f"--batch-size {args.batch_size} does not split over --processes {args.processes}")
     kw = {} if args.out is None else {"out": Path(args.out)}
-    report = train(TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                               threads=args.threads, max_minutes=args.max_minutes, processes=args.processes, **kw))
+    try:
+        cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                          threads=args.threads, max_minutes=args.max_minutes, processes=args.processes, **kw)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    report = train(cfg)
     print(json.dumps(report))
     return 0
 

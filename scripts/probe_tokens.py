@@ -20,7 +20,7 @@ import torch
 
 from engine.errors import VlmstreamError
 from engine.models.loader import load_model
-from tinyvlm.data import HELDOUT_SEED
+from tinyvlm.data import HELDOUT_SEED, centre_cell
 from tinyvlm.world import COLORS, SHAPES, render, sample_scene
 
 FIT_SEED = 777  # neither training's seeds ([0, i]) nor the held-out ones
@@ -34,9 +34,7 @@ def centre_tokens(model, seed: int, n: int) -> dict[str, torch.Tensor]:
         crops, tiling = model.preprocess(render(scene))
         tokens = model.image_tokens(crops, tiling).float().reshape(grid, grid, -1)
         for o in scene.objects:
-            gx = min(int(o.cx / scene.width * grid), grid - 1)
-            gy = min(int(o.cy / scene.height * grid), grid - 1)
-            rows["x"].append(tokens[gy, gx])
+            rows["x"].append(tokens[centre_cell(scene, o, grid)])
             rows["shape"].append(SHAPES.index(o.shape))
             rows["colour"].append(list(COLORS).index(o.color))
             rows["small"].append(o.size == "small")

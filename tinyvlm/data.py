@@ -26,7 +26,7 @@ from engine.models.tiling import overlap_crops
 from engine.models.tokenizer import Tokenizer
 
 from .language import caption, questions
-from .world import COLORS, SHAPES, Scene, render, sample_scene
+from .world import COLORS, SHAPES, Obj, Scene, render, sample_scene
 
 PATCH_COLORS = ("background",) + tuple(COLORS)  # label 0 = no object
 PATCH_SHAPES = ("background",) + SHAPES
@@ -86,6 +86,11 @@ def outline_mask(scene: Scene, vision: VisionConfig) -> np.ndarray:
     return np.stack([_by_cell((c[..., 0] > 127).astype(np.uint8), vision.grid) for c in crops])
 
 
+def centre_cell(scene: Scene, o: Obj, grid: int) -> tuple[int, int]:
+    """(row, col) of the grid x grid split of the frame that holds the object's centre."""
+    return min(int(o.cy * grid / scene.height), grid - 1), min(int(o.cx * grid / scene.width), grid - 1)
+
+
 def patch_labels(scene: Scene, grid: int) -> np.ndarray:
     """Colour and shape of the object covering most of each cell of a grid x grid split of the frame.
 
@@ -94,14 +99,13 @@ def patch_labels(scene: Scene, grid: int) -> np.ndarray:
     object covers little of it, so small objects are never unlabelled.
     """
     n = grid * _CELL
-    sx, sy = n / scene.width, n / scene.height
     cells = _by_cell(_draw_objects(scene, n, n), grid)
     counts = np.stack([(cells == k).sum(1) for k in range(len(scene.objects) + 1)], axis=1)
     counts[:, 0] = np.maximum(counts[:, 0] - cells.shape[1] * 3 // 4, 0)  # an object covering 1/8+ of a cell wins
     owner = counts.argmax(1)
     for k, o in enumerate(scene.objects, start=1):
-        cell = min(int(o.cy * sy / _CELL), grid - 1) * grid + min(int(o.cx * sx / _CELL), grid - 1)
-        owner[cell] = k
+        row, col = centre_cell(scene, o, grid)
+        owner[row * grid + col] = k
     colour = np.array([0] + [PATCH_COLORS.index(o.color) for o in scene.objects])[owner]
     shape = np.array([0] + [PATCH_SHAPES.index(o.shape) for o in scene.objects])[owner]
     return np.stack([colour, shape]).astype(np.int64)

@@ -18,7 +18,7 @@ import math
 import cv2
 import numpy as np
 
-from .world import Obj, Scene
+from .world import Obj, Scene, circumradius
 
 BACKGROUNDS = ("solid", "vertical", "radial", "mosaic", "checks", "grain", "dots")
 STAR_INNER = 0.38
@@ -30,9 +30,9 @@ def outline(o: Obj) -> np.ndarray:
     the side of a square, the side of a triangle, the outer diameter of a star."""
     a0 = math.radians(o.angle)
     if o.shape == "square":
-        n, start, radii = 4, a0 + math.pi / 4, [o.extent / math.sqrt(2)] * 4
+        n, start, radii = 4, a0 + math.pi / 4, [circumradius("square", o.extent, by_side=True)] * 4
     elif o.shape == "triangle":
-        n, start, radii = 3, a0 - math.pi / 2, [o.extent / math.sqrt(3)] * 3
+        n, start, radii = 3, a0 - math.pi / 2, [circumradius("triangle", o.extent, by_side=True)] * 3
     elif o.shape == "star":
         r = o.extent / 2
         n, start, radii = 10, a0 - math.pi / 2, [r if k % 2 == 0 else STAR_INNER * r for k in range(10)]

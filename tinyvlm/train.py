@@ -2,9 +2,9 @@
 
 Deterministic for a seed (initial weights, data order, dropout-free model). Two training
 processes (by default) each render their share of a step's scenes in a worker process and
-average their gradients every step, so a step is the same batch as in one process. Writes model.safetensors, tokenizer.json and
-config.json into the output folder (by default the engine's embedded `tiny` folder), and the
-loss curve as loss.csv and loss.png.
+average their gradients every step, so a step is the same batch as in one process. Writes
+model.safetensors, tokenizer.json and config.json into the output folder (by default the
+engine's embedded `tiny` folder), and the loss curve as loss.csv and loss.png.
 """
 
 from __future__ import annotations
@@ -68,6 +68,10 @@ class TrainConfig:
     # worker's core idle: two concurrent runs of 8 images a step made 64 images/s against 47 for
     # one of 16 (EVAL.md, eighth session).
     processes: int = 2
+
+    def __post_init__(self):
+        if self.processes < 1 or self.batch_size % self.processes:
+            raise ValueError(f"batch size {self.batch_size} does not split over {self.processes} processes")
 
 
 AUX_WEIGHT = 0.5
@@ -139,8 +143,6 @@ _GROUP_TIMEOUT_S = 120  # how long a process waits on the others before it gives
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
-    if cfg.processes < 1 or cfg.batch_size % cfg.processes:
-        raise ValueError(f"batch size {cfg.batch_size} does not split over {cfg.processes} processes")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer().save(str(out / "tokenizer.json"))
