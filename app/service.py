@@ -11,6 +11,8 @@ through the same engine via the pipelines' public functions. Every user mistake 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -23,6 +25,9 @@ SAMPLES_DIR = Path(__file__).resolve().parent.parent / "sample_videos"
 LIVE_FPS = 60.0
 LIVE_MAX_INFLIGHT = 6
 RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about this long
+# A video job's outputs stay on disk until this many newer jobs have run (Gradio serves its own
+# copies of them; ours only need to outlive the hand-over), and go when the server stops.
+VIDEO_JOBS_KEPT = 8
 
 
 class UIError(Exception):
@@ -88,6 +93,8 @@ class Service:
         self._engine = None
         self._feeds: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> LiveFeed
         self._history: deque = deque(maxlen=4096)  # engine stats snapshots behind the current rates
+        self._scratch: Path | None = None  # this process's folder of video job outputs
+        self._jobs: deque[Path] = deque()
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -245,6 +252,25 @@ class Service:
         return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
                 "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
                 "x_real_time": round(speed, 2), "warnings": summary.errors}
+
+    def video_job_dir(self) -> Path:
+        """A new folder for one video job's outputs; the oldest beyond VIDEO_JOBS_KEPT are deleted."""
+        with self._lock:
+            if self._scratch is None:
+                self._scratch = Path(tempfile.mkdtemp(prefix="vlmstream-ui-"))
+            job = Path(tempfile.mkdtemp(prefix="video-", dir=self._scratch))
+            self._jobs.append(job)
+            while len(self._jobs) > VIDEO_JOBS_KEPT:
+                shutil.rmtree(self._jobs.popleft(), ignore_errors=True)
+            return job
+
+    def remove_outputs(self) -> None:
+        """Delete every video job's outputs (the server is stopping)."""
+        with self._lock:
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+            self._jobs.clear()
 
     def close(self) -> None:
         """Stop every feed and close the engine (a later call to `engine()` opens a new one)."""

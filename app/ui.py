@@ -6,12 +6,9 @@ keyed by its Gradio session and closed when the tab goes away. No engine logic h
 Gradio and the engine load when `build` or `run` is called.
 """
 
-
 import argparse
 import os
-import tempfile
 import time
-from pathlib import Path
 
 from app.service import Service, Settings, UIError, make_task, sample_videos
 
@@ -102,7 +99,7 @@ def build(service: Service, source: str | None = None):
     def video(path, kind, question, every_n, progress=gr.Progress()):
         if not path:
             raise gr.Error("upload a video first")
-        out_dir = Path(tempfile.mkdtemp(prefix="vlmstream-video-"))
+        out_dir = service.video_job_dir()
 
         def on_progress(done: int, total: int | None) -> None:
             progress((min(done, total), total) if total else done, desc="captioning", unit="frames")
@@ -126,7 +123,9 @@ def build(service: Service, source: str | None = None):
             raise gr.Error(str(e)) from None
         return msg
 
-    with gr.Blocks(title="vlmstream", analytics_enabled=False) as demo:
+    # Gradio keeps its own copies of uploads and results; hourly, those older than a day go, and all
+    # of them when the server stops (a long-running server must not fill the disk).
+    with gr.Blocks(title="vlmstream", analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
         gr.Markdown("# vlmstream\nReal-time video understanding: every frame captioned by a vision-language model.")
         with gr.Tab("Live"):
             with gr.Row():
@@ -237,5 +236,6 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         service.close()
+        service.remove_outputs()
     return 0
 

@@ -130,6 +130,25 @@ def test_video_job_writes_every_output_and_reports_progress(service, tmp_path):
         service.caption_video(str(tmp_path / "job" / "captions.srt"), make_task("short"), tmp_path / "bad")
 
 
+def test_video_job_outputs_are_bounded_and_removed_when_the_server_stops():
+    from app.service import VIDEO_JOBS_KEPT
+
+    s = Service()
+    jobs = []
+    for i in range(VIDEO_JOBS_KEPT + 3):
+        jobs.append(s.video_job_dir())
+        (jobs[-1] / "captions.jsonl").write_text(str(i))
+    assert len(set(jobs)) == len(jobs)
+    assert [j.exists() for j in jobs] == [False] * 3 + [True] * VIDEO_JOBS_KEPT
+    assert (jobs[-1] / "captions.jsonl").read_text() == str(len(jobs) - 1)
+    s.close()  # a settings change closes the engine but keeps the results on the page downloadable
+    assert jobs[-1].exists()
+    s.remove_outputs()
+    assert not jobs[-1].parent.exists()
+    assert s.video_job_dir().exists()  # usable again (a new scratch folder)
+    s.remove_outputs()
+
+
 def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
     service.engine()
     assert service.apply(Settings(max_tokens=12, pipelined=False)) == "settings applied"
