@@ -1,6 +1,7 @@
 """train-tiny's data and loop: per-image-token labels, and a short run that writes loadable weights."""
 
 import csv
+import json
 
 import numpy as np
 
@@ -59,6 +60,27 @@ def test_two_processes_train_the_same_steps_as_one(tmp_path):
     assert load_model(str(tmp_path / "p2")).config.vision.crop_size == 126
     with pytest.raises(ValueError, match="does not split"):
         train(TrainConfig(out=tmp_path / "bad", steps=1, batch_size=3, processes=2), progress=False)
+
+
+def test_a_time_budget_ends_two_processes_cleanly(tmp_path):
+    """The budget stops the loop mid-stream, with batches still being rendered: every process and
+    render worker must leave without an abort, and a budget spent before the first step still
+    trains one step and writes weights."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from tinyvlm.train import TrainConfig, train; "
+            "print(json.dumps(train(TrainConfig(out=sys.argv[1], steps=1000, batch_size=4, warmup=1, "
+            "processes=2, max_minutes=float(sys.argv[2])), progress=False)))")
+    for minutes, steps in ((0.05, None), (1e-6, 1)):
+        out = tmp_path / str(minutes)
+        r = subprocess.run([sys.executable, "-c", code, str(out), str(minutes)], capture_output=True, text=True,
+                           timeout=240)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "terminate called" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+        report = json.loads(r.stdout.strip().splitlines()[-1])
+        assert report["steps"] >= 1 and (steps is None or report["steps"] == steps)
+        assert load_model(str(out)).config.vision.crop_size == 126
 
 
 def test_outline_mask_is_the_object_pixels_of_every_crop_patch_by_patch():
