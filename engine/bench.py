@@ -137,6 +137,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
         "tokens_per_request": cfg.tokens,
         "repeats": cfg.repeats,
+        "min_seconds": cfg.min_seconds,
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "cpu_threads": torch.get_num_threads(),
@@ -148,7 +149,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
 
 def format_table(report: dict) -> str:
     lines = [f"model={report['model']} device={report['device']} dtype={report['dtype']} "
-             f"tokens/request={report['tokens_per_request']} runs per mode>={report['repeats']} and >=1 s (medians; decode tok/s)",
+             f"tokens/request={report['tokens_per_request']} runs per mode>={report['repeats']} "
+             f"and >={report['min_seconds']:g} s (medians; ratio: median of paired runs; decode tok/s)",
              f"{'streams':>7} {'pipelined tok/s':>16} {'blocking tok/s':>15} {'ratio':>6} "
              f"{'busy pipe':>9} {'busy block':>10} {'TTFT ms':>8} {'identical':>9}"]
     for r in report["results"]:
