@@ -39,6 +39,8 @@ def test_a_short_training_run_writes_weights_the_engine_loads(tmp_path):
     loaded = load_model(str(tmp_path))  # strict: every key, every shape; the probe heads are not saved
     assert loaded.config.vision.crop_size == 126
     assert (tmp_path / "loss.png").stat().st_size > 0
+    # readable by whoever may read the folder's other files (safetensors alone writes 0600)
+    assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == (tmp_path / "config.json").stat().st_mode & 0o777
 
 
 def test_two_processes_train_the_same_steps_as_one(tmp_path):

@@ -9,6 +9,7 @@ weights ship, and tests and benchmarks use it for shrunken or full-size checkpoi
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -91,6 +92,26 @@ def random_state_dict(
     return state
 
 
+def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """model.safetensors with the permissions of any new file: safetensors creates it 0600
+    whatever the umask, so a folder shared with others would hold weights only its owner reads."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    # Read, not set-and-restore: os.umask would change it for every thread for a moment.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
 def save_model_folder(
     folder: Path,
     config: ModelConfig,
@@ -98,10 +119,8 @@ def save_model_folder(
     tokenizer_json: Path,
 ) -> None:
     """Write a model folder in the Hugging Face layout: model.safetensors, tokenizer.json, config.json."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    save_weights(folder / "model.safetensors", state)
     (folder / "tokenizer.json").write_bytes(Path(tokenizer_json).read_bytes())
     (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=1), encoding="utf-8")
