@@ -216,12 +216,13 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
     share = cfg.batch_size // cfg.processes  # items step * batch_size + rank * share, ... of the split
     stream = ItemStream(config, str(out / "tokenizer.json"), share, start=rank * share, n_batches=cfg.steps,
                         stride=cfg.batch_size)
-    # Forked in every process: a process started by spawn would spawn its worker too, and a spawned
-    # worker ends in a full interpreter shutdown that aborts ("terminate called without an active
-    # exception") when the training loop leaves it mid-batch at the time budget.
+    # The worker is forked, in every process and before the process group starts threads: a
+    # process started by spawn would spawn it too, and a spawned worker ends in a full interpreter
+    # shutdown that aborts ("terminate called without an active exception") when the loop leaves
+    # it mid-batch at the time budget.
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4,
                                          persistent_workers=False, multiprocessing_context="fork")
-    batches = iter(loader)  # its worker is forked before the process group starts threads
+    batches = iter(loader)
     if cfg.processes > 1:
         import torch.distributed as dist
         from datetime import timedelta

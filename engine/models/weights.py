@@ -9,7 +9,6 @@ weights ship, and tests and benchmarks use it for shrunken or full-size checkpoi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -93,23 +92,11 @@ def random_state_dict(
 
 
 def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """model.safetensors with the permissions of any new file: safetensors creates it 0600
+    """model.safetensors, created like any other file: safetensors' save_file makes it 0600
     whatever the umask, so a folder shared with others would hold weights only its owner reads."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
-    os.chmod(path, 0o666 & ~_umask())
-
-
-def _umask() -> int:
-    # Read, not set-and-restore: os.umask would change it for every thread for a moment.
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o022
+    Path(path).write_bytes(save({k: v.contiguous() for k, v in state.items()}))
 
 
 def save_model_folder(
