@@ -108,6 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--max-minutes", type=float, default=80.0, help="stop early after this long (default 80)")
     tr.add_argument("--processes", type=int, default=2,
                     help="training processes averaging gradients, each with its own scene renderer (default 2)")
+    tr.add_argument("--vision-share", type=float, default=0.25,
+                    help="share of the run that trains the vision encoder alone on its dense targets (default 0.25)")
     tr.set_defaults(func=_cmd_train)
 
     ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",
@@ -244,7 +246,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     kw = {} if args.out is None else {"out": Path(args.out)}
     try:
         cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                          threads=args.threads, max_minutes=args.max_minutes, processes=args.processes, **kw)
+                          threads=args.threads, max_minutes=args.max_minutes, processes=args.processes,
+                          vision_share=args.vision_share, **kw)
     except ValueError as e:
         raise UsageError(str(e)) from None
     report = train(cfg)

@@ -135,9 +135,11 @@ def test_eval_tiny_reports_which_renderer_drew_the_scenes(capsys):
     assert e.value.code == 2
 
 
-def test_train_tiny_rejects_a_batch_that_does_not_split(capsys, tmp_path):
+def test_train_tiny_rejects_bad_settings_before_starting(capsys, tmp_path):
     assert main(["train-tiny", "--out", str(tmp_path), "--batch-size", "15", "--processes", "2"]) == 2
     assert "does not split" in capsys.readouterr().err
     assert main(["train-tiny", "--out", str(tmp_path), "--processes", "0"]) == 2
     assert "--processes" in capsys.readouterr().err
+    assert main(["train-tiny", "--out", str(tmp_path), "--vision-share", "1"]) == 2
+    assert "vision-only share" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing started, nothing written

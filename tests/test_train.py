@@ -54,7 +54,8 @@ def test_two_processes_train_the_same_steps_as_one(tmp_path):
     curves = {}
     for n in (1, 2):
         out = tmp_path / f"p{n}"
-        report = train(TrainConfig(out=out, steps=4, batch_size=4, warmup=1, processes=n), progress=False)
+        report = train(TrainConfig(out=out, steps=4, batch_size=4, warmup=1, processes=n, vision_share=0.0),
+                       progress=False)
         assert report["steps"] == 4
         curves[n] = [float(r["loss"]) for r in csv.DictReader(open(out / "loss.csv"))]
     assert curves[2] == pytest.approx(curves[1], rel=0.02)
@@ -62,6 +63,41 @@ def test_two_processes_train_the_same_steps_as_one(tmp_path):
     assert load_model(str(tmp_path / "p2")).config.vision.crop_size == 126
     with pytest.raises(ValueError, match="does not split"):
         train(TrainConfig(out=tmp_path / "bad", steps=1, batch_size=3, processes=2), progress=False)
+
+
+def test_the_vision_stage_trains_the_encoder_alone_then_everything(tmp_path):
+    """The first share of the steps moves the vision weights and leaves the decoder's as they were
+    drawn; the decoder then trains, its learning rate warming up again."""
+    import math
+
+    import torch
+    from safetensors.torch import load_file
+
+    from engine.models.weights import random_state_dict
+    from tinyvlm.train import TrainConfig, train
+
+    def weights(folder):
+        return {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+
+    cfg = TrainConfig(out=tmp_path / "v", steps=2, batch_size=2, warmup=2, processes=1, vision_share=0.9)
+    report = train(cfg, progress=False)
+    assert report["steps"] == 2 and report["final_loss"] is None
+    trained = weights(cfg.out)
+    drawn = random_state_dict(load_model(str(cfg.out)).config, seed=cfg.seed)
+    text = [k for k in trained if ".text." in k]
+    vision = [k for k in trained if ".vision." in k]
+    assert text and vision
+    for k in text:  # stored in fp16
+        torch.testing.assert_close(trained[k], drawn[k].half().float(), rtol=0, atol=0)
+    assert sum(not torch.equal(trained[k], drawn[k].half().float()) for k in vision) >= len(vision) // 2
+
+    cfg = TrainConfig(out=tmp_path / "vt", steps=4, batch_size=2, warmup=2, processes=1, vision_share=0.5)
+    report = train(cfg, progress=False)
+    rows = list(csv.DictReader(open(cfg.out / "loss.csv")))
+    assert [math.isnan(float(r["loss"])) for r in rows] == [True, True, False, False]
+    assert float(rows[2]["lr"]) == cfg.lr / 2  # the decoder's first step: warm-up starts again
+    assert math.isfinite(report["final_loss"])
+    assert not torch.equal(weights(cfg.out)[text[0]], drawn[text[0]].half().float())
 
 
 def test_a_time_budget_ends_two_processes_cleanly(tmp_path):

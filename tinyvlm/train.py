@@ -69,10 +69,17 @@ class TrainConfig:
     # worker's core idle: two concurrent runs of 8 images a step made 64 images/s against 47 for
     # one of 16 (EVAL.md, eighth session).
     processes: int = 2
+    # The first share of the run (of its steps or its time, whichever runs out first) trains the
+    # vision encoder and projection alone on the per-token and outline targets: no decoder pass,
+    # so ~2.3x the images a minute through the stage where shape is learned slowest (EVAL.md,
+    # tenth session). The decoder then starts, with its own warm-up.
+    vision_share: float = 0.25
 
     def __post_init__(self):
         if self.processes < 1 or self.batch_size % self.processes:
             raise ValueError(f"batch size {self.batch_size} does not split over {self.processes} processes")
+        if not 0.0 <= self.vision_share < 1.0:
+            raise ValueError(f"the vision-only share must be in [0, 1), not {self.vision_share}")
 
 
 AUX_WEIGHT = 0.5
@@ -112,29 +119,33 @@ class PatchProbe(torch.nn.Module):
         return F.binary_cross_entropy_with_logits(self.outline(feats_BND).float(), outline_BNP.float())
 
 
-def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None):
-    """Next-token loss on answers; with a probe, also (aux loss, colour accuracy, shape accuracy)."""
+def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None, vision_only: bool = False):
+    """Next-token loss on answers; with a probe, also (aux loss, colour accuracy, shape accuracy).
+    vision_only: the encoder and projection on the probe's targets alone (answer loss None)."""
     cfg = model.config
     crops = crops_to_tensor(batch.crops.numpy(), torch.device("cpu"), torch.float32)
     feats = model.vision.encode(crops)
-    prefixes, start, is_global = [], 0, torch.zeros(feats.shape[0], dtype=torch.bool)
-    bos = model.text.embed(torch.tensor([cfg.tokenizer.bos_id]))
+    tokens, start, is_global = [], 0, torch.zeros(feats.shape[0], dtype=torch.bool)
     for n, tiling in zip(batch.n_crops, batch.tilings):
-        prefixes.append(torch.cat([bos, model.vision.project(feats[start:start + n], tiling)]))
+        tokens.append(model.vision.project(feats[start:start + n], tiling))
         is_global[start] = True
         start += n
-    x = torch.cat([torch.stack(prefixes), model.text.embed(batch.ids)], dim=1)
+    image_BND = torch.stack(tokens)
+    loss = None
+    if not vision_only:
+        bos = model.text.embed(torch.tensor([cfg.tokenizer.bos_id]))
+        x = torch.cat([bos.expand(len(tokens), 1, -1), image_BND, model.text.embed(batch.ids)], dim=1)
 
-    def attend(_layer, q, k, v):
-        return sdpa(q, k, v, attn_mask=batch.mask)
+        def attend(_layer, q, k, v):
+            return sdpa(q, k, v, attn_mask=batch.mask)
 
-    h = model.text(x, batch.positions, attend)
-    keep = batch.targets >= 0
-    logits = model.text.logits(h[keep])
-    loss = F.cross_entropy(logits.float(), batch.targets[keep])
-    if probe is None:
-        return loss
-    aux, color_acc, shape_acc = probe.loss(torch.stack(prefixes)[:, 1:], batch.labels)
+        h = model.text(x, batch.positions, attend)
+        keep = batch.targets >= 0
+        logits = model.text.logits(h[keep])
+        loss = F.cross_entropy(logits.float(), batch.targets[keep])
+        if probe is None:
+            return loss
+    aux, color_acc, shape_acc = probe.loss(image_BND, batch.labels)
     aux = aux + (OUTLINE_WEIGHT * probe.outline_loss(feats[is_global], batch.outline[is_global])
                  + TILE_OUTLINE_WEIGHT * probe.outline_loss(feats[~is_global], batch.outline[~is_global])) / AUX_WEIGHT
     return loss, aux, color_acc, shape_acc
@@ -209,6 +220,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
     def lr_at(progress: float, step: int) -> float:
+        """step: steps since the current stage began (each stage warms up its new parameters)."""
         if step < cfg.warmup:
             return cfg.lr * (step + 1) / cfg.warmup
         return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
@@ -237,6 +249,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
 
         bar = tqdm(total=cfg.steps, desc="train-tiny", unit="step")
     budget_s = cfg.max_minutes * 60
+    stage_start = 0  # the step at which the current stage (vision-only, then all) began
     for step, batch in enumerate(batches):
         elapsed = time.perf_counter() - t0
         # The schedule follows whichever runs out first, steps or the time budget, so a run cut
@@ -248,14 +261,17 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
             frac = f.item()
         if frac >= 1.0 and step > 0:  # at least one step, even on a budget spent before the first
             break
-        lr = lr_at(frac, step)
+        vision_only = frac < cfg.vision_share
+        if not vision_only and stage_start == 0 and cfg.vision_share > 0:
+            stage_start = step
+        lr = lr_at(frac, step - stage_start)
         for group in opt.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss, aux, color_acc, shape_acc = forward_loss(model, batch, probe)
+            loss, aux, color_acc, shape_acc = forward_loss(model, batch, probe, vision_only)
         opt.zero_grad(set_to_none=True)
-        (loss + AUX_WEIGHT * aux).backward()
-        stats = [loss.item(), aux.item(), color_acc, shape_acc]
+        (AUX_WEIGHT * aux if vision_only else loss + AUX_WEIGHT * aux).backward()
+        stats = [math.nan if vision_only else loss.item(), aux.item(), color_acc, shape_acc]
         if cfg.processes > 1:
             stats = _average(params, stats, cfg.processes)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -264,7 +280,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
                      round(stats[3], 4), lr, round(time.perf_counter() - t0, 2)))
         if bar:
             bar.update(1)
-            bar.set_postfix(loss=f"{rows[-1][1]:.3f}", shape=f"{stats[3]:.2f}")
+            bar.set_postfix(loss="vision only" if vision_only else f"{rows[-1][1]:.3f}", shape=f"{stats[3]:.2f}")
         if step % 100 == 0 and rank == 0:
             _write_curve(out, rows)
     if bar:
@@ -279,7 +295,9 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
     weights = {PREFIX + k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
     save_weights(out / "model.safetensors", weights)
     _write_curve(out, rows)
-    return {"steps": len(rows), "final_loss": rows[-1][1], "minutes": (time.perf_counter() - t0) / 60}
+    answered = [r[1] for r in rows if not math.isnan(r[1])]
+    return {"steps": len(rows), "final_loss": answered[-1] if answered else None,
+            "minutes": (time.perf_counter() - t0) / 60}
 
 
 def _write_curve(out: Path, rows: list[tuple]) -> None:
@@ -287,7 +305,8 @@ def _write_curve(out: Path, rows: list[tuple]) -> None:
         w = csv.writer(f)
         w.writerow(["step", "loss", "aux_loss", "probe_acc", "probe_shape_acc", "lr", "elapsed_s"])
         w.writerows(rows)
-    _plot(out / "loss.png", [r[0] for r in rows], [r[1] for r in rows])
+    answered = [r for r in rows if not math.isnan(r[1])]  # the vision-only stage has no answer loss
+    _plot(out / "loss.png", [r[0] for r in answered], [r[1] for r in answered])
 
 
 def _plot(path: Path, xs: list[int], ys: list[float]) -> None:
@@ -306,5 +325,5 @@ def _plot(path: Path, xs: list[int], ys: list[float]) -> None:
                for x, y in zip(xs, ly)]
         d.line(pts, fill=(40, 80, 220), width=1)
         d.text((m + 4, m // 2 + 4), f"loss {ys[0]:.3f} -> {ys[-1]:.3f} (log scale)", fill="black")
-        d.text((m, H - m + 6), f"step 0 .. {xs[-1]}", fill="black")
+        d.text((m, H - m + 6), f"step {xs[0]} .. {xs[-1]}", fill="black")
     img.save(path)
