@@ -327,5 +327,6 @@ def _plot(path: Path, xs: list[int], ys: list[float]) -> None:
                for x, y in zip(xs, ly)]
         d.line(pts, fill=(40, 80, 220), width=1)
         d.text((m + 4, m // 2 + 4), f"loss {ys[0]:.3f} -> {ys[-1]:.3f} (log scale)", fill="black")
-        d.text((m, H - m + 6), f"step {xs[0]} .. {xs[-1]}", fill="black")
+        d.text((m, H - m + 6), f"step 0 .. {xs[-1]}" + (f" (answers from step {xs[0]})" if xs[0] else ""),
+               fill="black")
     img.save(path)
