@@ -297,8 +297,8 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
     weights = {PREFIX + k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
     save_weights(out / "model.safetensors", weights)
     _write_curve(out, rows)
-    answered = [r[1] for r in rows if not math.isnan(r[1])]
-    return {"steps": len(rows), "final_loss": answered[-1] if answered else None,
+    final = rows[-1][1]  # nan only if the run never left the vision-only stage, which comes first
+    return {"steps": len(rows), "final_loss": None if math.isnan(final) else final,
             "minutes": (time.perf_counter() - t0) / 60}
 
 
