@@ -80,6 +80,30 @@ def test_captions_and_answers_are_faithful(seed):
             assert a == o.position(scene.width, scene.height)
 
 
+def test_training_questions_ask_the_hard_cases():
+    """Where a scene has them, training asks where an object with a twin (same colour or shape)
+    is, and half its is-there negatives cross a colour and a shape both present on other objects."""
+    asked_twin, crossed, negatives = 0, 0, 0
+    for seed in range(300):
+        rng = np.random.default_rng([5, seed])
+        scene = sample_scene(rng, n_objects=4)
+        objs = scene.objects
+        twins = {(o.color, o.shape) for o in objs
+                 if any(p is not o and (p.color == o.color or p.shape == o.shape) for p in objs)}
+        qs = questions(scene, rng, k=5)
+        where = {tuple(q.removeprefix("Where is the ").rstrip("?").split()) for q, _ in qs if q.startswith("Where")}
+        if twins:
+            assert where & twins, (qs, twins)
+            asked_twin += 1
+        for q, a in qs:
+            words = q.removeprefix("Is there a ").rstrip("?").split()
+            if q.startswith("Is there") and len(words) == 2 and a == "no":
+                negatives += 1
+                crossed += any(o.color == words[0] for o in objs) and any(o.shape == words[1] for o in objs)
+    assert asked_twin > 200
+    assert crossed > negatives / 2 > 10
+
+
 @pytest.mark.parametrize("name, fps, size, seconds", [
     ("shapes_640x360_60fps", 60, (640, 360), 12),
     ("shapes_1280x720_30fps", 30, (1280, 720), 15),

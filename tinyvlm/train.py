@@ -70,7 +70,7 @@ class TrainConfig:
     # one of 16 (EVAL.md, eighth session).
     processes: int = 2
     # The first share of the run (of its steps or its time, whichever is further along: vision-only
-    # steps are fast, so with the default steps it ends after ~13.5 of 80 minutes) trains the
+    # steps are fast, so with the CLI's default 30000 steps it ends after ~18 of 85 minutes) trains the
     # vision encoder and projection alone on the per-token and outline targets: no decoder pass,
     # so ~2x the images a minute through the stage where shape is learned slowest. The decoder
     # then starts, with its own warm-up. Every answer but position gained, up to 31 points (EVAL.md,
