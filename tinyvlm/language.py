@@ -60,7 +60,7 @@ def questions(scene: Scene, rng: np.random.Generator, k: int = 4) -> list[tuple[
     """Up to k (question, answer) pairs drawn from the forms that apply to this scene.
 
     Hard cases come first where the scene has them: an object with a twin (another of its colour
-    or shape) always gets its "Where is" question, and half the "Is there a <colour> <shape>?"
+    or shape) always gets its "Where is" question, and about half the "Is there a <colour> <shape>?"
     negatives pair a colour and a shape that are both in the scene, on different objects. A model
     that finds an object by one of its words gets these wrong (EVAL.md, tenth session: 184 of 193
     position errors named another object's cell, most often a twin's).
