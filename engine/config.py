@@ -18,6 +18,7 @@ from .errors import ConfigError
 
 CAPTION_LENGTHS = ("short", "normal", "long")
 RESAMPLE_FILTERS = ("lanczos", "bicubic")
+TILINGS = ("moondream", "fill")
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class VisionConfig:
     # The crops' resampling filter (engine/models/tiling.py): "lanczos" as Moondream 2 was trained,
     # or "bicubic" (antialiased), 10x cheaper on CPU, for models trained or measured with it.
     resample: str = "lanczos"
+    # How a frame is split into tiles (engine/models/tiling.py): "moondream", the published rule,
+    # or "fill", which also tiles frames too small or too wide for it to (the tiny model's small
+    # objects gain 7 points of shape answers at no cost on 640x360 frames; EVAL.md, eleventh session).
+    tiling: str = "moondream"
 
     @property
     def grid(self) -> int:
@@ -103,6 +108,8 @@ class VisionConfig:
             raise ConfigError(f"vision.in_channels must be 3 (RGB), got {self.in_channels}")
         if self.resample not in RESAMPLE_FILTERS:
             raise ConfigError(f"vision.resample must be one of {', '.join(RESAMPLE_FILTERS)}, got {self.resample!r}")
+        if self.tiling not in TILINGS:
+            raise ConfigError(f"vision.tiling must be one of {', '.join(TILINGS)}, got {self.tiling!r}")
 
 
 @dataclass(frozen=True)

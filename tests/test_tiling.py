@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from engine.config import ModelConfig, VisionConfig
-from engine.models.tiling import crops_to_tensor, overlap_crops, reconstruct, select_tiling
+from engine.config import ConfigError
+from engine.models.tiling import crops_to_tensor, fill_tiling, overlap_crops, reconstruct, select_tiling
 
 MD2 = ModelConfig().vision  # patch 14, crop 378, margin 4 patches = 56 px, window 266 px
 
@@ -43,6 +44,58 @@ def test_never_more_than_max_crops_plus_one():
             rows, cols = select_tiling(h, w, 266, max_crops)
             assert rows >= 1 and cols >= 1
             assert rows * cols <= max(max_crops, 1), (h, w, max_crops, rows, cols)
+
+
+TINY = VisionConfig(enc_dim=96, enc_patch_size=14, enc_n_layers=2, enc_ff_dim=384, enc_n_heads=2,
+                    proj_inner_dim=512, proj_out_dim=192, crop_size=126, max_crops=8, overlap_margin=1,
+                    resample="bicubic", tiling="fill")  # window 98 px
+
+
+@pytest.mark.parametrize("width, height, published, fill", [
+    (160, 120, (1, 1), (2, 3)),  # no taller than a window: one tile by the published rule
+    (240, 120, (1, 1), (2, 4)),
+    (120, 160, (1, 1), (3, 2)),
+    (2560, 1080, (1, 4), (2, 4)),  # 21:9: one row of four
+    (1920, 820, (1, 4), (2, 4)),
+    (640, 360, (2, 3), (2, 3)),  # frames the published rule tiles in 2+ rows and columns: as before
+    (1920, 1080, (2, 3), (2, 3)),
+    (640, 480, (2, 3), (2, 3)),
+    (360, 640, (3, 2), (3, 2)),
+])
+def test_fill_tiling_tiles_small_and_wide_frames(width, height, published, fill):
+    img = np.zeros((height, width, 3), dtype=np.uint8)
+    assert overlap_crops(img, VisionConfig(**{**TINY.__dict__, "tiling": "moondream"}))[1] == published
+    crops, got = overlap_crops(img, TINY)
+    assert got == fill and crops.shape == (fill[0] * fill[1] + 1, 126, 126, 3)
+
+
+def test_fill_tiling_never_exceeds_max_crops_nor_tiles_less():
+    rng = random.Random(1)
+    for max_crops in (1, 2, 3, 4, 8, 12):
+        for _ in range(2000):
+            h, w = rng.randint(-50, 5000), rng.randint(-50, 5000)
+            rows, cols = fill_tiling(h, w, 98, max_crops)
+            assert 1 <= rows * cols <= max_crops, (h, w, max_crops, rows, cols)
+            published = select_tiling(h, w, 98, max_crops)
+            assert rows * cols >= published[0] * published[1]
+            if min(rows, cols) == 1:  # a single row or column only where two would not fit
+                assert 2 * rows * cols > max_crops, (h, w, max_crops, rows, cols)
+
+
+def test_fill_tiling_upsamples_a_small_frame_into_its_tiles():
+    """A 160x120 frame's object spans about twice the pixels in a fill tile as in the one crop
+    the published rule gives it."""
+    img = np.zeros((120, 160, 3), dtype=np.uint8)
+    img[50:70, 70:90] = 255  # a 20 px square in the middle
+    published, _ = overlap_crops(img, VisionConfig(**{**TINY.__dict__, "tiling": "moondream"}))
+    fill, _ = overlap_crops(img, TINY)
+    widest = lambda crops: max(int((c[..., 0] > 127).any(0).sum()) for c in crops[1:])  # noqa: E731
+    assert widest(fill) >= 1.8 * widest(published)
+
+
+def test_an_unknown_tiling_is_a_config_error():
+    with pytest.raises(ConfigError, match="vision.tiling"):
+        ModelConfig.from_dict({"vision": {"tiling": "tiles"}})
 
 
 def test_global_crop_first_and_tiles_row_major():

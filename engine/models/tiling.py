@@ -5,7 +5,8 @@ the window w = C - 2m; the grid comes from the image reduced by 2m per axis; the
 (Lanczos, see `_resize`) to (rows*w + 2m, cols*w + 2m) and cut into C x C tiles at stride w, zero
 padded at the edges; crop 0 is the whole image resized to C x C. At most max_crops + 1 crops.
 A model whose config says `resample: "bicubic"` (the embedded tiny model) gets antialiased
-bicubic resizes instead (`_resize_bicubic`).
+bicubic resizes instead (`_resize_bicubic`), and one that says `tiling: "fill"` gets
+`fill_tiling` instead of `select_tiling`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,32 @@ def select_tiling(height: int, width: int, window: int, max_crops: int) -> tuple
     return max(1, rows), max(1, cols)
 
 
+def fill_tiling(height: int, width: int, window: int, max_crops: int) -> tuple[int, int]:
+    """`select_tiling` for a frame whose short side is at least two windows, then a single row
+    (or column) of tiles doubled where two fit in max_crops.
+
+    The published rule gives a frame no taller (or wider) than one window a single tile, and a
+    21:9 frame one row of four: their objects are seen at the frame's own size or smaller, and a
+    small object there covers one or two patches. Tiling them as a larger frame would be tiled
+    upsamples them into the tiles (no new detail, but every object spread over 2-4x the patches);
+    frames the published rule already tiles in 2+ rows and columns (4:3 to 2:1 from ~240 px up)
+    are tiled as before. At most max_crops tiles, as before.
+    """
+    published = select_tiling(height, width, window, max_crops)
+    short = min(height, width)
+    if short < 2 * window:
+        scale = 2 * window / max(short, 1)
+        height, width = math.ceil(height * scale), math.ceil(width * scale)
+    rows, cols = select_tiling(height, width, window, max_crops)
+    if rows == 1 and 2 * cols <= max_crops:
+        rows = 2
+    if cols == 1 and 2 * rows <= max_crops:
+        cols = 2
+    # The published rule is not monotonic in size for extreme aspect ratios (a 4x2 can become 5x1
+    # when scaled up): never fewer tiles than it gives the frame as it is.
+    return (rows, cols) if rows * cols >= published[0] * published[1] else published
+
+
 # Shrinking by more than 2x, first average by an integer factor (a box filter), then Lanczos the
 # rest: what pyvips' resize does by default (its `gap` 2.0), and so Moondream's own preprocessing.
 # Within a few levels of a plain Lanczos (PSNR >= 51 dB on generated scenes; held-out accuracy of
@@ -74,7 +101,8 @@ def overlap_crops(rgb_HW3: np.ndarray, cfg: VisionConfig) -> tuple[np.ndarray, t
     c = cfg.crop_size
     margin = cfg.enc_patch_size * cfg.overlap_margin
     window = c - 2 * margin
-    rows, cols = select_tiling(h - 2 * margin, w - 2 * margin, window, cfg.max_crops)
+    tiling = fill_tiling if cfg.tiling == "fill" else select_tiling
+    rows, cols = tiling(h - 2 * margin, w - 2 * margin, window, cfg.max_crops)
 
     crops = np.zeros((rows * cols + 1, c, c, 3), dtype=np.uint8)
     big_h, big_w = rows * window + 2 * margin, cols * window + 2 * margin
