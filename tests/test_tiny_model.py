@@ -14,15 +14,15 @@ from tinyvlm.evaluate import evaluate
 from tinyvlm.world import render, sample_scene
 
 FLOORS = {
-    "answer_color": 0.80, "answer_count": 0.82, "answer_position": 0.81, "answer_shape": 0.73,
-    "answer_shape_large": 0.82, "answer_yesno_shape": 0.75, "answer_yesno_color_shape": 0.81,
-    "caption_long_count": 0.82, "caption_normal_objects_1-2": 0.74, "caption_normal_objects_3-4": 0.69,
+    "answer_color": 0.82, "answer_count": 0.82, "answer_position": 0.81, "answer_shape": 0.77,
+    "answer_shape_large": 0.82, "answer_yesno_shape": 0.78, "answer_yesno_color_shape": 0.82,
+    "caption_long_count": 0.82, "caption_normal_objects_1-2": 0.77, "caption_normal_objects_3-4": 0.73,
 }
 # The same scenes drawn by the second renderer (anti-aliased, other proportions and backgrounds).
 FLOORS_SECOND = {
-    "answer_color": 0.81, "answer_count": 0.81, "answer_position": 0.80, "answer_shape": 0.76,
-    "answer_yesno_shape": 0.76, "answer_yesno_color_shape": 0.81, "caption_long_count": 0.80,
-    "caption_normal_objects_1-2": 0.75, "caption_normal_objects_3-4": 0.71,
+    "answer_color": 0.83, "answer_count": 0.81, "answer_position": 0.80, "answer_shape": 0.79,
+    "answer_yesno_shape": 0.77, "answer_yesno_color_shape": 0.82, "caption_long_count": 0.80,
+    "caption_normal_objects_1-2": 0.77, "caption_normal_objects_3-4": 0.75,
 }
 
 
