@@ -1,11 +1,11 @@
+import dataclasses
 import random
 
 import numpy as np
 import pytest
 import torch
 
-from engine.config import ModelConfig, VisionConfig
-from engine.config import ConfigError
+from engine.config import ConfigError, ModelConfig, VisionConfig
 from engine.models.tiling import crops_to_tensor, fill_tiling, overlap_crops, reconstruct, select_tiling
 
 MD2 = ModelConfig().vision  # patch 14, crop 378, margin 4 patches = 56 px, window 266 px
@@ -49,6 +49,7 @@ def test_never_more_than_max_crops_plus_one():
 TINY = VisionConfig(enc_dim=96, enc_patch_size=14, enc_n_layers=2, enc_ff_dim=384, enc_n_heads=2,
                     proj_inner_dim=512, proj_out_dim=192, crop_size=126, max_crops=8, overlap_margin=1,
                     resample="bicubic", tiling="fill")  # window 98 px
+TINY_PUBLISHED = dataclasses.replace(TINY, tiling="moondream")
 
 
 @pytest.mark.parametrize("width, height, published, fill", [
@@ -64,7 +65,7 @@ TINY = VisionConfig(enc_dim=96, enc_patch_size=14, enc_n_layers=2, enc_ff_dim=38
 ])
 def test_fill_tiling_tiles_small_and_wide_frames(width, height, published, fill):
     img = np.zeros((height, width, 3), dtype=np.uint8)
-    assert overlap_crops(img, VisionConfig(**{**TINY.__dict__, "tiling": "moondream"}))[1] == published
+    assert overlap_crops(img, TINY_PUBLISHED)[1] == published
     crops, got = overlap_crops(img, TINY)
     assert got == fill and crops.shape == (fill[0] * fill[1] + 1, 126, 126, 3)
 
@@ -87,7 +88,7 @@ def test_fill_tiling_upsamples_a_small_frame_into_its_tiles():
     the published rule gives it."""
     img = np.zeros((120, 160, 3), dtype=np.uint8)
     img[50:70, 70:90] = 255  # a 20 px square in the middle
-    published, _ = overlap_crops(img, VisionConfig(**{**TINY.__dict__, "tiling": "moondream"}))
+    published, _ = overlap_crops(img, TINY_PUBLISHED)
     fill, _ = overlap_crops(img, TINY)
     widest = lambda crops: max(int((c[..., 0] > 127).any(0).sum()) for c in crops[1:])  # noqa: E731
     assert widest(fill) >= 1.8 * widest(published)

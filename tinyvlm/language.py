@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .world import SHAPES, Obj, Scene
+from .world import COLORS, SHAPES, Obj, Scene
 
 NUMBERS = ("zero", "one", "two", "three", "four")
 
@@ -65,8 +65,6 @@ def questions(scene: Scene, rng: np.random.Generator, k: int = 4) -> list[tuple[
     that finds an object by one of its words gets these wrong (EVAL.md, tenth session: 184 of 193
     position errors named another object's cell, most often a twin's).
     """
-    from .world import COLORS
-
     objs = scene.objects
     pool: list[tuple[str, str]] = [("How many shapes are there?", NUMBERS[len(objs)])]
     by_shape = {s: [o for o in objs if o.shape == s] for s in SHAPES}
@@ -79,12 +77,13 @@ def questions(scene: Scene, rng: np.random.Generator, k: int = 4) -> list[tuple[
     for c, os in by_color.items():
         if len(os) == 1:
             pool.append((f"What shape is the {c} object?", os[0].shape))
-    where = {id(o): (f"Where is the {o.color} {o.shape}?", o.position(scene.width, scene.height)) for o in objs}
+    def where(o: Obj) -> tuple[str, str]:
+        return f"Where is the {o.color} {o.shape}?", o.position(scene.width, scene.height)
+
     twins = [o for o in objs if _has_twin(o, objs)]
-    first: list[tuple[str, str]] = []
-    if twins:
-        first.append(where[id(twins[int(rng.integers(len(twins)))])])
-    pool += [q for q in where.values() if q not in first]
+    asked = twins[int(rng.integers(len(twins)))] if twins else None
+    first = [where(asked)] if asked is not None else []
+    pool += [where(o) for o in objs if o is not asked]
     s = str(rng.choice(SHAPES))
     pool.append((f"Is there a {s}?", "yes" if by_shape[s] else "no"))
     crossed = [(c, s2) for c in by_color for s2 in SHAPES
