@@ -111,6 +111,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="training processes averaging gradients, each with its own scene renderer (default 2)")
     tr.add_argument("--vision-share", type=float, default=0.25,
                     help="share of the run that trains the vision encoder alone on its dense targets (default 0.25)")
+    tr.add_argument("--init", default=None, metavar="DIR",
+                    help="continue from this weights folder (same architecture and tokenizer) instead of random "
+                         "weights, e.g. with --vision-share 0 and a lower --lr")
+    tr.add_argument("--first-item", type=int, default=0,
+                    help="index of the first training scene (a continued run takes scenes the first never saw)")
+    tr.add_argument("--tiling", default=None, choices=["fill", "moondream"],
+                    help="the vision tiling trained on (default: fill, the tiny model's)")
     tr.set_defaults(func=_cmd_train)
 
     ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",
@@ -248,10 +255,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                           threads=args.threads, max_minutes=args.max_minutes, processes=args.processes,
-                          vision_share=args.vision_share, **kw)
+                          vision_share=args.vision_share, first_item=args.first_item, tiling=args.tiling,
+                          init=None if args.init is None else Path(args.init), **kw)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    report = train(cfg)
+    try:
+        report = train(cfg)
+    except ValueError as e:  # an --init folder that cannot be continued
+        raise UsageError(str(e)) from None
     print(json.dumps(report))
     return 0
 

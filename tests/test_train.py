@@ -175,3 +175,59 @@ def test_training_attention_matches_torch_with_masks_and_gradients():
     torch.testing.assert_close(sdpa(q, *kv, enable_gqa=True),
                                torch.nn.functional.scaled_dot_product_attention(q, *kv, enable_gqa=True),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_run_continues_from_a_weights_folder_and_may_change_the_tiling(tmp_path, capsys):
+    """--init starts from trained weights, not random ones (the shipped model's answer loss is
+    ~0.2 where a random start is ~6.9); a folder of another architecture or with no weights is
+    refused with a one-line error before anything is written."""
+    import shutil
+
+    import pytest
+
+    from app.cli import main
+    from engine.models.loader import TINY_DIR
+    from tinyvlm.train import TrainConfig, train
+
+    cfg = TrainConfig(out=tmp_path / "c", init=TINY_DIR, steps=2, batch_size=2, warmup=1, processes=1,
+                      vision_share=0.0, lr=1e-6, first_item=10 ** 6, tiling="moondream")
+    report = train(cfg, progress=False)
+    rows = list(csv.DictReader(open(cfg.out / "loss.csv")))
+    assert report["steps"] == 2 and all(float(r["loss"]) < 1.0 for r in rows)
+    assert load_model(str(cfg.out)).config.vision.tiling == "moondream"
+
+    other = tmp_path / "other"
+    shutil.copytree(TINY_DIR, other)
+    config = json.loads((other / "config.json").read_text())
+    config["text"]["n_layers"] += 1
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="another architecture"):
+        train(TrainConfig(out=tmp_path / "x", init=other, steps=1, processes=1), progress=False)
+    assert not (tmp_path / "x").exists()
+    assert main(["train-tiny", "--init", str(tmp_path / "empty"), "--out", str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlmstream: error: ") and "model.safetensors" in err and err.count("\n") == 1
+    with pytest.raises(ValueError, match="tiling"):
+        TrainConfig(tiling="tiles")
+
+
+def test_bf16_autocast_follows_the_cpu(tmp_path, monkeypatch):
+    """By default training autocasts to bf16 only on CPUs with bf16 matrix instructions: on others
+    (AVX2 alone) bf16 is emulated ~50x slower than fp32."""
+    import pytest
+    import torch
+
+    import tinyvlm.train as tt
+
+    class Seen(Exception):  # stops the run at its first forward: the choice is made by then
+        pass
+
+    def recording(*args, **kwargs):
+        raise Seen(kwargs.get("enabled", True))
+
+    monkeypatch.setattr(torch, "autocast", recording)
+    for native in (True, False):
+        monkeypatch.setattr(tt, "cpu_has_native_bf16", lambda native=native: native)
+        with pytest.raises(Seen) as seen:
+            tt.train(tt.TrainConfig(out=tmp_path / str(native), steps=1, batch_size=2, processes=1), progress=False)
+        assert seen.value.args == (native,)

@@ -13,14 +13,15 @@ import csv
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from engine.config import ModelConfig
+from engine.config import TILINGS, ModelConfig
+from engine.device import cpu_has_native_bf16
 from engine.models.loader import TINY_DIR
 from engine.models.moondream import MoondreamModel
 from engine.models.tiling import crops_to_tensor
@@ -60,9 +61,10 @@ class TrainConfig:
     # them sharing its core, ran 0.46 s a step against 0.33 s for one thread alone.
     threads: int = 1
     max_minutes: float = 90.0
-    # bf16 autocast: this CPU's bf16 matmuls are ~4x its fp32 ones, a training step ~1.7x faster;
-    # master weights and the optimizer stay fp32.
-    bf16: bool = True
+    # bf16 autocast (None: where the CPU has bf16 matrix instructions, AVX512-BF16 or AMX): there
+    # bf16 matmuls ran ~4x fp32 ones and a training step ~1.7x faster; master weights and the
+    # optimizer stay fp32. An AVX2-only CPU emulates bf16 ~50x slower than fp32 (twelfth session).
+    bf16: bool | None = None
     # Training processes of `threads` threads each, every one with its own render worker, that
     # average their gradients every step (gloo over loopback); each takes batch_size / processes
     # images of a step, so a step is the same batch. One process leaves ~60 % of the render
@@ -76,12 +78,24 @@ class TrainConfig:
     # then starts, with its own warm-up. Every answer but position gained, up to 31 points (EVAL.md,
     # tenth session).
     vision_share: float = 0.25
+    # A weights folder of the same architecture and tokenizer to continue from (its optimizer state
+    # is not kept: a continued run warms up again), e.g. to adapt weights to another tiling.
+    init: Path | None = None
+    # The first training scene (item) of the run: a continued run takes scenes the first never saw.
+    first_item: int = 0
+    # The vision tiling trained on (None: the tiny config's, "fill"); "moondream" reproduces runs
+    # made before the fill tiling existed.
+    tiling: str | None = None
 
     def __post_init__(self):
         if self.processes < 1 or self.batch_size % self.processes:
             raise ValueError(f"batch size {self.batch_size} does not split over {self.processes} processes")
         if not 0.0 <= self.vision_share < 1.0:
             raise ValueError(f"the vision-only share must be in [0, 1), not {self.vision_share}")
+        if self.first_item < 0:
+            raise ValueError(f"the first training item must be >= 0, not {self.first_item}")
+        if self.tiling is not None and self.tiling not in TILINGS:
+            raise ValueError(f"unknown tiling {self.tiling!r} (use one of {', '.join(TILINGS)})")
 
 
 AUX_WEIGHT = 0.5
@@ -157,11 +171,12 @@ _GROUP_TIMEOUT_S = 120  # how long a process waits on the others before it gives
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
+    init = None if cfg.init is None else _read_init(Path(cfg.init), cfg)  # before `out` (maybe the same) changes
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer().save(str(out / "tokenizer.json"))
     if cfg.processes == 1:
-        return _train(cfg, 0, progress)
+        return _train(cfg, 0, progress, init=init)
     import socket
 
     import torch.multiprocessing as mp
@@ -171,11 +186,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     # Not daemonic: each process has a render worker of its own.
-    others = [ctx.Process(target=_train, args=(cfg, rank, False, port)) for rank in range(1, cfg.processes)]
+    others = [ctx.Process(target=_train, args=(cfg, rank, False, port, init)) for rank in range(1, cfg.processes)]
     for p in others:
         p.start()
     try:
-        report = _train(cfg, 0, progress, port)
+        report = _train(cfg, 0, progress, port, init)
     finally:
         for p in others:  # after a failure the others leave at the gloo timeout
             p.join(timeout=_GROUP_TIMEOUT_S + 30)
@@ -184,6 +199,37 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     if any(p.exitcode != 0 for p in others):
         raise RuntimeError(f"a training process failed (exit codes {[p.exitcode for p in others]})")
     return report
+
+
+def _config(tok: Tokenizer, cfg: TrainConfig) -> ModelConfig:
+    config = tiny_config(tok.get_vocab_size(), templates(tok))
+    if cfg.tiling is None:
+        return config
+    return replace(config, vision=replace(config.vision, tiling=cfg.tiling))
+
+
+def _read_init(folder: Path, cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The fp32 weights of `folder`, after checking it holds the tokenizer and architecture a run
+    would train (ValueError otherwise)."""
+    from engine.models.checkpoint import Checkpoint
+    from engine.models.loader import read_config
+
+    weights = folder / "model.safetensors"
+    if not weights.is_file() or not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"{folder} holds no model.safetensors and tokenizer.json to continue from")
+    built = build_tokenizer()
+    if Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab() != built.get_vocab():
+        raise ValueError(f"{folder} has another tokenizer than train-tiny builds: it cannot be continued")
+
+    def layout(c: ModelConfig) -> dict:
+        d = c.to_dict()
+        d["vision"].pop("tiling")  # a run may change the tiling: the weights are the same shapes
+        return d
+
+    if layout(read_config(folder)) != layout(_config(built, cfg)):
+        raise ValueError(f"{folder} has another architecture than train-tiny's: it cannot be continued")
+    with Checkpoint(weights) as ckpt:
+        return {key[len(PREFIX):]: ckpt.read(key, torch.float32, torch.device("cpu")) for key in ckpt.keys()}
 
 
 def _average(params: list[torch.nn.Parameter], stats: list[float], processes: int) -> list[float]:
@@ -201,18 +247,20 @@ def _average(params: list[torch.nn.Parameter], stats: list[float], processes: in
     return flat[i:].tolist()
 
 
-def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None) -> dict:
+def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
+           init: dict[str, torch.Tensor] | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    config = tiny_config(tok.get_vocab_size(), templates(tok))
+    config = _config(tok, cfg)
     if rank == 0:
         (out / "config.json").write_text(json.dumps(config.to_dict(), indent=1) + "\n")
 
     model = MoondreamModel(config)
-    state = {k[len(PREFIX):]: v for k, v in random_state_dict(config, seed=cfg.seed).items()}
-    model.load_state_dict(state)
+    if init is None:
+        init = {k[len(PREFIX):]: v for k, v in random_state_dict(config, seed=cfg.seed).items()}
+    model.load_state_dict(init)
     model.train()
     probe = PatchProbe(config.text.dim, config.vision.enc_dim, config.vision.enc_patch_size ** 2)
     named = list(model.named_parameters()) + [("probe." + n, p) for n, p in probe.named_parameters()]
@@ -228,8 +276,8 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
         return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
     share = cfg.batch_size // cfg.processes  # items step * batch_size + rank * share, ... of the split
-    stream = ItemStream(config, str(out / "tokenizer.json"), share, start=rank * share, n_batches=cfg.steps,
-                        stride=cfg.batch_size)
+    stream = ItemStream(config, str(out / "tokenizer.json"), share, start=cfg.first_item + rank * share,
+                        n_batches=cfg.steps, stride=cfg.batch_size)
     # The worker is forked, in every process and before the process group starts threads: a
     # process started by spawn would spawn it too, and a spawned worker ends in a full interpreter
     # shutdown that aborts ("terminate called without an active exception") when the loop leaves
@@ -251,6 +299,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
 
         bar = tqdm(total=cfg.steps, desc="train-tiny", unit="step")
     budget_s = cfg.max_minutes * 60
+    bf16 = cpu_has_native_bf16() if cfg.bf16 is None else cfg.bf16
     decoder_start = None  # the step at which the whole model began to train
     for step, batch in enumerate(batches):
         elapsed = time.perf_counter() - t0
@@ -269,7 +318,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None)
         lr = lr_at(frac, step if vision_only else step - decoder_start)
         for group in opt.param_groups:
             group["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss, aux, color_acc, shape_acc = forward_loss(model, batch, probe, vision_only)
         opt.zero_grad(set_to_none=True)
         (AUX_WEIGHT * aux if vision_only else loss + AUX_WEIGHT * aux).backward()
