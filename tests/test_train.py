@@ -30,8 +30,9 @@ def test_patch_labels_mark_objects_on_the_image_token_grid():
 def test_a_short_training_run_writes_weights_the_engine_loads(tmp_path):
     from tinyvlm.train import TrainConfig, train
 
-    report = train(TrainConfig(out=tmp_path, steps=3, batch_size=2, warmup=1, threads=1, processes=1), progress=False)
-    assert report["steps"] == 3 and np.isfinite(report["final_loss"])
+    report = train(TrainConfig(out=tmp_path, steps=3, batch_size=2, warmup=1, threads=1, processes=1, bf16=False),
+                   progress=False)
+    assert report["steps"] == 3 and np.isfinite(report["final_loss"]) and report["dtype"] == "fp32"
     rows = list(csv.DictReader(open(tmp_path / "loss.csv")))
     assert [int(r["step"]) for r in rows] == [0, 1, 2]
     assert all(0.0 <= float(r["probe_acc"]) <= 1.0 and 0.0 <= float(r["probe_shape_acc"]) <= 1.0

@@ -348,7 +348,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     _write_curve(out, rows)
     final = rows[-1][1]  # nan only if the run never left the vision-only stage, which comes first
     return {"steps": len(rows), "final_loss": None if math.isnan(final) else final,
-            "minutes": (time.perf_counter() - t0) / 60}
+            "minutes": (time.perf_counter() - t0) / 60, "dtype": "bf16 autocast" if bf16 else "fp32"}
 
 
 def _write_curve(out: Path, rows: list[tuple]) -> None:
