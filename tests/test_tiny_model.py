@@ -6,6 +6,7 @@ model code falls through them.
 """
 
 import numpy as np
+import pytest
 
 from engine.models.loader import load_model
 from engine.reference import ReferenceDecoder
@@ -44,6 +45,11 @@ def test_heldout_accuracy_stays_above_the_floors():
     assert n["answer_shape_small"] + n["answer_shape_large"] == n["answer_shape"]
     assert n["caption_normal_objects_small"] + n["caption_normal_objects_large"] == \
         n["caption_normal_objects_1-2"] + n["caption_normal_objects_3-4"]
+    # every object a normal caption misses is counted once, under one kind of miss
+    objects = n["caption_normal_objects_1-2"] + n["caption_normal_objects_3-4"]
+    named = acc["caption_normal_objects_1-2"] * n["caption_normal_objects_1-2"] + \
+        acc["caption_normal_objects_3-4"] * n["caption_normal_objects_3-4"]
+    assert sum(report["caption_normal_misses"].values()) * objects == pytest.approx(objects - named, abs=0.5)
 
 
 def test_accuracy_carries_over_to_a_second_renderer():

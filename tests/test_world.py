@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinyvlm.evaluate import eval_questions, named
+from tinyvlm.evaluate import eval_questions, miss_kind, named
 from tinyvlm.language import NUMBERS, caption, questions
 from tinyvlm.world import COLORS, SHAPES, SIZES, position_phrase, render, sample_scene
 
@@ -224,3 +224,12 @@ def test_polygons_are_sized_by_either_reading_and_stars_vary():
     star = replace(sq, shape="star", star_inner=0.4)
     radii = [float(np.hypot(x - 100, y - 100)) for x, y in star.polygon()]
     assert radii[0::2] == pytest.approx([30.0] * 5) and radii[1::2] == pytest.approx([12.0] * 5)
+
+
+def test_a_missed_object_is_told_apart_by_what_the_caption_got_right():
+    said = named("a purple star in the top center and a yellow star in the center")
+    assert miss_kind("yellow", "star", said) is None
+    assert miss_kind("purple", "square", said) == "wrong_shape"  # its colour is there, on a star
+    assert miss_kind("red", "star", said) == "wrong_colour"
+    assert miss_kind("red", "circle", said) == "missing"
+    assert miss_kind("red", "circle", set()) == "missing"

@@ -4,7 +4,9 @@ Scenes come from a seed range never used in training and cover every frame size 
 1920x1080). Every request goes through the engine (greedy). Captions: for each object, is its
 "<colour> <shape>" named (short, normal, long; normal split by 1-2 and 3-4 objects), and does the
 long caption state the count. Questions: exact answer per type. Shape answers and normal-caption
-mentions are also split by the object's size class (small objects are where shape fails).
+mentions are also split by the object's size class (small objects are where shape fails), and
+each object a normal caption misses is told apart: named with its colour and a wrong shape,
+with its shape and a wrong colour, or not at all (`caption_normal_misses`, shares of all objects).
 With `renderer="second"` the same scenes are drawn by `second_renderer` (another drawing of the
 same ground truth, as the independent check of issue 4 uses).
 """
@@ -27,6 +29,7 @@ from .world import COLORS, SHAPES, Scene, render, sample_scene
 
 RENDERERS = {"world": render, "second": render_second}
 
+MISSES = ("wrong_shape", "wrong_colour", "missing")
 _MENTION = re.compile(r"\b(" + "|".join(COLORS) + r")\s+(" + "|".join(SHAPES) + r")s?\b")
 _COUNT = re.compile(r"\b(one|two|three|four)\s+shapes?\b")
 
@@ -67,6 +70,7 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
         raise ValueError(f"unknown renderer {renderer!r} (expected one of {', '.join(RENDERERS)})")
     draw = RENDERERS[renderer]
     hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # name -> [right, total]
+    misses: dict[str, int] = dict.fromkeys(MISSES, 0)
     examples = []
     t0 = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=64)
@@ -82,19 +86,32 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
             ref.release()
             pending.append((scene, caps, qs))
             while len(pending) > 8 or (i == n - 1 and pending):  # bounded in flight, ordered
-                _score(pending.pop(0), hits, examples)
+                _score(pending.pop(0), hits, misses, examples)
                 if progress:
                     progress(i + 1 - len(pending), n)
+    objects = hits["caption_normal_objects_small"][1] + hits["caption_normal_objects_large"][1]
     report = {
         "model": model, "renderer": renderer, "scenes": n, "seconds": round(time.perf_counter() - t0, 1),
         "accuracy": {k: round(v[0] / v[1], 4) for k, v in sorted(hits.items()) if v[1]},
         "counts": {k: v[1] for k, v in sorted(hits.items())},
+        "caption_normal_misses": {k: round(v / max(objects, 1), 4) for k, v in misses.items()},
         "examples": examples[:5],
     }
     return report
 
 
-def _score(entry, hits, examples) -> None:
+def miss_kind(obj_color: str, obj_shape: str, said: set[tuple[str, str]]) -> str | None:
+    """How a caption that names `said` misses an object (None: it names it)."""
+    if (obj_color, obj_shape) in said:
+        return None
+    if any(c == obj_color for c, _ in said):
+        return "wrong_shape"
+    if any(s == obj_shape for _, s in said):
+        return "wrong_colour"
+    return "missing"
+
+
+def _score(entry, hits, misses, examples) -> None:
     scene, caps, qs = entry
     truth = {(o.color, o.shape) for o in scene.objects}
     texts = {length: h.result(timeout=600).text for length, h in caps.items()}
@@ -109,6 +126,10 @@ def _score(entry, hits, examples) -> None:
                 hits[key][0] += pair in said
                 hits[key][1] += 1
         if length == "normal":
+            for o in scene.objects:
+                kind = miss_kind(o.color, o.shape, said)
+                if kind:
+                    misses[kind] += 1
             hits["caption_normal_no_extra_objects"][0] += said <= truth
             hits["caption_normal_no_extra_objects"][1] += 1
     m = _COUNT.search(texts["long"].lower())
@@ -131,4 +152,6 @@ def format_report(report: dict) -> str:
     lines = [f"model={report['model']} renderer={report['renderer']} scenes={report['scenes']} ({report['seconds']} s)"]
     for k, v in report["accuracy"].items():
         lines.append(f"  {k:<36} {100 * v:6.2f} %   (n={report['counts'][k]})")
+    lines.append("  normal captions miss, of all objects: " + ", ".join(
+        f"{k.replace('_', ' ')} {100 * v:.2f} %" for k, v in report["caption_normal_misses"].items()))
     return "\n".join(lines)
