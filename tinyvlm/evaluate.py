@@ -125,11 +125,9 @@ def _score(entry, hits, misses, examples) -> None:
             for key in keys:
                 hits[key][0] += pair in said
                 hits[key][1] += 1
+            if length == "normal" and (kind := miss_kind(o.color, o.shape, said)):
+                misses[kind] += 1
         if length == "normal":
-            for o in scene.objects:
-                kind = miss_kind(o.color, o.shape, said)
-                if kind:
-                    misses[kind] += 1
             hits["caption_normal_no_extra_objects"][0] += said <= truth
             hits["caption_normal_no_extra_objects"][1] += 1
     m = _COUNT.search(texts["long"].lower())

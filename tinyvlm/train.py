@@ -171,10 +171,11 @@ _GROUP_TIMEOUT_S = 120  # how long a process waits on the others before it gives
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
-    init = None if cfg.init is None else _read_init(Path(cfg.init), cfg)  # before `out` (maybe the same) changes
+    tok = build_tokenizer()
+    init = None if cfg.init is None else _read_init(Path(cfg.init), cfg, tok)  # before `out` (maybe the same) changes
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    build_tokenizer().save(str(out / "tokenizer.json"))
+    tok.save(str(out / "tokenizer.json"))
     if cfg.processes == 1:
         return _train(cfg, 0, progress, init=init)
     import socket
@@ -208,17 +209,14 @@ def _config(tok: Tokenizer, cfg: TrainConfig) -> ModelConfig:
     return replace(config, vision=replace(config.vision, tiling=cfg.tiling))
 
 
-def _read_init(folder: Path, cfg: TrainConfig) -> dict[str, torch.Tensor]:
-    """The fp32 weights of `folder`, after checking it holds the tokenizer and architecture a run
-    would train (ValueError otherwise)."""
-    from engine.models.checkpoint import Checkpoint
-    from engine.models.loader import read_config
+def _read_init(folder: Path, cfg: TrainConfig, tok: Tokenizer) -> dict[str, torch.Tensor]:
+    """The fp32 weights of `folder`, loaded as the engine loads a model (strict), after checking
+    it holds the tokenizer `tok` and the architecture a run would train (ValueError otherwise)."""
+    from engine.models.loader import load_model, read_config
 
-    weights = folder / "model.safetensors"
-    if not weights.is_file() or not (folder / "tokenizer.json").is_file():
+    if not (folder / "model.safetensors").is_file() or not (folder / "tokenizer.json").is_file():
         raise ValueError(f"{folder} holds no model.safetensors and tokenizer.json to continue from")
-    built = build_tokenizer()
-    if Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab() != built.get_vocab():
+    if Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab() != tok.get_vocab():
         raise ValueError(f"{folder} has another tokenizer than train-tiny builds: it cannot be continued")
 
     def layout(c: ModelConfig) -> dict:
@@ -226,10 +224,9 @@ def _read_init(folder: Path, cfg: TrainConfig) -> dict[str, torch.Tensor]:
         d["vision"].pop("tiling")  # a run may change the tiling: the weights are the same shapes
         return d
 
-    if layout(read_config(folder)) != layout(_config(built, cfg)):
+    if layout(read_config(folder)) != layout(_config(tok, cfg)):
         raise ValueError(f"{folder} has another architecture than train-tiny's: it cannot be continued")
-    with Checkpoint(weights) as ckpt:
-        return {key[len(PREFIX):]: ckpt.read(key, torch.float32, torch.device("cpu")) for key in ckpt.keys()}
+    return load_model(folder, "cpu", torch.float32).model.state_dict()
 
 
 def _average(params: list[torch.nn.Parameter], stats: list[float], processes: int) -> list[float]:
