@@ -320,7 +320,9 @@ class EngineConfig:
     `cuda_graphs`: decode replayed as CUDA graphs by batch-size bucket (None: on CUDA; False is
     the eager fallback; CUDA only).
     `triton_kernels`: decode attention, KV write and sampling through the Triton kernels of
-    `engine.kernels` (None: on CUDA only; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
+    `engine.kernels` (None: on CUDA only; on CPU they run only under TRITON_INTERPRET=1, for tests).
+    `cpu_script`: the CPU decode forward as one TorchScript call, without the GIL (None: on CPU
+    unless Triton kernels are on; False is the eager path; see engine/scripted.py)."""
 
     model: str = "tiny"
     device: str = "cpu"
@@ -334,6 +336,7 @@ class EngineConfig:
     debug_checks: bool = False
     triton_kernels: bool | None = None
     cuda_graphs: bool | None = None
+    cpu_script: bool | None = None
 
     def __post_init__(self) -> None:
         if self.pipeline_depth not in (1, 2):

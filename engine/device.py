@@ -84,6 +84,15 @@ def graph_mode(flag: bool | None, device: torch.device) -> str | None:
     return "capture" if flag else None
 
 
+def script_mode(flag: bool | None, device: torch.device, kernels: bool) -> bool:
+    """Resolve EngineConfig.cpu_script: the TorchScript decode forward, CPU only."""
+    if flag and device.type != "cpu":
+        raise ConfigError("cpu_script=True needs the CPU device")
+    if flag and kernels:
+        raise ConfigError("cpu_script=True and triton_kernels=True exclude each other (both replace the decode forward)")
+    return device.type == "cpu" and not kernels if flag is None else bool(flag)
+
+
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 

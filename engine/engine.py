@@ -27,7 +27,7 @@ import numpy as np
 from .config import EngineConfig
 from .constraints import compile_constraint
 from .detokenizer import WordStreamer
-from .device import Executor, Pending, graph_mode, use_triton_kernels
+from .device import Executor, Pending, graph_mode, script_mode, use_triton_kernels
 from .errors import ConfigError, EngineClosedError, RequestError
 from .kv_cache import PagePool
 from .models.loader import load_model
@@ -66,9 +66,10 @@ class Engine:
             raise ConfigError(f"kv_pages={n_pages} cannot hold one full-context request ({need} pages)")
         self.pool = PagePool(n_pages, ps)
         self._executor = Executor(self.loaded.device)
-        self.runner = Runner(self.loaded, n_pages, ps, cfg.max_batch_size, self._executor,
-                             kernels=use_triton_kernels(cfg.triton_kernels, self.loaded.device),
-                             graphs=graph_mode(cfg.cuda_graphs, self.loaded.device))
+        kernels = use_triton_kernels(cfg.triton_kernels, self.loaded.device)
+        self.runner = Runner(self.loaded, n_pages, ps, cfg.max_batch_size, self._executor, kernels=kernels,
+                             graphs=graph_mode(cfg.cuda_graphs, self.loaded.device),
+                             script=script_mode(cfg.cpu_script, self.loaded.device, kernels))
         self._free_slots = list(range(cfg.max_batch_size - 1, -1, -1))
 
         self._inbox: queue.Queue = queue.Queue(maxsize=cfg.max_queue)

@@ -21,7 +21,7 @@ import torch
 
 from .device import Executor, Pending
 from .models.loader import LoadedModel
-from .models.text import KV_ALIGN, attention
+from .models.text import KV_ALIGN, MIN_GEMM_ROWS, attention
 from .models.tiling import crops_to_tensor
 from .reference import exact_attention
 from .sampler import advance_constraints, apply_constraints, constraint_mask, sample, step_uniform, suppress
@@ -47,8 +47,14 @@ class _Slot:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, n_pages: int, page_size: int, max_batch: int, executor: Executor,
-                 kernels: bool = False, graphs: str | None = None):
+                 kernels: bool = False, graphs: str | None = None, script: bool = False):
         self.model = loaded.model
+        self.scripted = None
+        if script:
+            from .scripted import flat_weights, scripted_decode
+
+            self.scripted = scripted_decode()
+            self.flat_weights = flat_weights(loaded.model.text)
         self.kernels = None
         if kernels:  # imported only here: Triton decides at import whether to interpret (CPU tests)
             from .kernels import kv_write, paged_attention, sampling
@@ -140,6 +146,13 @@ class Runner:
         text = self.model.text
         h = text(text.embed(self.last_token[slots_B])[:, None], pos_B[:, None], attend)
         return text.logits(h[:, -1])
+
+    def _scripted_decode(self, slots_B, pos_B1, write_B, pages_BP, mask_B11L) -> torch.Tensor:
+        t = self.config.text
+        cos, sin = self.model.text.rope_tables(self.device)
+        return self.scripted(self.last_token[slots_B], pos_B1, write_B, pages_BP, mask_B11L, self.k, self.v, cos, sin,
+                             self.flat_weights, t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim, t.rot_dim,
+                             self.page_size, MIN_GEMM_ROWS)
 
     def _to(self, x: np.ndarray | list, dtype=torch.int64) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), dtype=dtype).to(self.device, non_blocking=True)
@@ -246,12 +259,15 @@ class Runner:
             if decode is not None:
                 slots_d, pos, write, gather, mask = decode
                 text = self.model.text
-                if self.kernels:
-                    attend = self._attend_kernels(write, gather, pos[:, 0] + 1)
+                if self.scripted is not None:
+                    logits.append(self._scripted_decode(slots_d, pos, write, gather, mask))
                 else:
-                    attend = self._attend(write, gather, mask)
-                h = text(text.embed(self.last_token[slots_d])[:, None], pos, attend)
-                logits.append(text.logits(h[:, -1]))
+                    if self.kernels:
+                        attend = self._attend_kernels(write, gather, pos[:, 0] + 1)
+                    else:
+                        attend = self._attend(write, gather, mask)
+                    h = text(text.embed(self.last_token[slots_d])[:, None], pos, attend)
+                    logits.append(text.logits(h[:, -1]))
             if rows:
                 slots_r, temp, top_p, u, not_first = sampling
                 all_logits = torch.cat(logits)

@@ -95,7 +95,7 @@ T_FORWARD, T_HOST = 0.010, 0.010
 class FakeRunner(Runner):
     """Every step 'computes' for T_FORWARD seconds (sleeping, so the GIL is free) and emits token 7."""
 
-    def __init__(self, loaded, n_pages, page_size, max_batch, executor, kernels=False, graphs=None):
+    def __init__(self, loaded, n_pages, page_size, max_batch, executor, kernels=False, graphs=None, script=False):
         self.page_size, self.executor = page_size, executor
         self.slots = [_Slot(2 * max_batch, loaded.device), _Slot(2 * max_batch, loaded.device)]
 

@@ -1,0 +1,126 @@
+"""The CPU decode forward as one TorchScript call: the same aten operators, in the same order, as
+`TextModel.forward` through `Runner._attend` and `TextModel.logits` for one new token per row.
+
+Why: on CPU the device is a worker thread, and eager PyTorch holds the GIL between its ~700
+operators of a decode step, so the engine thread's host work (commit, plan, next inputs) competed
+with the forward instead of overlapping it (pipelined steps ran ~0.4-0.8 ms slower than blocking
+ones on an AVX2 CPU, twelfth and thirteenth sessions). TorchScript's interpreter runs the whole step
+without the GIL and with less per-operator overhead. It runs the same kernels, so the logits are
+bit-identical to the eager path (tested), which the reference decoder still uses; no fusion is
+involved (TorchScript does not fuse on CPU). Nothing else is compiled: prefills keep the eager
+path, whose multi-token attention may be exact (fp64).
+
+`torch.jit.script` is deprecated in recent torch; it is used here only behind
+`EngineConfig.cpu_script`, and where scripting fails the engine falls back to eager.
+torch.compile is not a substitute: its fused kernels round differently from the reference.
+"""
+
+import warnings
+from typing import List
+
+import torch
+import torch.nn.functional as F
+
+from .models.text import MIN_GEMM_ROWS, TextModel
+
+
+def _rows(x2: torch.Tensor, min_rows: int) -> torch.Tensor:
+    n = x2.shape[0]
+    if n < min_rows:
+        x2 = torch.cat([x2, x2.new_zeros([min_rows - n, x2.shape[1]])])
+    return x2
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    # engine.models.vision.gelu_tanh (CPU, no autograd), operator for operator.
+    k = 1.5957691216057308  # 2 * sqrt(2 / pi)
+    xf = x.float()
+    u = xf * xf
+    u.mul_(0.044715 * k).add_(k).mul_(xf)
+    return u.sigmoid_().mul_(xf).to(x.dtype)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # engine.models.vision.sdpa on CPU without autograd.
+    gqa = q.shape[1] != k.shape[1]
+    if q.dtype == torch.bfloat16 or q.dtype == torch.float16:
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=gqa)
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> torch.Tensor:
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    xr, xi = x_rot[..., : rot // 2], x_rot[..., rot // 2:]
+    out = torch.stack((xr * cos - xi * sin, xr * sin + xi * cos), dim=-1).flatten(-2)
+    return torch.cat([out.to(x.dtype), x_pass], dim=-1)
+
+
+def decode_logits(ids_B: torch.Tensor, pos_B1: torch.Tensor, write_B: torch.Tensor, pages_BP: torch.Tensor,
+                  mask_B11L: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  cos_table: torch.Tensor, sin_table: torch.Tensor, weights: List[torch.Tensor],
+                  n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, rot_dim: int,
+                  page_size: int, min_rows: int) -> torch.Tensor:
+    """Logits (B, vocab) of one decode token per row; writes the rows' k/v into the paged cache.
+
+    weights: `flat_weights(text)`: wte, then per layer ln w/b, qkv w/b, proj w/b, fc1 w/b, fc2 w/b,
+    then post_ln w/b, lm_head w/b.
+    """
+    wte = weights[0]
+    x = F.embedding(ids_B, wte)[:, None]
+    b, t, dim = x.shape
+    cos, sin = cos_table[pos_B1].unsqueeze(2), sin_table[pos_B1].unsqueeze(2)
+    n, flat = pages_BP.shape[0], pages_BP.reshape(-1)
+    for i in range(n_layers):
+        w = weights[1 + 10 * i: 11 + 10 * i]
+        h = F.layer_norm(x, [dim], w[0], w[1], 1e-5)
+        h2 = h.reshape(-1, dim)
+        rows = h2.shape[0]
+        hp = _rows(h2, min_rows)
+        qkv = F.linear(hp, w[2], w[3])[:rows].reshape(b, t, -1).view(b, t, n_heads + 2 * n_kv_heads, head_dim)
+        qk = _rotate(qkv[:, :, : n_heads + n_kv_heads], cos, sin, rot_dim)
+        q, k = qk[:, :, :n_heads].transpose(1, 2), qk[:, :, n_heads:].transpose(1, 2)
+        v = qkv[:, :, n_heads + n_kv_heads:].transpose(1, 2)
+        kc, vc = k_cache[i], v_cache[i]
+        kc.index_copy_(0, write_B, k.transpose(1, 2).reshape(b * t, n_kv_heads, head_dim))
+        vc.index_copy_(0, write_B, v.transpose(1, 2).reshape(b * t, n_kv_heads, head_dim))
+        keys = kc.view(-1, page_size, n_kv_heads, head_dim).index_select(0, flat).view(n, -1, n_kv_heads, head_dim).transpose(1, 2)
+        values = vc.view(-1, page_size, n_kv_heads, head_dim).index_select(0, flat).view(n, -1, n_kv_heads, head_dim).transpose(1, 2)
+        a = _sdpa(q, keys, values, mask_B11L).transpose(1, 2).reshape(b, t, dim)
+        a2 = a.reshape(-1, dim)
+        proj = F.linear(_rows(a2, min_rows), w[4], w[5])[:rows].reshape(b, t, -1)
+        mlp = F.linear(_gelu_tanh(F.linear(hp, w[6], w[7])), w[8], w[9])[:rows].reshape(b, t, -1)
+        x = x + proj + mlp
+    w = weights[1 + 10 * n_layers:]
+    hl = F.layer_norm(x[:, -1], [dim], w[0], w[1], 1e-5)
+    rows = hl.shape[0]
+    return F.linear(_rows(hl, min_rows), w[2], w[3])[:rows].reshape(rows, -1)
+
+
+def flat_weights(text: TextModel) -> List[torch.Tensor]:
+    out = [text.wte]
+    for blk in text.blocks:
+        out += [blk.ln.weight, blk.ln.bias, blk.attn.qkv.weight, blk.attn.qkv.bias, blk.attn.proj.weight,
+                blk.attn.proj.bias, blk.mlp.fc1.weight, blk.mlp.fc1.bias, blk.mlp.fc2.weight, blk.mlp.fc2.bias]
+    return out + [text.post_ln.weight, text.post_ln.bias, text.lm_head.weight, text.lm_head.bias]
+
+
+_SCRIPTED = None
+
+
+def scripted_decode():
+    """decode_logits compiled by TorchScript once per process; None where that fails."""
+    global _SCRIPTED
+    if _SCRIPTED is None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                _SCRIPTED = torch.jit.script(decode_logits)
+        except Exception as e:  # a torch without TorchScript, or one that cannot compile this
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            warnings.warn(f"TorchScript decode unavailable, decoding eagerly: {reason}")
+            _SCRIPTED = False
+    return _SCRIPTED or None
+
+
+__all__ = ["decode_logits", "flat_weights", "scripted_decode", "MIN_GEMM_ROWS"]

@@ -1,0 +1,85 @@
+"""The TorchScript decode forward (CPU): bit-identical to the eager step, and a safe fallback."""
+
+import numpy as np
+import pytest
+import torch
+
+import engine.scripted as scripted
+from engine import Engine, EngineConfig, SamplingParams
+from engine.device import script_mode
+from engine.errors import ConfigError
+from engine.models.loader import load_model
+from engine.runner import Runner
+
+
+def _step_inputs(runner: Runner, b: int, rng: np.random.Generator):
+    """A decode step of b rows at random positions over random, partly shared pages."""
+    ps, n_pages = runner.page_size, runner.k.shape[1] // runner.page_size
+    positions = rng.integers(3, runner.config.text.max_context - 1, size=b)
+    n_ctx = int(-(-(positions.max() + 1) // 16) * 16)
+    tables = [rng.choice(n_pages, size=n_ctx // ps, replace=False) for _ in range(b)]
+    write = np.array([t[p // ps] * ps + p % ps for t, p in zip(tables, positions)])
+    slots = torch.as_tensor(rng.permutation(runner.last_token.shape[0] - 1)[:b])
+    pos = torch.as_tensor(positions)[:, None]
+    mask = (torch.arange(n_ctx)[None, :] <= pos)[:, None, None, :]
+    return slots, pos, torch.as_tensor(write), torch.as_tensor(np.stack(tables)), mask
+
+
+@pytest.mark.parametrize("gqa,dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16)])
+def test_scripted_decode_is_bit_identical_to_the_eager_step(gqa, dtype, small_folder, gqa_folder):
+    loaded = load_model(gqa_folder if gqa else small_folder, dtype=dtype)
+    runner = Runner(loaded, n_pages=40, page_size=16, max_batch=8, executor=None, script=True)
+    assert runner.scripted is not None
+    text = loaded.model.text
+    rng = np.random.default_rng(7)
+    with torch.inference_mode():
+        runner.k.copy_(torch.randn(runner.k.shape))
+        runner.v.copy_(torch.randn(runner.v.shape))
+        runner.last_token.copy_(torch.as_tensor(rng.integers(0, loaded.config.text.vocab_size, size=9)))
+        for b in (1, 3, 8):
+            slots, pos, write, pages, mask = _step_inputs(runner, b, rng)
+            k0, v0 = runner.k.clone(), runner.v.clone()
+            h = text(text.embed(runner.last_token[slots])[:, None], pos, runner._attend(write, pages, mask))
+            eager, k_eager, v_eager = text.logits(h[:, -1]), runner.k.clone(), runner.v.clone()
+            runner.k.copy_(k0)
+            runner.v.copy_(v0)
+            got = runner._scripted_decode(slots, pos, write, pages, mask)
+            assert got.dtype == eager.dtype and torch.equal(got, eager), b
+            assert torch.equal(runner.k, k_eager) and torch.equal(runner.v, v_eager)  # same KV writes
+            assert not torch.equal(runner.k, k0)  # and there were some
+
+
+def test_engine_tokens_do_not_depend_on_the_script(gqa_folder, rgb_image):
+    params = [SamplingParams(temperature=0.0, max_tokens=10), SamplingParams(temperature=0.9, top_p=0.9, seed=3, max_tokens=10)]
+    out = []
+    for script in (True, False):
+        with Engine(EngineConfig(model=str(gqa_folder), cpu_script=script)) as engine:
+            assert (engine.runner.scripted is not None) == script
+            handles = [engine.submit(rgb_image, caption="short", params=p) for p in params]
+            handles.append(engine.submit(rgb_image, question="What is it?", params=params[1]))
+            out.append([h.result(timeout=120).token_ids for h in handles])
+    assert out[0] == out[1]
+
+
+def test_script_mode_is_cpu_only_and_excludes_triton_kernels():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert script_mode(None, cpu, kernels=False) and not script_mode(None, cpu, kernels=True)
+    assert not script_mode(None, cuda, kernels=True) and not script_mode(False, cpu, kernels=False)
+    with pytest.raises(ConfigError, match="CPU"):
+        script_mode(True, cuda, kernels=False)
+    with pytest.raises(ConfigError, match="exclude"):
+        script_mode(True, cpu, kernels=True)
+
+
+def test_a_torch_that_cannot_script_decodes_eagerly(monkeypatch, small_folder, rgb_image):
+    def refuse(fn):
+        raise RuntimeError("TorchScript is not available in this build")
+
+    monkeypatch.setattr(scripted, "_SCRIPTED", None)
+    monkeypatch.setattr(torch.jit, "script", refuse)
+    with pytest.warns(UserWarning, match="decoding eagerly: TorchScript is not available"):
+        engine = Engine(EngineConfig(model=str(small_folder), cpu_script=True))
+    with engine:
+        assert engine.runner.scripted is None
+        out = engine.submit(rgb_image, caption="short", params=SamplingParams(max_tokens=5)).result(timeout=60)
+    assert out.finish_reason in ("stop", "length") and out.token_ids
