@@ -92,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=3, metavar="N", help="runs per mode, medians (default 3)")
     bench.add_argument("--frames", type=int, default=240, metavar="N",
                        help="also caption N distinct 640x360 frames and report frames/s (0 skips; default 240)")
+    bench.add_argument("--no-script", action="store_true",
+                       help="CPU: decode eagerly instead of through TorchScript (for comparison)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bench.set_defaults(func=_cmd_bench)
 
@@ -232,7 +234,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.tokens < 1 or args.repeats < 1 or args.frames < 0:
         raise UsageError("--tokens and --repeats must be >= 1, --frames >= 0")
     cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, streams=streams,
-                      tokens=args.tokens, repeats=args.repeats, frames=args.frames)
+                      tokens=args.tokens, repeats=args.repeats, frames=args.frames,
+                      cpu_script=False if args.no_script else None)
     total = len(streams) * 2 * args.repeats + (1 if args.frames else 0)
     done = [0]
 

@@ -42,6 +42,7 @@ class BenchConfig:
     # (with 1 s, the 32-stream ratio ranged 1.01-1.19 over three runs of the same build).
     min_seconds: float = 3.0
     max_repeats: int = 60
+    cpu_script: bool | None = None  # EngineConfig.cpu_script (None: the engine's default)
 
 
 def _images(n: int, size: tuple[int, int]) -> list[np.ndarray]:
@@ -96,7 +97,7 @@ def frame_rate(engine: Engine, n_frames: int, size: tuple[int, int], inflight: i
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict:
     engine_cfg = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype,
-                              max_batch_size=max(cfg.streams))
+                              max_batch_size=max(cfg.streams), cpu_script=cfg.cpu_script)
     results = []
     with Engine(engine_cfg) as engine:
         _run(engine, 2, _images(1, cfg.image_size), 4)  # warm-up: allocator, kernels, caches
@@ -135,6 +136,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
         "model": cfg.model,
         "device": cfg.device,
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+        "decode": "torchscript" if engine.runner.scripted is not None else "eager",
         "tokens_per_request": cfg.tokens,
         "repeats": cfg.repeats,
         "min_seconds": cfg.min_seconds,
@@ -149,7 +151,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
 
 def format_table(report: dict) -> str:
     lines = [f"model={report['model']} device={report['device']} dtype={report['dtype']} "
-             f"tokens/request={report['tokens_per_request']} runs per mode>={report['repeats']} "
+             f"decode={report['decode']} tokens/request={report['tokens_per_request']} runs per mode>={report['repeats']} "
              f"and >={report['min_seconds']:g} s (medians; ratio: median of paired runs; decode tok/s)",
              f"{'streams':>7} {'pipelined tok/s':>16} {'blocking tok/s':>15} {'ratio':>6} "
              f"{'busy pipe':>9} {'busy block':>10} {'TTFT ms':>8} {'identical':>9}"]

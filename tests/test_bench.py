@@ -19,6 +19,15 @@ def test_bench_json_report(capsys, small_folder):
         assert len(r["pair_ratios"]) == r["runs_per_mode"] >= 2 and all(x > 0 for x in r["pair_ratios"])
         assert r["ratio"] == statistics.median(r["pair_ratios"])
     assert report["frame_rate"]["frames"] == 6 and report["frame_rate"]["frames_per_s"] > 0
+    assert report["decode"] == "torchscript"  # the CPU default
+
+
+def test_bench_can_decode_eagerly_for_comparison(capsys, small_folder):
+    argv = ["bench", "--model", str(small_folder), "--streams", "2", "--tokens", "4", "--repeats", "1",
+            "--frames", "0", "--no-script"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "decode=eager" in out and "True" in out.splitlines()[-1]  # tokens identical across modes
 
 
 def test_bench_bad_arguments(capsys):
