@@ -51,10 +51,13 @@ class Runner:
         self.model = loaded.model
         self.scripted = None
         if script:
-            from .scripted import flat_weights, scripted_decode
+            from .scripted import flat_weights, scripted_decode, warm_up
 
             self.scripted = scripted_decode()
             self.flat_weights = flat_weights(loaded.model.text)
+            if self.scripted is not None:
+                warm_up(self.scripted, self.flat_weights, loaded.config.text, page_size, loaded.dtype,
+                        *loaded.model.text.rope_tables(loaded.device))
         self.kernels = None
         if kernels:  # imported only here: Triton decides at import whether to interpret (CPU tests)
             from .kernels import kv_write, paged_attention, sampling

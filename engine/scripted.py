@@ -106,6 +106,7 @@ def flat_weights(text: TextModel) -> List[torch.Tensor]:
 
 
 _SCRIPTED = None
+_WARM: set = set()
 
 
 def scripted_decode():
@@ -123,4 +124,23 @@ def scripted_decode():
     return _SCRIPTED or None
 
 
-__all__ = ["decode_logits", "flat_weights", "scripted_decode", "MIN_GEMM_ROWS"]
+def warm_up(fn, weights: List[torch.Tensor], cfg, page_size: int, dtype: torch.dtype, cos: torch.Tensor,
+            sin: torch.Tensor) -> None:
+    """Run a few throwaway steps on a scratch cache: TorchScript profiles and optimises a function
+    on its first calls (~120 ms on CPU), which would otherwise delay the first answer."""
+    key = (dtype, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, page_size)
+    if key in _WARM:
+        return
+    shape = (cfg.n_layers, 2 * page_size, cfg.n_kv_heads, cfg.head_dim)
+    k, v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    with torch.inference_mode():
+        for b in (1, 2, 3):
+            ids, pos = torch.zeros(b, dtype=torch.int64), torch.zeros(b, 1, dtype=torch.int64)
+            pages = torch.zeros(b, 1, dtype=torch.int64)
+            mask = torch.ones(b, 1, 1, page_size, dtype=torch.bool)
+            fn(ids, pos, torch.zeros(b, dtype=torch.int64), pages, mask, k, v, cos, sin, weights,
+               cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rot_dim, page_size, MIN_GEMM_ROWS)
+    _WARM.add(key)
+
+
+__all__ = ["decode_logits", "flat_weights", "scripted_decode", "warm_up"]

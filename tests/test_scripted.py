@@ -83,3 +83,16 @@ def test_a_torch_that_cannot_script_decodes_eagerly(monkeypatch, small_folder, r
         assert engine.runner.scripted is None
         out = engine.submit(rgb_image, caption="short", params=SamplingParams(max_tokens=5)).result(timeout=60)
     assert out.finish_reason in ("stop", "length") and out.token_ids
+
+
+def test_warm_up_runs_on_a_scratch_cache_once(monkeypatch, small_folder):
+    calls = []
+    real = scripted.scripted_decode()
+    monkeypatch.setattr(scripted, "_WARM", set())
+    monkeypatch.setattr(scripted, "_SCRIPTED", lambda *a: calls.append(a[5].data_ptr()) or real(*a))
+    loaded = load_model(small_folder)
+    runner = Runner(loaded, n_pages=8, page_size=16, max_batch=4, executor=None, script=True)
+    assert len(calls) == 3 and runner.k.data_ptr() not in calls  # never the engine's own cache
+    assert not runner.k.any() and not runner.v.any()
+    Runner(loaded, n_pages=8, page_size=16, max_batch=4, executor=None, script=True)
+    assert len(calls) == 3  # once per process and model shape
