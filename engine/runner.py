@@ -51,13 +51,13 @@ class Runner:
         self.model = loaded.model
         self.scripted = None
         if script:
-            from .scripted import flat_weights, scripted_decode, warm_up
+            from .scripted import flat_weights, scripted, warm_up
 
-            self.scripted = scripted_decode()
+            self.scripted = scripted()
             self.flat_weights = flat_weights(loaded.model.text)
             if self.scripted is not None:
                 warm_up(self.scripted, self.flat_weights, loaded.config.text, page_size, loaded.dtype,
-                        *loaded.model.text.rope_tables(loaded.device))
+                        *loaded.model.text.rope_tables(loaded.device), exact_attention(loaded))
         self.kernels = None
         if kernels:  # imported only here: Triton decides at import whether to interpret (CPU tests)
             from .kernels import kv_write, paged_attention, sampling
@@ -150,12 +150,20 @@ class Runner:
         h = text(text.embed(self.last_token[slots_B])[:, None], pos_B[:, None], attend)
         return text.logits(h[:, -1])
 
-    def _scripted_decode(self, slots_B, pos_B1, write_B, pages_BP, mask_B11L) -> torch.Tensor:
+    def _dims(self) -> tuple:
         t = self.config.text
-        cos, sin = self.model.text.rope_tables(self.device)
-        return self.scripted(self.last_token[slots_B], pos_B1, write_B, pages_BP, mask_B11L, self.k, self.v, cos, sin,
-                             self.flat_weights, t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim, t.rot_dim,
-                             self.page_size, MIN_GEMM_ROWS)
+        return (*self.model.text.rope_tables(self.device), self.flat_weights, t.n_layers, t.n_heads, t.n_kv_heads,
+                t.head_dim, t.rot_dim, self.page_size, MIN_GEMM_ROWS)
+
+    def _scripted_decode(self, slots_B, pos_B1, write_B, pages_BP, mask_B11L) -> torch.Tensor:
+        return self.scripted.decode(self.last_token[slots_B], pos_B1, write_B, pages_BP, mask_B11L, self.k, self.v,
+                                    *self._dims())
+
+    def _hidden(self, x_BTC, pos_BT, write, pages_BP, mask) -> torch.Tensor:
+        """TextModel.forward over the paged cache: through TorchScript where it is on."""
+        if self.scripted is None:
+            return self.model.text(x_BTC, pos_BT, self._attend(write, pages_BP, mask))
+        return self.scripted.hidden(x_BTC, pos_BT, write, pages_BP, mask, self.k, self.v, *self._dims(), self.exact)
 
     def _to(self, x: np.ndarray | list, dtype=torch.int64) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), dtype=dtype).to(self.device, non_blocking=True)
@@ -251,7 +259,7 @@ class Runner:
                 for cow in cows:
                     self.copy_page(*cow)
                 text = self.model.text
-                h = text(text.embed(ids), pos, self._attend(write, gather, mask))
+                h = self._hidden(text.embed(ids), pos, write, gather, mask)
                 if last is not None:
                     logits.append(text.logits(h[last, -1]))
             busy["prefill"] = (time.perf_counter() - t0) * 1000.0
@@ -304,7 +312,7 @@ class Runner:
         L = pages.shape[1] * self.page_size
         mask = (torch.arange(L, device=self.device) < P).expand(P, L)[None, None]
         positions = torch.arange(P, device=self.device).expand(n, P)
-        model.text(x, positions, self._attend(write, pages, mask))
+        self._hidden(x, positions, write, pages, mask)
 
 
 def _aligned(n: int, page_size: int) -> int:

@@ -1,14 +1,15 @@
-"""The CPU decode forward as one TorchScript call: the same aten operators, in the same order, as
-`TextModel.forward` through `Runner._attend` and `TextModel.logits` for one new token per row.
+"""The CPU text decoder as TorchScript calls: the same aten operators, in the same order, as
+`TextModel.forward` through `Runner._attend` (and `TextModel.logits` for decode).
 
 Why: on CPU the device is a worker thread, and eager PyTorch holds the GIL between its ~700
 operators of a decode step, so the engine thread's host work (commit, plan, next inputs) competed
 with the forward instead of overlapping it (pipelined steps ran ~0.4-0.8 ms slower than blocking
-ones on an AVX2 CPU, twelfth and thirteenth sessions). TorchScript's interpreter runs the whole step
-without the GIL and with less per-operator overhead. It runs the same kernels, so the logits are
-bit-identical to the eager path (tested), which the reference decoder still uses; no fusion is
-involved (TorchScript does not fuse on CPU). Nothing else is compiled: prefills keep the eager
-path, whose multi-token attention may be exact (fp64).
+ones on an AVX2 CPU, thirteenth session). TorchScript's interpreter runs a whole call without the
+GIL and with less per-operator overhead. It runs the same kernels, so logits, hidden states and
+KV writes are bit-identical to the eager path (tested), which the reference decoder still uses;
+no fusion is involved (TorchScript does not fuse on CPU). A decode step is one call
+(`decode_logits`); prompt chunks and image prefixes go through `text_hidden`, whose multi-token
+attention is the exact fp64 one where the eager path's is. The vision encoder stays eager.
 
 `torch.jit.script` is deprecated in recent torch; it is used here only behind
 `EngineConfig.cpu_script`, and where scripting fails the engine falls back to eager.
@@ -16,7 +17,8 @@ torch.compile is not a substitute: its fused kernels round differently from the 
 """
 
 import warnings
-from typing import List
+from dataclasses import dataclass
+from typing import Callable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -56,20 +58,30 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> 
     return torch.cat([out.to(x.dtype), x_pass], dim=-1)
 
 
-def decode_logits(ids_B: torch.Tensor, pos_B1: torch.Tensor, write_B: torch.Tensor, pages_BP: torch.Tensor,
-                  mask_B11L: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  cos_table: torch.Tensor, sin_table: torch.Tensor, weights: List[torch.Tensor],
-                  n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, rot_dim: int,
-                  page_size: int, min_rows: int) -> torch.Tensor:
-    """Logits (B, vocab) of one decode token per row; writes the rows' k/v into the paged cache.
+def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # engine.models.text.attention with exact=True for several queries: fp64, batch invariant.
+    group = q.shape[1] // k.shape[1]
+    kd, vd = k.double(), v.double()
+    if group > 1:
+        kd, vd = kd.repeat_interleave(group, dim=1), vd.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q.double(), kd.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), vd).to(q.dtype)
+
+
+def text_hidden(x: torch.Tensor, pos_BT: torch.Tensor, write: torch.Tensor, pages_BP: torch.Tensor,
+                mask: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cos_table: torch.Tensor,
+                sin_table: torch.Tensor, weights: List[torch.Tensor], n_layers: int, n_heads: int,
+                n_kv_heads: int, head_dim: int, rot_dim: int, page_size: int, min_rows: int,
+                exact: bool) -> torch.Tensor:
+    """`TextModel.forward(x, pos, Runner._attend(write, pages, mask))`: hidden states (B, T, C) of
+    inputs x (B, T, C) at positions pos_BT; writes their k/v into the paged cache at `write`.
 
     weights: `flat_weights(text)`: wte, then per layer ln w/b, qkv w/b, proj w/b, fc1 w/b, fc2 w/b,
     then post_ln w/b, lm_head w/b.
     """
-    wte = weights[0]
-    x = F.embedding(ids_B, wte)[:, None]
     b, t, dim = x.shape
-    cos, sin = cos_table[pos_B1].unsqueeze(2), sin_table[pos_B1].unsqueeze(2)
+    cos, sin = cos_table[pos_BT].unsqueeze(2), sin_table[pos_BT].unsqueeze(2)
     n, flat = pages_BP.shape[0], pages_BP.reshape(-1)
     for i in range(n_layers):
         w = weights[1 + 10 * i: 11 + 10 * i]
@@ -82,19 +94,39 @@ def decode_logits(ids_B: torch.Tensor, pos_B1: torch.Tensor, write_B: torch.Tens
         q, k = qk[:, :, :n_heads].transpose(1, 2), qk[:, :, n_heads:].transpose(1, 2)
         v = qkv[:, :, n_heads + n_kv_heads:].transpose(1, 2)
         kc, vc = k_cache[i], v_cache[i]
-        kc.index_copy_(0, write_B, k.transpose(1, 2).reshape(b * t, n_kv_heads, head_dim))
-        vc.index_copy_(0, write_B, v.transpose(1, 2).reshape(b * t, n_kv_heads, head_dim))
+        kc.index_copy_(0, write, k.transpose(1, 2).reshape(b * t, n_kv_heads, head_dim))
+        vc.index_copy_(0, write, v.transpose(1, 2).reshape(b * t, n_kv_heads, head_dim))
         keys = kc.view(-1, page_size, n_kv_heads, head_dim).index_select(0, flat).view(n, -1, n_kv_heads, head_dim).transpose(1, 2)
         values = vc.view(-1, page_size, n_kv_heads, head_dim).index_select(0, flat).view(n, -1, n_kv_heads, head_dim).transpose(1, 2)
-        a = _sdpa(q, keys, values, mask_B11L).transpose(1, 2).reshape(b, t, dim)
-        a2 = a.reshape(-1, dim)
+        if exact and t > 1:
+            a = _exact(q, keys, values, mask)
+        else:
+            a = _sdpa(q, keys, values, mask)
+        a2 = a.transpose(1, 2).reshape(b, t, dim).reshape(-1, dim)
         proj = F.linear(_rows(a2, min_rows), w[4], w[5])[:rows].reshape(b, t, -1)
         mlp = F.linear(_gelu_tanh(F.linear(hp, w[6], w[7])), w[8], w[9])[:rows].reshape(b, t, -1)
         x = x + proj + mlp
+    return x
+
+
+def logits(h_BC: torch.Tensor, weights: List[torch.Tensor], n_layers: int, min_rows: int) -> torch.Tensor:
+    """`TextModel.logits`: post_ln and lm_head, at least min_rows rows through the GEMM."""
     w = weights[1 + 10 * n_layers:]
-    hl = F.layer_norm(x[:, -1], [dim], w[0], w[1], 1e-5)
+    hl = F.layer_norm(h_BC, [h_BC.shape[-1]], w[0], w[1], 1e-5)
     rows = hl.shape[0]
     return F.linear(_rows(hl, min_rows), w[2], w[3])[:rows].reshape(rows, -1)
+
+
+def decode_logits(ids_B: torch.Tensor, pos_B1: torch.Tensor, write_B: torch.Tensor, pages_BP: torch.Tensor,
+                  mask_B11L: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  cos_table: torch.Tensor, sin_table: torch.Tensor, weights: List[torch.Tensor],
+                  n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, rot_dim: int,
+                  page_size: int, min_rows: int) -> torch.Tensor:
+    """Logits (B, vocab) of one decode token per row (ids_B), in one call."""
+    x = F.embedding(ids_B, weights[0])[:, None]
+    h = text_hidden(x, pos_B1, write_B, pages_BP, mask_B11L, k_cache, v_cache, cos_table, sin_table, weights,
+                    n_layers, n_heads, n_kv_heads, head_dim, rot_dim, page_size, min_rows, False)
+    return logits(h[:, -1], weights, n_layers, min_rows)
 
 
 def flat_weights(text: TextModel) -> List[torch.Tensor]:
@@ -105,42 +137,52 @@ def flat_weights(text: TextModel) -> List[torch.Tensor]:
     return out + [text.post_ln.weight, text.post_ln.bias, text.lm_head.weight, text.lm_head.bias]
 
 
-_SCRIPTED = None
+@dataclass(frozen=True)
+class Scripted:
+    decode: Callable  # decode_logits
+    hidden: Callable  # text_hidden, for prefills (prompt chunks, image prefixes)
+
+
+_SCRIPTED: Optional[Scripted] = None
+_FAILED = False
 _WARM: set = set()
 
 
-def scripted_decode():
-    """decode_logits compiled by TorchScript once per process; None where that fails."""
-    global _SCRIPTED
-    if _SCRIPTED is None:
+def scripted() -> Optional[Scripted]:
+    """The functions compiled by TorchScript once per process; None where that fails."""
+    global _SCRIPTED, _FAILED
+    if _SCRIPTED is None and not _FAILED:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                _SCRIPTED = torch.jit.script(decode_logits)
+                _SCRIPTED = Scripted(torch.jit.script(decode_logits), torch.jit.script(text_hidden))
         except Exception as e:  # a torch without TorchScript, or one that cannot compile this
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             warnings.warn(f"TorchScript decode unavailable, decoding eagerly: {reason}")
-            _SCRIPTED = False
-    return _SCRIPTED or None
+            _FAILED = True
+    return _SCRIPTED
 
 
-def warm_up(fn, weights: List[torch.Tensor], cfg, page_size: int, dtype: torch.dtype, cos: torch.Tensor,
-            sin: torch.Tensor) -> None:
+def warm_up(fns: Scripted, weights: List[torch.Tensor], cfg, page_size: int, dtype: torch.dtype,
+            cos: torch.Tensor, sin: torch.Tensor, exact: bool) -> None:
     """Run a few throwaway steps on a scratch cache: TorchScript profiles and optimises a function
-    on its first calls (~120 ms on CPU), which would otherwise delay the first answer."""
-    key = (dtype, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, page_size)
+    on its first calls (~80 ms on CPU), which would otherwise delay the first answer."""
+    key = (dtype, exact, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, page_size)
     if key in _WARM:
         return
     shape = (cfg.n_layers, 2 * page_size, cfg.n_kv_heads, cfg.head_dim)
     k, v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    dims = (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rot_dim, page_size, MIN_GEMM_ROWS)
     with torch.inference_mode():
         for b in (1, 2, 3):
             ids, pos = torch.zeros(b, dtype=torch.int64), torch.zeros(b, 1, dtype=torch.int64)
-            pages = torch.zeros(b, 1, dtype=torch.int64)
-            mask = torch.ones(b, 1, 1, page_size, dtype=torch.bool)
-            fn(ids, pos, torch.zeros(b, dtype=torch.int64), pages, mask, k, v, cos, sin, weights,
-               cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rot_dim, page_size, MIN_GEMM_ROWS)
+            pages, write = torch.zeros(b, 1, dtype=torch.int64), torch.zeros(b, dtype=torch.int64)
+            fns.decode(ids, pos, write, pages, torch.ones(b, 1, 1, page_size, dtype=torch.bool), k, v, cos, sin,
+                       weights, *dims)
+            x = torch.zeros(b, 2, cfg.dim, dtype=dtype)
+            fns.hidden(x, pos.expand(b, 2), write.repeat(2), pages, torch.ones(b, 1, 2, page_size, dtype=torch.bool),
+                       k, v, cos, sin, weights, *dims, exact)
     _WARM.add(key)
 
 
-__all__ = ["decode_logits", "flat_weights", "scripted_decode", "warm_up"]
+__all__ = ["Scripted", "decode_logits", "flat_weights", "scripted", "text_hidden", "warm_up"]

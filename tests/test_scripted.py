@@ -49,6 +49,38 @@ def test_scripted_decode_is_bit_identical_to_the_eager_step(gqa, dtype, small_fo
             assert not torch.equal(runner.k, k0)  # and there were some
 
 
+@pytest.mark.parametrize("gqa,dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16)])
+def test_scripted_prefill_is_bit_identical_to_the_eager_one(gqa, dtype, small_folder, gqa_folder):
+    """Prompt chunks (causal) and image prefixes (bidirectional): exact fp64 attention in fp32."""
+    loaded = load_model(gqa_folder if gqa else small_folder, dtype=dtype)
+    runner = Runner(loaded, n_pages=40, page_size=16, max_batch=8, executor=None, script=True)
+    assert runner.exact == (dtype == torch.float32)
+    text, ps = loaded.model.text, runner.page_size
+    rng = np.random.default_rng(3)
+    with torch.inference_mode():
+        runner.k.copy_(torch.randn(runner.k.shape))
+        runner.v.copy_(torch.randn(runner.v.shape))
+        for b, t, start, bidirectional in ((1, 5, 20, False), (3, 7, 9, False), (2, 30, 0, True)):
+            n_ctx = int(-(-(start + t) // 16) * 16)
+            tables = np.stack([rng.choice(40, size=n_ctx // ps, replace=False) for _ in range(b)])
+            positions = np.arange(start, start + t)[None].repeat(b, 0)
+            write = torch.as_tensor(np.concatenate([tab[p // ps] * ps + p % ps for tab, p in zip(tables, positions)]))
+            if bidirectional:
+                mask = (torch.arange(n_ctx) < t).expand(t, n_ctx)[None, None]
+            else:
+                mask = torch.as_tensor(np.arange(n_ctx)[None, None, :] <= positions[:, :, None])[:, None]
+            x = torch.randn(b, t, loaded.config.text.dim).to(dtype)
+            pos, pages = torch.as_tensor(positions), torch.as_tensor(tables)
+            k0, v0 = runner.k.clone(), runner.v.clone()
+            eager = text(x, pos, runner._attend(write, pages, mask))
+            k_eager, v_eager = runner.k.clone(), runner.v.clone()
+            runner.k.copy_(k0)
+            runner.v.copy_(v0)
+            got = runner._hidden(x, pos, write, pages, mask)
+            assert torch.equal(got, eager), (b, t)
+            assert torch.equal(runner.k, k_eager) and torch.equal(runner.v, v_eager)
+
+
 def test_engine_tokens_do_not_depend_on_the_script(gqa_folder, rgb_image):
     params = [SamplingParams(temperature=0.0, max_tokens=10), SamplingParams(temperature=0.9, top_p=0.9, seed=3, max_tokens=10)]
     out = []
@@ -76,6 +108,7 @@ def test_a_torch_that_cannot_script_decodes_eagerly(monkeypatch, small_folder, r
         raise RuntimeError("TorchScript is not available in this build")
 
     monkeypatch.setattr(scripted, "_SCRIPTED", None)
+    monkeypatch.setattr(scripted, "_FAILED", False)
     monkeypatch.setattr(torch.jit, "script", refuse)
     with pytest.warns(UserWarning, match="decoding eagerly: TorchScript is not available"):
         engine = Engine(EngineConfig(model=str(small_folder), cpu_script=True))
@@ -87,12 +120,16 @@ def test_a_torch_that_cannot_script_decodes_eagerly(monkeypatch, small_folder, r
 
 def test_warm_up_runs_on_a_scratch_cache_once(monkeypatch, small_folder):
     calls = []
-    real = scripted.scripted_decode()
+    real = scripted.scripted()
+
+    def spy(fn):
+        return lambda *a: calls.append(a[6].data_ptr()) or fn(*a)  # a[6]: the cache of keys
+
     monkeypatch.setattr(scripted, "_WARM", set())
-    monkeypatch.setattr(scripted, "_SCRIPTED", lambda *a: calls.append(a[5].data_ptr()) or real(*a))
+    monkeypatch.setattr(scripted, "_SCRIPTED", scripted.Scripted(spy(real.decode), spy(real.hidden)))
     loaded = load_model(small_folder)
     runner = Runner(loaded, n_pages=8, page_size=16, max_batch=4, executor=None, script=True)
-    assert len(calls) == 3 and runner.k.data_ptr() not in calls  # never the engine's own cache
+    assert len(calls) == 6 and runner.k.data_ptr() not in calls  # never the engine's own cache
     assert not runner.k.any() and not runner.v.any()
     Runner(loaded, n_pages=8, page_size=16, max_batch=4, executor=None, script=True)
-    assert len(calls) == 3  # once per process and model shape
+    assert len(calls) == 6  # once per process and model shape
