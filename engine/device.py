@@ -85,11 +85,11 @@ def graph_mode(flag: bool | None, device: torch.device) -> str | None:
 
 
 def script_mode(flag: bool | None, device: torch.device, kernels: bool) -> bool:
-    """Resolve EngineConfig.cpu_script: the TorchScript decode forward, CPU only."""
+    """Resolve EngineConfig.cpu_script: the text decoder through TorchScript, CPU only."""
     if flag and device.type != "cpu":
         raise ConfigError("cpu_script=True needs the CPU device")
     if flag and kernels:
-        raise ConfigError("cpu_script=True and triton_kernels=True exclude each other (both replace the decode forward)")
+        raise ConfigError("cpu_script=True and triton_kernels=True exclude each other (both replace the decode step)")
     return device.type == "cpu" and not kernels if flag is None else bool(flag)
 
 
