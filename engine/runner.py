@@ -51,13 +51,14 @@ class Runner:
         self.model = loaded.model
         self.scripted = None
         if script:
-            from .scripted import flat_weights, scripted, warm_up
+            from .scripted import flat_vision_weights, flat_weights, scripted, warm_up
 
             self.scripted = scripted()
             self.flat_weights = flat_weights(loaded.model.text)
+            self.vision_weights = flat_vision_weights(loaded.model.vision)
             if self.scripted is not None:
-                warm_up(self.scripted, self.flat_weights, loaded.config.text, page_size, loaded.dtype,
-                        *loaded.model.text.rope_tables(loaded.device), exact_attention(loaded))
+                warm_up(self.scripted, self.flat_weights, loaded.model.vision, loaded.config.text, page_size,
+                        loaded.dtype, *loaded.model.text.rope_tables(loaded.device), exact_attention(loaded))
         self.kernels = None
         if kernels:  # imported only here: Triton decides at import whether to interpret (CPU tests)
             from .kernels import kv_write, paged_attention, sampling
@@ -300,7 +301,13 @@ class Runner:
     def _encode_images(self, images: list) -> None:
         model, cfg = self.model, self.config
         crops = crops_to_tensor(np.concatenate([c for c, _, _, _ in images]), self.device, model.dtype)
-        feats = self.vision_graphs.run(crops) if self.vision_graphs else model.vision.encode(crops)
+        if self.vision_graphs:
+            feats = self.vision_graphs.run(crops)
+        elif self.scripted is not None:
+            vc = cfg.vision
+            feats = self.scripted.vision(crops, self.vision_weights, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
+        else:
+            feats = model.vision.encode(crops)
         prefixes, start = [], 0
         for c, tiling, _, _ in images:
             prefixes.append(model.prefix_embeddings(model.vision.project(feats[start:start + len(c)], tiling))[0])

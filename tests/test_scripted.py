@@ -81,6 +81,20 @@ def test_scripted_prefill_is_bit_identical_to_the_eager_one(gqa, dtype, small_fo
             assert torch.equal(runner.k, k_eager) and torch.equal(runner.v, v_eager)
 
 
+@pytest.mark.parametrize("gqa,dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16)])
+def test_scripted_vision_encoder_is_bit_identical_to_the_eager_one(gqa, dtype, small_folder, gqa_folder):
+    loaded = load_model(gqa_folder if gqa else small_folder, dtype=dtype)
+    vision, vc = loaded.model.vision, loaded.config.vision
+    runner = Runner(loaded, n_pages=8, page_size=16, max_batch=2, executor=None, script=True)
+    for n_crops in (1, 5):
+        crops = (torch.rand(n_crops, vc.in_channels, vc.crop_size, vc.crop_size) * 2 - 1).to(dtype)
+        with torch.inference_mode():
+            eager = vision.encode(crops)
+            got = runner.scripted.vision(crops, runner.vision_weights, vc.enc_n_layers, vc.enc_n_heads,
+                                         vc.enc_patch_size)
+        assert got.dtype == eager.dtype and torch.equal(got, eager), n_crops
+
+
 def test_engine_tokens_do_not_depend_on_the_script(gqa_folder, rgb_image):
     params = [SamplingParams(temperature=0.0, max_tokens=10), SamplingParams(temperature=0.9, top_p=0.9, seed=3, max_tokens=10)]
     out = []
@@ -126,7 +140,7 @@ def test_warm_up_runs_on_a_scratch_cache_once(monkeypatch, small_folder):
         return lambda *a: calls.append(a[6].data_ptr()) or fn(*a)  # a[6]: the cache of keys
 
     monkeypatch.setattr(scripted, "_WARM", set())
-    monkeypatch.setattr(scripted, "_SCRIPTED", scripted.Scripted(spy(real.decode), spy(real.hidden)))
+    monkeypatch.setattr(scripted, "_SCRIPTED", scripted.Scripted(spy(real.decode), spy(real.hidden), real.vision))
     loaded = load_model(small_folder)
     runner = Runner(loaded, n_pages=8, page_size=16, max_batch=4, executor=None, script=True)
     assert len(calls) == 6 and runner.k.data_ptr() not in calls  # never the engine's own cache
