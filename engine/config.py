@@ -321,9 +321,9 @@ class EngineConfig:
     the eager fallback; CUDA only).
     `triton_kernels`: decode attention, KV write and sampling through the Triton kernels of
     `engine.kernels` (None: on CUDA only; on CPU they run only under TRITON_INTERPRET=1, for tests).
-    `cpu_script`: the text decoder on CPU through TorchScript, without the GIL (a decode step is
-    one call; None: on CPU unless Triton kernels are on; False is the eager path; see
-    engine/scripted.py)."""
+    `cpu_script`: the text decoder and vision encoder on CPU through TorchScript, without the GIL
+    (a decode step is one call; None: on CPU unless Triton kernels are on; False is the eager
+    path; see engine/scripted.py)."""
 
     model: str = "tiny"
     device: str = "cpu"

@@ -85,7 +85,7 @@ def graph_mode(flag: bool | None, device: torch.device) -> str | None:
 
 
 def script_mode(flag: bool | None, device: torch.device, kernels: bool) -> bool:
-    """Resolve EngineConfig.cpu_script: the text decoder through TorchScript, CPU only."""
+    """Resolve EngineConfig.cpu_script: the CPU forwards through TorchScript, CPU only."""
     if flag and device.type != "cpu":
         raise ConfigError("cpu_script=True needs the CPU device")
     if flag and kernels:

@@ -206,7 +206,7 @@ def scripted() -> Optional[Scripted]:
                                      torch.jit.script(vision_encode))
         except Exception as e:  # a torch without TorchScript, or one that cannot compile this
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            warnings.warn(f"TorchScript decode unavailable, decoding eagerly: {reason}")
+            warnings.warn(f"TorchScript unavailable, decoding eagerly: {reason}")
             _FAILED = True
     return _SCRIPTED
 
