@@ -54,11 +54,14 @@ class Runner:
             from .scripted import flat_vision_weights, flat_weights, scripted, warm_up
 
             self.scripted = scripted()
-            self.flat_weights = flat_weights(loaded.model.text)
-            self.vision_weights = flat_vision_weights(loaded.model.vision)
             if self.scripted is not None:
-                warm_up(self.scripted, self.flat_weights, loaded.model.vision, loaded.config.text, page_size,
-                        loaded.dtype, *loaded.model.text.rope_tables(loaded.device), exact_attention(loaded))
+                t = loaded.config.text
+                self.vision_weights = flat_vision_weights(loaded.model.vision)
+                # The arguments every text call shares, after its inputs and the KV cache.
+                self._text_args = (*loaded.model.text.rope_tables(loaded.device), flat_weights(loaded.model.text),
+                                   t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim, t.rot_dim, page_size, MIN_GEMM_ROWS)
+                warm_up(self.scripted, self._text_args, self.vision_weights, loaded.model.vision.cfg, t,
+                        page_size, loaded.dtype, exact_attention(loaded))
         self.kernels = None
         if kernels:  # imported only here: Triton decides at import whether to interpret (CPU tests)
             from .kernels import kv_write, paged_attention, sampling
@@ -151,20 +154,15 @@ class Runner:
         h = text(text.embed(self.last_token[slots_B])[:, None], pos_B[:, None], attend)
         return text.logits(h[:, -1])
 
-    def _dims(self) -> tuple:
-        t = self.config.text
-        return (*self.model.text.rope_tables(self.device), self.flat_weights, t.n_layers, t.n_heads, t.n_kv_heads,
-                t.head_dim, t.rot_dim, self.page_size, MIN_GEMM_ROWS)
-
     def _scripted_decode(self, slots_B, pos_B1, write_B, pages_BP, mask_B11L) -> torch.Tensor:
         return self.scripted.decode(self.last_token[slots_B], pos_B1, write_B, pages_BP, mask_B11L, self.k, self.v,
-                                    *self._dims())
+                                    *self._text_args)
 
     def _hidden(self, x_BTC, pos_BT, write, pages_BP, mask) -> torch.Tensor:
         """TextModel.forward over the paged cache: through TorchScript where it is on."""
         if self.scripted is None:
             return self.model.text(x_BTC, pos_BT, self._attend(write, pages_BP, mask))
-        return self.scripted.hidden(x_BTC, pos_BT, write, pages_BP, mask, self.k, self.v, *self._dims(), self.exact)
+        return self.scripted.hidden(x_BTC, pos_BT, write, pages_BP, mask, self.k, self.v, *self._text_args, self.exact)
 
     def _to(self, x: np.ndarray | list, dtype=torch.int64) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), dtype=dtype).to(self.device, non_blocking=True)

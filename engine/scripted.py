@@ -211,28 +211,28 @@ def scripted() -> Optional[Scripted]:
     return _SCRIPTED
 
 
-def warm_up(fns: Scripted, weights: List[torch.Tensor], vision: VisionModel, cfg, page_size: int,
-            dtype: torch.dtype, cos: torch.Tensor, sin: torch.Tensor, exact: bool) -> None:
+def warm_up(fns: Scripted, text_args: tuple, vision_weights: List[torch.Tensor], vc, tc, page_size: int,
+            dtype: torch.dtype, exact: bool) -> None:
     """Run a few throwaway steps on a scratch cache: TorchScript profiles and optimises a function
-    on its first calls (~80 ms on CPU), which would otherwise delay the first answer."""
-    key = (dtype, exact, cfg, vision.cfg, page_size)
+    on its first calls (~80 ms on CPU), which would otherwise delay the first answer.
+
+    text_args: what every text call takes after its KV cache (rope tables, `flat_weights`, sizes);
+    vc, tc: the vision and text configs."""
+    key = (dtype, exact, tc, vc, page_size)
     if key in _WARM:
         return
-    shape = (cfg.n_layers, 2 * page_size, cfg.n_kv_heads, cfg.head_dim)
+    shape = (tc.n_layers, 2 * page_size, tc.n_kv_heads, tc.head_dim)
     k, v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
-    dims = (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rot_dim, page_size, MIN_GEMM_ROWS)
     with torch.inference_mode():
         for b in (1, 2, 3):
             ids, pos = torch.zeros(b, dtype=torch.int64), torch.zeros(b, 1, dtype=torch.int64)
             pages, write = torch.zeros(b, 1, dtype=torch.int64), torch.zeros(b, dtype=torch.int64)
-            fns.decode(ids, pos, write, pages, torch.ones(b, 1, 1, page_size, dtype=torch.bool), k, v, cos, sin,
-                       weights, *dims)
-            x = torch.zeros(b, 2, cfg.dim, dtype=dtype)
+            fns.decode(ids, pos, write, pages, torch.ones(b, 1, 1, page_size, dtype=torch.bool), k, v, *text_args)
+            x = torch.zeros(b, 2, tc.dim, dtype=dtype)
             fns.hidden(x, pos.expand(b, 2), write.repeat(2), pages, torch.ones(b, 1, 2, page_size, dtype=torch.bool),
-                       k, v, cos, sin, weights, *dims, exact)
-            vc = vision.cfg
-            fns.vision(torch.zeros(b, vc.in_channels, vc.crop_size, vc.crop_size, dtype=dtype),
-                       flat_vision_weights(vision), vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
+                       k, v, *text_args, exact)
+            fns.vision(torch.zeros(b, vc.in_channels, vc.crop_size, vc.crop_size, dtype=dtype), vision_weights,
+                       vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
     _WARM.add(key)
 
 
