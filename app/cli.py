@@ -37,9 +37,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="print one JSON object: text, token_ids, finish_reason, timings_ms")
     img.set_defaults(func=_cmd_image)
 
-    vid = sub.add_parser("video", help="caption video files frame by frame",
+    vid = sub.add_parser("video", help="caption video files (or folders of them) frame by frame",
                          description="Caption (or ask about) the frames of video files; results in frame order.")
-    vid.add_argument("files", nargs="+", metavar="FILE", help="video files (whatever FFmpeg reads)")
+    vid.add_argument("files", nargs="+", metavar="FILE|FOLDER",
+                     help="video files (whatever FFmpeg reads), or folders: every video in them and their "
+                          "subfolders, by extension (unreadable ones there are skipped with a warning)")
     vtask = vid.add_mutually_exclusive_group()
     vtask.add_argument("--caption", choices=["short", "normal", "long"], help="caption length (default short)")
     vtask.add_argument("--question", metavar="TEXT", help="a question asked about every processed frame")

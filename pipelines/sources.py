@@ -105,6 +105,25 @@ class FileSource:
         self.close()
 
 
+# What `vlmstream video FOLDER` picks up (any case); anything else in a folder is left alone.
+VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".mpg",
+                              ".mpeg", ".flv", ".wmv", ".3gp", ".ogv"})
+
+
+def video_files(folder: str | Path) -> list[Path]:
+    """The video files under a folder and its subfolders (by extension), folder by folder with
+    names sorted, so a run and its `--resume` see the same list. Hidden files and folders are skipped; symbolic
+    links to folders are not followed (a link loop would never end)."""
+    import os
+
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [Path(root) / f for f in sorted(files)
+                  if not f.startswith(".") and Path(f).suffix.lower() in VIDEO_EXTENSIONS]
+    return found
+
+
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__

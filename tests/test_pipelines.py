@@ -223,6 +223,53 @@ def test_several_files_at_once_into_one_jsonl(tmp_path, small_folder):
     assert main(["video", str(a), str(a)]) == 2
 
 
+def test_a_folder_is_every_video_under_it(tmp_path, small_folder, capsys):
+    root = tmp_path / "clips"
+    (root / "day2").mkdir(parents=True)
+    (root / ".cache").mkdir()
+    write_video(root / "a.mp4", "libx264", n=6)
+    write_video(root / "day2" / "b.MKV", "mpeg4", n=4)
+    write_video(root / ".cache" / "c.mp4", "libx264", n=3)  # hidden folder: not the user's videos
+    (root / "notes.txt").write_text("not a video")
+    (root / "day2" / "broken.mp4").write_bytes(b"not a video either")
+    out = tmp_path / "all.jsonl"
+    cmd = ["video", str(root), str(root / "a.mp4"), "--model", str(small_folder), "-o", str(out), "--max-tokens", "2"]
+    assert main(cmd) == 0
+    err = capsys.readouterr().err
+    assert "warning: skipped: " in err and "broken.mp4" in err and "Traceback" not in err
+    assert "1 unreadable skipped" in err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by_source = {}
+    for r in rows:
+        by_source.setdefault(r["source"], []).append(r["index"])
+    # a.mp4 named and found in the folder is captioned once
+    assert by_source == {str(root / "a.mp4"): list(range(6)), str(root / "day2" / "b.MKV"): list(range(4))}
+    assert main(cmd + ["--resume"]) == 0
+    assert len(out.read_text().splitlines()) == len(rows)
+    assert "10 skipped (resume)" in capsys.readouterr().err
+    # the broken file named on its own is the user's mistake, not a skip
+    assert main(["video", str(root / "day2" / "broken.mp4"), "--model", str(small_folder)]) == 2
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "readme.txt").write_text("")
+    assert main(["video", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "no video files in" in err and err.count("\n") == 2  # the broken file's line, this one
+
+
+def test_more_files_than_run_at_once_share_one_bar(tmp_path, small_folder, capsys):
+    from app.video import CONCURRENT_FILES
+
+    n = CONCURRENT_FILES + 2
+    for i in range(n):
+        write_video(tmp_path / f"v{i}.mp4", "libx264", n=3)
+    out = tmp_path / "o.jsonl"
+    assert main(["video", str(tmp_path), "--model", str(small_folder), "-o", str(out), "--max-tokens", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"{n} files" in err and f"files_done={n}" in err and "v0.mp4:" not in err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((Path(r["source"]).name, r["index"]) for r in rows) == [(f"v{i}.mp4", j) for i in range(n) for j in range(3)]
+
+
 def test_zero_frame_video_is_an_error(tmp_path, small_folder, capsys):
     import av
 
