@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="frames in the engine at once (default 6: keeps up with 60 fps on 2 cores)")
     live.add_argument("--deadline-ms", type=float, default=None, metavar="D", help="cancel a frame after D ms")
     live.add_argument("--max-tokens", type=int, default=32, metavar="N", help="answer length limit (default 32)")
+    live.add_argument("--no-draft", action="store_true",
+                      help="decode every frame's answer token by token, without the previous answer as a draft "
+                           "(same answers, for comparison)")
     _add_model_args(live, realtime=True)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
     live.set_defaults(func=_lazy('app.live'))

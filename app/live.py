@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted = False
     with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
-                             max_batch_size=max(4, args.max_inflight))) as engine:
+                             max_batch_size=max(4, args.max_inflight), max_draft=0 if args.no_draft else 16)) as engine:
         # warm-up: the first step pays one-time costs a live stream should not see
         warm = next(frames()).rgb if recorded else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **task).result(timeout=120)
@@ -51,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
         if feed.error:  # the stream broke off after a while: report what we have
             print(f"vlmstream: warning: {feed.error}", file=sys.stderr)
         stats = feed.snapshot().counters
-    stats["kv_pages_in_use_after"] = engine.stats().kv_pages_in_use
+    es = engine.stats()
+    stats["kv_pages_in_use_after"] = es.kv_pages_in_use
+    stats["draft_tokens"] = {"proposed": es.draft_proposed, "accepted": es.draft_accepted}
     if args.json:
         print(json.dumps(stats))
     else:

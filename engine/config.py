@@ -323,7 +323,9 @@ class EngineConfig:
     `engine.kernels` (None: on CUDA only; on CPU they run only under TRITON_INTERPRET=1, for tests).
     `cpu_script`: the text decoder and vision encoder on CPU through TorchScript, without the GIL
     (a decode step is one call; None: on CPU unless Triton kernels are on; False is the eager
-    path; see engine/scripted.py)."""
+    path; see engine/scripted.py).
+    `max_draft`: draft tokens a request submitted with `draft=` has verified per step (0: drafts
+    are ignored; see engine/scheduler.py)."""
 
     model: str = "tiny"
     device: str = "cpu"
@@ -338,6 +340,7 @@ class EngineConfig:
     triton_kernels: bool | None = None
     cuda_graphs: bool | None = None
     cpu_script: bool | None = None
+    max_draft: int = 16
 
     def __post_init__(self) -> None:
         if self.pipeline_depth not in (1, 2):
@@ -346,5 +349,7 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.max_draft, bool) or not isinstance(self.max_draft, int) or self.max_draft < 0:
+            raise ConfigError(f"max_draft must be an integer >= 0, got {self.max_draft!r}")
         if self.kv_pages is not None and (not isinstance(self.kv_pages, int) or self.kv_pages < 1):
             raise ConfigError(f"kv_pages must be a positive integer or None, got {self.kv_pages!r}")

@@ -69,8 +69,10 @@ class Engine:
         kernels = use_triton_kernels(cfg.triton_kernels, self.loaded.device)
         self.runner = Runner(self.loaded, n_pages, ps, cfg.max_batch_size, self._executor, kernels=kernels,
                              graphs=graph_mode(cfg.cuda_graphs, self.loaded.device),
-                             script=script_mode(cfg.cpu_script, self.loaded.device, kernels))
+                             script=script_mode(cfg.cpu_script, self.loaded.device, kernels),
+                             draft_rows=min(cfg.prefill_token_budget, cfg.max_batch_size * cfg.max_draft))
         self._free_slots = list(range(cfg.max_batch_size - 1, -1, -1))
+        self._max_draft = cfg.max_draft if self.runner.draft_rows else 0
 
         self._inbox: queue.Queue = queue.Queue(maxsize=cfg.max_queue)
         self._ids = itertools.count(1)
@@ -92,6 +94,7 @@ class Engine:
         self._started = time.perf_counter()
         self._busy_base = 0.0
         self._depth = cfg.pipeline_depth
+        self._draft_proposed = self._draft_accepted = 0
 
         self._thread = threading.Thread(target=self._loop, name="vlmstream-engine", daemon=True)
         self._thread.start()
@@ -109,9 +112,21 @@ class Engine:
         return ImageRef(self, image)
 
     def submit(self, image: np.ndarray | ImageRef, caption: str | None = None, question: str | None = None,
-               params: SamplingParams = SamplingParams(), constraint: Any = None) -> RequestHandle:
+               params: SamplingParams = SamplingParams(), constraint: Any = None,
+               draft: list[int] | None = None) -> RequestHandle:
+        """draft: token ids the answer will likely repeat, e.g. the previous video frame's answer to
+        the same prompt. A greedy request without constraint verifies them several per step and
+        gets exactly the answer it would get without (others ignore the draft)."""
         if not isinstance(params, SamplingParams):
             raise RequestError("params must be a SamplingParams")
+        if draft is not None:
+            vocab = self.model_config.text.vocab_size
+            try:
+                draft = [int(t) for t in draft]
+            except (TypeError, ValueError):
+                raise RequestError("draft must be a list of token ids") from None
+            if any(not 0 <= t < vocab for t in draft):
+                raise RequestError(f"draft token ids must be in [0, {vocab})")
         ids = prompt_ids(self.model_config, self.loaded.tokenizer, caption=caption, question=question)
         mc = self.model_config
         room = mc.text.max_context - mc.prefix_len - len(ids) + 1
@@ -127,6 +142,8 @@ class Engine:
         handle = RequestHandle(self, next(self._ids))
         seq = Sequence(id=handle.id, prompt=ids, params=params, image=ref._image, handle=handle,
                        capacity=min(params.max_tokens, room), constraint=automaton)
+        if draft and self._max_draft and params.temperature == 0 and automaton is None:
+            seq.set_draft(draft, mc.tokenizer.eos_id)
         with ref._lock:
             if ref._released:
                 raise RequestError("that ImageRef was released")
@@ -154,7 +171,8 @@ class Engine:
             running=sum(1 for s in self._running if not s.finalized), waiting=len(self._waiting),
             images=len(self._images), steps=self._steps, tokens=self._tokens,
             device_busy_fraction=min(busy / wall, 1.0), tokens_per_s=self._tokens / wall,
-            busy_seconds=busy, wall_seconds=wall,
+            busy_seconds=busy, wall_seconds=wall, draft_proposed=self._draft_proposed,
+            draft_accepted=self._draft_accepted,
         )
 
     def set_pipeline_depth(self, depth: int) -> None:
@@ -265,12 +283,14 @@ class Engine:
             self._depth = item
         elif kind == "reset_stats":
             self._started, self._tokens = time.perf_counter(), 0
+            self._draft_proposed = self._draft_accepted = 0
             self._busy_base = self._executor.busy_seconds()
 
     def _plan(self) -> StepPlan:
         budget = Budget(free_pages=self.pool.n_free, free_slots=len(self._free_slots),
                         prefill_tokens=self.config.prefill_token_budget,
-                        prefix_len=self.model_config.prefix_len, prefix_pages=self._prefix_pages)
+                        prefix_len=self.model_config.prefix_len, prefix_pages=self._prefix_pages,
+                        max_draft=self._max_draft, draft_rows=self.runner.draft_rows)
         return plan(self._waiting, self._running, self._pending_images, budget, self.config.page_size)
 
     def _launch(self, step: StepPlan) -> None:
@@ -301,8 +321,9 @@ class Engine:
             ch.seq.prefilled += ch.length
             if ch.last:
                 ch.seq.launched += 1
-        for seq in step.decodes:
-            seq.launched += 1
+        for seq, d in zip(step.decodes, step.drafts):
+            seq.launched += 1 + len(d)
+            seq.drafted |= bool(d)
         self._inflight.append(_InFlight(step, pending, slot))
 
     @staticmethod
@@ -321,11 +342,40 @@ class Engine:
             self._maybe_release_image(img)
         for seq in self._members(step):
             seq.inflight -= 1
+        drafts = {id(s): d for s, d in zip(step.decodes, step.drafts) if s.draft is not None}
+        rows: dict[int, list] = {}  # per drafting sequence: [rows seen, still keeping, rows kept]
         for seq, token in zip(result.rows, result.tokens.tolist()):
-            if not seq.finalized:
+            d = drafts.get(id(seq))
+            if d is None:
+                if not seq.finalized:
+                    self._accept(seq, token, now)
+                continue
+            # Row j of a drafting sequence was fed d[j - 1]: its token is the greedy one only if
+            # every earlier row's token was kept and equals the proposal fed to the next row.
+            r = rows.setdefault(id(seq), [0, True, 0])
+            j, r[0] = r[0], r[0] + 1
+            if r[1] and not seq.finalized:
                 self._accept(seq, token, now)
+                r[2] += 1
+                r[1] = j < len(d) and d[j] == token
+            else:
+                r[1] = False
         for seq in self._members(step):
+            d = drafts.get(id(seq))
+            if d is not None:
+                self._draft_done(seq, d, rows.get(id(seq), [0, False, 1])[2] - 1)
             self._maybe_release(seq)
+
+    def _draft_done(self, seq: Sequence, proposed: list[int], accepted: int) -> None:
+        """After a step of a drafting sequence: launched back to what was kept; a draft that
+        proposed nothing or had nothing kept twice running is dropped (the sequence pipelines again)."""
+        self._draft_proposed += len(proposed)
+        self._draft_accepted += max(accepted, 0)
+        if not seq.finalized:
+            seq.launched = len(seq.tokens)
+        seq.draft_misses = 0 if accepted > 0 else seq.draft_misses + 1
+        if seq.draft_misses >= 2:
+            seq.draft = seq.draft_index = None
 
     def _accept(self, seq: Sequence, token: int, now: float) -> None:
         if seq.first_token_at is None:

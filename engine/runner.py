@@ -47,7 +47,7 @@ class _Slot:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, n_pages: int, page_size: int, max_batch: int, executor: Executor,
-                 kernels: bool = False, graphs: str | None = None, script: bool = False):
+                 kernels: bool = False, graphs: str | None = None, script: bool = False, draft_rows: int = 0):
         self.model = loaded.model
         self.scripted = None
         if script:
@@ -78,7 +78,12 @@ class Runner:
         shape = (t.n_layers, (n_pages + (graphs is not None)) * page_size, t.n_kv_heads, t.head_dim)
         self.k = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
-        self.last_token = torch.zeros(max_batch + 1, dtype=torch.int64, device=self.device)
+        self.draft_rows = draft_rows  # draft tokens per step at most (engine/scheduler.py)
+        # Past the slots (and the graphs' padding slot): the inputs of rows the host feeds itself
+        # (draft rows, and the next row of a sequence after a draft step), written each step.
+        self._fed_base = max_batch + 1
+        self.last_token = torch.zeros(self._fed_base + max_batch + self.draft_rows, dtype=torch.int64,
+                                      device=self.device)
         self.graphs = self.vision_graphs = None
         if graphs is not None:
             from .graphs import DecodeGraphs, VisionGraphs
@@ -91,7 +96,7 @@ class Runner:
                                               (vc.in_channels, vc.crop_size, vc.crop_size), loaded.dtype,
                                               self.device, capture=graphs == "capture")
         self.fsm_state = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
-        self.max_rows = 2 * max_batch  # decodes + first tokens of prefills that end this step
+        self.max_rows = 2 * max_batch + self.draft_rows  # decodes, their drafts, first tokens of prefills
         self.slots = [_Slot(self.max_rows, self.device), _Slot(self.max_rows, self.device)]
 
     def kv_slots(self, page_table: list[int]) -> np.ndarray:
@@ -203,18 +208,37 @@ class Runner:
             ))
             rows.extend(chunks[i].seq for i in last)
 
-        decode = graph_decode = None
+        n_first = len(rows)  # rows that sample their sequence's first token (after its prompt)
+        decode = graph_decode = fed = None
         if plan.decodes:
-            b = len(plan.decodes)
-            slots = [s.slot for s in plan.decodes]
-            positions = np.array([P + len(s.prompt) + s.launched - 1 for s in plan.decodes])
-            write = np.array([s.kv_slots[p] for s, p in zip(plan.decodes, positions)])
-            if self.graphs is not None:
-                n, packed = self.graphs.host_inputs(slots, positions, write, [s.page_table for s in plan.decodes])
+            # One row per decode, plus one per draft token at the positions after it. A sequence
+            # none of whose steps is in flight after a draft step has its input fed by the host
+            # (the device's last token for its slot came from a draft row that may not be kept).
+            seqs, slots, positions, fed_tokens = [], [], [], []
+            for s, d in zip(plan.decodes, plan.drafts or [[]] * len(plan.decodes)):
+                p0 = P + len(s.prompt) + s.launched - 1
+                if d or (s.drafted and not s.inflight):
+                    for j, t in enumerate([s.tokens[-1]] + d):
+                        slots.append(self._fed_base + len(fed_tokens))
+                        fed_tokens.append(t)
+                        positions.append(p0 + j)
+                        seqs.append(s)
+                else:
+                    slots.append(s.slot)
+                    positions.append(p0)
+                    seqs.append(s)
+            b = len(seqs)
+            positions = np.array(positions)
+            write = np.array([s.kv_slots[p] for s, p in zip(seqs, positions)])
+            if fed_tokens:
+                fed = self._to(fed_tokens)
+            # Draft rows can outnumber the largest decode graph: such a step runs eagerly.
+            if self.graphs is not None and b <= self.graphs.sizes[-1]:
+                n, packed = self.graphs.host_inputs(slots, positions, write, [s.page_table for s in seqs])
                 graph_decode = (n, self._to(packed), b)
             else:
                 n_ctx = _aligned(int(positions.max()) + 1, ps)
-                gather = np.stack([_padded(s.page_table, n_ctx // ps) for s in plan.decodes])
+                gather = np.stack([_padded(s.page_table, n_ctx // ps) for s in seqs])
                 # One host-to-device transfer for the step's integer inputs instead of four.
                 packed = self._to(np.concatenate([slots, positions, write, gather.reshape(-1)]))
                 pos_d = packed[b:2 * b]
@@ -222,9 +246,8 @@ class Runner:
                     packed[:b], pos_d[:, None], packed[2 * b:3 * b], packed[3 * b:].view(b, -1),
                     (torch.arange(n_ctx, device=self.device)[None, :] <= pos_d[:, None])[:, None, None, :],
                 )
-            rows.extend(plan.decodes)
+            rows.extend(seqs)
 
-        n_first = len(rows) - len(plan.decodes)
         params = [s.params for s in rows]
         all_greedy = all(p.temperature == 0 for p in params)
         sampling = None
@@ -263,6 +286,8 @@ class Runner:
                     logits.append(text.logits(h[last, -1]))
             busy["prefill"] = (time.perf_counter() - t0) * 1000.0
             t0 = time.perf_counter()
+            if fed is not None:
+                self.last_token[self._fed_base:self._fed_base + fed.shape[0]] = fed
             if graph_decode is not None:
                 n, packed, b = graph_decode
                 logits.append(self.graphs.run(n, packed)[:b])

@@ -8,6 +8,12 @@ until released), each bringing its image's encoding (vision + bidirectional pref
 chunked) if that is not launched yet; prompt prefill is chunked so that the image prefixes plus
 prompt tokens of a step stay within the token budget (at least one unit of prefill work always
 proceeds, so nothing starves).
+
+Drafts: a greedy request may come with tokens its answer will likely repeat (a video's previous
+frame's answer). Its decode row then carries up to `max_draft` proposed tokens as extra rows at
+the following positions, all verified in the one step; the engine keeps the rows' tokens up to
+the first proposal that differs from what greedy decoding chose, so the answer is exactly the
+greedy one (a decode row's result does not depend on the other rows of its step).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class StepPlan:
     admit: list[Sequence] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
+    drafts: list[list[int]] = field(default_factory=list)  # per decode: tokens proposed after its next one
 
     @property
     def empty(self) -> bool:
@@ -48,6 +55,8 @@ class Budget:
     prefill_tokens: int
     prefix_len: int
     prefix_pages: int
+    max_draft: int = 0  # draft tokens proposed per sequence and step
+    draft_rows: int = 0  # draft tokens proposed per step, all sequences together
 
 
 def own_pages_for(n_prompt: int, capacity: int, prefix_len: int, page_size: int) -> int:
@@ -60,9 +69,41 @@ def own_pages(seq: Sequence, prefix_len: int, page_size: int) -> int:
     return own_pages_for(len(seq.prompt), seq.capacity, prefix_len, page_size)
 
 
+MATCH = 4  # longest suffix of the answer looked up in the draft
+
+
+def propose(tokens: list[int], draft: tuple[int, ...], where: dict[int, list[int]], limit: int) -> list[int]:
+    """Up to `limit` tokens the answer may go on with, read off the draft (prompt lookup): where
+    the answer's last tokens occur in the draft (the longest match of up to MATCH tokens, then the
+    occurrence nearest the same position), the draft's next tokens. No answer yet: its start."""
+    if limit <= 0:
+        return []
+    if not tokens:
+        return list(draft[:limit])
+    best_key, best = None, None
+    for c in where.get(tokens[-1], ()):
+        if c + 1 >= len(draft):
+            continue
+        m = 1
+        while m < MATCH and m <= c and m < len(tokens) and draft[c - m] == tokens[-1 - m]:
+            m += 1
+        key = (-m, abs(c + 1 - len(tokens)))
+        if best_key is None or key < best_key:
+            best_key, best = key, c + 1
+    return [] if best is None else list(draft[best:best + limit])
+
+
 def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list[Image],
          budget: Budget, page_size: int) -> StepPlan:
-    step = StepPlan(decodes=[s for s in running if s.wants_decode()])
+    # A sequence with a draft waits for its step in flight: it proposes from committed tokens.
+    step = StepPlan(decodes=[s for s in running if s.wants_decode() and not (s.draft and s.inflight)])
+    rows = budget.draft_rows
+    for s in step.decodes:
+        d = []
+        if s.draft and rows > 0:
+            d = propose(s.tokens, s.draft, s.draft_index, min(budget.max_draft, s.capacity - s.launched - 1, rows))
+            rows -= len(d)
+        step.drafts.append(d)
     pages, slots, tokens = budget.free_pages, budget.free_slots, budget.prefill_tokens
 
     # Admission in FIFO order. A request whose image is not encoded yet brings its image into

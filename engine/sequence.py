@@ -47,6 +47,13 @@ class Sequence:
     handle: Any  # RequestHandle: the engine reports deltas and the result to it
     capacity: int  # answer tokens this sequence may produce: min(max_tokens, what the context allows)
     constraint: Any = None  # CompiledConstraint or None
+    # Tokens the answer will likely repeat (e.g. the previous frame's answer), EOS appended; None
+    # when the request has none or it stopped paying off. While it is set, the sequence decodes
+    # only when none of its steps is in flight, so the host knows every token before it proposes.
+    draft: tuple[int, ...] | None = None
+    draft_index: dict[int, list[int]] | None = None  # token -> its positions in draft
+    draft_misses: int = 0  # consecutive draft steps that kept none of their proposal
+    drafted: bool = False  # draft rows were launched: the device's last token for its slot is not reliable
     slot: int | None = None
     pages: list[int] = field(default_factory=list)  # own pages (the first may copy the prefix tail)
     page_table: list[int] = field(default_factory=list)  # shared prefix pages + own pages
@@ -83,6 +90,12 @@ class Sequence:
             t.decode = (now - self.first_token_at) * 1000.0
         t.total = (now - self.submitted_at) * 1000.0 + t.preprocess
         return RequestOutput("".join(self.text_parts), list(self.tokens), reason, t, self.params.seed)
+
+    def set_draft(self, tokens: list[int], eos: int) -> None:
+        self.draft = tuple(tokens) + (eos,)
+        self.draft_index = {}
+        for i, t in enumerate(self.draft):
+            self.draft_index.setdefault(t, []).append(i)
 
     def wants_decode(self) -> bool:
         """True if a decode step for this sequence could still produce a token we keep.

@@ -84,3 +84,5 @@ class EngineStats:
     tokens_per_s: float
     busy_seconds: float = 0.0  # device busy time and wall time behind the two ratios above, so a
     wall_seconds: float = 0.0  # monitor can difference two snapshots for current rates
+    draft_proposed: int = 0  # draft tokens verified, and those that became answer tokens
+    draft_accepted: int = 0

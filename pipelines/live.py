@@ -36,11 +36,13 @@ class LiveResult:
 class LiveSession:
     def __init__(self, engine: Engine, task: dict, params: SamplingParams = SamplingParams(max_tokens=32),
                  max_inflight: int = 2, deadline_ms: float | None = None,
-                 on_result: Callable[[LiveResult], None] | None = None):
+                 on_result: Callable[[LiveResult], None] | None = None, draft: bool = True):
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
         self.engine, self.task, self.params = engine, task, params
         self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
+        self.draft = draft
+        self._last_answer: list[int] | None = None  # the latest completed frame's tokens
         self._lock = threading.Lock()
         self._inflight: deque[tuple[Frame, object, float]] = deque()  # frame order
         self._finished: queue.Queue = queue.Queue()
@@ -61,7 +63,10 @@ class LiveSession:
             if len(self._inflight) >= self.max_inflight:
                 self.dropped += 1
                 return False
-            handle = self.engine.submit(frame.rgb, params=self.params, **self.task)
+            # Consecutive frames mostly get the same caption: the latest one is the draft the
+            # engine verifies several tokens a step against (the answer stays the greedy one).
+            handle = self.engine.submit(frame.rgb, params=self.params, draft=self._last_answer if self.draft else None,
+                                        **self.task)
             self._inflight.append((frame, handle, time.perf_counter()))
             self.submitted += 1
         handle.add_done_callback(lambda h, f=frame: self._finished.put((f, h)))
@@ -96,6 +101,7 @@ class LiveSession:
                 now = time.perf_counter()
                 result = LiveResult(frame, out, (now - frame.captured_at) * 1000.0)
                 self.completed += 1
+                self._last_answer = out.token_ids
                 self._completions.append(now)
                 for k, v in out.timings_ms.items():
                     if k in self._latency:

@@ -30,6 +30,9 @@ request = st.fixed_dictionaries({
     "seed": st.integers(0, 1000),
     "cancel": st.one_of(st.none(), st.just(0.0), st.floats(0.0, 0.01)),
     "constraint": st.sampled_from([None, None, 0, 1]),
+    # a draft (engine/scheduler.py): the reference answer, the answer with one token changed,
+    # random tokens; the answer must come out the same whatever the draft
+    "draft": st.one_of(st.none(), st.sampled_from(["exact", "changed"]), st.lists(st.integers(0, 63), max_size=10)),
 })
 CONSTRAINTS = [Regex(r"(a|the) (red|blue) (circle|star)"), Choice(["yes", "no"])]
 
@@ -51,7 +54,16 @@ def _params(r):
                           top_p=0.9, seed=r["seed"])
 
 
-def _run(folder, depth, requests):
+def _draft(r, oracle):
+    if r["draft"] is None or isinstance(r["draft"], list):
+        return r["draft"]
+    want = list(oracle(r["image"], r["task"], _params(r), r["constraint"]))
+    if r["draft"] == "changed" and want:
+        want[len(want) // 2] = (want[len(want) // 2] + 1) % 64
+    return want
+
+
+def _run(folder, depth, requests, oracle=None):
     outs = []
     with Engine(EngineConfig(model=str(folder), pipeline_depth=depth, debug_checks=True,
                              max_batch_size=4, prefill_token_budget=16)) as eng:
@@ -60,7 +72,8 @@ def _run(folder, depth, requests):
         for r in requests:
             src = refs[r["image"]] if r["shared"] else IMAGES[r["image"]]
             c = None if r["constraint"] is None else CONSTRAINTS[r["constraint"]]
-            h = eng.submit(src, params=_params(r), constraint=c, **TASKS[r["task"]])
+            draft = _draft(r, oracle) if oracle else None
+            h = eng.submit(src, params=_params(r), constraint=c, draft=draft, **TASKS[r["task"]])
             if r["cancel"] == 0.0:
                 h.cancel()
             elif r["cancel"] is not None:
@@ -77,7 +90,7 @@ def _run(folder, depth, requests):
 @given(st.lists(request, min_size=1, max_size=8))
 def test_pipelined_equals_blocking_equals_reference(small_folder, oracle, requests):
     for depth in (2, 1):
-        for r, out in zip(requests, _run(small_folder, depth, requests)):
+        for r, out in zip(requests, _run(small_folder, depth, requests, oracle)):
             want = oracle(r["image"], r["task"], _params(r), r["constraint"])
             if r["cancel"] is None:
                 assert out.token_ids == want and out.finish_reason in ("stop", "length")
@@ -95,8 +108,9 @@ T_FORWARD, T_HOST = 0.010, 0.010
 class FakeRunner(Runner):
     """Every step 'computes' for T_FORWARD seconds (sleeping, so the GIL is free) and emits token 7."""
 
-    def __init__(self, loaded, n_pages, page_size, max_batch, executor, kernels=False, graphs=None, script=False):
-        self.page_size, self.executor = page_size, executor
+    def __init__(self, loaded, n_pages, page_size, max_batch, executor, kernels=False, graphs=None, script=False,
+                 draft_rows=0):
+        self.page_size, self.executor, self.draft_rows = page_size, executor, 0
         self.slots = [_Slot(2 * max_batch, loaded.device), _Slot(2 * max_batch, loaded.device)]
 
     def launch(self, plan, step_id):

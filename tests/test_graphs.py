@@ -53,6 +53,23 @@ def test_static_decode_gives_the_eager_tokens(monkeypatch):
     assert _run(images, params, True, monkeypatch) == _run(images, params, False, monkeypatch)
 
 
+def test_drafts_in_graphs_and_past_the_largest_bucket(monkeypatch):
+    # A draft step of up to 8 rows runs in a decode graph, its draft tokens fed through the
+    # token table; one of more rows than the largest graph runs eagerly. Same tokens either way.
+    monkeypatch.setattr(engine_module, "graph_mode", lambda flag, device: "static")
+    img = np.random.default_rng(7).integers(0, 255, (150, 200, 3), dtype=np.uint8)
+    p = SamplingParams(max_tokens=16)
+    with Engine(EngineConfig(model="tiny", max_batch_size=8, max_draft=3)) as small, \
+            Engine(EngineConfig(model="tiny", max_batch_size=8, max_draft=16)) as large:
+        for engine in (small, large):
+            plain = engine.submit(img, caption="normal", params=p).result(timeout=300).token_ids
+            steps = engine.stats().steps
+            drafted = engine.submit(img, caption="normal", params=p, draft=plain).result(timeout=300).token_ids
+            assert drafted == plain and engine.stats().draft_accepted > 0
+            assert engine.stats().steps - steps < steps / 2
+    assert small.stats().kv_pages_in_use == 0 and large.stats().kv_pages_in_use == 0
+
+
 def test_cuda_graphs_need_cuda():
     with pytest.raises(ConfigError, match="CUDA"):
         Engine(EngineConfig(model="tiny", cuda_graphs=True))

@@ -35,7 +35,7 @@ def test_scripted_decode_is_bit_identical_to_the_eager_step(gqa, dtype, small_fo
     with torch.inference_mode():
         runner.k.copy_(torch.randn(runner.k.shape))
         runner.v.copy_(torch.randn(runner.v.shape))
-        runner.last_token.copy_(torch.as_tensor(rng.integers(0, loaded.config.text.vocab_size, size=9)))
+        runner.last_token.copy_(torch.as_tensor(rng.integers(0, loaded.config.text.vocab_size, size=runner.last_token.shape[0])))
         for b in (1, 3, 8):
             slots, pos, write, pages, mask = _step_inputs(runner, b, rng)
             k0, v0 = runner.k.clone(), runner.v.clone()
