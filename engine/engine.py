@@ -320,7 +320,8 @@ class Engine:
         for ch in step.prefills:
             ch.seq.prefilled += ch.length
             if ch.last:
-                ch.seq.launched += 1
+                ch.seq.launched += 1 + len(ch.draft)
+                ch.seq.drafted |= bool(ch.draft)
         for seq, d in zip(step.decodes, step.drafts):
             seq.launched += 1 + len(d)
             seq.drafted |= bool(d)
@@ -343,6 +344,7 @@ class Engine:
         for seq in self._members(step):
             seq.inflight -= 1
         drafts = {id(s): d for s, d in zip(step.decodes, step.drafts) if s.draft is not None}
+        drafts.update((id(ch.seq), ch.draft) for ch in step.prefills if ch.draft)
         rows: dict[int, list] = {}  # per drafting sequence: [rows seen, still keeping, rows kept]
         for seq, token in zip(result.rows, result.tokens.tolist()):
             d = drafts.get(id(seq))

@@ -210,23 +210,31 @@ class Runner:
 
         n_first = len(rows)  # rows that sample their sequence's first token (after its prompt)
         decode = graph_decode = fed = None
-        if plan.decodes:
-            # One row per decode, plus one per draft token at the positions after it. A sequence
-            # none of whose steps is in flight after a draft step has its input fed by the host
-            # (the device's last token for its slot came from a draft row that may not be kept).
+        first_drafts = [ch for ch in plan.prefills if ch.draft]
+        if plan.decodes or first_drafts:
+            # One row per decode, plus one per draft token at the positions after it. Rows whose
+            # input the host knows are fed from the host: draft tokens, and the next row of a
+            # sequence after a draft step (the device's last token for its slot came from a
+            # draft row that may not have been kept).
             seqs, slots, positions, fed_tokens = [], [], [], []
+
+            def feed(s, p0: int, tokens: list[int]) -> None:
+                for j, t in enumerate(tokens):
+                    slots.append(self._fed_base + len(fed_tokens))
+                    fed_tokens.append(t)
+                    positions.append(p0 + j)
+                    seqs.append(s)
+
             for s, d in zip(plan.decodes, plan.drafts or [[]] * len(plan.decodes)):
                 p0 = P + len(s.prompt) + s.launched - 1
                 if d or (s.drafted and not s.inflight):
-                    for j, t in enumerate([s.tokens[-1]] + d):
-                        slots.append(self._fed_base + len(fed_tokens))
-                        fed_tokens.append(t)
-                        positions.append(p0 + j)
-                        seqs.append(s)
+                    feed(s, p0, [s.tokens[-1]] + d)
                 else:
                     slots.append(s.slot)
                     positions.append(p0)
                     seqs.append(s)
+            for ch in first_drafts:  # from the first answer token on, which this step's prompt row samples
+                feed(ch.seq, P + len(ch.seq.prompt), ch.draft)
             b = len(seqs)
             positions = np.array(positions)
             write = np.array([s.kv_slots[p] for s, p in zip(seqs, positions)])

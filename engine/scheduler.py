@@ -10,10 +10,13 @@ prompt tokens of a step stay within the token budget (at least one unit of prefi
 proceeds, so nothing starves).
 
 Drafts: a greedy request may come with tokens its answer will likely repeat (a video's previous
-frame's answer). Its decode row then carries up to `max_draft` proposed tokens as extra rows at
-the following positions, all verified in the one step; the engine keeps the rows' tokens up to
-the first proposal that differs from what greedy decoding chose, so the answer is exactly the
-greedy one (a decode row's result does not depend on the other rows of its step).
+frame's answer). The step of its prompt's last chunk, whose row samples the first answer token,
+then also carries decode rows fed the draft's first tokens at the following positions, and each
+later decode row carries up to `max_draft` proposed tokens the same way; the engine keeps the
+rows' tokens up to the first proposal that differs from what greedy decoding chose, so the
+answer is exactly the greedy one (a decode row's result does not depend on the other rows of its
+step, and a step writes each row's KV before any row reads). An answer that repeats its draft
+comes whole in the step of its first token.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class PrefillChunk:
     seq: Sequence
     start: int  # index into the prompt
     length: int
+    draft: list[int] = field(default_factory=list)  # tokens proposed from the first answer token on (last chunk)
 
     @property
     def last(self) -> bool:
@@ -144,4 +148,10 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
         n = min(len(seq.prompt) - seq.prefilled, max(tokens, 1))
         step.prefills.append(PrefillChunk(seq, seq.prefilled, n))
         tokens -= n
+    # A prompt's last chunk samples the first answer token; draft rows from the draft's start,
+    # in the same step, can finish an answer that repeats the draft there and then.
+    for ch in step.prefills:
+        if ch.last and ch.seq.draft and rows > 0:
+            ch.draft = propose([], ch.seq.draft, ch.seq.draft_index, min(budget.max_draft, ch.seq.capacity - 1, rows))
+            rows -= len(ch.draft)
     return step
