@@ -23,7 +23,6 @@ import numpy as np
 
 SAMPLES_DIR = Path(__file__).resolve().parent.parent / "sample_videos"
 LIVE_FPS = 60.0
-LIVE_MAX_INFLIGHT = 6
 RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about this long
 # A video job's outputs stay on disk until this many newer jobs have run (Gradio serves its own
 # copies of them; ours only need to outlive the hand-over), and go when the server stops.
@@ -169,8 +168,7 @@ class Service:
         if parse_webcam(source) is None and "://" not in source and not Path(source).is_file():
             raise UIError(f"no such file: {source}")
         frames, recorded = open_live(source)  # a recording plays as if live, round and round
-        feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded, fps=LIVE_FPS,
-                        max_inflight=LIVE_MAX_INFLIGHT)
+        feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded, fps=LIVE_FPS)
         with self._lock:
             self._feeds[(session, "pull")] = feed
         return feed
@@ -194,7 +192,7 @@ class Service:
             if feed is None or feed.task != task:  # a new prompt starts a new feed
                 if feed is not None:
                     feed.close()
-                feed = LiveFeed(self.engine(), task, self.params(), max_inflight=LIVE_MAX_INFLIGHT)
+                feed = LiveFeed(self.engine(), task, self.params())
                 self._feeds[(session, "push")] = feed
         feed.push(np.ascontiguousarray(rgb[..., :3]), source_id="browser camera")
         return feed

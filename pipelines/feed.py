@@ -22,7 +22,7 @@ import numpy as np
 from engine import Engine, SamplingParams
 
 from .grabber import LatestFrameGrabber
-from .live import LiveResult, LiveSession
+from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
 from .sources import Frame
 
 CHART_STAGES = ("queue", "vision", "prefill", "decode")
@@ -63,7 +63,7 @@ class FeedSnapshot:
 class LiveFeed:
     def __init__(self, engine: Engine, task: dict, params: SamplingParams,
                  frames: Callable[[], Iterator[Frame]] | None = None, realtime: bool = True, loop: bool = False,
-                 fps: float = 60.0, max_inflight: int = 6, deadline_ms: float | None = None,
+                 fps: float = 60.0, max_inflight: int = DEFAULT_MAX_INFLIGHT, deadline_ms: float | None = None,
                  window_s: float = 30.0, log_size: int = 200,
                  on_result: Callable[[LiveResult], None] | None = None):
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result

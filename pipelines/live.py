@@ -23,6 +23,10 @@ from engine import Engine, RequestOutput, SamplingParams
 from .sources import Frame
 
 LATENCY_WINDOW = 36_000  # ten minutes at 60 fps
+# Frames in flight for a live stream (CLI, web UI): with drafts, 4 sustain the frame rate 6 did
+# on two AVX2 cores with half the latency (p50 ~60 against ~120 ms, BENCHMARKS.md); more in
+# flight only queue longer, fewer lose frames.
+DEFAULT_MAX_INFLIGHT = 4
 STAGES = ("queue", "preprocess", "vision", "prefill", "first_token", "decode", "total", "end_to_end")
 
 
