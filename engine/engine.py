@@ -143,7 +143,8 @@ class Engine:
         seq = Sequence(id=handle.id, prompt=ids, params=params, image=ref._image, handle=handle,
                        capacity=min(params.max_tokens, room), constraint=automaton)
         if draft and self._max_draft and params.temperature == 0 and automaton is None:
-            seq.set_draft(draft, mc.tokenizer.eos_id)
+            # Past twice the answer's room a draft can only cost lookups.
+            seq.set_draft(draft[: 2 * seq.capacity], mc.tokenizer.eos_id)
         with ref._lock:
             if ref._released:
                 raise RequestError("that ImageRef was released")

@@ -89,6 +89,8 @@ def test_drafts_are_ignored_where_they_cannot_apply(small_folder, expected):
                        draft=expected[0]).result(timeout=60)
         assert a.token_ids == b.token_ids and c.text in ("yes", "no")
         assert eng.stats().draft_proposed == 0
+        long = eng.submit(IMAGES[0], caption="short", params=GREEDY, draft=expected[0] * 1000).result(timeout=60)
+        assert long.token_ids == expected[0]
         with pytest.raises(RequestError, match="draft"):
             eng.submit(IMAGES[0], caption="short", draft=[1, 10**6])
         with pytest.raises(RequestError, match="draft"):
