@@ -14,6 +14,8 @@ skipped when the time budget could not hold it):
 - engine_parity: the tiny model with kernels on vs off (tokens), pipelined vs blocking with kernels;
 - cuda_graphs: decode and vision graphs vs the eager path (tokens of tiny and full size; replay
   vs eager outputs of every captured bucket, which must be equal);
+- drafts: greedy answers with exact and altered drafts against none (same tokens, fewer steps),
+  and a batch job's frames/s with and without drafts (whether `video` should draft on a GPU);
 - bench_tiny / bench_full: `vlmstream bench` pipelined vs blocking at 1, 8, 32 streams for the tiny
   model and for the full-size layout with random bf16 weights drawn on the device (`random:moondream2`);
 - single_query: a question with 3 answer tokens on a 378x378 image, full size: p50/p99 and TTFT;
@@ -235,7 +237,37 @@ def drafts(device: torch.device) -> dict:
     out["identical_changed"] = sum(a == b for a, b in zip(plain, altered))
     out["draft_kept_of_proposed"] = [stats.draft_accepted, stats.draft_proposed]
     out["ok"] = out["identical_exact"] == n and out["identical_changed"] == n and out["steps_exact"] < out["steps_without"]
+    out["batch"] = _batch_drafts(device)
     return out
+
+
+def _batch_drafts(device: torch.device) -> dict:
+    """A batch job over a moving scene (32 frames in flight), each frame drafting with the latest
+    finished answer or not: frames/s both ways, alternating (on CPU drafts made `video` slower)."""
+    from dataclasses import replace
+
+    from tinyvlm.world import render, sample_scene
+
+    n = 8 if ARGS.quick else 96
+    scene = sample_scene(np.random.default_rng(5), 640, 360, n_objects=2)
+    frames = [render(replace(scene, objects=tuple(replace(o, cx=o.cx + 1.5 * t) for o in scene.objects)))
+              for t in range(n)]
+    params = SamplingParams(max_tokens=32)
+    fps: dict[str, list[float]] = {"drafts": [], "none": []}
+    answers = {}
+    with Engine(EngineConfig(model="tiny", device=str(device))) as engine:
+        engine.submit(frames[0], caption="short", params=params).result(timeout=300)  # warm-up
+        for mode in ("none", "drafts", "none", "drafts"):
+            t0, last, pending, out = time.perf_counter(), None, [], []
+            for f in frames:
+                pending.append(engine.submit(f, caption="short", params=params, draft=last if mode == "drafts" else None))
+                if len(pending) >= 32:
+                    out.append(pending.pop(0).result(timeout=300).token_ids)
+                    last = out[-1]
+            out += [h.result(timeout=300).token_ids for h in pending]
+            fps[mode].append(round(n / (time.perf_counter() - t0), 1))
+            answers[mode] = out
+    return {"frames": n, "frames_per_s": fps, "identical": answers["drafts"] == answers["none"]}
 
 
 def _bench(model: str, device: torch.device) -> dict:
@@ -330,7 +362,7 @@ def floor(device: torch.device, results: dict) -> dict:
 
 
 SECTIONS = [("env", env, 5), ("bandwidth", bandwidth, 10), ("kernels", kernels, 40), ("engine_parity", engine_parity, 40),
-            ("cuda_graphs", cuda_graphs, 1), ("drafts", drafts, 20), ("bench_tiny", bench_tiny, 60), ("bench_full", bench_full, 120),
+            ("cuda_graphs", cuda_graphs, 1), ("drafts", drafts, 30), ("bench_tiny", bench_tiny, 60), ("bench_full", bench_full, 120),
             ("single_query", single_query, 40), ("live", live, 40), ("floor", None, 20)]
 
 

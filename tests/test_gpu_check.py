@@ -21,7 +21,7 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     assert not errors, errors
     assert r["kernels"]["attention"]["ok"] and r["kernels"]["kv_write"]["ok"] and r["kernels"]["sampling"]["ok"]
     assert r["engine_parity"]["pipelined_vs_blocking_identical"]
-    assert r["drafts"]["ok"], r["drafts"]
+    assert r["drafts"]["ok"] and r["drafts"]["batch"]["identical"], r["drafts"]
     assert set(r["bench_full"]["streams"]) == {"1", "4"} and r["bench_full"]["model"] == "random:tiny"
     assert all(row["identical_tokens"] for row in r["bench_tiny"]["streams"].values())
     assert r["single_query"]["total_ms"]["p50"] > 0
