@@ -2,7 +2,8 @@
 
 Counters the engine loop alone changes:
 - `inflight`: steps launched but not yet committed that include this item (0..pipeline depth);
-- `launched`: answer tokens whose sampling has been launched (known before their values are);
+- `launched`: answer tokens whose sampling has been launched (known before their values are;
+  a draft step counts all its rows, and its commit sets it back to the tokens kept);
 - `tokens`: answer tokens committed, in order.
 A sequence is *finalized* once its result is decided (stop, length, cancelled, error) and
 *released* (pages and slot returned) when it is finalized and `inflight` is 0.
