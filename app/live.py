@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted = False
     with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
-                             max_batch_size=max(4, args.max_inflight), max_draft=0 if args.no_draft else 16)) as engine:
+                             max_batch_size=max(4, args.max_inflight), max_draft=0 if args.no_draft else EngineConfig.max_draft)) as engine:
         # warm-up: the first step pays one-time costs a live stream should not see
         warm = next(frames()).rgb if recorded else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **task).result(timeout=120)

@@ -366,7 +366,7 @@ class Engine:
         for seq in self._members(step):
             d = drafts.get(id(seq))
             if d is not None:
-                self._draft_done(seq, d, rows.get(id(seq), [0, False, 1])[2] - 1)
+                self._draft_done(seq, d, rows[id(seq)][2] - 1)
             self._maybe_release(seq)
 
     def _draft_done(self, seq: Sequence, proposed: list[int], accepted: int) -> None:

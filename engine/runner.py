@@ -225,7 +225,7 @@ class Runner:
                     positions.append(p0 + j)
                     seqs.append(s)
 
-            for s, d in zip(plan.decodes, plan.drafts or [[]] * len(plan.decodes)):
+            for s, d in zip(plan.decodes, plan.drafts):
                 p0 = P + len(s.prompt) + s.launched - 1
                 if d or (s.drafted and not s.inflight):
                     feed(s, p0, [s.tokens[-1]] + d)

@@ -40,12 +40,11 @@ class LiveResult:
 class LiveSession:
     def __init__(self, engine: Engine, task: dict, params: SamplingParams = SamplingParams(max_tokens=32),
                  max_inflight: int = 2, deadline_ms: float | None = None,
-                 on_result: Callable[[LiveResult], None] | None = None, draft: bool = True):
+                 on_result: Callable[[LiveResult], None] | None = None):
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
         self.engine, self.task, self.params = engine, task, params
         self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
-        self.draft = draft
         self._last_answer: list[int] | None = None  # the latest completed frame's tokens
         self._lock = threading.Lock()
         self._inflight: deque[tuple[Frame, object, float]] = deque()  # frame order
@@ -69,7 +68,7 @@ class LiveSession:
                 return False
             # Consecutive frames mostly get the same caption: the latest one is the draft the
             # engine verifies several tokens a step against (the answer stays the greedy one).
-            handle = self.engine.submit(frame.rgb, params=self.params, draft=self._last_answer if self.draft else None,
+            handle = self.engine.submit(frame.rgb, params=self.params, draft=self._last_answer,
                                         **self.task)
             self._inflight.append((frame, handle, time.perf_counter()))
             self.submitted += 1

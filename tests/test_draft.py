@@ -105,9 +105,9 @@ def test_drafts_are_ignored_where_they_cannot_apply(small_folder, expected):
 @pytest.mark.parametrize("draft", [True, False])
 def test_a_live_session_drafts_with_the_latest_answer(small_folder, draft):
     frame = np.random.default_rng(5).integers(0, 256, size=(48, 64, 3), dtype=np.uint8)
-    with Engine(EngineConfig(model=str(small_folder))) as eng:
+    with Engine(EngineConfig(model=str(small_folder), max_draft=16 if draft else 0)) as eng:  # `live --no-draft`
         answers = []
-        session = LiveSession(eng, {"caption": "short"}, GREEDY, max_inflight=1, draft=draft,
+        session = LiveSession(eng, {"caption": "short"}, GREEDY, max_inflight=1,
                               on_result=lambda r: answers.append(r.output.token_ids))
         for i in range(4):  # one frame at a time: each one's draft is the one before
             assert session.offer(Frame("cam", i, i / 30, frame))
