@@ -49,9 +49,16 @@ def _parser() -> argparse.ArgumentParser:
     pick.add_argument("--fps", type=float, metavar="N", help="process N frames per second of video")
     pick.add_argument("--every-n", type=int, metavar="N", help="process every Nth frame")
     pick.add_argument("--every-frame", action="store_true", help="process every frame (the default)")
-    vid.add_argument("-o", "--output", metavar="OUT", help="write OUT.jsonl, OUT.srt or OUT.vtt (by extension)")
-    vid.add_argument("--annotate", metavar="OUT.mp4", help="write an MP4 with captions and latency drawn")
-    vid.add_argument("--resume", action="store_true", help="skip frames already in the -o JSONL")
+    vid.add_argument("-o", "--output", metavar="OUT",
+                     help="write OUT.jsonl, OUT.srt or OUT.vtt (by extension); or a FOLDER/: one output per "
+                          "video, named after it (subfolders kept), in each of --format's formats")
+    vid.add_argument("--format", metavar="LIST",
+                     help="with -o FOLDER/: jsonl, srt, vtt, or several separated by commas (default jsonl)")
+    vid.add_argument("--annotate", metavar="OUT.mp4",
+                     help="write an MP4 with captions and latency drawn; a FOLDER/: one per video")
+    vid.add_argument("--resume", action="store_true",
+                     help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
+                          "without it, outputs are written afresh")
     _add_model_args(vid, realtime=True)
     vid.add_argument("--max-tokens", type=int, default=64, metavar="N", help="answer length limit (default 64)")
     vid.set_defaults(func=_lazy('app.video'))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.cli import UsageError, realtime_dtype
@@ -25,27 +27,37 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--fps must be > 0 and --every-n >= 1")
     if args.question is not None and not args.question.strip():
         raise UsageError("--question is empty")
-    out = Path(args.output) if args.output else None
+    out_dir, ann_dir = _folder_arg(args.output), _folder_arg(args.annotate)
+    out = None if out_dir or not args.output else Path(args.output)
     kind = out.suffix.lower().lstrip(".") if out else None
-    if out and kind not in ("jsonl", "srt", "vtt"):
-        raise UsageError("-o must end in .jsonl, .srt or .vtt")
-    paths, skipped = _inputs(args.files)
-    if len(paths) > 1 and (kind in ("srt", "vtt") or args.annotate):
-        raise UsageError("subtitles and --annotate take one file at a time; use a .jsonl for several")
-    if args.resume and kind != "jsonl":
-        raise UsageError("--resume needs -o OUT.jsonl")
+    if out and kind not in FORMATS:
+        raise UsageError("-o must end in .jsonl, .srt or .vtt, or name a folder (end it with /)")
+    if args.format and not out_dir:
+        raise UsageError("--format goes with -o FOLDER/ (a file's extension gives its format)")
+    formats = _formats(args.format or "jsonl") if out_dir else ()
+    paths, skipped = _inputs(args.files, exclude=ann_dir)
+    if len(paths) > 1 and kind in ("srt", "vtt"):
+        raise UsageError(f"several files need a folder for their subtitles: -o FOLDER/ --format {kind}")
+    if len(paths) > 1 and args.annotate and not ann_dir:
+        raise UsageError("several files need a folder for their annotated videos: --annotate FOLDER/")
+    if args.resume and kind != "jsonl" and "jsonl" not in formats:
+        raise UsageError("--resume needs -o OUT.jsonl, or -o FOLDER/ with jsonl among its --format")
+    plans = _plan(paths, out_dir, formats, ann_dir, Path(args.annotate) if args.annotate else None,
+                  (out, kind) if kind in ("srt", "vtt") else None)
+    _check_writable([d for d in (out_dir, ann_dir) if d],
+                    [p for p in (out, None if ann_dir else plans[paths[0][0]].annotate) if p])
     params = SamplingParams(max_tokens=args.max_tokens)
     task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
-    done = done_frames(out) if args.resume else set()
-    shared = JsonlSink(out) if kind == "jsonl" else None
-    stop = threading.Event()
+    done = done_frames(out) if args.resume and kind == "jsonl" else {}
+    shared = JsonlSink(out, append=args.resume) if kind == "jsonl" else None
+    stop, write_failed = threading.Event(), threading.Event()
     print_lock = threading.Lock()
     # Up to CONCURRENT_FILES run side by side, each with a bar of its own; more files than that
     # share one bar over all their frames, so a folder of hundreds does not print hundreds of bars.
     overall = None
     if len(paths) > CONCURRENT_FILES:
-        known = [n for _, n in paths]
+        known = [n for _, n, _ in paths]
         overall = tqdm(total=sum(known) if all(known) else None, desc=f"{len(paths)} files", unit="frame",
                        file=sys.stderr)
         overall.set_postfix(files_done=0)
@@ -54,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     def process(i: int, path: str) -> BatchSummary:
         nonlocal files_done
         summary = BatchSummary()
+        plan = plans[path]
         if stop.is_set():  # interrupted before this file's turn
             return summary
         try:
@@ -62,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
             summary.errors.append(str(e))
             return summary
         name = Path(path).name
-        sinks = [shared] if shared else []
-        if kind in ("srt", "vtt"):
-            sinks.append(SubtitleSink(out, kind, 1.0 / (src.fps or 30.0)))
+        sinks: list = [shared] if shared else []
         bar = None if overall else tqdm(total=src.frame_count, desc=name, unit="frame", position=i,
                                         leave=True, file=sys.stderr)
         shown = 0
@@ -74,20 +85,33 @@ def run(args: argparse.Namespace) -> int:
             with print_lock:
                 (bar or overall).update(max(0, summary.frames_decoded - shown))
                 shown = max(shown, summary.frames_decoded)
-                if out is None:
+                if out is None and not out_dir:
                     prefix = f"{name}  " if len(paths) > 1 else ""
                     print(f"{prefix}{r.pts:9.3f}  {r.text.strip()}", flush=True)
 
         try:
-            if args.annotate:
+            file_done = done
+            if plan.jsonl:
+                plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
+                file_done = done_frames(plan.jsonl) if args.resume else {}
+                sinks.append(JsonlSink(plan.jsonl, append=args.resume))
+            for sub_path, fmt in plan.subtitles:
+                sub_path.parent.mkdir(parents=True, exist_ok=True)
+                sinks.append(SubtitleSink(sub_path, fmt, 1.0 / (src.fps or 30.0)))
+            if plan.annotate:
                 first = next(src.frames(), None)
                 src.close()
                 src = FileSource(path)
                 if first is not None:
-                    sinks.append(AnnotatedVideoSink(args.annotate, first.rgb.shape[1], first.rgb.shape[0]))
-            caption_file(engine, src, sinks, task, params, sampling, done, on_frame=show, summary=summary, stop=stop)
+                    plan.annotate.parent.mkdir(parents=True, exist_ok=True)
+                    sinks.append(AnnotatedVideoSink(plan.annotate, first.rgb.shape[1], first.rgb.shape[0]))
+            caption_file(engine, src, sinks, task, params, sampling, file_done, on_frame=show, summary=summary,
+                         stop=stop)
         except KeyboardInterrupt:  # stopped by the flag: the summary still counts what was written
             stop.set()
+        except OSError as e:  # an output cannot be written (disk full, permissions): this file fails
+            write_failed.set()
+            summary.errors.append(f"{path}: cannot write its results: {e}")
         finally:
             if bar:
                 bar.close()
@@ -98,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
                     overall.set_postfix(files_done=files_done)
             for sink in sinks:
                 if sink is not shared:
-                    sink.close()
+                    try:
+                        sink.close()
+                    except OSError as e:
+                        write_failed.set()
+                        summary.errors.append(f"{path}: cannot write its results: {e}")
             src.close()
         return summary
 
@@ -108,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                              dtype=realtime_dtype(args.device, args.dtype))) as engine:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(CONCURRENT_FILES, len(paths))) as pool:
-            futures = [pool.submit(process, i, path) for i, (path, _) in enumerate(paths)]
+            futures = [pool.submit(process, i, path) for i, (path, _, _) in enumerate(paths)]
             try:
                 # Poll: a SIGINT the kernel hands to a worker thread is only noticed by the main
                 # thread when it next wakes, so it must never block without a timeout.
@@ -131,53 +159,132 @@ def run(args: argparse.Namespace) -> int:
     speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
     print(f"vlmstream: {summary.frames_captioned} frames captioned, {summary.frames_skipped} skipped (resume), "
           f"{summary.files} file(s)" + (f", {len(skipped)} unreadable skipped" if skipped else "")
-          + f", {speed:.1f}x real time" + (" (interrupted)" if interrupted else ""),
+          + f", {speed:.1f}x real time" + (f", outputs in {out_dir}" if out_dir else "")
+          + (" (interrupted)" if interrupted else ""),
           file=sys.stderr)
     if interrupted:
         return 130
+    if write_failed.is_set():
+        return 1
     return 2 if summary.errors and summary.frames_captioned == 0 else 0
 
 
 CONCURRENT_FILES = 4  # files captioned side by side, sharing the engine
 
 
-def _inputs(names: list[str]) -> tuple[list[tuple[str, int | None]], list[str]]:
-    """The files to caption, each with its announced frame count, and the files skipped.
+def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[str, int | None, Path]], list[str]]:
+    """The files to caption, each with its announced frame count and its name relative to the
+    folder it was found in (a named file: its own name), and the files skipped.
 
     A folder stands for the videos under it (`video_files`). Every file is opened once here and
     closed again, so a named file that is missing or unreadable stops the run before it starts
     (SourceError); one found in a folder is skipped with a warning instead: one broken clip must
     not hold up a folder of good ones. A file named twice is a mistake (UsageError); one reached
-    twice through folders is taken once."""
+    twice through folders is taken once. Videos in an output folder (`exclude`) inside an input
+    folder are an earlier run's annotated videos, not inputs."""
     from pipelines.sources import FileSource, SourceError, video_files
 
     if len(set(names)) != len(names):
         raise UsageError("a file is listed twice")
-    found: list[tuple[str, bool]] = []  # a named file keeps its spelling: it is the JSONL's source
+    excluded = exclude.resolve() if exclude else None
+    found: list[tuple[str, Path | None]] = []  # a named file keeps its spelling: it is the JSONL's source
     for name in names:
         p = Path(name)
         if p.is_dir():
             videos = video_files(p)
+            if excluded and excluded != p.resolve() and excluded.is_relative_to(p.resolve()):
+                videos = [v for v in videos if not v.resolve().is_relative_to(excluded)]
             if not videos:
                 raise UsageError(f"no video files in {p} (looked for .mp4, .mkv, .webm, .mov, .avi and other "
                                  "video extensions, in subfolders too)")
-            found += [(str(v), True) for v in videos]
+            found += [(str(v), v.relative_to(p)) for v in videos]
         else:
-            found.append((name, False))
+            found.append((name, None))
     paths, seen, skipped = [], set(), []
-    for p, from_folder in found:
+    for p, rel in found:
         key = Path(p).resolve()
         if key in seen:
             continue
         seen.add(key)
         try:
             with FileSource(p) as src:
-                paths.append((p, src.frame_count))
+                paths.append((p, src.frame_count, rel or Path(Path(p).name)))
         except SourceError as e:
-            if not from_folder:
+            if rel is None:
                 raise
             skipped.append(p)
             print(f"vlmstream: warning: skipped: {e}", file=sys.stderr)
     if not paths:
         raise UsageError(f"none of the {len(found)} video files found can be read")
     return paths, skipped
+
+
+FORMATS = ("jsonl", "srt", "vtt")
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """Where one input file's results go, besides a JSONL shared by all files."""
+
+    jsonl: Path | None = None
+    subtitles: tuple[tuple[Path, str], ...] = ()
+    annotate: Path | None = None
+
+
+def _folder_arg(value: str | None) -> Path | None:
+    """An output argument naming a folder (an existing one, or any path ending in a separator)."""
+    if not value:
+        return None
+    p = Path(value)
+    return p if value.endswith(("/", os.sep)) or p.is_dir() else None
+
+
+def _check_writable(folders: list[Path], files: list[Path]) -> None:
+    """Output folders are made now and output files' folders must exist, so a mistyped path is a
+    one-line error before the model loads, not a traceback at the first frame."""
+    for d in folders:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create the output folder {d}: {e.strerror or e}") from None
+    for f in files:
+        parent = f.parent if str(f.parent) else Path(".")
+        if not parent.is_dir():
+            raise UsageError(f"cannot write {f}: no folder {parent}")
+        if f.is_dir() or not os.access(parent, os.W_OK):
+            raise UsageError(f"cannot write {f}: " + ("it is a folder" if f.is_dir() else "permission denied"))
+    for d in folders:
+        if not os.access(d, os.W_OK):
+            raise UsageError(f"cannot write into {d}: permission denied")
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(f.strip().lower().lstrip(".") for f in text.split(",") if f.strip()))
+    bad = [f for f in names if f not in FORMATS]
+    if bad or not names:
+        raise UsageError(f"--format takes jsonl, srt and vtt, separated by commas (got {text!r})")
+    return names
+
+
+def _plan(paths: list[tuple[str, int | None, Path]], out_dir: Path | None, formats: tuple[str, ...],
+          ann_dir: Path | None, annotate: Path | None, subtitles: tuple[Path, str] | None) -> dict[str, _Outputs]:
+    """Each input's outputs: in a folder, its path relative to the folder it was found in with the
+    format's extension (so `-o` the input folder itself puts subtitles beside the videos, where
+    players look for them). Two inputs that would write one file, or an output that would
+    overwrite an input, are a UsageError before anything runs."""
+    plans, owner = {}, {}
+    inputs = {Path(p).resolve(): p for p, _, _ in paths}
+    for path, _, rel in paths:
+        names = {f: out_dir / rel.with_suffix("." + f) for f in formats} if out_dir else {}
+        if subtitles:  # -o OUT.srt: one file
+            names = {subtitles[1]: subtitles[0]}
+        ann = ann_dir / rel.with_suffix(".mp4") if ann_dir else annotate
+        for target in [*names.values(), *([ann] if ann else [])]:
+            key = target.resolve()
+            if key in inputs:
+                raise UsageError(f"an output would overwrite the input {inputs[key]}; choose another folder")
+            if key in owner:
+                raise UsageError(f"{owner[key]} and {path} would both write {target}; caption them in separate runs")
+            owner[key] = path
+        plans[path] = _Outputs(names.get("jsonl"), tuple((p, f) for f, p in names.items() if f != "jsonl"), ann)
+    return plans

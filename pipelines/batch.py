@@ -3,8 +3,10 @@
 Frames are submitted to the engine with a bounded number in flight (back-pressure: decoding
 never runs ahead of the engine by more than `max_inflight` frames) and their results are written
 in frame order, never dropped. Several files can run at once, each in its own thread, sharing
-one engine (which then batches their frames together). With a `done` set (from a previous
-JSONL), frames already captioned are skipped. A `stop` event ends a run early (Ctrl-C): its
+one engine (which then batches their frames together). With `done` (a previous run's JSONL, read
+by `done_frames`), frames already captioned are not captioned again: their recorded results go,
+in frame order, to the sinks that do not hold them already (subtitles and an annotated MP4 are
+rebuilt whole; the JSONL only gets the new frames). A `stop` event ends a run early (Ctrl-C): its
 frames still in flight are cancelled, what was written stays.
 """
 
@@ -14,7 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 
 from engine import Engine, SamplingParams
 
@@ -57,7 +59,8 @@ class BatchSummary:
 
 
 def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, params: SamplingParams,
-                 sampling: Sampling, done: set[tuple[str, int]] | None = None, max_inflight: int = 32,
+                 sampling: Sampling, done: Mapping[tuple[str, int], FrameResult] | None = None,
+                 max_inflight: int = 32,
                  on_frame: Callable[[FrameResult], None] | None = None,
                  summary: BatchSummary | None = None, stop: threading.Event | None = None) -> BatchSummary:
     summary = summary or BatchSummary()
@@ -66,12 +69,18 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, pa
 
     def finish_one() -> None:
         frame, handle = pending.popleft()
-        out = handle.result(timeout=600)
-        r = FrameResult(frame.source_id, frame.index, round(frame.pts, 6), out.text, out.token_ids,
-                        out.finish_reason, out.timings_ms)
-        for sink in sinks:
-            sink.write(r, frame.rgb)
-        summary.frames_captioned += 1
+        if isinstance(handle, FrameResult):  # recorded by an earlier run
+            r = handle
+            for sink in sinks:
+                if not getattr(sink, "holds_done", False):
+                    sink.write(r, frame.rgb)
+        else:
+            out = handle.result(timeout=600)
+            r = FrameResult(frame.source_id, frame.index, round(frame.pts, 6), out.text, out.token_ids,
+                            out.finish_reason, out.timings_ms)
+            for sink in sinks:
+                sink.write(r, frame.rgb)
+            summary.frames_captioned += 1
         if on_frame:
             on_frame(r)
 
@@ -81,17 +90,20 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, pa
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
             last_pts = frame.pts
-            if done and (frame.source_id, frame.index) in done:
+            recorded = done.get((frame.source_id, frame.index)) if done else None
+            if recorded is not None:
                 summary.frames_skipped += 1
-                continue
-            pending.append((frame, engine.submit(frame.rgb, params=params, **task)))
+                pending.append((frame, recorded))  # queued, so every sink still sees frame order
+            else:
+                pending.append((frame, engine.submit(frame.rgb, params=params, **task)))
             if len(pending) >= max_inflight:
                 finish_one()
         while pending:
             finish_one()
     except BaseException:
         for _, handle in pending:  # interrupted: do not leave work behind in the engine
-            handle.cancel()
+            if not isinstance(handle, FrameResult):
+                handle.cancel()
         raise
     finally:
         summary.seconds += time.perf_counter() - t0

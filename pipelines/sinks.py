@@ -29,18 +29,29 @@ class FrameResult:
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
 
+    @classmethod
+    def from_json(cls, line: str) -> "FrameResult":
+        """Raises ValueError (json.JSONDecodeError is one), KeyError or TypeError on a bad line."""
+        obj = json.loads(line)
+        return cls(str(obj["source"]), int(obj["index"]), float(obj["pts"]), str(obj["text"]),
+                   [int(t) for t in obj.get("token_ids", [])], str(obj.get("finish_reason", "stop")),
+                   {str(k): float(v) for k, v in obj.get("timings_ms", {}).items()})
+
 
 class JsonlSink:
-    """One JSON object per processed frame; appends (a resumed run continues the file).
+    """One JSON object per processed frame; appends (a resumed run continues the file) or, with
+    `append=False`, starts the file afresh.
     Thread-safe: several files captioned at once share one JSONL."""
 
-    def __init__(self, path: str | Path):
+    holds_done = True  # a resumed run's recorded frames are already in it: not written again
+
+    def __init__(self, path: str | Path, append: bool = True):
         self.path = Path(path)
-        if self.path.exists():  # drop a line an interruption cut short: its frame is redone
+        if append and self.path.exists():  # drop a line an interruption cut short: its frame is redone
             data = self.path.read_bytes()
             if data and not data.endswith(b"\n"):
                 self.path.write_bytes(data[: data.rfind(b"\n") + 1])
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open(self.path, "a" if append else "w", encoding="utf-8")
         self._lock = threading.Lock()
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
@@ -53,18 +64,19 @@ class JsonlSink:
         self._f.close()
 
 
-def done_frames(path: str | Path) -> set[tuple[str, int]]:
-    """(source, index) of every frame a previous run wrote to this JSONL (for --resume)."""
-    done: set[tuple[str, int]] = set()
+def done_frames(path: str | Path) -> dict[tuple[str, int], FrameResult]:
+    """Every frame a previous run wrote to this JSONL, by (source, index) (for --resume): a
+    resumed run skips them and replays them into its other outputs (subtitles, annotated MP4)."""
+    done: dict[tuple[str, int], FrameResult] = {}
     p = Path(path)
     if not p.exists():
         return done
     for line in p.read_text(encoding="utf-8").splitlines():
         try:
-            obj = json.loads(line)
-            done.add((obj["source"], int(obj["index"])))
-        except (ValueError, KeyError, TypeError):
+            r = FrameResult.from_json(line)
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a line cut by an interruption: that frame is redone
+        done[(r.source, r.index)] = r
     return done
 
 

@@ -270,6 +270,100 @@ def test_more_files_than_run_at_once_share_one_bar(tmp_path, small_folder, capsy
     assert sorted((Path(r["source"]).name, r["index"]) for r in rows) == [(f"v{i}.mp4", j) for i in range(n) for j in range(3)]
 
 
+def _frames_in(path: Path) -> int:
+    import av
+
+    with av.open(str(path)) as c:
+        return sum(1 for _ in c.decode(c.streams.video[0]))
+
+
+def test_a_folder_gives_each_video_its_own_outputs(tmp_path, small_folder, capsys):
+    root = tmp_path / "clips"
+    (root / "day2").mkdir(parents=True)
+    write_video(root / "a.mp4", "libx264", n=6)
+    write_video(root / "day2" / "b.mkv", "mpeg4", n=4)
+    out, ann = tmp_path / "subs", tmp_path / "ann"
+    cmd = ["video", str(root), "--model", str(small_folder), "--max-tokens", "2", "-o", f"{out}/",
+           "--format", "srt,jsonl", "--annotate", f"{ann}/"]
+    assert main(cmd) == 0
+    assert "outputs in" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.*")) == [
+        "a.jsonl", "a.srt", "day2/b.jsonl", "day2/b.srt"]
+    for name, n in (("a", 6), ("day2/b", 4)):
+        rows = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+        assert [r["index"] for r in rows] == list(range(n))
+        assert {r["source"] for r in rows} == {str(next(root.glob(name + ".*")))}
+        assert _parse_subs((out / f"{name}.srt").read_text())
+        assert _frames_in(ann / f"{name}.mp4") == n
+    def answers(name):
+        return [(r["index"], r["token_ids"]) for r in map(json.loads, (out / name).read_text().splitlines())]
+
+    first = answers("a.jsonl")
+    assert main(cmd) == 0  # a second run without --resume writes afresh, not twice
+    assert len((out / "a.jsonl").read_text().splitlines()) == 6
+    # -o the input folder: subtitles beside their videos, where players look for them
+    assert main(["video", str(root), "--model", str(small_folder), "--max-tokens", "2", "-o", str(root),
+                 "--format", "vtt"]) == 0
+    assert (root / "a.vtt").read_text().startswith("WEBVTT") and (root / "day2" / "b.vtt").exists()
+    capsys.readouterr()
+    # an annotated folder inside the input folder is not read back as input
+    assert main(["video", str(root), "--model", str(small_folder), "--max-tokens", "2", "-o", f"{out}/",
+                 "--annotate", f"{root}/annotated/"]) == 0
+    assert main(["video", str(root), "--model", str(small_folder), "--max-tokens", "2", "-o", f"{out}/",
+                 "--annotate", f"{root}/annotated/"]) == 0
+    assert "2 file(s)" in capsys.readouterr().err and answers("a.jsonl") == first
+    # an output that cannot be written fails its file, with a line saying why; the others go on
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "day2").write_text("a file where b's subfolder would go")
+    assert main(["video", str(root), "--model", str(small_folder), "--max-tokens", "2", "-o", f"{blocked}/"]) == 1
+    err = capsys.readouterr().err
+    assert "b.mkv: cannot write its results" in err and "Traceback" not in err
+    assert len((blocked / "a.jsonl").read_text().splitlines()) == 6
+    # mistakes, each one line and exit 2 before the model loads
+    write_video(root / "a.mkv", "mpeg4", n=2)  # a.mp4's outputs' names
+    for bad, says in [
+        (["-o", f"{out}/"], "both write"),
+        (["--annotate", str(root)], "would overwrite the input"),
+        (["-o", str(tmp_path / "one.srt")], "-o FOLDER/ --format srt"),
+        (["--annotate", str(tmp_path / "one.mp4")], "--annotate FOLDER/"),
+        (["-o", f"{out}/", "--format", "srt,mp3"], "--format takes"),
+        (["-o", str(tmp_path / "one.jsonl"), "--format", "srt"], "--format goes with -o FOLDER/"),
+        (["-o", f"{out}/", "--format", "srt", "--resume"], "--resume needs"),
+        (["-o", str(tmp_path / "missing" / "one.jsonl")], "no folder"),
+    ]:
+        assert main(["video", str(root), "--model", "/no/such/model", *bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, (bad, err)
+
+
+def test_resume_rebuilds_subtitles_and_annotation_from_the_jsonl(tmp_path, small_folder, capsys):
+    path = write_video(tmp_path / "v.mp4", "libx264", n=12)
+    out = tmp_path / "out"
+    cmd = ["video", str(path), "--model", str(small_folder), "--max-tokens", "3", "-o", f"{out}/",
+           "--format", "jsonl,srt", "--annotate", f"{out}/"]
+    assert main(cmd) == 0
+    def answers(path):
+        return [(r["index"], r["pts"], r["token_ids"]) for r in map(json.loads, path.read_text().splitlines())]
+
+    whole_srt, lines = (out / "v.srt").read_text(), (out / "v.jsonl").read_text().splitlines()
+    first = answers(out / "v.jsonl")
+    (out / "v.jsonl").write_text("\n".join(lines[:5]) + "\n")  # as an interrupted run leaves it
+    (out / "v.srt").write_text("")
+    (out / "v.mp4").unlink()
+    assert main(cmd + ["--resume"]) == 0
+    assert "7 frames captioned, 5 skipped (resume)" in capsys.readouterr().err
+    assert answers(out / "v.jsonl") == first and (out / "v.jsonl").read_text().splitlines()[:5] == lines[:5]
+    assert (out / "v.srt").read_text() == whole_srt
+    assert _frames_in(out / "v.mp4") == 12
+    # the same with one JSONL and one annotated file
+    one, mp4 = tmp_path / "one.jsonl", tmp_path / "one.mp4"
+    one.write_text("\n".join(lines[:3]) + "\n")
+    assert main(["video", str(path), "--model", str(small_folder), "--max-tokens", "3", "-o", str(one),
+                 "--annotate", str(mp4), "--resume"]) == 0
+    assert _frames_in(mp4) == 12 and answers(one) == first
+
+
 def test_zero_frame_video_is_an_error(tmp_path, small_folder, capsys):
     import av
 
