@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
                            "(same answers, for comparison)")
     _add_model_args(live, realtime=True)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
+    live.add_argument("-o", "--output", metavar="OUT.jsonl",
+                      help="append one JSON line per captioned frame (source, index, pts, UTC time, text, "
+                           "token ids, timings); '-' writes them to standard output instead of the captions")
     live.set_defaults(func=_lazy('app.live'))
 
     ui = sub.add_parser("ui", help="the web UI: live view, browser webcam, video files (Gradio)",

@@ -1,6 +1,8 @@
 """Live-session semantics on a slow fake device: stale cancellation, intake drops, deadlines."""
 
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -100,3 +102,25 @@ def test_grabber_paces_in_real_time_and_loops():
     g.close()
     assert got == sorted(got) and got[-1] >= 0.35  # looped past the 0.2 s clip, clock continuing
     assert len(got) >= 15
+
+
+def test_live_cli_logs_to_stdout_and_appends_to_a_file(small_folder, tmp_path, capsys):
+    from app.cli import main
+
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    cmd = ["live", str(sample), "--model", str(small_folder), "--duration", "1.5", "--max-tokens", "3"]
+    assert main(cmd + ["-o", "-"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [json.loads(line) for line in lines]  # standard output holds the log alone
+    assert len(rows) > 5 and {r["source"] for r in rows} == {str(sample)}
+    log = tmp_path / "log.jsonl"
+    assert main(cmd + ["-o", str(log)]) == 0 and main(cmd + ["-o", str(log)]) == 0
+    first_run = capsys.readouterr().out.count("\n")  # caption lines still go to the terminal
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    restarts = [i for i in range(1, len(rows)) if rows[i]["index"] <= rows[i - 1]["index"]]
+    assert len(restarts) == 1 and first_run == len(rows)  # the second run continued the log
+    for bad, says in [(["-o", "-", "--json"], "both write to standard output"),
+                      (["-o", str(tmp_path / "no" / "log.jsonl")], "cannot write")]:
+        assert main(cmd + bad) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1

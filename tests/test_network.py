@@ -67,16 +67,27 @@ def test_unsupported_scheme_and_redacted_credentials(capsys):
     assert "unsupported URL scheme" in err and "hunter2" not in err
 
 
-def test_live_cli_on_a_udp_stream(capsys, small_folder):
+def test_live_cli_on_a_udp_stream(capsys, small_folder, tmp_path):
+    from datetime import datetime
+
     url = f"udp://127.0.0.1:{_port()}"
+    log = tmp_path / "log.jsonl"
     sender = _send(url, 6)
     try:
-        rc = main(["live", url, "--model", str(small_folder), "--duration", "3", "--json", "--max-tokens", "4"])
+        rc = main(["live", url, "--model", str(small_folder), "--duration", "3", "--json", "--max-tokens", "4",
+                   "-o", str(log)])
     finally:
         sender.wait(30)
     assert rc == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["completed"] > 10 and stats["kv_pages_in_use_after"] == 0
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == stats["completed"]  # every captioned frame, nothing else
+    assert [r["index"] for r in rows] == sorted({r["index"] for r in rows})  # frame order, no repeats
+    assert {r["source"] for r in rows} == {url} and all(r["text"] and r["token_ids"] for r in rows)
+    assert all(r["timings_ms"]["end_to_end"] >= r["timings_ms"]["total"] > 0 for r in rows)
+    times = [datetime.fromisoformat(r["time"]) for r in rows]
+    assert times == sorted(times) and times[0].utcoffset().total_seconds() == 0
 
 
 def test_missing_camera_is_a_clear_error(capsys):
