@@ -65,10 +65,11 @@ def _parser() -> argparse.ArgumentParser:
 
     live = sub.add_parser("live", help="caption a live source frame by frame (latest frame wins)",
                           description="Caption a live source: a network stream (reconnecting when it breaks) "
-                                      "or a file played in real time (looped to --duration).")
-    live.add_argument("source", metavar="SOURCE",
+                                      "or a file played in real time (looped to --duration); several sources "
+                                      "share one engine, each with its own latest-frame-wins session.")
+    live.add_argument("sources", nargs="+", metavar="SOURCE",
                       help="a video file (played in real time), webcam:N, or a stream URL: rtsp, udp, "
-                           "http(s)/HLS, rtmp, srt")
+                           "http(s)/HLS, rtmp, srt; several sources share one engine")
     ltask = live.add_mutually_exclusive_group()
     ltask.add_argument("--caption", choices=["short", "normal", "long"], help="caption length (default short)")
     ltask.add_argument("--question", metavar="TEXT")

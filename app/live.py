@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 
 from app.cli import UsageError, realtime_dtype
@@ -13,7 +14,7 @@ from app.cli import UsageError, realtime_dtype
 def run(args: argparse.Namespace) -> int:
     from engine import Engine, EngineConfig, SamplingParams
     from pipelines.feed import LiveFeed
-    from pipelines.sources import SourceError, open_live
+    from pipelines.sources import SourceError, open_live, redact
 
     import numpy as np
 
@@ -21,44 +22,63 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
     if args.question is not None and not args.question.strip():
         raise UsageError("--question is empty")
+    if len(set(args.sources)) != len(args.sources):
+        raise UsageError("a source is listed twice")
     log = _open_log(args.output, args.json)
-    frames, recorded = open_live(args.source)
+    opened = [open_live(source) for source in args.sources]  # every mistake fails here, before the model loads
+    labels = [redact(source) for source in args.sources]
+    several = len(opened) > 1
     task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
     params = SamplingParams(max_tokens=args.max_tokens)
     log_error: list[OSError] = []
+    print_lock = threading.Lock()
 
-    def show(r) -> None:
-        if log is not None and not log_error:
-            try:
-                log.write(json.dumps(_record(r), ensure_ascii=False) + "\n")
-                log.flush()
-            except OSError as e:  # disk full, a closed pipe: the run stops and says so
-                log_error.append(e)
-        if not args.json and log is not sys.stdout:
-            print(f"{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {r.output.text.strip()}", flush=True)
+    def show(label: str, r) -> None:
+        with print_lock:  # several feeds' threads report here
+            if log is not None and not log_error:
+                try:
+                    log.write(json.dumps(_record(r), ensure_ascii=False) + "\n")
+                    log.flush()
+                except OSError as e:  # disk full, a closed pipe: the run stops and says so
+                    log_error.append(e)
+            if not args.json and log is not sys.stdout:
+                prefix = f"{label}  " if several else ""
+                print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {r.output.text.strip()}", flush=True)
 
     interrupted = False
-    with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
-                             max_batch_size=max(4, args.max_inflight), max_draft=0 if args.no_draft else EngineConfig.max_draft)) as engine:
+    config = EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
+                          max_batch_size=max(4, args.max_inflight * len(opened)),
+                          max_draft=0 if args.no_draft else EngineConfig.max_draft)
+    with Engine(config) as engine:
         # warm-up: the first step pays one-time costs a live stream should not see
+        frames, recorded = opened[0]
         warm = next(frames()).rgb if recorded else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **task).result(timeout=120)
-        feed = LiveFeed(engine, task, params, frames, realtime=recorded,
-                        loop=args.duration is not None and recorded, fps=args.fps,
-                        max_inflight=args.max_inflight, deadline_ms=args.deadline_ms, on_result=show)
+        # One engine for every source: their frames share its batches (continuous batching).
+        feeds = [LiveFeed(engine, task, params, frames, realtime=recorded,
+                          loop=args.duration is not None and recorded, fps=args.fps,
+                          max_inflight=args.max_inflight, deadline_ms=args.deadline_ms,
+                          on_result=lambda r, label=label: show(label, r))
+                 for (frames, recorded), label in zip(opened, labels)]
         t0 = time.perf_counter()
         try:
-            while feed.running and not log_error and (args.duration is None or time.perf_counter() - t0 < args.duration):
+            while (any(f.running for f in feeds) and not log_error
+                   and (args.duration is None or time.perf_counter() - t0 < args.duration)):
                 time.sleep(0.05)
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            feed.close(cancel=False)
-        if isinstance(feed.exception, SourceError) and not feed.session.frames_in:
-            raise feed.exception  # nothing was ever read: a plain error
-        if feed.error:  # the stream broke off after a while: report what we have
-            print(f"vlmstream: warning: {feed.error}", file=sys.stderr)
-        stats = feed.snapshot().counters
+            for feed in feeds:
+                feed.close(cancel=False)
+        never_read = [f for f in feeds if isinstance(f.exception, SourceError) and not f.session.frames_in]
+        if never_read and len(never_read) == len(feeds):
+            raise never_read[0].exception  # nothing was ever read: a plain error
+        for feed, label in zip(feeds, labels):
+            # a stream that broke off, or never came (beside others that did, or within --duration)
+            problem = feed.error or (None if feed.session.frames_in else "no frames received")
+            if problem:
+                print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
+        per_source = [f.snapshot().counters for f in feeds]
     if log is not None and log is not sys.stdout:
         log.close()
     if log_error:
@@ -66,17 +86,27 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(f"vlmstream: error: cannot write {args.output}: {log_error[0]}", file=sys.stderr)
         return 1
+    stats = per_source[0] if not several else {
+        **{k: sum(s[k] for s in per_source) for k in _SUMMED},
+        "sources": dict(zip(labels, per_source))}
     es = engine.stats()
     stats["kv_pages_in_use_after"] = es.kv_pages_in_use
     stats["draft_tokens"] = {"proposed": es.draft_proposed, "accepted": es.draft_accepted}
     if args.json:
         print(json.dumps(stats))
     else:
-        print(f"vlmstream: {stats['completed']} of {stats['frames_in']} frames captioned, "
-              f"{stats['achieved_fps']:.1f} fps, {stats['cancelled_stale']} stale cancelled, "
-              f"{stats['dropped']} dropped, p50 {stats['latency_ms'].get('end_to_end', {}).get('p50', 0):.1f} ms",
-              file=sys.stderr)
+        for label, s in zip(labels, per_source):
+            print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames captioned, "
+                  f"{s['achieved_fps']:.1f} fps, {s['cancelled_stale']} stale cancelled, "
+                  f"{s['dropped']} dropped, p50 {s['latency_ms'].get('end_to_end', {}).get('p50', 0):.1f} ms",
+                  file=sys.stderr)
     return 130 if interrupted else 0
+
+
+# With several sources, the JSON's totals (each source's own figures, percentiles included, are
+# under "sources").
+_SUMMED = ("frames_in", "submitted", "completed", "cancelled_stale", "cancelled_deadline", "cancelled_closed",
+           "dropped", "achieved_fps")
 
 
 def _open_log(output: str | None, final_json: bool):

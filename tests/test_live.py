@@ -124,3 +124,29 @@ def test_live_cli_logs_to_stdout_and_appends_to_a_file(small_folder, tmp_path, c
         assert main(cmd + bad) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1
+
+
+def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path, capsys):
+    from app.cli import main
+
+    samples = Path(__file__).resolve().parents[1] / "sample_videos"
+    a, b = str(samples / "cuts_640x360_30fps.mp4"), str(samples / "shapes_640x360_60fps.mp4")
+    log = tmp_path / "log.jsonl"
+    cmd = ["live", a, b, "--model", str(small_folder), "--duration", "2", "--max-tokens", "3"]
+    assert main(cmd + ["--json", "-o", str(log)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert set(stats["sources"]) == {a, b} and stats["kv_pages_in_use_after"] == 0
+    for key in ("frames_in", "completed", "dropped", "cancelled_stale"):
+        assert stats[key] == sum(s[key] for s in stats["sources"].values())
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    for source in (a, b):
+        mine = [r["index"] for r in rows if r["source"] == source]
+        assert len(mine) == stats["sources"][source]["completed"] > 3
+        assert mine == sorted(set(mine))  # each source's own frame order: latest frame wins per source
+    assert main(cmd) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count(f"{a}  ") > 3 and captured.out.count(f"{b}  ") > 3  # lines say whose they are
+    assert captured.err.count("frames captioned") == 2
+    assert main(["live", a, a]) == 2 and main(["live", a, str(tmp_path / "missing.mp4")]) == 2
+    err = capsys.readouterr().err
+    assert "listed twice" in err and "missing.mp4" in err and "Traceback" not in err

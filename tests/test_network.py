@@ -90,6 +90,21 @@ def test_live_cli_on_a_udp_stream(capsys, small_folder, tmp_path):
     assert times == sorted(times) and times[0].utcoffset().total_seconds() == 0
 
 
+def test_live_cli_goes_on_when_one_of_several_streams_is_silent(capsys, small_folder):
+    url, silent = f"udp://127.0.0.1:{_port()}", f"udp://127.0.0.1:{_port()}"
+    sender = _send(url, 6)
+    try:
+        rc = main(["live", url, silent, "--model", str(small_folder), "--duration", "3", "--json",
+                   "--max-tokens", "4"])
+    finally:
+        sender.wait(30)
+    assert rc == 0
+    captured = capsys.readouterr()
+    stats = json.loads(captured.out)
+    assert stats["sources"][url]["completed"] > 10 and stats["sources"][silent]["frames_in"] == 0
+    assert f"warning: {silent}: no frames received" in captured.err and "Traceback" not in captured.err
+
+
 def test_missing_camera_is_a_clear_error(capsys):
     assert main(["live", "webcam:7"]) == 2
     assert main(["live", "webcam:x"]) == 2
