@@ -75,9 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     ltask.add_argument("--question", metavar="TEXT")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
-    live.add_argument("--max-inflight", type=int, default=4, metavar="N",
-                      help="frames in the engine at once (default 4: as many frames a second as more would "
-                           "give on 2 cores, with less latency)")
+    live.add_argument("--max-inflight", type=int, default=None, metavar="N",
+                      help="frames of a source in the engine at once (default 4, shared out among several "
+                           "sources: as many frames a second as more would give on 2 cores, with less latency)")
     live.add_argument("--deadline-ms", type=float, default=None, metavar="D", help="cancel a frame after D ms")
     live.add_argument("--max-tokens", type=int, default=32, metavar="N", help="answer length limit (default 32)")
     live.add_argument("--no-draft", action="store_true",

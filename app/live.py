@@ -14,11 +14,13 @@ from app.cli import UsageError, realtime_dtype
 def run(args: argparse.Namespace) -> int:
     from engine import Engine, EngineConfig, SamplingParams
     from pipelines.feed import LiveFeed
+    from pipelines.live import DEFAULT_MAX_INFLIGHT
     from pipelines.sources import SourceError, open_live, redact
 
     import numpy as np
 
-    if args.fps <= 0 or args.max_inflight < 1 or (args.duration is not None and args.duration <= 0):
+    if (args.fps <= 0 or args.max_inflight is not None and args.max_inflight < 1
+            or args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
     if args.question is not None and not args.question.strip():
         raise UsageError("--question is empty")
@@ -27,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
     log = _open_log(args.output, args.json)
     opened = [open_live(source) for source in args.sources]  # every mistake fails here, before the model loads
     labels = [redact(source) for source in args.sources]
+    # The engine's total in flight is what sets latency: four sources of four frames each made the
+    # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
+    inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
     several = len(opened) > 1
     task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
     params = SamplingParams(max_tokens=args.max_tokens)
@@ -47,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted = False
     config = EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
-                          max_batch_size=max(4, args.max_inflight * len(opened)),
+                          max_batch_size=max(4, inflight * len(opened)),
                           max_draft=0 if args.no_draft else EngineConfig.max_draft)
     with Engine(config) as engine:
         # warm-up: the first step pays one-time costs a live stream should not see
@@ -57,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         # One engine for every source: their frames share its batches (continuous batching).
         feeds = [LiveFeed(engine, task, params, frames, realtime=recorded,
                           loop=args.duration is not None and recorded, fps=args.fps,
-                          max_inflight=args.max_inflight, deadline_ms=args.deadline_ms,
+                          max_inflight=inflight, deadline_ms=args.deadline_ms,
                           on_result=lambda r, label=label: show(label, r))
                  for (frames, recorded), label in zip(opened, labels)]
         t0 = time.perf_counter()

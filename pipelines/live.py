@@ -147,7 +147,8 @@ class LiveSession:
             "frames_in": self.frames_in, "submitted": self.submitted, "completed": self.completed,
             "cancelled_stale": self.cancelled_stale, "cancelled_deadline": self.cancelled_deadline,
             "cancelled_closed": self.cancelled_closed,
-            "dropped": self.dropped, "achieved_fps": self.completed / wall, "rolling_fps": rolling,
+            "dropped": self.dropped, "max_inflight": self.max_inflight,
+            "achieved_fps": self.completed / wall, "rolling_fps": rolling,
             "latency_ms": {k: _percentiles(v) for k, v in self._latency.items() if v},
         }
 

@@ -136,6 +136,7 @@ def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path
     assert main(cmd + ["--json", "-o", str(log)]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert set(stats["sources"]) == {a, b} and stats["kv_pages_in_use_after"] == 0
+    assert [s["max_inflight"] for s in stats["sources"].values()] == [2, 2]  # the default 4, shared out
     for key in ("frames_in", "completed", "dropped", "cancelled_stale"):
         assert stats[key] == sum(s[key] for s in stats["sources"].values())
     rows = [json.loads(line) for line in log.read_text().splitlines()]
@@ -148,5 +149,6 @@ def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path
     assert captured.out.count(f"{a}  ") > 3 and captured.out.count(f"{b}  ") > 3  # lines say whose they are
     assert captured.err.count("frames captioned") == 2
     assert main(["live", a, a]) == 2 and main(["live", a, str(tmp_path / "missing.mp4")]) == 2
+    assert main(["live", a, "--max-inflight", "0"]) == 2
     err = capsys.readouterr().err
-    assert "listed twice" in err and "missing.mp4" in err and "Traceback" not in err
+    assert "listed twice" in err and "--max-inflight >= 1" in err and "missing.mp4" in err and "Traceback" not in err
