@@ -331,6 +331,11 @@ def live(device: torch.device) -> dict:
             time.sleep(max(0.0, t0 + i / fps - time.perf_counter()))
         session.close()
         stats = session.stats()
+        # Every result is in, but a cancelled (stale) frame's pages go back only when the step that
+        # still included it commits ("finalize early, release late"): give the loop that moment.
+        deadline = time.perf_counter() + 5.0
+        while engine.stats().kv_pages_in_use and time.perf_counter() < deadline:
+            time.sleep(0.01)
         pages = engine.stats().kv_pages_in_use
     e2e = stats["latency_ms"].get("end_to_end", {})
     return {"model": FULL, "seconds": seconds, "offered_fps": fps, "achieved_fps": round(stats["achieved_fps"], 2),
