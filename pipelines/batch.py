@@ -32,19 +32,28 @@ class Sampling:
     every_n: int | None = None
 
     def select(self, frames: Iterable[Frame]) -> Iterator[Frame]:
-        next_t = None
-        for f in frames:
-            if self.every_n:
-                if f.index % self.every_n == 0:
-                    yield f
-            elif self.fps:
-                if next_t is None or f.pts >= next_t - 1e-9:
-                    next_t = (f.pts if next_t is None else next_t) + 1.0 / self.fps
-                    while next_t <= f.pts:
-                        next_t += 1.0 / self.fps
-                    yield f
-            else:
-                yield f
+        pick = self.picker()
+        return (f for f in frames if pick(f.index, f.pts))
+
+    def picker(self) -> Callable[[int, float], bool]:
+        """A fresh predicate over (index, pts) in decode order: whether that frame is processed.
+        A source asks it before converting a frame to RGB, the larger part of reading one."""
+        if self.every_n:
+            return lambda index, pts: index % self.every_n == 0
+        if not self.fps:
+            return lambda index, pts: True
+        step, next_t = 1.0 / self.fps, None
+
+        def pick(index: int, pts: float) -> bool:
+            nonlocal next_t
+            if next_t is not None and pts < next_t - 1e-9:
+                return False
+            next_t = (pts if next_t is None else next_t) + step
+            while next_t <= pts:
+                next_t += step
+            return True
+
+        return pick
 
 
 @dataclass
@@ -85,8 +94,10 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, pa
             on_frame(r)
 
     last_pts = 0.0
+    decoded_before = summary.frames_decoded  # a summary may span several files
     try:
-        for frame in sampling.select(_counted(source.frames(), summary)):
+        for frame in source.frames(pick=sampling.picker()):
+            summary.frames_decoded = decoded_before + source.decoded
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
             last_pts = frame.pts
@@ -106,6 +117,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, pa
                 handle.cancel()
         raise
     finally:
+        summary.frames_decoded = decoded_before + source.decoded
         summary.seconds += time.perf_counter() - t0
         summary.video_seconds += last_pts
         summary.files += 1
@@ -125,9 +137,3 @@ def merge(summaries: list[BatchSummary]) -> BatchSummary:
         total.seconds = max(total.seconds, s.seconds)  # files ran side by side
         total.video_seconds += s.video_seconds
     return total
-
-
-def _counted(frames: Iterator[Frame], summary: BatchSummary) -> Iterator[Frame]:
-    for f in frames:
-        summary.frames_decoded += 1
-        yield f

@@ -46,6 +46,7 @@ class FileSource:
         self.path = Path(path)
         self.source_id = source_id or str(path)
         self.error: str | None = None
+        self.decoded = 0  # frames decoded by the last frames() so far
         if not self.path.exists():
             if "://" in str(path):  # Path() would print it as "http:/host/..."
                 raise SourceError(f"{redact(str(path))} is a stream, not a file: `vlmstream live` reads streams")
@@ -79,16 +80,22 @@ class FileSource:
             return int(self._container.duration / 1_000_000 * self.fps)
         return None
 
-    def frames(self) -> Iterator[Frame]:
+    def frames(self, pick: Callable[[int, float], bool] | None = None) -> Iterator[Frame]:
+        """Every decoded frame in order, or those `pick(index, pts)` accepts: the others are
+        decoded (later frames may depend on them) but never converted to RGB, which costs more
+        than decoding (1.6 of 2.7 ms a 1280x720 H.264 frame). `decoded` counts them all."""
         import av
 
         index = 0
+        self.decoded = 0
         try:
             for frame in self._container.decode(self._stream):
                 pts = float(frame.time) if frame.time is not None else (index / self.fps if self.fps else 0.0)
-                rgb = frame.to_ndarray(format="rgb24")
-                rotation = getattr(frame, "rotation", 0) or 0
-                yield Frame(self.source_id, index, pts, _rotate(rgb, rotation))
+                self.decoded = index + 1
+                if pick is None or pick(index, pts):
+                    rgb = frame.to_ndarray(format="rgb24")
+                    rotation = getattr(frame, "rotation", 0) or 0
+                    yield Frame(self.source_id, index, pts, _rotate(rgb, rotation))
                 index += 1
         except (av.FFmpegError, OSError, ValueError) as e:
             self.error = f"{self.path}: decoding stopped after {index} frames: {_first_line(e)}"

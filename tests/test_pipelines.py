@@ -79,6 +79,28 @@ def test_sampling_modes():
     assert [f.index for f in Sampling(fps=2).select(frames)] == [0, 15, 30, 45, 60, 75]
 
 
+def test_a_source_converts_only_the_frames_picked(tmp_path, monkeypatch):
+    import av
+
+    pts = [0, 40, 100, 110, 300, 330, 700, 760, 1000]  # variable frame rate: fps picks by time
+    path = write_video(tmp_path / "vfr.mkv", "libx264", n=len(pts), pts=pts, time_base=Fraction(1, 1000))
+    with FileSource(path) as src:
+        every = list(src.frames())
+    converted = []
+    real = av.VideoFrame.to_ndarray
+    monkeypatch.setattr(av.VideoFrame, "to_ndarray", lambda self, **kw: converted.append(1) or real(self, **kw))
+    for sampling in (Sampling(fps=4), Sampling(every_n=3), Sampling()):
+        converted.clear()
+        with FileSource(path) as src:
+            picked = list(src.frames(pick=sampling.picker()))
+            assert src.decoded == len(pts)
+        expected = list(sampling.select(every))
+        assert [(f.index, f.pts) for f in picked] == [(f.index, f.pts) for f in expected]
+        assert all(np.array_equal(a.rgb, b.rgb) for a, b in zip(picked, expected))
+        assert len(converted) == len(expected) < len(pts) or sampling == Sampling()
+    assert [f.index for f in Sampling(fps=4).select(every)] == [0, 4, 6, 7, 8]  # at or after 0, .25, .5, .75, 1 s
+
+
 @pytest.mark.parametrize("make, needle", [
     (lambda p: None, "not found"),
     (lambda p: p.write_bytes(b""), "empty"),
