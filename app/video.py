@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     kind = out.suffix.lower().lstrip(".") if out else None
     if out and kind not in FORMATS:
         raise UsageError("-o must end in .jsonl, .srt or .vtt, or name a folder (end it with /)")
+    if args.annotate and not ann_dir and Path(args.annotate).suffix.lower() != ".mp4":
+        raise UsageError("--annotate must end in .mp4, or name a folder (end it with /)")
     if args.format and not out_dir:
         raise UsageError("--format goes with -o FOLDER/ (a file's extension gives its format)")
     formats = _formats(args.format or "jsonl") if out_dir else ()
@@ -114,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
             summary.errors.append(f"{path}: cannot write its results: {e}")
         finally:
             if bar:
+                with print_lock:
+                    bar.update(max(0, summary.frames_decoded - shown))  # frames after the last one picked
                 bar.close()
             else:
                 with print_lock:

@@ -353,6 +353,7 @@ def test_a_folder_gives_each_video_its_own_outputs(tmp_path, small_folder, capsy
         (["-o", str(tmp_path / "one.jsonl"), "--format", "srt"], "--format goes with -o FOLDER/"),
         (["-o", f"{out}/", "--format", "srt", "--resume"], "--resume needs"),
         (["-o", str(tmp_path / "missing" / "one.jsonl")], "no folder"),
+        (["-o", f"{out}/", "--annotate", str(tmp_path / "one")], "--annotate must end in .mp4"),
     ]:
         assert main(["video", str(root), "--model", "/no/such/model", *bad]) == 2, bad
         err = capsys.readouterr().err
