@@ -225,6 +225,11 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UsageError("--port must be within 1..65535")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no network calls from this machine
+    _check_listen(args.host, args.port)  # a port in use is one line, before the model loads
+    if args.source and args.source not in sample_videos():
+        from pipelines.sources import open_live
+
+        open_live(args.source)  # a missing file or camera, a bad URL scheme: SourceError, exit 2
     dtype = realtime_dtype(args.device, args.dtype)
     service = Service(Settings(model=args.model, device=args.device, dtype=dtype))
     try:
@@ -239,3 +244,21 @@ def run(args: argparse.Namespace) -> int:
         service.remove_outputs()
     return 0
 
+
+
+def _check_listen(host: str, port: int) -> None:
+    import socket
+
+    from app.cli import UsageError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host}: {e.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e} (choose another --port)") from None

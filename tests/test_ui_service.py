@@ -208,3 +208,21 @@ def test_large_frames_are_scaled_down_for_the_page():
     assert img.size == (MAX_PAGE_WIDTH, 540)
     small = Image.open(io.BytesIO(base64.b64decode(jpeg_data_uri(np.zeros((360, 640, 3), np.uint8)).split(",")[1])))
     assert small.size == (640, 360)
+
+
+def test_ui_command_mistakes_are_one_line_before_the_model_loads(capsys):
+    import socket
+
+    from app.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["ui", "--port", str(port), "--model", "/no/such/model"]) == 2
+    assert main(["ui", "--source", "/no/such/video.mp4", "--model", "/no/such/model"]) == 2
+    assert main(["ui", "--host", "no-such-host.invalid", "--model", "/no/such/model"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("vlmstream: error: ") for line in lines), err
+    assert "already in use" in lines[0] and "video not found" in lines[1] and "no-such-host.invalid" in lines[2]
