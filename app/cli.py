@@ -280,6 +280,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the output folder {cfg.out}: {e.strerror or e}") from None
+    if not os.access(cfg.out, os.W_OK):
+        raise UsageError(f"cannot write into {cfg.out}: permission denied")
+    try:
         report = train(cfg)
     except ValueError as e:  # an --init folder that cannot be continued
         raise UsageError(str(e)) from None
@@ -294,13 +300,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise UsageError("--n must be >= 1")
-    bar = tqdm(total=args.n, desc="eval-tiny", unit="scene", disable=args.json)
+    bar = None  # made at the first scene: a model that does not load prints its error alone
 
     def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc="eval-tiny", unit="scene", disable=args.json)
         bar.update(done - bar.n)
 
     report = evaluate(args.model, args.n, args.device, args.dtype, progress, args.renderer)
-    bar.close()
+    if bar is not None:
+        bar.close()
     _print_report(report, args.json, format_report)
     return 0
 

@@ -133,6 +133,9 @@ def test_eval_tiny_reports_which_renderer_drew_the_scenes(capsys):
     with pytest.raises(SystemExit) as e:
         main(["eval-tiny", "--renderer", "pil"])
     assert e.value.code == 2
+    capsys.readouterr()
+    assert main(["eval-tiny", "--model", "/no/such/model"]) == 2
+    assert capsys.readouterr().err == "vlmstream: error: model folder not found: /no/such/model\n"  # no bar first
 
 
 def test_train_tiny_rejects_bad_settings_before_starting(capsys, tmp_path):
@@ -143,3 +146,7 @@ def test_train_tiny_rejects_bad_settings_before_starting(capsys, tmp_path):
     assert main(["train-tiny", "--out", str(tmp_path), "--vision-share", "1"]) == 2
     assert "vision-only share" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
+    (tmp_path / "file").write_text("")
+    assert main(["train-tiny", "--out", str(tmp_path / "file" / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot create the output folder" in err and err.count("\n") == 1
