@@ -26,9 +26,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--question is empty")
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
-    log = _open_log(args.output, args.json)
     opened = [open_live(source) for source in args.sources]  # every mistake fails here, before the model loads
+    log = _open_log(args.output, args.json)
     labels = [redact(source) for source in args.sources]
+    if len(set(labels)) != len(labels):  # URLs that differ only in their credentials
+        labels = [f"{label} ({i + 1})" for i, label in enumerate(labels)]
     # The engine's total in flight is what sets latency: four sources of four frames each made the
     # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
