@@ -171,6 +171,7 @@ class Service:
         feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded, fps=LIVE_FPS)
         with self._lock:
             self._feeds[(session, "pull")] = feed
+            self._share_inflight()
         return feed
 
     def feed(self, session: str, kind: str = "pull"):
@@ -180,6 +181,7 @@ class Service:
     def stop_live(self, session: str, kind: str = "pull") -> None:
         with self._lock:
             feed = self._feeds.pop((session, kind), None)
+            self._share_inflight()
         if feed is not None:
             feed.close()
 
@@ -194,8 +196,20 @@ class Service:
                     feed.close()
                 feed = LiveFeed(self.engine(), task, self.params())
                 self._feeds[(session, "push")] = feed
+                self._share_inflight()
         feed.push(np.ascontiguousarray(rgb[..., :3]), source_id="browser camera")
         return feed
+
+    def _share_inflight(self) -> None:
+        """Every open feed gets an equal share of DEFAULT_MAX_INFLIGHT frames in flight (at least
+        one): the engine's total in flight sets latency, not throughput (BENCHMARKS.md, several live
+        sources), so a second viewer halves each one's share rather than doubling everyone's wait.
+        Called with the lock held."""
+        from pipelines.live import DEFAULT_MAX_INFLIGHT
+
+        share = max(1, DEFAULT_MAX_INFLIGHT // max(1, len(self._feeds)))
+        for feed in self._feeds.values():
+            feed.session.set_max_inflight(share)
 
     def close_session(self, session: str) -> None:
         for kind in ("pull", "push"):

@@ -75,6 +75,13 @@ class LiveSession:
         handle.add_done_callback(lambda h, f=frame: self._finished.put((f, h)))
         return True
 
+    def set_max_inflight(self, n: int) -> None:
+        """Change the intake limit of a running session (frames already in flight stay)."""
+        if n < 1:
+            raise ValueError("max_inflight must be >= 1")
+        with self._lock:
+            self.max_inflight = n
+
     @property
     def in_flight(self) -> int:
         with self._lock:

@@ -69,12 +69,18 @@ def test_live_feed_on_a_sample_gives_captions_for_the_frames_they_describe(servi
 
 
 def test_closing_a_tab_cancels_its_requests_and_leaves_other_tabs_running(service):
+    from pipelines.live import DEFAULT_MAX_INFLIGHT
+
     a = service.start_live("tab-a", "shapes_640x360_60fps.mp4", make_task("long"))
+    assert a.snapshot().counters["max_inflight"] == DEFAULT_MAX_INFLIGHT
     b = service.start_live("tab-b", "cuts_640x360_30fps.mp4", make_task("short"))
     try:
+        # two viewers share the frames in flight one had: the same frames a second, no longer waits
+        assert [f.snapshot().counters["max_inflight"] for f in (a, b)] == [DEFAULT_MAX_INFLIGHT // 2] * 2
         wait_for(lambda: a.snapshot().counters["completed"] >= 2 and b.snapshot().counters["completed"] >= 2)
         service.close_session("tab-a")
         assert not a.running and b.running
+        assert b.snapshot().counters["max_inflight"] == DEFAULT_MAX_INFLIGHT
         done = b.snapshot().counters["completed"]
         wait_for(lambda: b.snapshot().counters["completed"] > done + 3)
         assert a.session.in_flight == 0
