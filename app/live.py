@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         with print_lock:  # several feeds' threads report here
             if log is not None and not log_error:
                 try:
-                    log.write(json.dumps(_record(r), ensure_ascii=False) + "\n")
+                    log.write(json.dumps(r.record(), ensure_ascii=False) + "\n")
                     log.flush()
                 except OSError as e:  # disk full, a closed pipe: the run stops and says so
                     log_error.append(e)
@@ -129,14 +129,3 @@ def _open_log(output: str | None, final_json: bool):
         return open(output, "a", encoding="utf-8")
     except OSError as e:
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from None
-
-
-def _record(r) -> dict:
-    """One JSON line of the log: the fields of `video`'s JSONL, plus the wall-clock time of the
-    result and its end-to-end latency among the timings."""
-    from datetime import datetime, timezone
-
-    return {"source": r.frame.source_id, "index": r.frame.index, "pts": round(r.frame.pts, 6),
-            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-            "text": r.output.text, "token_ids": r.output.token_ids, "finish_reason": r.output.finish_reason,
-            "timings_ms": {**r.output.timings_ms, "end_to_end": round(r.end_to_end_ms, 3)}}

@@ -91,6 +91,7 @@ class Service:
         self._lock = threading.RLock()
         self._engine = None
         self._feeds: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> LiveFeed
+        self._ended: dict[tuple[str, str], object] = {}  # the last stopped feed of each, for an export
         self._history: deque = deque(maxlen=4096)  # engine stats snapshots behind the current rates
         self._scratch: Path | None = None  # this process's folder of video job outputs
         self._jobs: deque[Path] = deque()
@@ -181,6 +182,8 @@ class Service:
     def stop_live(self, session: str, kind: str = "pull") -> None:
         with self._lock:
             feed = self._feeds.pop((session, kind), None)
+            if feed is not None:
+                self._ended[(session, kind)] = feed
             self._share_inflight()
         if feed is not None:
             feed.close()
@@ -193,6 +196,7 @@ class Service:
             feed = self._feeds.get((session, "push"))
             if feed is None or feed.task != task:  # a new prompt starts a new feed
                 if feed is not None:
+                    self._ended[(session, "push")] = feed
                     feed.close()
                 feed = LiveFeed(self.engine(), task, self.params())
                 self._feeds[(session, "push")] = feed
@@ -211,9 +215,24 @@ class Service:
         for feed in self._feeds.values():
             feed.session.set_max_inflight(share)
 
+    def export_log(self, session: str, kind: str = "pull") -> Path:
+        """The captions of the session's live feed ("pull": a source, "push": its camera), or of
+        the last one it stopped, as a JSONL file among the kept outputs: the last EXPORT_LINES
+        results, one `LiveResult.record` a line."""
+        with self._lock:
+            feeds = [f for f in (self._feeds.get((session, kind)), self._ended.get((session, kind))) if f]
+        lines = next((r for r in (f.records() for f in feeds) if r), None)
+        if not lines:
+            raise UIError("nothing captioned yet: start a live source first")
+        path = self.video_job_dir() / "live-captions.jsonl"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
+
     def close_session(self, session: str) -> None:
         for kind in ("pull", "push"):
             self.stop_live(session, kind)
+            with self._lock:
+                self._ended.pop((session, kind), None)
 
     # ---------------------------------------------------------------- one image, one video
     def caption_image(self, rgb: np.ndarray, task: dict) -> dict:
@@ -289,6 +308,7 @@ class Service:
         with self._lock:
             for key in list(self._feeds):
                 self._feeds.pop(key).close()
+            self._ended.clear()
             if self._engine is not None:
                 self._engine.close(cancel=True)
                 self._engine = None

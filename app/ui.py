@@ -25,6 +25,7 @@ def build(service: Service, source: str | None = None):
 
     from app.view import chart_svg, counters_html, frame_html, log_text
     from engine import VlmstreamError
+    from pipelines.feed import EXPORT_LINES
 
     samples = sample_videos()
     default_source = source or (DEFAULT_SAMPLE if DEFAULT_SAMPLE in samples else (samples[0] if samples else ""))
@@ -76,6 +77,14 @@ def build(service: Service, source: str | None = None):
             return gr.skip()
         snap = feed.snapshot()
         return counters_html(snap.counters, service.engine_stats(), False, snap.error)
+
+    def export(kind: str):
+        def run(request: gr.Request):
+            try:
+                return str(service.export_log(request.session_hash, kind))
+            except UIError as e:
+                raise gr.Error(str(e)) from None
+        return run
 
     def webcam(rgb, kind, question, request: gr.Request):
         if rgb is None:
@@ -148,6 +157,11 @@ def build(service: Service, source: str | None = None):
                     counters = gr.HTML(elem_id="vs-counters-box")
                     log = gr.Textbox(label="Captions (newest first)", lines=14, max_lines=14, elem_id="vs-log")
             chart = gr.HTML(chart_svg([], 30.0), elem_id="vs-chart-box")
+            with gr.Row():
+                export_btn = gr.Button("Export captions (JSONL)", elem_id="vs-export", scale=1)
+                export_file = gr.File(label=f"Captions of this session (the last {EXPORT_LINES:,}, with timings)",
+                                      elem_id="vs-export-file", scale=3)
+            export_btn.click(export("pull"), None, export_file, api_name="export_live", concurrency_limit=None)
             live_inputs = [src, upload, kind, question, ckind, ctext]
             live_outputs = [frame, counters, chart, log]
             # also an API: gradio_client can follow a live source (frame HTML, counters, chart, log)
@@ -167,6 +181,10 @@ def build(service: Service, source: str | None = None):
             with gr.Row():
                 cam_kind = gr.Radio(PROMPTS, value="short", label="Prompt")
                 cam_question = gr.Textbox(label="Question")
+            with gr.Row():
+                cam_export = gr.Button("Export captions (JSONL)", scale=1)
+                cam_file = gr.File(label=f"Captions of your camera (the last {EXPORT_LINES:,}, with timings)", scale=3)
+            cam_export.click(export("push"), None, cam_file, api_name=False, concurrency_limit=None)
             cam.stream(webcam, [cam, cam_kind, cam_question], [cam_frame, cam_counters], stream_every=0.1,
                        concurrency_limit=None, show_progress="hidden", api_name=False)
         with gr.Tab("Video file"):

@@ -5,12 +5,14 @@ pump thread takes the grabber's newest frame at up to `fps` and offers it to the
 call `push(rgb)` with frames as they arrive (a browser's camera); the session's intake bound
 makes the latest frame win. Either way the feed keeps, under one lock: the newest result with
 the exact frame it describes, a rolling caption log, per-frame stage latencies for the last
-`window_s` seconds, and the session's counters. `snapshot()` copies all of it for a viewer that
-polls; `version` grows with every result so a viewer can skip redraws when nothing changed.
+`window_s` seconds, the session's counters, and the last EXPORT_LINES results as JSON lines
+(`records()`, for a download). `snapshot()` copies all but the records for a viewer that polls;
+`version` grows with every result so a viewer can skip redraws when nothing changed.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -26,6 +28,8 @@ from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
 from .sources import Frame
 
 CHART_STAGES = ("queue", "vision", "prefill", "decode")
+# Results a feed keeps for an export: ~5 minutes at 35 captions a second, ~4 MB of JSON.
+EXPORT_LINES = 10_000
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class LiveFeed:
     def __init__(self, engine: Engine, task: dict, params: SamplingParams,
                  frames: Callable[[], Iterator[Frame]] | None = None, realtime: bool = True, loop: bool = False,
                  fps: float = 60.0, max_inflight: int = DEFAULT_MAX_INFLIGHT, deadline_ms: float | None = None,
-                 window_s: float = 30.0, log_size: int = 200,
+                 window_s: float = 30.0, log_size: int = 200, record_size: int = EXPORT_LINES,
                  on_result: Callable[[LiveResult], None] | None = None):
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
         self._lock = threading.Lock()
@@ -72,6 +76,7 @@ class LiveFeed:
         self.version = 0
         self._latest: LiveResult | None = None
         self._log: deque[LogLine] = deque(maxlen=log_size)
+        self._records: deque[str] = deque(maxlen=record_size)  # JSON lines, for an export
         self._latency: deque[LatencyPoint] = deque()
         self.error: str | None = None  # one line for a page; `exception` is what was raised
         self.exception: Exception | None = None
@@ -122,6 +127,7 @@ class LiveFeed:
                 self.version += 1
 
     def _on_result(self, r: LiveResult) -> None:
+        record = json.dumps(r.record(), ensure_ascii=False)
         t = r.output.timings_ms
         stages = {"queue": t.get("queue", 0.0), "vision": t.get("preprocess", 0.0) + t.get("vision", 0.0),
                   "prefill": t.get("prefill", 0.0), "decode": t.get("decode", 0.0)}
@@ -129,6 +135,7 @@ class LiveFeed:
         with self._lock:
             self._latest = r
             self._log.append(LogLine(now, r.frame.pts, r.frame.index, r.output.text.strip(), r.end_to_end_ms))
+            self._records.append(record)
             self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
                                               r.end_to_end_ms))
             while self._latency and self._latency[0].wall < now - self.window_s:
@@ -136,6 +143,11 @@ class LiveFeed:
             self.version += 1
         if self.on_result:
             self.on_result(r)
+
+    def records(self) -> list[str]:
+        """The last EXPORT_LINES results as JSON lines (`LiveResult.record`), oldest first."""
+        with self._lock:
+            return list(self._records)
 
     def snapshot(self, full: bool = True) -> FeedSnapshot:
         """The newest result; with full=False, without log, latency history and counters (cheap

@@ -36,6 +36,18 @@ class LiveResult:
     output: RequestOutput
     end_to_end_ms: float  # from the frame's capture to its result
 
+    def record(self) -> dict:
+        """One line of a live log (`live -o`, the web UI's export): the fields of `video`'s JSONL,
+        the UTC time of the result (taken now: call it when the result arrives), and the
+        end-to-end latency among the timings."""
+        from datetime import datetime, timezone
+
+        out = self.output
+        return {"source": self.frame.source_id, "index": self.frame.index, "pts": round(self.frame.pts, 6),
+                "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                "timings_ms": {**out.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}}
+
 
 class LiveSession:
     def __init__(self, engine: Engine, task: dict, params: SamplingParams = SamplingParams(max_tokens=32),

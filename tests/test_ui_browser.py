@@ -156,6 +156,15 @@ def test_live_tab_plays_the_sample_with_captions_chart_and_counters(server, clie
         page.click("#vs-stop")
         page.wait_for_function("document.querySelector('#vs-counters') && "
                                "document.querySelector('#vs-counters').innerText.includes('stopped')", timeout=30_000)
+        # the session's captions, after Stop too, as a file the page links to
+        page.click("#vs-export")
+        link = page.locator("#vs-export-file a[download]")
+        link.wait_for(timeout=30_000)
+        with page.expect_download() as got:
+            link.click()
+        rows = [json.loads(line) for line in Path(got.value.path()).read_text().splitlines()]
+        assert len(rows) >= 10 and {int(r["index"]) for r in rows} >= {int(i) for i in indices}
+        assert all(r["text"] and r["timings_ms"]["end_to_end"] > 0 for r in rows)
         browser.close()
     engine_idle(client)  # stopped and closed: nothing left running for nobody
 

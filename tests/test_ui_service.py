@@ -89,6 +89,23 @@ def test_closing_a_tab_cancels_its_requests_and_leaves_other_tabs_running(servic
     wait_for(lambda: service.engine().stats().kv_pages_in_use == 0)
 
 
+def test_a_live_session_exports_its_captions_even_after_stop(service):
+    with pytest.raises(UIError, match="nothing captioned yet"):
+        service.export_log("tab-e")
+    feed = service.start_live("tab-e", "cuts_640x360_30fps.mp4", make_task("short"))
+    wait_for(lambda: feed.snapshot().counters["completed"] >= 5)
+    service.stop_live("tab-e")
+    completed = feed.snapshot().counters["completed"]
+    rows = [json.loads(line) for line in service.export_log("tab-e").read_text().splitlines()]
+    assert len(rows) == completed  # every result, after Stop too
+    assert [r["index"] for r in rows] == sorted({r["index"] for r in rows})
+    assert rows[-1]["text"].strip() == feed.snapshot().text
+    assert all(r["source"].endswith("cuts_640x360_30fps.mp4") and r["timings_ms"]["end_to_end"] > 0 for r in rows)
+    service.close_session("tab-e")  # a closed tab's captions go with it
+    with pytest.raises(UIError):
+        service.export_log("tab-e")
+
+
 def test_browser_camera_frames_are_pushed_and_the_latest_wins(service):
     rgb = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(SAMPLES_DIR / "scene.png").convert("RGB"))
     feed = None
