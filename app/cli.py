@@ -43,9 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     vid.add_argument("files", nargs="+", metavar="FILE|FOLDER",
                      help="video files (whatever FFmpeg reads), or folders: every video in them and their "
                           "subfolders, by extension (unreadable ones there are skipped with a warning)")
-    vtask = vid.add_mutually_exclusive_group()
-    vtask.add_argument("--caption", choices=["short", "normal", "long"], help="caption length (default short)")
-    vtask.add_argument("--question", metavar="TEXT", help="a question asked about every processed frame")
+    vid.add_argument("--caption", choices=["short", "normal", "long"],
+                     help="caption length (default short, when no --question is asked)")
+    vid.add_argument("--question", metavar="TEXT", action="append",
+                     help="a question asked about every processed frame; repeat it for several (with "
+                          "--caption too, all share each frame's image encoding)")
     pick = vid.add_mutually_exclusive_group()
     pick.add_argument("--fps", type=float, metavar="N", help="process N frames per second of video")
     pick.add_argument("--every-n", type=int, metavar="N", help="process every Nth frame")

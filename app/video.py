@@ -20,13 +20,20 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from pipelines.batch import BatchSummary, Sampling, caption_file, merge
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames, prompt_label
     from pipelines.sources import FileSource, SourceError
 
     if args.fps is not None and args.fps <= 0 or args.every_n is not None and args.every_n < 1:
         raise UsageError("--fps must be > 0 and --every-n >= 1")
-    if args.question is not None and not args.question.strip():
+    questions = args.question or []
+    if any(not q.strip() for q in questions):
         raise UsageError("--question is empty")
+    if len(set(questions)) != len(questions):
+        raise UsageError("a --question is asked twice")
+    # Every prompt is asked about every frame, on one image prefix.
+    tasks = ([{"caption": args.caption}] if args.caption else []) + [{"question": q} for q in questions]
+    tasks = tasks or [{"caption": "short"}]
+    one_prompt = tasks[0] if len(tasks) == 1 else None  # what a JSONL line without a prompt answered
     out_dir, ann_dir = _folder_arg(args.output), _folder_arg(args.annotate)
     out = None if out_dir or not args.output else Path(args.output)
     kind = out.suffix.lower().lstrip(".") if out else None
@@ -49,9 +56,8 @@ def run(args: argparse.Namespace) -> int:
     _check_writable([d for d in (out_dir, ann_dir) if d],
                     [p for p in (out, None if ann_dir else plans[paths[0][0]].annotate) if p])
     params = SamplingParams(max_tokens=args.max_tokens)
-    task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
-    done = done_frames(out) if args.resume and kind == "jsonl" else {}
+    done = done_frames(out, one_prompt) if args.resume and kind == "jsonl" else {}
     shared = JsonlSink(out, append=args.resume) if kind == "jsonl" else None
     stop, write_failed = threading.Event(), threading.Event()
     print_lock = threading.Lock()
@@ -89,13 +95,14 @@ def run(args: argparse.Namespace) -> int:
                 shown = max(shown, summary.frames_decoded)
                 if out is None and not out_dir:
                     prefix = f"{name}  " if len(paths) > 1 else ""
-                    print(f"{prefix}{r.pts:9.3f}  {r.text.strip()}", flush=True)
+                    asked = "" if one_prompt else f"{prompt_label(r.prompt)}: "
+                    print(f"{prefix}{r.pts:9.3f}  {asked}{r.text.strip()}", flush=True)
 
         try:
             file_done = done
             if plan.jsonl:
                 plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
-                file_done = done_frames(plan.jsonl) if args.resume else {}
+                file_done = done_frames(plan.jsonl, one_prompt) if args.resume else {}
                 sinks.append(JsonlSink(plan.jsonl, append=args.resume))
             for sub_path, fmt in plan.subtitles:
                 sub_path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 if first is not None:
                     plan.annotate.parent.mkdir(parents=True, exist_ok=True)
                     sinks.append(AnnotatedVideoSink(plan.annotate, first.rgb.shape[1], first.rgb.shape[0]))
-            caption_file(engine, src, sinks, task, params, sampling, file_done, on_frame=show, summary=summary,
+            caption_file(engine, src, sinks, tasks, params, sampling, file_done, on_frame=show, summary=summary,
                          stop=stop)
         except KeyboardInterrupt:  # stopped by the flag: the summary still counts what was written
             stop.set()

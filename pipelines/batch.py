@@ -3,10 +3,10 @@
 Frames are submitted to the engine with a bounded number in flight (back-pressure: decoding
 never runs ahead of the engine by more than `max_inflight` frames) and their results are written
 in frame order, never dropped. Several files can run at once, each in its own thread, sharing
-one engine (which then batches their frames together). With `done` (a previous run's JSONL, read
-by `done_frames`), frames already captioned are not captioned again: their recorded results go,
-in frame order, to the sinks that do not hold them already (subtitles and an annotated MP4 are
-rebuilt whole; the JSONL only gets the new frames). A `stop` event ends a run early (Ctrl-C): its
+one engine (which then batches their frames together); several prompts about each frame share
+its image prefix. With `done` (a previous run's JSONL, read by `done_frames`), answers already
+given are not asked again: they go, in frame order, to the sinks that do not hold them already
+(subtitles and an annotated MP4 are rebuilt whole; the JSONL only gets the new answers). A `stop` event ends a run early (Ctrl-C): its
 frames still in flight are cancelled, what was written stays.
 """
 
@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from engine import Engine, SamplingParams
 
-from .sinks import FrameResult
+from .sinks import FrameResult, prompt_key
 from .sources import FileSource, Frame
 
 
@@ -67,31 +67,39 @@ class BatchSummary:
     video_seconds: float = 0.0
 
 
-def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, params: SamplingParams,
-                 sampling: Sampling, done: Mapping[tuple[str, int], FrameResult] | None = None,
+def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | list[dict], params: SamplingParams,
+                 sampling: Sampling, done: Mapping[tuple, FrameResult] | None = None,
                  max_inflight: int = 32,
                  on_frame: Callable[[FrameResult], None] | None = None,
                  summary: BatchSummary | None = None, stop: threading.Event | None = None) -> BatchSummary:
+    """task: one prompt ({"caption": "short"} or {"question": "..."}) or several, all asked about
+    every processed frame (on one shared image prefix). Sinks get each frame's answers together,
+    in prompt order; `on_frame` gets every answer."""
+    tasks = [task] if isinstance(task, dict) else list(task)
     summary = summary or BatchSummary()
-    pending: deque[tuple[Frame, object]] = deque()
+    pending: deque[tuple[Frame, list]] = deque()  # per frame: a FrameResult (recorded) or a handle per task
     t0 = time.perf_counter()
 
     def finish_one() -> None:
-        frame, handle = pending.popleft()
-        if isinstance(handle, FrameResult):  # recorded by an earlier run
-            r = handle
-            for sink in sinks:
-                if not getattr(sink, "holds_done", False):
-                    sink.write(r, frame.rgb)
-        else:
-            out = handle.result(timeout=600)
-            r = FrameResult(frame.source_id, frame.index, round(frame.pts, 6), out.text, out.token_ids,
-                            out.finish_reason, out.timings_ms)
-            for sink in sinks:
-                sink.write(r, frame.rgb)
-            summary.frames_captioned += 1
+        frame, items = pending.popleft()
+        results, new = [], []
+        for t, item in zip(tasks, items):
+            if not isinstance(item, FrameResult):  # asked now (else recorded by an earlier run)
+                out = item.result(timeout=600)
+                item = FrameResult(frame.source_id, frame.index, round(frame.pts, 6), out.text, out.token_ids,
+                                   out.finish_reason, out.timings_ms, dict(t))
+                new.append(item)
+            results.append(item)
+        for sink in sinks:
+            if not getattr(sink, "holds_done", False):
+                sink.write_frame(results, frame.rgb)
+            elif new:
+                sink.write_frame(new, frame.rgb)
+        summary.frames_captioned += bool(new)
+        summary.frames_skipped += not new
         if on_frame:
-            on_frame(r)
+            for r in results:
+                on_frame(r)
 
     last_pts = 0.0
     decoded_before = summary.frames_decoded  # a summary may span several files
@@ -101,20 +109,27 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict, pa
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
             last_pts = frame.pts
-            recorded = done.get((frame.source_id, frame.index)) if done else None
-            if recorded is not None:
-                summary.frames_skipped += 1
-                pending.append((frame, recorded))  # queued, so every sink still sees frame order
-            else:
-                pending.append((frame, engine.submit(frame.rgb, params=params, **task)))
+            items = [done.get((frame.source_id, frame.index, prompt_key(t))) if done else None for t in tasks]
+            missing = [i for i, item in enumerate(items) if item is None]
+            if len(missing) == 1:
+                items[missing[0]] = engine.submit(frame.rgb, params=params, **tasks[missing[0]])
+            elif missing:  # several prompts, one image prefix: encoded once, shared by reference count
+                ref = engine.encode_image(frame.rgb)
+                try:
+                    for i in missing:
+                        items[i] = engine.submit(ref, params=params, **tasks[i])
+                finally:
+                    ref.release()
+            pending.append((frame, items))  # recorded answers queue too, so every sink sees frame order
             if len(pending) >= max_inflight:
                 finish_one()
         while pending:
             finish_one()
     except BaseException:
-        for _, handle in pending:  # interrupted: do not leave work behind in the engine
-            if not isinstance(handle, FrameResult):
-                handle.cancel()
+        for _, items in pending:  # interrupted: do not leave work behind in the engine
+            for item in items:
+                if item is not None and not isinstance(item, FrameResult):
+                    item.cancel()
         raise
     finally:
         summary.frames_decoded = decoded_before + source.decoded

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,9 @@ import numpy as np
 
 @dataclass
 class FrameResult:
+    """One prompt's answer about one frame. `prompt` is the task it answers, {"caption": "short"}
+    or {"question": "..."}; its key and value are fields of the JSON line."""
+
     source: str
     index: int
     pts: float
@@ -25,9 +28,11 @@ class FrameResult:
     token_ids: list[int]
     finish_reason: str
     timings_ms: dict[str, float]
+    prompt: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+        d = asdict(self)
+        return json.dumps({**d, **d.pop("prompt")}, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, line: str) -> "FrameResult":
@@ -35,7 +40,29 @@ class FrameResult:
         obj = json.loads(line)
         return cls(str(obj["source"]), int(obj["index"]), float(obj["pts"]), str(obj["text"]),
                    [int(t) for t in obj.get("token_ids", [])], str(obj.get("finish_reason", "stop")),
-                   {str(k): float(v) for k, v in obj.get("timings_ms", {}).items()})
+                   {str(k): float(v) for k, v in obj.get("timings_ms", {}).items()},
+                   {k: str(obj[k]) for k in PROMPT_KEYS if k in obj})
+
+    def key(self) -> tuple:
+        return self.source, self.index, prompt_key(self.prompt)
+
+
+PROMPT_KEYS = ("caption", "question")
+
+
+def prompt_key(prompt: dict[str, str]) -> tuple:
+    return tuple(prompt.get(k) for k in PROMPT_KEYS)
+
+
+def prompt_label(prompt: dict[str, str]) -> str:
+    return prompt.get("question") or f"{prompt.get('caption', 'short')} caption"
+
+
+def frame_text(results: list[FrameResult]) -> str:
+    """What a subtitle or an annotated frame shows: the answer, or one line per prompt."""
+    if len(results) == 1:
+        return results[0].text.strip()
+    return "\n".join(f"{prompt_label(r.prompt)}: {r.text.strip()}" for r in results)
 
 
 class JsonlSink:
@@ -55,19 +82,23 @@ class JsonlSink:
         self._lock = threading.Lock()
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
-        line = r.to_json() + "\n"
+        self.write_frame([r], rgb)
+
+    def write_frame(self, results: list[FrameResult], rgb: np.ndarray | None = None) -> None:
+        text = "".join(r.to_json() + "\n" for r in results)
         with self._lock:
-            self._f.write(line)
+            self._f.write(text)
             self._f.flush()
 
     def close(self) -> None:
         self._f.close()
 
 
-def done_frames(path: str | Path) -> dict[tuple[str, int], FrameResult]:
-    """Every frame a previous run wrote to this JSONL, by (source, index) (for --resume): a
-    resumed run skips them and replays them into its other outputs (subtitles, annotated MP4)."""
-    done: dict[tuple[str, int], FrameResult] = {}
+def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None) -> dict[tuple, FrameResult]:
+    """Every answer a previous run wrote to this JSONL, by `FrameResult.key()` (for --resume): a
+    resumed run does not ask again, and replays them into its other outputs (subtitles, annotated
+    MP4). Lines without a prompt (written before lines named theirs) count as `default_prompt`'s."""
+    done: dict[tuple, FrameResult] = {}
     p = Path(path)
     if not p.exists():
         return done
@@ -76,7 +107,9 @@ def done_frames(path: str | Path) -> dict[tuple[str, int], FrameResult]:
             r = FrameResult.from_json(line)
         except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a line cut by an interruption: that frame is redone
-        done[(r.source, r.index)] = r
+        if not r.prompt and default_prompt:
+            r.prompt = dict(default_prompt)
+        done[r.key()] = r
     return done
 
 
@@ -100,7 +133,10 @@ class SubtitleSink:
         self._n = 0
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
-        text = r.text.strip()
+        self.write_frame([r], rgb)
+
+    def write_frame(self, results: list[FrameResult], rgb: np.ndarray | None = None) -> None:
+        r, text = results[0], frame_text(results)
         if self._cue and text == self._cue[1]:
             self._cue[2] = r.pts
             return
@@ -125,16 +161,20 @@ class SubtitleSink:
 
 
 def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
-    """A copy of the frame with its caption and a line of info drawn in a band at the bottom."""
+    """A copy of the frame with its caption (one line per answer) and a line of info drawn in a
+    band at the bottom."""
     from PIL import Image, ImageDraw
 
     img = Image.fromarray(np.ascontiguousarray(rgb))
     draw = ImageDraw.Draw(img)
     w, h = img.size
+    lines = [line[:200] for line in text.strip().splitlines()][: max(1, h // max(18, h // 14) - 2)] or [""]
     band = max(18, h // 14)
     font = _font(int(band * 0.7))
-    draw.rectangle((0, h - 2 * band, w, h), fill=(0, 0, 0))
-    draw.text((6, h - 2 * band + 2), text.strip()[:200], fill=(255, 255, 255), font=font)
+    top = h - (len(lines) + 1) * band
+    draw.rectangle((0, top, w, h), fill=(0, 0, 0))
+    for i, line in enumerate(lines):
+        draw.text((6, top + i * band + 2), line, fill=(255, 255, 255), font=font)
     draw.text((6, h - band + 2), info, fill=(255, 220, 0), font=font)
     return np.asarray(img)
 
@@ -162,10 +202,14 @@ class AnnotatedVideoSink:
         self._last_pts = -1
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
+        self.write_frame([r], rgb)
+
+    def write_frame(self, results: list[FrameResult], rgb: np.ndarray | None = None) -> None:
         if rgb is None:
             return
-        info = f"#{r.index} {r.pts:.3f}s  {r.timings_ms.get('total', 0):.0f} ms"
-        img = annotate(rgb[: self.height, : self.width], r.text, info)
+        r = results[0]
+        info = f"#{r.index} {r.pts:.3f}s  {max(x.timings_ms.get('total', 0) for x in results):.0f} ms"
+        img = annotate(rgb[: self.height, : self.width], frame_text(results), info)
         frame = self._av.VideoFrame.from_ndarray(img, format="rgb24")
         pts = max(int(round(r.pts * 1000)), self._last_pts + 1)  # strictly increasing
         frame.pts, self._last_pts = pts, pts

@@ -387,6 +387,49 @@ def test_resume_rebuilds_subtitles_and_annotation_from_the_jsonl(tmp_path, small
     assert _frames_in(mp4) == 12 and answers(one) == first
 
 
+def test_several_prompts_per_frame_share_its_image_and_resume_answer_by_answer(tmp_path, small_folder, capsys):
+    path = write_video(tmp_path / "v.mp4", "libx264", n=8)
+    base = ["video", str(path), "--model", str(small_folder), "--max-tokens", "3", "--every-n", "2"]
+    prompts = [("caption", "normal"), ("question", "How many shapes are there?"), ("question", "Is there a star?")]
+
+    def answers(jsonl: Path) -> dict:
+        return {(r["index"], next(k for k in ("caption", "question") if k in r), r.get("caption") or r["question"]):
+                r["token_ids"] for r in map(json.loads, jsonl.read_text().splitlines())}
+
+    # each prompt on its own: the reference the shared runs must equal
+    alone = {}
+    for i, (key, value) in enumerate(prompts):
+        one = tmp_path / f"alone-{i}.jsonl"
+        assert main(base + [f"--{key}", value, "-o", str(one)]) == 0
+        alone.update(answers(one))
+    out = tmp_path / "out"
+    cmd = base + ["--caption", "normal", "--question", prompts[1][1], "--question", prompts[2][1],
+                  "-o", f"{out}/", "--format", "jsonl,srt", "--annotate", f"{out}/"]
+    assert main(cmd) == 0
+    lines = (out / "v.jsonl").read_text().splitlines()
+    assert len(lines) == 4 * 3 and answers(out / "v.jsonl") == alone  # every answer, as if asked alone
+    cues = [c for c in (out / "v.srt").read_text().split("\n\n") if c.strip()]
+    assert cues and all(len(c.splitlines()) == 2 + 3 for c in cues)  # number, times, one line per prompt
+    assert "normal caption: " in cues[0] and "Is there a star?: " in cues[0]
+    assert _frames_in(out / "v.mp4") == 4
+    whole_srt = (out / "v.srt").read_text()
+    # interrupted in the middle of a frame: only the missing answers are asked again
+    (out / "v.jsonl").write_text("\n".join(lines[:4]) + "\n")
+    capsys.readouterr()
+    assert main(cmd + ["--resume"]) == 0
+    assert "3 frames captioned, 1 skipped (resume)" in capsys.readouterr().err
+    assert answers(out / "v.jsonl") == alone and len((out / "v.jsonl").read_text().splitlines()) == 12
+    assert (out / "v.srt").read_text() == whole_srt
+    # a JSONL from before lines named their prompt resumes as the run's one prompt
+    old = tmp_path / "old.jsonl"
+    old.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "question"}) + "\n"
+                           for line in (tmp_path / "alone-1.jsonl").read_text().splitlines()))
+    assert main(base + ["--question", prompts[1][1], "-o", str(old), "--resume"]) == 0
+    assert "0 frames captioned, 4 skipped (resume)" in capsys.readouterr().err
+    for bad in (["--question", " "], ["--question", "Why?", "--question", "Why?"]):
+        assert main(base + bad) == 2
+
+
 def test_zero_frame_video_is_an_error(tmp_path, small_folder, capsys):
     import av
 
