@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from app.cli import UsageError, realtime_dtype
+from app.outputs import FORMATS, check_writable, folder_arg, parse_formats, plan_outputs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = ([{"caption": args.caption}] if args.caption else []) + [{"question": q} for q in questions]
     tasks = tasks or [{"caption": "short"}]
     one_prompt = tasks[0] if len(tasks) == 1 else None  # what a JSONL line without a prompt answered
-    out_dir, ann_dir = _folder_arg(args.output), _folder_arg(args.annotate)
+    out_dir, ann_dir = folder_arg(args.output), folder_arg(args.annotate)
     out = None if out_dir or not args.output else Path(args.output)
     kind = out.suffix.lower().lstrip(".") if out else None
     if out and kind not in FORMATS:
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--annotate must end in .mp4, or name a folder (end it with /)")
     if args.format and not out_dir:
         raise UsageError("--format goes with -o FOLDER/ (a file's extension gives its format)")
-    formats = _formats(args.format or "jsonl") if out_dir else ()
+    formats = parse_formats(args.format or "jsonl") if out_dir else ()
     paths, skipped = _inputs(args.files, exclude=ann_dir)
     if len(paths) > 1 and kind in ("srt", "vtt"):
         raise UsageError(f"several files need a folder for their subtitles: -o FOLDER/ --format {kind}")
@@ -51,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("several files need a folder for their annotated videos: --annotate FOLDER/")
     if args.resume and kind != "jsonl" and "jsonl" not in formats:
         raise UsageError("--resume needs -o OUT.jsonl, or -o FOLDER/ with jsonl among its --format")
-    plans = _plan(paths, out_dir, formats, ann_dir, Path(args.annotate) if args.annotate else None,
+    plans = plan_outputs(paths, out_dir, formats, ann_dir, Path(args.annotate) if args.annotate else None,
                   (out, kind) if kind in ("srt", "vtt") else None)
-    _check_writable([d for d in (out_dir, ann_dir) if d],
+    check_writable([d for d in (out_dir, ann_dir) if d],
                     [p for p in (out, None if ann_dir else plans[paths[0][0]].annotate) if p])
     params = SamplingParams(max_tokens=args.max_tokens)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
@@ -228,74 +227,3 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
     if not paths:
         raise UsageError(f"none of the {len(found)} video files found can be read")
     return paths, skipped
-
-
-FORMATS = ("jsonl", "srt", "vtt")
-
-
-@dataclass(frozen=True)
-class _Outputs:
-    """Where one input file's results go, besides a JSONL shared by all files."""
-
-    jsonl: Path | None = None
-    subtitles: tuple[tuple[Path, str], ...] = ()
-    annotate: Path | None = None
-
-
-def _folder_arg(value: str | None) -> Path | None:
-    """An output argument naming a folder (an existing one, or any path ending in a separator)."""
-    if not value:
-        return None
-    p = Path(value)
-    return p if value.endswith(("/", os.sep)) or p.is_dir() else None
-
-
-def _check_writable(folders: list[Path], files: list[Path]) -> None:
-    """Output folders are made now and output files' folders must exist, so a mistyped path is a
-    one-line error before the model loads, not a traceback at the first frame."""
-    for d in folders:
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot create the output folder {d}: {e.strerror or e}") from None
-    for f in files:
-        parent = f.parent if str(f.parent) else Path(".")
-        if not parent.is_dir():
-            raise UsageError(f"cannot write {f}: no folder {parent}")
-        if f.is_dir() or not os.access(parent, os.W_OK):
-            raise UsageError(f"cannot write {f}: " + ("it is a folder" if f.is_dir() else "permission denied"))
-    for d in folders:
-        if not os.access(d, os.W_OK):
-            raise UsageError(f"cannot write into {d}: permission denied")
-
-
-def _formats(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(f.strip().lower().lstrip(".") for f in text.split(",") if f.strip()))
-    bad = [f for f in names if f not in FORMATS]
-    if bad or not names:
-        raise UsageError(f"--format takes jsonl, srt and vtt, separated by commas (got {text!r})")
-    return names
-
-
-def _plan(paths: list[tuple[str, int | None, Path]], out_dir: Path | None, formats: tuple[str, ...],
-          ann_dir: Path | None, annotate: Path | None, subtitles: tuple[Path, str] | None) -> dict[str, _Outputs]:
-    """Each input's outputs: in a folder, its path relative to the folder it was found in with the
-    format's extension (so `-o` the input folder itself puts subtitles beside the videos, where
-    players look for them). Two inputs that would write one file, or an output that would
-    overwrite an input, are a UsageError before anything runs."""
-    plans, owner = {}, {}
-    inputs = {Path(p).resolve(): p for p, _, _ in paths}
-    for path, _, rel in paths:
-        names = {f: out_dir / rel.with_suffix("." + f) for f in formats} if out_dir else {}
-        if subtitles:  # -o OUT.srt: one file
-            names = {subtitles[1]: subtitles[0]}
-        ann = ann_dir / rel.with_suffix(".mp4") if ann_dir else annotate
-        for target in [*names.values(), *([ann] if ann else [])]:
-            key = target.resolve()
-            if key in inputs:
-                raise UsageError(f"an output would overwrite the input {inputs[key]}; choose another folder")
-            if key in owner:
-                raise UsageError(f"{owner[key]} and {path} would both write {target}; caption them in separate runs")
-            owner[key] = path
-        plans[path] = _Outputs(names.get("jsonl"), tuple((p, f) for f, p in names.items() if f != "jsonl"), ann)
-    return plans

@@ -1,0 +1,84 @@
+"""Where `vlmstream video` writes: one output file, or one per video in a folder.
+
+The plan is made before anything runs, so a mistake (an unwritable path, two videos that would
+write one file, an output that would overwrite a video) is a one-line UsageError before the
+model loads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.cli import UsageError
+
+FORMATS = ("jsonl", "srt", "vtt")
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where one input file's results go, besides a JSONL shared by all files."""
+
+    jsonl: Path | None = None
+    subtitles: tuple[tuple[Path, str], ...] = ()
+    annotate: Path | None = None
+
+
+def folder_arg(value: str | None) -> Path | None:
+    """An output argument naming a folder (an existing one, or any path ending in a separator)."""
+    if not value:
+        return None
+    p = Path(value)
+    return p if value.endswith(("/", os.sep)) or p.is_dir() else None
+
+
+def check_writable(folders: list[Path], files: list[Path]) -> None:
+    """Output folders are made now and output files' folders must exist, so a mistyped path is a
+    one-line error before the model loads, not a traceback at the first frame."""
+    for d in folders:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create the output folder {d}: {e.strerror or e}") from None
+    for f in files:
+        parent = f.parent if str(f.parent) else Path(".")
+        if not parent.is_dir():
+            raise UsageError(f"cannot write {f}: no folder {parent}")
+        if f.is_dir() or not os.access(parent, os.W_OK):
+            raise UsageError(f"cannot write {f}: " + ("it is a folder" if f.is_dir() else "permission denied"))
+    for d in folders:
+        if not os.access(d, os.W_OK):
+            raise UsageError(f"cannot write into {d}: permission denied")
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(f.strip().lower().lstrip(".") for f in text.split(",") if f.strip()))
+    bad = [f for f in names if f not in FORMATS]
+    if bad or not names:
+        raise UsageError(f"--format takes jsonl, srt and vtt, separated by commas (got {text!r})")
+    return names
+
+
+def plan_outputs(paths: list[tuple[str, int | None, Path]], out_dir: Path | None, formats: tuple[str, ...],
+          ann_dir: Path | None, annotate: Path | None, subtitles: tuple[Path, str] | None) -> dict[str, Outputs]:
+    """Each input's outputs: in a folder, its path relative to the folder it was found in with the
+    format's extension (so `-o` the input folder itself puts subtitles beside the videos, where
+    players look for them). Two inputs that would write one file, or an output that would
+    overwrite an input, are a UsageError before anything runs."""
+    plans, owner = {}, {}
+    inputs = {Path(p).resolve(): p for p, _, _ in paths}
+    for path, _, rel in paths:
+        names = {f: out_dir / rel.with_suffix("." + f) for f in formats} if out_dir else {}
+        if subtitles:  # -o OUT.srt: one file
+            names = {subtitles[1]: subtitles[0]}
+        ann = ann_dir / rel.with_suffix(".mp4") if ann_dir else annotate
+        for target in [*names.values(), *([ann] if ann else [])]:
+            key = target.resolve()
+            if key in inputs:
+                raise UsageError(f"an output would overwrite the input {inputs[key]}; choose another folder")
+            if key in owner:
+                raise UsageError(f"{owner[key]} and {path} would both write {target}; caption them in separate runs")
+            owner[key] = path
+        plans[path] = Outputs(names.get("jsonl"), tuple((p, f) for f, p in names.items() if f != "jsonl"), ann)
+    return plans
