@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and kind != "jsonl" and "jsonl" not in formats:
         raise UsageError("--resume needs -o OUT.jsonl, or -o FOLDER/ with jsonl among its --format")
     plans = plan_outputs(paths, out_dir, formats, ann_dir, Path(args.annotate) if args.annotate else None,
-                  (out, kind) if kind in ("srt", "vtt") else None)
+                         (out, kind) if kind in ("srt", "vtt") else None)
     check_writable([d for d in (out_dir, ann_dir) if d],
-                    [p for p in (out, None if ann_dir else plans[paths[0][0]].annotate) if p])
+                   [p for p in (out, None if ann_dir else plans[paths[0][0]].annotate) if p])
     params = SamplingParams(max_tokens=args.max_tokens)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
     done = done_frames(out, one_prompt) if args.resume and kind == "jsonl" else {}

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -35,6 +35,7 @@ class LiveResult:
     frame: Frame
     output: RequestOutput
     end_to_end_ms: float  # from the frame's capture to its result
+    prompt: dict = field(default_factory=dict)  # {"caption": kind} or {"question": text}
 
     def record(self) -> dict:
         """One line of a live log (`live -o`, the web UI's export): the fields of `video`'s JSONL,
@@ -46,7 +47,7 @@ class LiveResult:
         return {"source": self.frame.source_id, "index": self.frame.index, "pts": round(self.frame.pts, 6),
                 "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
                 "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                "timings_ms": {**out.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}}
+                "timings_ms": {**out.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}, **self.prompt}
 
 
 class LiveSession:
@@ -58,6 +59,7 @@ class LiveSession:
         self.engine, self.task, self.params = engine, task, params
         self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
         self._last_answer: list[int] | None = None  # the latest completed frame's tokens
+        self._prompt = {k: str(task[k]) for k in ("caption", "question") if k in task}  # for the records
         self._lock = threading.Lock()
         self._inflight: deque[tuple[Frame, object, float]] = deque()  # frame order
         self._finished: queue.Queue = queue.Queue()
@@ -112,6 +114,11 @@ class LiveSession:
                     if h is handle:
                         del self._inflight[i]
                         break
+                else:
+                    # Already taken out: a newer frame won (or its deadline passed, or the session
+                    # was closed) while this one's completion waited in the queue. It was counted
+                    # as cancelled then; reporting it now would step back in time.
+                    continue
                 stale = []
                 if out.finish_reason in ("stop", "length"):
                     while self._inflight and self._inflight[0][0].index < frame.index:
@@ -121,7 +128,7 @@ class LiveSession:
                 h.cancel()
             if out.finish_reason in ("stop", "length"):
                 now = time.perf_counter()
-                result = LiveResult(frame, out, (now - frame.captured_at) * 1000.0)
+                result = LiveResult(frame, out, (now - frame.captured_at) * 1000.0, self._prompt)
                 self.completed += 1
                 self._last_answer = out.token_ids
                 self._completions.append(now)

@@ -67,6 +67,54 @@ def test_newer_result_cancels_older_frames(small_folder, monkeypatch):
     assert eng.stats().kv_pages_in_use == 0
 
 
+def test_a_frame_that_finished_just_before_a_newer_one_won_is_not_reported():
+    """Completions are queued; when a newer frame's result is handled first, the older frame's
+    (already finished, still queued) must not be reported after it: captions never step back."""
+    from engine.types import RequestOutput
+
+    class Handle:
+        def __init__(self):
+            self.callbacks, self.out = [], None
+
+        def add_done_callback(self, fn):
+            self.callbacks.append(fn)
+
+        def result(self, timeout=None):
+            return self.out
+
+        def cancel(self):
+            pass  # too late: it has finished, as a real handle would have
+
+        def finish(self, text):
+            self.out = RequestOutput(text, [1], "stop")
+            for fn in self.callbacks:
+                fn(self)
+
+    class Engine:
+        def __init__(self):
+            self.handles = []
+
+        def submit(self, rgb, params=None, draft=None, **task):
+            self.handles.append(Handle())
+            return self.handles[-1]
+
+    engine, reported = Engine(), []
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3, on_result=lambda r: reported.append(r.frame.index))
+    try:
+        frames = _frames(3)
+        for f in frames:
+            assert s.offer(f)
+        with s._lock:  # hold the session thread until both completions are queued, newest first
+            engine.handles[1].finish("newer")
+            engine.handles[0].finish("older")
+        _wait(lambda: s.completed == 1 and s.in_flight == 1)
+        engine.handles[2].finish("newest")
+        _wait(lambda: s.completed == 2)
+    finally:
+        s.close()
+    assert reported == [1, 2] and s.cancelled_stale == 1
+
+
 def test_intake_drops_when_saturated_and_deadlines_cancel(small_folder, monkeypatch):
     monkeypatch.setattr(engine_module, "Runner", FakeRunner)  # never says EOS: only max_tokens stops
     with Engine(EngineConfig(model=str(small_folder))) as eng:
@@ -113,6 +161,7 @@ def test_live_cli_logs_to_stdout_and_appends_to_a_file(small_folder, tmp_path, c
     lines = capsys.readouterr().out.splitlines()
     rows = [json.loads(line) for line in lines]  # standard output holds the log alone
     assert len(rows) > 5 and {r["source"] for r in rows} == {str(sample)}
+    assert {r["caption"] for r in rows} == {"short"} and "question" not in rows[0]  # the prompt answered
     log = tmp_path / "log.jsonl"
     assert main(cmd + ["-o", str(log)]) == 0 and main(cmd + ["-o", str(log)]) == 0
     first_run = capsys.readouterr().out.count("\n")  # caption lines still go to the terminal
