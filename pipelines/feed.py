@@ -127,7 +127,7 @@ class LiveFeed:
                 self.version += 1
 
     def _on_result(self, r: LiveResult) -> None:
-        record = json.dumps(r.record(), ensure_ascii=False)
+        record = json.dumps(r.record(), ensure_ascii=False) if self._records.maxlen else None
         t = r.output.timings_ms
         stages = {"queue": t.get("queue", 0.0), "vision": t.get("preprocess", 0.0) + t.get("vision", 0.0),
                   "prefill": t.get("prefill", 0.0), "decode": t.get("decode", 0.0)}
@@ -135,7 +135,8 @@ class LiveFeed:
         with self._lock:
             self._latest = r
             self._log.append(LogLine(now, r.frame.pts, r.frame.index, r.output.text.strip(), r.end_to_end_ms))
-            self._records.append(record)
+            if record is not None:
+                self._records.append(record)
             self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
                                               r.end_to_end_ms))
             while self._latency and self._latency[0].wall < now - self.window_s:
