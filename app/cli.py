@@ -73,9 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("sources", nargs="+", metavar="SOURCE",
                       help="a video file (played in real time), webcam:N, or a stream URL: rtsp, udp, "
                            "http(s)/HLS, rtmp, srt; several sources share one engine")
-    ltask = live.add_mutually_exclusive_group()
-    ltask.add_argument("--caption", choices=["short", "normal", "long"], help="caption length (default short)")
-    ltask.add_argument("--question", metavar="TEXT")
+    live.add_argument("--caption", choices=["short", "normal", "long"],
+                      help="caption length (default short, when no --question is asked)")
+    live.add_argument("--question", metavar="TEXT", action="append",
+                      help="a question asked about every frame; repeat it for several (with --caption too, "
+                           "all share each frame's image encoding; a frame completes with all its answers)")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     live.add_argument("--max-inflight", type=int, default=None, metavar="N",

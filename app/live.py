@@ -22,8 +22,14 @@ def run(args: argparse.Namespace) -> int:
     if (args.fps <= 0 or args.max_inflight is not None and args.max_inflight < 1
             or args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
-    if args.question is not None and not args.question.strip():
+    questions = args.question or []
+    if any(not q.strip() for q in questions):
         raise UsageError("--question is empty")
+    if len(set(questions)) != len(questions):
+        raise UsageError("a --question is asked twice")
+    # Every prompt is asked about every frame, on one image prefix.
+    tasks = ([{"caption": args.caption}] if args.caption else []) + [{"question": q} for q in questions]
+    tasks = tasks or [{"caption": "short"}]
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
     opened = [open_live(source) for source in args.sources]  # every mistake fails here, before the model loads
@@ -35,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
     # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
     several = len(opened) > 1
-    task = {"question": args.question} if args.question else {"caption": args.caption or "short"}
     params = SamplingParams(max_tokens=args.max_tokens)
     log_error: list[OSError] = []
     print_lock = threading.Lock()
@@ -44,25 +49,26 @@ def run(args: argparse.Namespace) -> int:
         with print_lock:  # several feeds' threads report here
             if log is not None and not log_error:
                 try:
-                    log.write(json.dumps(r.record(), ensure_ascii=False) + "\n")
+                    log.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in r.records()))
                     log.flush()
                 except OSError as e:  # disk full, a closed pipe: the run stops and says so
                     log_error.append(e)
             if not args.json and log is not sys.stdout:
                 prefix = f"{label}  " if several else ""
-                print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {r.output.text.strip()}", flush=True)
+                for line in r.text.splitlines() or [""]:  # one line per prompt
+                    print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {line}", flush=True)
 
     interrupted = False
     config = EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
-                          max_batch_size=max(4, inflight * len(opened)),
+                          max_batch_size=max(4, inflight * len(opened) * len(tasks)),
                           max_draft=0 if args.no_draft else EngineConfig.max_draft)
     with Engine(config) as engine:
         # warm-up: the first step pays one-time costs a live stream should not see
         frames, recorded = opened[0]
         warm = next(frames()).rgb if recorded else np.zeros((240, 320, 3), np.uint8)
-        engine.submit(warm, params=params, **task).result(timeout=120)
+        engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
         # One engine for every source: their frames share its batches (continuous batching).
-        feeds = [LiveFeed(engine, task, params, frames, realtime=recorded,
+        feeds = [LiveFeed(engine, tasks, params, frames, realtime=recorded,
                           loop=args.duration is not None and recorded, fps=args.fps,
                           max_inflight=inflight, deadline_ms=args.deadline_ms, record_size=0,  # -o logs instead
                           on_result=lambda r, label=label: show(label, r))

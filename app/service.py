@@ -218,7 +218,7 @@ class Service:
     def export_log(self, session: str, kind: str = "pull") -> Path:
         """The captions of the session's live feed ("pull": a source, "push": its camera), or of
         the last one it stopped, as a JSONL file among the kept outputs: the last EXPORT_LINES
-        results, one `LiveResult.record` a line."""
+        answers, one `LiveResult.records` line each."""
         with self._lock:
             feeds = [f for f in (self._feeds.get((session, kind)), self._ended.get((session, kind))) if f]
         lines = next((r for r in (f.records() for f in feeds) if r), None)

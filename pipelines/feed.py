@@ -5,7 +5,7 @@ pump thread takes the grabber's newest frame at up to `fps` and offers it to the
 call `push(rgb)` with frames as they arrive (a browser's camera); the session's intake bound
 makes the latest frame win. Either way the feed keeps, under one lock: the newest result with
 the exact frame it describes, a rolling caption log, per-frame stage latencies for the last
-`window_s` seconds, the session's counters, and the last EXPORT_LINES results as JSON lines
+`window_s` seconds, the session's counters, and the last EXPORT_LINES answers as JSON lines
 (`records()`, for a download). `snapshot()` copies all but the records for a viewer that polls;
 `version` grows with every result so a viewer can skip redraws when nothing changed.
 """
@@ -28,7 +28,7 @@ from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
 from .sources import Frame
 
 CHART_STAGES = ("queue", "vision", "prefill", "decode")
-# Results a feed keeps for an export: ~5 minutes at 35 captions a second, ~4 MB of JSON.
+# Answers a feed keeps for an export: ~5 minutes at 35 captions a second, ~4 MB of JSON.
 EXPORT_LINES = 10_000
 
 
@@ -65,7 +65,7 @@ class FeedSnapshot:
 
 
 class LiveFeed:
-    def __init__(self, engine: Engine, task: dict, params: SamplingParams,
+    def __init__(self, engine: Engine, task: dict | list[dict], params: SamplingParams,
                  frames: Callable[[], Iterator[Frame]] | None = None, realtime: bool = True, loop: bool = False,
                  fps: float = 60.0, max_inflight: int = DEFAULT_MAX_INFLIGHT, deadline_ms: float | None = None,
                  window_s: float = 30.0, log_size: int = 200, record_size: int = EXPORT_LINES,
@@ -127,16 +127,15 @@ class LiveFeed:
                 self.version += 1
 
     def _on_result(self, r: LiveResult) -> None:
-        record = json.dumps(r.record(), ensure_ascii=False) if self._records.maxlen else None
-        t = r.output.timings_ms
+        records = [json.dumps(x, ensure_ascii=False) for x in r.records()] if self._records.maxlen else []
+        t = r.timings_ms
         stages = {"queue": t.get("queue", 0.0), "vision": t.get("preprocess", 0.0) + t.get("vision", 0.0),
                   "prefill": t.get("prefill", 0.0), "decode": t.get("decode", 0.0)}
         now = time.time()
         with self._lock:
             self._latest = r
-            self._log.append(LogLine(now, r.frame.pts, r.frame.index, r.output.text.strip(), r.end_to_end_ms))
-            if record is not None:
-                self._records.append(record)
+            self._log.append(LogLine(now, r.frame.pts, r.frame.index, r.text, r.end_to_end_ms))
+            self._records.extend(records)
             self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
                                               r.end_to_end_ms))
             while self._latency and self._latency[0].wall < now - self.window_s:
@@ -146,7 +145,7 @@ class LiveFeed:
             self.on_result(r)
 
     def records(self) -> list[str]:
-        """The last EXPORT_LINES results as JSON lines (`LiveResult.record`), oldest first."""
+        """The last EXPORT_LINES answers as JSON lines (`LiveResult.records`), oldest first."""
         with self._lock:
             return list(self._records)
 
@@ -163,7 +162,7 @@ class LiveFeed:
             r = self._latest
             return FeedSnapshot(
                 version=self.version, running=self.running, error=self.error,
-                frame_rgb=None if r is None else r.frame.rgb, text="" if r is None else r.output.text.strip(),
+                frame_rgb=None if r is None else r.frame.rgb, text="" if r is None else r.text,
                 pts=0.0 if r is None else r.frame.pts, index=-1 if r is None else r.frame.index,
                 end_to_end_ms=0.0 if r is None else r.end_to_end_ms,
                 log=list(self._log) if full else [], latency=list(self._latency) if full else [], counters=stats)

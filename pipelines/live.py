@@ -32,36 +32,70 @@ STAGES = ("queue", "preprocess", "vision", "prefill", "first_token", "decode", "
 
 @dataclass
 class LiveResult:
-    frame: Frame
-    output: RequestOutput
-    end_to_end_ms: float  # from the frame's capture to its result
-    prompt: dict = field(default_factory=dict)  # {"caption": kind} or {"question": text}
+    """A frame's answers: one per prompt of the session, in its order (most sessions have one)."""
 
-    def record(self) -> dict:
-        """One line of a live log (`live -o`, the web UI's export): the fields of `video`'s JSONL,
-        the UTC time of the result (taken now: call it when the result arrives), and the
-        end-to-end latency among the timings."""
+    frame: Frame
+    outputs: list[RequestOutput]
+    end_to_end_ms: float  # from the frame's capture to its last answer
+    prompts: list[dict] = field(default_factory=list)  # {"caption": kind} or {"question": text} each
+
+    @property
+    def output(self) -> RequestOutput:
+        return self.outputs[0]
+
+    @property
+    def text(self) -> str:
+        """The answer, or one line per prompt ("question: answer")."""
+        if len(self.outputs) == 1:
+            return self.outputs[0].text.strip()
+        return "\n".join(f"{_label(p)}: {o.text.strip()}" for p, o in zip(self.prompts, self.outputs))
+
+    @property
+    def timings_ms(self) -> dict[str, float]:
+        """Per stage, the slowest answer's: the frame waits for all of them."""
+        merged: dict[str, float] = {}
+        for out in self.outputs:
+            for k, v in out.timings_ms.items():
+                merged[k] = max(v, merged.get(k, v))
+        return merged
+
+    def records(self) -> list[dict]:
+        """Lines of a live log (`live -o`, the web UI's export), one per prompt: the fields of
+        `video`'s JSONL, the UTC time of the result (taken now: call it when the result arrives),
+        and the frame's end-to-end latency among the timings."""
         from datetime import datetime, timezone
 
-        out = self.output
-        return {"source": self.frame.source_id, "index": self.frame.index, "pts": round(self.frame.pts, 6),
-                "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-                "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                "timings_ms": {**out.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}, **self.prompt}
+        now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+        prompts = self.prompts or [{}] * len(self.outputs)
+        return [{"source": self.frame.source_id, "index": self.frame.index, "pts": round(self.frame.pts, 6),
+                 "time": now, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                 "timings_ms": {**out.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}, **prompt}
+                for prompt, out in zip(prompts, self.outputs)]
+
+
+def _label(prompt: dict) -> str:
+    return prompt.get("question") or f"{prompt.get('caption', 'short')} caption"
 
 
 class LiveSession:
-    def __init__(self, engine: Engine, task: dict, params: SamplingParams = SamplingParams(max_tokens=32),
+    """task: one prompt ({"caption": "short"} or {"question": "..."}, plus any `Engine.submit`
+    keyword such as a constraint) or several, all asked about every frame on one image prefix
+    (a frame completes when all its answers are in)."""
+
+    def __init__(self, engine: Engine, task: dict | list[dict], params: SamplingParams = SamplingParams(max_tokens=32),
                  max_inflight: int = 2, deadline_ms: float | None = None,
                  on_result: Callable[[LiveResult], None] | None = None):
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
-        self.engine, self.task, self.params = engine, task, params
+        self.tasks = [task] if isinstance(task, dict) else list(task)
+        if not self.tasks:
+            raise ValueError("a live session needs at least one prompt")
+        self.engine, self.params = engine, params
         self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
-        self._last_answer: list[int] | None = None  # the latest completed frame's tokens
-        self._prompt = {k: str(task[k]) for k in ("caption", "question") if k in task}  # for the records
+        self._last_answers: list[list[int] | None] = [None] * len(self.tasks)  # per prompt, the latest frame's
+        self._prompts = [{k: str(t[k]) for k in ("caption", "question") if k in t} for t in self.tasks]
         self._lock = threading.Lock()
-        self._inflight: deque[tuple[Frame, object, float]] = deque()  # frame order
+        self._inflight: deque[tuple[Frame, list, float]] = deque()  # frame order; each frame's handles
         self._finished: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.frames_in = self.submitted = self.completed = 0
@@ -82,12 +116,37 @@ class LiveSession:
                 return False
             # Consecutive frames mostly get the same caption: the latest one is the draft the
             # engine verifies several tokens a step against (the answer stays the greedy one).
-            handle = self.engine.submit(frame.rgb, params=self.params, draft=self._last_answer,
-                                        **self.task)
-            self._inflight.append((frame, handle, time.perf_counter()))
+            handles = self._submit(frame)
+            self._inflight.append((frame, handles, time.perf_counter()))
             self.submitted += 1
-        handle.add_done_callback(lambda h, f=frame: self._finished.put((f, h)))
+        left, count_lock = [len(handles)], threading.Lock()
+
+        def one_done(_h) -> None:
+            with count_lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._finished.put((frame, handles))
+
+        for h in handles:
+            h.add_done_callback(one_done)
         return True
+
+    def _submit(self, frame: Frame) -> list:
+        if len(self.tasks) == 1:
+            return [self.engine.submit(frame.rgb, params=self.params, draft=self._last_answers[0], **self.tasks[0])]
+        ref = self.engine.encode_image(frame.rgb)  # one image prefix, shared by every prompt
+        handles: list = []
+        try:
+            for t, draft in zip(self.tasks, self._last_answers):
+                handles.append(self.engine.submit(ref, params=self.params, draft=draft, **t))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        finally:
+            ref.release()
+        return handles
 
     def set_max_inflight(self, n: int) -> None:
         """Change the intake limit of a running session (frames already in flight stay)."""
@@ -104,14 +163,14 @@ class LiveSession:
     def _run(self) -> None:
         while not (self._stop.is_set() and self._finished.empty() and not self.in_flight):
             try:
-                frame, handle = self._finished.get(timeout=0.005)
+                frame, handles = self._finished.get(timeout=0.005)
             except queue.Empty:
                 self._expire()
                 continue
-            out = handle.result()
+            outs = [h.result() for h in handles]
             with self._lock:
-                for i, (f, h, _) in enumerate(self._inflight):
-                    if h is handle:
+                for i, (f, hs, _) in enumerate(self._inflight):
+                    if hs is handles:
                         del self._inflight[i]
                         break
                 else:
@@ -120,19 +179,20 @@ class LiveSession:
                     # as cancelled then; reporting it now would step back in time.
                     continue
                 stale = []
-                if out.finish_reason in ("stop", "length"):
+                answered = all(o.finish_reason in ("stop", "length") for o in outs)
+                if answered:
                     while self._inflight and self._inflight[0][0].index < frame.index:
-                        stale.append(self._inflight.popleft()[1])
-                    self.cancelled_stale += len(stale)
+                        stale += self._inflight.popleft()[1]
+                        self.cancelled_stale += 1
             for h in stale:
                 h.cancel()
-            if out.finish_reason in ("stop", "length"):
+            if answered:
                 now = time.perf_counter()
-                result = LiveResult(frame, out, (now - frame.captured_at) * 1000.0, self._prompt)
+                result = LiveResult(frame, outs, (now - frame.captured_at) * 1000.0, self._prompts)
                 self.completed += 1
-                self._last_answer = out.token_ids
+                self._last_answers = [o.token_ids for o in outs]
                 self._completions.append(now)
-                for k, v in out.timings_ms.items():
+                for k, v in result.timings_ms.items():
                     if k in self._latency:
                         self._latency[k].append(v)
                 self._latency["end_to_end"].append(result.end_to_end_ms)
@@ -144,19 +204,19 @@ class LiveSession:
             return
         now = time.perf_counter()
         with self._lock:
-            late = [(f, h) for f, h, t in self._inflight if (now - t) * 1000.0 > self.deadline_ms]
-            keep = deque(x for x in self._inflight if all(x[1] is not h for _, h in late))
-            self._inflight = keep
+            late = [hs for _, hs, t in self._inflight if (now - t) * 1000.0 > self.deadline_ms]
+            self._inflight = deque(x for x in self._inflight if all(x[1] is not hs for hs in late))
             self.cancelled_deadline += len(late)
-        for _, h in late:
-            h.cancel()
+        for hs in late:
+            for h in hs:
+                h.cancel()
 
     def cancel_all(self) -> None:
         """Cancel every frame in flight (a viewer left: nobody will read these captions)."""
         with self._lock:
-            handles = [h for _, h, _ in self._inflight]
+            handles = [h for _, hs, _ in self._inflight for h in hs]
+            self.cancelled_closed += len(self._inflight)
             self._inflight.clear()
-            self.cancelled_closed += len(handles)
         for h in handles:
             h.cancel()
 

@@ -57,7 +57,7 @@ def test_newer_result_cancels_older_frames(small_folder, monkeypatch):
                         on_result=results.append)
         for f in _frames(3):
             assert s.offer(f)
-        NewestStopsFirst.stop_id = s._inflight[-1][1].id  # the newest frame's request
+        NewestStopsFirst.stop_id = s._inflight[-1][1][0].id  # the newest frame's request
         _wait(lambda: s.completed == 1 and s.in_flight == 0)
         s.close()
         st = s.stats()
@@ -201,3 +201,46 @@ def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path
     assert main(["live", a, "--max-inflight", "0"]) == 2
     err = capsys.readouterr().err
     assert "listed twice" in err and "--max-inflight >= 1" in err and "missing.mp4" in err and "Traceback" not in err
+
+
+def test_several_prompts_per_live_frame_give_each_prompts_own_answer(small_folder):
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(Path(__file__).resolve().parents[1] / "sample_videos" / "scene.png").convert("RGB"))
+    prompts = [{"caption": "normal"}, {"question": "How many shapes are there?"}, {"question": "Is there a star?"}]
+    params = SamplingParams(max_tokens=12)
+    results = []
+    with Engine(EngineConfig(model=str(small_folder), debug_checks=True)) as eng:
+        alone = [eng.submit(rgb, params=params, **p).result(timeout=60) for p in prompts]
+        s = LiveSession(eng, prompts, params, max_inflight=2, on_result=results.append)
+        for i in range(3):
+            s.offer(Frame("cam", i, i / 30, rgb))
+            _wait(lambda: s.completed == i + 1, timeout=60)
+        s.close()
+        _wait(lambda: eng.stats().kv_pages_in_use == 0)
+    assert [r.frame.index for r in results] == [0, 1, 2]
+    for r in results:  # the same answers as each prompt alone (the later frames drafted from the earlier)
+        assert [o.token_ids for o in r.outputs] == [o.token_ids for o in alone]
+        rows = r.records()
+        assert [(row.get("caption"), row.get("question")) for row in rows] == \
+            [(p.get("caption"), p.get("question")) for p in prompts]
+        assert r.text.splitlines()[1] == f"How many shapes are there?: {alone[1].text.strip()}"
+        assert all(row["timings_ms"]["end_to_end"] == round(r.end_to_end_ms, 3) for row in rows)
+
+
+def test_live_cli_asks_several_questions_about_each_frame(small_folder, tmp_path, capsys):
+    from app.cli import main
+
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    log = tmp_path / "log.jsonl"
+    assert main(["live", str(sample), "--model", str(small_folder), "--duration", "1.5", "--max-tokens", "3",
+                 "--caption", "short", "--question", "Is there a star?", "-o", str(log), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == 2 * stats["completed"] > 4  # a frame completes with both its answers
+    by_frame: dict = {}
+    for r in rows:
+        by_frame.setdefault(r["index"], []).append(r.get("caption") or r["question"])
+    assert all(v == ["short", "Is there a star?"] for v in by_frame.values())
+    assert list(by_frame) == sorted(by_frame)
+    assert main(["live", str(sample), "--question", "Why?", "--question", "Why?"]) == 2
