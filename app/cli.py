@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Sequence
@@ -142,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="index of the first training scene (a continued run takes scenes the first never saw)")
     tr.add_argument("--tiling", default=None, choices=["fill", "moondream"],
                     help="the vision tiling trained on (default: fill, the tiny model's)")
-    tr.set_defaults(func=_cmd_train)
+    tr.set_defaults(func=_lazy("app.train_tiny"))
 
     ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",
                         description="Caption and question accuracy on scenes from a seed range never used in training.")
@@ -154,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--renderer", default="world", choices=["world", "second"],
                     help="draw the scenes with the world's renderer (training's) or a second, independent one")
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    ev.set_defaults(func=_cmd_eval)
+    ev.set_defaults(func=_lazy("app.eval_tiny"))
     return p
 
 
@@ -265,62 +264,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         done[0] += 1
         print(f"[{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
 
-    _print_report(run_bench(cfg, progress), args.json, format_table)
+    print_report(run_bench(cfg, progress), args.json, format_table)
     return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from tinyvlm.train import TrainConfig, train
-
-    if min(args.steps, args.batch_size, args.threads, args.processes) < 1 or args.lr <= 0:
-        raise UsageError("--steps, --batch-size, --threads, --processes and --lr must be positive")
-    kw = {} if args.out is None else {"out": Path(args.out)}
-    try:
-        cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                          threads=args.threads, max_minutes=args.max_minutes, processes=args.processes,
-                          vision_share=args.vision_share, first_item=args.first_item, tiling=args.tiling,
-                          init=None if args.init is None else Path(args.init), **kw)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    try:
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create the output folder {cfg.out}: {e.strerror or e}") from None
-    if not os.access(cfg.out, os.W_OK):
-        raise UsageError(f"cannot write into {cfg.out}: permission denied")
-    try:
-        report = train(cfg)
-    except ValueError as e:  # an --init folder that cannot be continued
-        raise UsageError(str(e)) from None
-    print(json.dumps(report))
-    return 0
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from tinyvlm.evaluate import evaluate, format_report
-
-    if args.n < 1:
-        raise UsageError("--n must be >= 1")
-    bar = None  # made at the first scene: a model that does not load prints its error alone
-
-    def progress(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = tqdm(total=total, desc="eval-tiny", unit="scene", disable=args.json)
-        bar.update(done - bar.n)
-
-    report = evaluate(args.model, args.n, args.device, args.dtype, progress, args.renderer)
-    if bar is not None:
-        bar.close()
-    _print_report(report, args.json, format_report)
-    return 0
-
-
-def _print_report(report: dict, as_json: bool, table) -> None:
+def print_report(report: dict, as_json: bool, table) -> None:
     """One JSON object on stdout with --json, else the human table."""
     if as_json:
         json.dump(report, sys.stdout)
