@@ -47,21 +47,27 @@ def sample_videos() -> list[str]:
     return sorted(p.name for p in SAMPLES_DIR.glob("*.mp4"))
 
 
-def make_task(kind: str, question: str = "", constraint_kind: str = "none", constraint_text: str = "") -> dict:
+def make_task(kind: str, question: str = "", constraint_kind: str = "none",
+              constraint_text: str = "") -> dict | list[dict]:
     """Keyword arguments for `Engine.submit`: kind 'short' | 'normal' | 'long' (a caption) or
-    'question', plus an optional constraint (see `make_constraint`)."""
+    'question', plus an optional constraint (see `make_constraint`). Several questions, one a
+    line, give one task each (asked together about every frame, the constraint on each)."""
     if kind == "question":
-        if not (question or "").strip():
+        questions = [q.strip() for q in (question or "").splitlines() if q.strip()]
+        if not questions:
             raise UIError("the question is empty")
-        task = {"question": question.strip()}
+        if len(set(questions)) != len(questions):
+            raise UIError("a question is asked twice")
+        tasks = [{"question": q} for q in questions]
     elif kind in ("short", "normal", "long"):
-        task = {"caption": kind}
+        tasks = [{"caption": kind}]
     else:
         raise UIError(f"unknown prompt {kind!r}")
     constraint = make_constraint(constraint_kind, constraint_text or "")
     if constraint is not None:
-        task["constraint"] = constraint
-    return task
+        for t in tasks:
+            t["constraint"] = constraint
+    return tasks[0] if len(tasks) == 1 else tasks
 
 
 def make_constraint(kind: str, text: str):
@@ -235,11 +241,24 @@ class Service:
                 self._ended.pop((session, kind), None)
 
     # ---------------------------------------------------------------- one image, one video
-    def caption_image(self, rgb: np.ndarray, task: dict) -> dict:
-        out = self.engine().submit(rgb, params=self.params(), **task).result(timeout=300)
-        return {"text": out.text.strip(), "finish_reason": out.finish_reason, "timings_ms": out.timings_ms}
+    def caption_image(self, rgb: np.ndarray, task: dict | list[dict]) -> dict:
+        if isinstance(task, dict):
+            out = self.engine().submit(rgb, params=self.params(), **task).result(timeout=300)
+            return {"text": out.text.strip(), "finish_reason": out.finish_reason, "timings_ms": out.timings_ms}
+        engine = self.engine()
+        ref = engine.encode_image(rgb)  # several questions, one image encoding
+        try:
+            handles = [engine.submit(ref, params=self.params(), **t) for t in task]
+        finally:
+            ref.release()
+        outs = [h.result(timeout=300) for h in handles]
+        return {"text": "\n".join(f"{t['question']}: {o.text.strip()}" for t, o in zip(task, outs)),
+                "answers": [{"question": t["question"], "text": o.text.strip(), "finish_reason": o.finish_reason,
+                             "timings_ms": o.timings_ms} for t, o in zip(task, outs)],
+                "finish_reason": "stop" if all(o.finish_reason == "stop" for o in outs) else "length",
+                "timings_ms": {k: max(o.timings_ms.get(k, 0.0) for o in outs) for k in outs[0].timings_ms}}
 
-    def caption_video(self, path: str, task: dict, out_dir: Path, every_n: int = 1,
+    def caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                       on_progress: Callable[[int, int | None], None] | None = None) -> dict:
         """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths."""
         from pipelines.batch import BatchSummary, Sampling, caption_file
@@ -263,12 +282,14 @@ class Service:
                  SubtitleSink(paths["vtt"], "vtt", duration),
                  AnnotatedVideoSink(paths["mp4"], first.rgb.shape[1], first.rgb.shape[0])]
         rows: list[dict] = []
+        several = isinstance(task, list)
 
         def on_frame(r) -> None:
-            rows.append({"index": r.index, "pts": r.pts, "text": r.text.strip(),
+            asked = f"{r.prompt['question']}: " if several and "question" in r.prompt else ""
+            rows.append({"index": r.index, "pts": r.pts, "text": asked + r.text.strip(),
                          "ms": round(r.timings_ms.get("total", 0.0), 1)})
             if on_progress:
-                on_progress(len(rows) * every_n, total)
+                on_progress(len(rows) // (len(task) if several else 1) * every_n, total)
 
         summary = BatchSummary()
         src = FileSource(path)

@@ -20,6 +20,9 @@ PROMPTS = ["short", "normal", "long", "question"]
 CONSTRAINTS = ["none", "choices", "regex", "json schema"]
 
 
+QUESTION_LABEL = "Question (several: one a line, all asked about every frame)"
+
+
 def build(service: Service, source: str | None = None):
     import gradio as gr
 
@@ -144,7 +147,7 @@ def build(service: Service, source: str | None = None):
                                  scale=2)
             with gr.Row():
                 kind = gr.Radio(PROMPTS, value="short", label="Prompt")
-                question = gr.Textbox(label="Question", placeholder="How many shapes are there?")
+                question = gr.Textbox(label=QUESTION_LABEL, placeholder="How many shapes are there?", lines=2)
                 ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                 ctext = gr.Textbox(label="Choices (comma separated), regex or JSON schema")
             with gr.Row():
@@ -180,7 +183,7 @@ def build(service: Service, source: str | None = None):
                     cam_counters = gr.HTML()
             with gr.Row():
                 cam_kind = gr.Radio(PROMPTS, value="short", label="Prompt")
-                cam_question = gr.Textbox(label="Question")
+                cam_question = gr.Textbox(label=QUESTION_LABEL, lines=2)
             with gr.Row():
                 cam_export = gr.Button("Export captions (JSONL)", scale=1)
                 cam_file = gr.File(label=f"Captions of your camera (the last {EXPORT_LINES:,}, with timings)", scale=3)
@@ -192,7 +195,7 @@ def build(service: Service, source: str | None = None):
                 vfile = gr.File(label="Video", file_types=["video"], type="filepath", elem_id="vs-video-file")
                 with gr.Column():
                     vkind = gr.Radio(PROMPTS, value="short", label="Prompt")
-                    vquestion = gr.Textbox(label="Question")
+                    vquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)
                     every = gr.Number(1, precision=0, minimum=1, label="Every n-th frame")
                     vrun = gr.Button("Caption video", variant="primary", elem_id="vs-video-run")
             vnote = gr.Markdown(elem_id="vs-video-note")
@@ -206,7 +209,7 @@ def build(service: Service, source: str | None = None):
                 img = gr.Image(type="numpy", label="Image")
                 with gr.Column():
                     ikind = gr.Radio(PROMPTS, value="normal", label="Prompt")
-                    iquestion = gr.Textbox(label="Question")
+                    iquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)
                     ickind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                     ictext = gr.Textbox(label="Choices, regex or JSON schema")
                     irun = gr.Button("Caption", variant="primary")

@@ -53,7 +53,8 @@ def log_text(log: list[LogLine], n: int = 40) -> str:
     lines = []
     for line in reversed(log[-n:]):  # newest first
         clock = time.strftime("%H:%M:%S", time.localtime(line.wall)) + f".{int(line.wall * 1000) % 1000:03d}"
-        lines.append(f"{clock}  t={line.pts:7.2f}s  {line.end_to_end_ms:5.0f} ms  {line.text}")
+        text = line.text.replace("\n", "  |  ")  # several answers of a frame on its one line
+        lines.append(f"{clock}  t={line.pts:7.2f}s  {line.end_to_end_ms:5.0f} ms  {text}")
     return "\n".join(lines)
 
 
@@ -136,7 +137,7 @@ CSS = """
 .vs-counter b { display: block; font-size: 1.15em; }
 .vs-counter span { color: #666; font-size: 0.8em; }
 .vs-error { color: #b00020; font-weight: bold; margin-top: 6px; }
-#vs-caption { font-size: 1.2em; margin-top: 4px; }
+#vs-caption { font-size: 1.2em; margin-top: 4px; white-space: pre-line; }
 .vs-info { color: #666; font-size: 0.85em; }
 .vs-empty { color: #888; padding: 40px; border: 1px dashed #ccc; text-align: center; }
 """

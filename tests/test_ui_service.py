@@ -37,7 +37,10 @@ def test_tasks_and_constraints_from_form_fields():
         "question": "Is there a star?", "constraint": Choice(["yes", "no"])}
     assert make_constraint("regex", "(one|two)") == Regex("(one|two)")
     assert make_constraint("json schema", '{"type": "string"}') == JsonSchema({"type": "string"})
-    for bad in [("question", ""), ("medium", "")]:
+    assert make_task("question", "How many?\n\n Is there a star? \n", "choices", "yes, no, one") == [
+        {"question": "How many?", "constraint": Choice(["yes", "no", "one"])},
+        {"question": "Is there a star?", "constraint": Choice(["yes", "no", "one"])}]  # one a line
+    for bad in [("question", ""), ("medium", ""), ("question", "Why?\nWhy?")]:
         with pytest.raises(UIError):
             make_task(*bad)
     with pytest.raises(UIError, match="not valid JSON"):
@@ -104,6 +107,30 @@ def test_a_live_session_exports_its_captions_even_after_stop(service):
     service.close_session("tab-e")  # a closed tab's captions go with it
     with pytest.raises(UIError):
         service.export_log("tab-e")
+
+
+def test_several_questions_in_every_tab(service, tmp_path):
+    questions = "How many shapes are there?\nIs there a star?"
+    rgb = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    alone = [service.caption_image(rgb, make_task("question", q))["text"] for q in questions.splitlines()]
+    both = service.caption_image(rgb, make_task("question", questions))
+    assert [a["text"] for a in both["answers"]] == alone
+    assert both["text"].splitlines() == [f"{q}: {a}" for q, a in zip(questions.splitlines(), alone)]
+    feed = service.start_live("tab-q", "cuts_640x360_30fps.mp4", make_task("question", questions))
+    try:
+        snap = wait_for(lambda: (s := feed.snapshot()).counters["completed"] >= 2 and s)
+        assert [line.split(": ")[0] for line in snap.text.splitlines()] == questions.splitlines()
+    finally:
+        service.stop_live("tab-q")
+    rows = [json.loads(line) for line in service.export_log("tab-q").read_text().splitlines()]
+    assert len(rows) == 2 * feed.snapshot().counters["completed"]
+    assert [r["question"] for r in rows[:2]] == questions.splitlines() and rows[0]["index"] == rows[1]["index"]
+    service.close_session("tab-q")
+    out = service.caption_video(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), make_task("question", questions),
+                                tmp_path / "job", every_n=120)
+    assert len(out["rows"]) == 2 * out["frames"] and out["rows"][0]["text"].startswith("How many shapes are there?: ")
+    lines = [json.loads(line) for line in Path(out["paths"]["jsonl"]).read_text().splitlines()]
+    assert [r["question"] for r in lines[:2]] == questions.splitlines()
 
 
 def test_browser_camera_frames_are_pushed_and_the_latest_wins(service):
