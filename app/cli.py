@@ -42,11 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     vid.add_argument("files", nargs="+", metavar="FILE|FOLDER",
                      help="video files (whatever FFmpeg reads), or folders: every video in them and their "
                           "subfolders, by extension (unreadable ones there are skipped with a warning)")
-    vid.add_argument("--caption", choices=["short", "normal", "long"],
-                     help="caption length (default short, when no --question is asked)")
-    vid.add_argument("--question", metavar="TEXT", action="append",
-                     help="a question asked about every processed frame; repeat it for several (with "
-                          "--caption too, all share each frame's image encoding)")
+    _add_prompt_args(vid)
     pick = vid.add_mutually_exclusive_group()
     pick.add_argument("--fps", type=float, metavar="N", help="process N frames per second of video")
     pick.add_argument("--every-n", type=int, metavar="N", help="process every Nth frame")
@@ -72,11 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("sources", nargs="+", metavar="SOURCE",
                       help="a video file (played in real time), webcam:N, or a stream URL: rtsp, udp, "
                            "http(s)/HLS, rtmp, srt; several sources share one engine")
-    live.add_argument("--caption", choices=["short", "normal", "long"],
-                      help="caption length (default short, when no --question is asked)")
-    live.add_argument("--question", metavar="TEXT", action="append",
-                      help="a question asked about every frame; repeat it for several (with --caption too, "
-                           "all share each frame's image encoding; a frame completes with all its answers)")
+    _add_prompt_args(live, " (a frame completes with all its answers)")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     live.add_argument("--max-inflight", type=int, default=None, metavar="N",
@@ -166,6 +158,25 @@ def _lazy(module: str):
         return importlib.import_module(module).run(args)
 
     return run
+
+
+def _add_prompt_args(p: argparse.ArgumentParser, more: str = "") -> None:
+    p.add_argument("--caption", choices=["short", "normal", "long"],
+                   help="caption length (default short, when no --question is asked)")
+    p.add_argument("--question", metavar="TEXT", action="append",
+                   help="a question asked about every frame; repeat it for several (with --caption too: "
+                        "all share each frame's image encoding)" + more)
+
+
+def prompt_tasks(args: argparse.Namespace) -> list[dict]:
+    """The prompts of `video` and `live`: every one is asked about every frame, on one image prefix."""
+    questions = args.question or []
+    if any(not q.strip() for q in questions):
+        raise UsageError("--question is empty")
+    if len(set(questions)) != len(questions):
+        raise UsageError("a --question is asked twice")
+    tasks = ([{"caption": args.caption}] if args.caption else []) + [{"question": q} for q in questions]
+    return tasks or [{"caption": "short"}]
 
 
 def _add_model_args(p: argparse.ArgumentParser, realtime: bool = False) -> None:

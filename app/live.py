@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from app.cli import UsageError, realtime_dtype
+from app.cli import UsageError, prompt_tasks, realtime_dtype
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,14 +22,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.fps <= 0 or args.max_inflight is not None and args.max_inflight < 1
             or args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
-    questions = args.question or []
-    if any(not q.strip() for q in questions):
-        raise UsageError("--question is empty")
-    if len(set(questions)) != len(questions):
-        raise UsageError("a --question is asked twice")
-    # Every prompt is asked about every frame, on one image prefix.
-    tasks = ([{"caption": args.caption}] if args.caption else []) + [{"question": q} for q in questions]
-    tasks = tasks or [{"caption": "short"}]
+    tasks = prompt_tasks(args)
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
     opened = [open_live(source) for source in args.sources]  # every mistake fails here, before the model loads

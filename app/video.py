@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import UsageError, realtime_dtype
+from app.cli import UsageError, prompt_tasks, realtime_dtype
 from app.outputs import FORMATS, check_writable, folder_arg, parse_formats, plan_outputs
 
 
@@ -24,14 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.fps is not None and args.fps <= 0 or args.every_n is not None and args.every_n < 1:
         raise UsageError("--fps must be > 0 and --every-n >= 1")
-    questions = args.question or []
-    if any(not q.strip() for q in questions):
-        raise UsageError("--question is empty")
-    if len(set(questions)) != len(questions):
-        raise UsageError("a --question is asked twice")
-    # Every prompt is asked about every frame, on one image prefix.
-    tasks = ([{"caption": args.caption}] if args.caption else []) + [{"question": q} for q in questions]
-    tasks = tasks or [{"caption": "short"}]
+    tasks = prompt_tasks(args)
     one_prompt = tasks[0] if len(tasks) == 1 else None  # what a JSONL line without a prompt answered
     out_dir, ann_dir = folder_arg(args.output), folder_arg(args.annotate)
     out = None if out_dir or not args.output else Path(args.output)
