@@ -11,7 +11,8 @@ skipped when the time budget could not hold it):
   attention relative error max|kernel - reference| / max|reference| <= 2e-2, KV write exact,
   sampling: greedy rows exact and sampled rows equal except at float-rounding boundaries
   (>= 97 % of rows); with timings of kernel and reference;
-- engine_parity: the tiny model with kernels on vs off (tokens), pipelined vs blocking with kernels;
+- engine_parity: the tiny model with kernels on vs off (tokens), pipelined vs blocking with kernels,
+  every third image asked two prompts on one shared image prefix;
 - cuda_graphs: decode and vision graphs vs the eager path (tokens of tiny and full size; replay
   vs eager outputs of every captured bucket, which must be equal);
 - drafts: greedy answers with exact and altered drafts against none (same tokens, fewer steps),
@@ -156,9 +157,17 @@ def _run_requests(cfg: EngineConfig, n: int, tokens: int) -> list[list[int]]:
     rng = np.random.default_rng(1)
     images = [rng.integers(0, 255, (240, 320, 3), dtype=np.uint8) for _ in range(n)]
     with Engine(cfg) as engine:
-        handles = [engine.submit(img, caption="short", params=SamplingParams(
-            temperature=0.0 if i % 2 == 0 else 0.8, top_p=0.9, seed=i, max_tokens=tokens, ignore_eos=True))
-            for i, img in enumerate(images)]
+        handles = []
+        for i, img in enumerate(images):
+            params = SamplingParams(temperature=0.0 if i % 2 == 0 else 0.8, top_p=0.9, seed=i, max_tokens=tokens,
+                                    ignore_eos=True)
+            if i % 3:
+                handles.append(engine.submit(img, caption="short", params=params))
+                continue
+            ref = engine.encode_image(img)  # several prompts on one image prefix: shared, refcounted pages
+            handles += [engine.submit(ref, caption="short", params=params),
+                        engine.submit(ref, question="How many shapes are there?", params=params)]
+            ref.release()
         return [h.result(timeout=300).token_ids for h in handles]
 
 
@@ -169,7 +178,7 @@ def engine_parity(device: torch.device) -> dict:
     on = _run_requests(EngineConfig(**base, triton_kernels=True), n, tokens)
     blocking = _run_requests(EngineConfig(**base, triton_kernels=True, pipeline_depth=1), n, tokens)
     same = sum(a == b for a, b in zip(on, off))
-    return {"requests": n, "kernels_vs_torch_identical": same, "pipelined_vs_blocking_identical": on == blocking,
+    return {"requests": len(on), "kernels_vs_torch_identical": same, "pipelined_vs_blocking_identical": on == blocking,
             "ok": on == blocking}
 
 
