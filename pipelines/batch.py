@@ -104,7 +104,12 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
     last_pts = 0.0
     decoded_before = summary.frames_decoded  # a summary may span several files
     try:
-        for frame in source.frames(pick=sampling.picker()):
+        pixels_wanted = not done or any(getattr(sink, "needs_rgb", False) for sink in sinks)
+
+        def need_rgb(index: int) -> bool:  # a frame whose every answer is recorded is only replayed
+            return pixels_wanted or any((source.source_id, index, prompt_key(t)) not in done for t in tasks)
+
+        for frame in source.frames(pick=sampling.picker(), need_rgb=need_rgb):
             summary.frames_decoded = decoded_before + source.decoded
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt

@@ -189,6 +189,8 @@ def _font(size: int):
 class AnnotatedVideoSink:
     """H.264 yuv420p MP4 of the processed frames, caption and latency drawn, original timing."""
 
+    needs_rgb = True  # it draws on the frames (the other sinks write text only)
+
     def __init__(self, path: str | Path, width: int, height: int):
         import av
 

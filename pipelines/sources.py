@@ -27,7 +27,7 @@ class Frame:
     source_id: str
     index: int  # position in the source's decode order (every decoded frame counts)
     pts: float  # presentation time in seconds
-    rgb: np.ndarray = field(repr=False)  # (H, W, 3) uint8
+    rgb: np.ndarray | None = field(repr=False)  # (H, W, 3) uint8; None: not converted (see FileSource.frames)
     captured_at: float = field(default_factory=time.perf_counter)
 
 
@@ -80,10 +80,13 @@ class FileSource:
             return int(self._container.duration / 1_000_000 * self.fps)
         return None
 
-    def frames(self, pick: Callable[[int, float], bool] | None = None) -> Iterator[Frame]:
+    def frames(self, pick: Callable[[int, float], bool] | None = None,
+               need_rgb: Callable[[int], bool] | None = None) -> Iterator[Frame]:
         """Every decoded frame in order, or those `pick(index, pts)` accepts: the others are
         decoded (later frames may depend on them) but never converted to RGB, which costs more
-        than decoding (1.6 of 2.7 ms a 1280x720 H.264 frame). `decoded` counts them all."""
+        than decoding (1.6 of 2.7 ms a 1280x720 H.264 frame). A picked frame for which
+        `need_rgb(index)` is False comes without its pixels (`rgb` None): a resumed run that
+        only replays its answer. `decoded` counts them all."""
         import av
 
         index = 0
@@ -93,9 +96,12 @@ class FileSource:
                 pts = float(frame.time) if frame.time is not None else (index / self.fps if self.fps else 0.0)
                 self.decoded = index + 1
                 if pick is None or pick(index, pts):
-                    rgb = frame.to_ndarray(format="rgb24")
-                    rotation = getattr(frame, "rotation", 0) or 0
-                    yield Frame(self.source_id, index, pts, _rotate(rgb, rotation))
+                    if need_rgb is not None and not need_rgb(index):
+                        yield Frame(self.source_id, index, pts, None)
+                    else:
+                        rgb = frame.to_ndarray(format="rgb24")
+                        rotation = getattr(frame, "rotation", 0) or 0
+                        yield Frame(self.source_id, index, pts, _rotate(rgb, rotation))
                 index += 1
         except (av.FFmpegError, OSError, ValueError) as e:
             self.error = f"{self.path}: decoding stopped after {index} frames: {_first_line(e)}"

@@ -430,6 +430,25 @@ def test_several_prompts_per_frame_share_its_image_and_resume_answer_by_answer(t
         assert main(base + bad) == 2
 
 
+def test_resume_converts_only_the_frames_it_still_asks_about(tmp_path, small_folder, monkeypatch, capsys):
+    import av
+
+    path = write_video(tmp_path / "v.mp4", "libx264", n=12)
+    out = tmp_path / "o.jsonl"
+    cmd = ["video", str(path), "--model", str(small_folder), "--max-tokens", "3", "-o", str(out)]
+    assert main(cmd) == 0
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:5]) + "\n")
+    converted = []
+    real = av.VideoFrame.to_ndarray
+    monkeypatch.setattr(av.VideoFrame, "to_ndarray", lambda self, **kw: converted.append(1) or real(self, **kw))
+    assert main(cmd + ["--resume"]) == 0
+    assert len(converted) == 7  # the five answered frames are replayed without their pixels
+    assert [json.loads(x)["token_ids"] for x in out.read_text().splitlines()] == \
+        [json.loads(x)["token_ids"] for x in lines]
+    assert "7 frames captioned, 5 skipped (resume)" in capsys.readouterr().err
+
+
 def test_zero_frame_video_is_an_error(tmp_path, small_folder, capsys):
     import av
 
