@@ -48,8 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     pick.add_argument("--every-n", type=int, metavar="N", help="process every Nth frame")
     pick.add_argument("--every-frame", action="store_true", help="process every frame (the default)")
     vid.add_argument("-o", "--output", metavar="OUT",
-                     help="write OUT.jsonl, OUT.srt or OUT.vtt (by extension); or a FOLDER/: one output per "
-                          "video, named after it (subfolders kept), in each of --format's formats")
+                     help="write OUT.jsonl, OUT.srt or OUT.vtt (by extension), or JSON lines to standard "
+                          "output (-); or a FOLDER/: one output per video, named after it (subfolders kept), "
+                          "in each of --format's formats")
     vid.add_argument("--format", metavar="LIST",
                      help="with -o FOLDER/: jsonl, srt, vtt, or several separated by commas (default jsonl)")
     vid.add_argument("--annotate", metavar="OUT.mp4",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -27,8 +28,9 @@ def run(args: argparse.Namespace) -> int:
     tasks = prompt_tasks(args)
     one_prompt = tasks[0] if len(tasks) == 1 else None  # what a JSONL line without a prompt answered
     out_dir, ann_dir = folder_arg(args.output), folder_arg(args.annotate)
-    out = None if out_dir or not args.output else Path(args.output)
-    kind = out.suffix.lower().lstrip(".") if out else None
+    to_stdout = args.output == "-"  # JSON lines on standard output, for piping
+    out = None if out_dir or not args.output or to_stdout else Path(args.output)
+    kind = "jsonl" if to_stdout else out.suffix.lower().lstrip(".") if out else None
     if out and kind not in FORMATS:
         raise UsageError("-o must end in .jsonl, .srt or .vtt, or name a folder (end it with /)")
     if args.annotate and not ann_dir and Path(args.annotate).suffix.lower() != ".mp4":
@@ -41,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"several files need a folder for their subtitles: -o FOLDER/ --format {kind}")
     if len(paths) > 1 and args.annotate and not ann_dir:
         raise UsageError("several files need a folder for their annotated videos: --annotate FOLDER/")
+    if args.resume and to_stdout:
+        raise UsageError("--resume needs a JSONL file to read back, not -o -")
     if args.resume and kind != "jsonl" and "jsonl" not in formats:
         raise UsageError("--resume needs -o OUT.jsonl, or -o FOLDER/ with jsonl among its --format")
     plans = plan_outputs(paths, out_dir, formats, ann_dir, Path(args.annotate) if args.annotate else None,
@@ -50,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
     done = done_frames(out, one_prompt) if args.resume and kind == "jsonl" else {}
-    shared = JsonlSink(out, append=args.resume) if kind == "jsonl" else None
-    stop, write_failed = threading.Event(), threading.Event()
+    shared = JsonlSink(sys.stdout if to_stdout else out, append=args.resume) if kind == "jsonl" else None
+    stop, write_failed, pipe_closed = threading.Event(), threading.Event(), threading.Event()
     print_lock = threading.Lock()
     # Up to CONCURRENT_FILES run side by side, each with a bar of its own; more files than that
     # share one bar over all their frames, so a folder of hundreds does not print hundreds of bars.
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             with print_lock:
                 (bar or overall).update(max(0, summary.frames_decoded - shown))
                 shown = max(shown, summary.frames_decoded)
-                if out is None and not out_dir:
+                if out is None and not out_dir and not to_stdout:
                     prefix = f"{name}  " if len(paths) > 1 else ""
                     asked = "" if one_prompt else f"{prompt_label(r.prompt)}: "
                     print(f"{prefix}{r.pts:9.3f}  {asked}{r.text.strip()}", flush=True)
@@ -109,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
             caption_file(engine, src, sinks, tasks, params, sampling, file_done, on_frame=show, summary=summary,
                          stop=stop)
         except KeyboardInterrupt:  # stopped by the flag: the summary still counts what was written
+            stop.set()
+        except BrokenPipeError:  # -o - piped into a reader that has had enough (`head`): stop quietly
+            pipe_closed.set()
             stop.set()
         except OSError as e:  # an output cannot be written (disk full, permissions): this file fails
             write_failed.set()
@@ -165,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
           + f", {speed:.1f}x real time" + (f", outputs in {out_dir}" if out_dir else "")
           + (" (interrupted)" if interrupted else ""),
           file=sys.stderr)
+    if pipe_closed.is_set():
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return 0
     if interrupted:
         return 130
     if write_failed.is_set():

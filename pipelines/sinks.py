@@ -12,6 +12,7 @@ import json
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -72,14 +73,17 @@ class JsonlSink:
 
     holds_done = True  # a resumed run's recorded frames are already in it: not written again
 
-    def __init__(self, path: str | Path, append: bool = True):
-        self.path = Path(path)
+    def __init__(self, path: str | Path | TextIO, append: bool = True):
+        self._lock = threading.Lock()
+        if not isinstance(path, (str, Path)):  # an open stream (standard output): written, not closed
+            self.path, self._f, self._own = None, path, False
+            return
+        self.path, self._own = Path(path), True
         if append and self.path.exists():  # drop a line an interruption cut short: its frame is redone
             data = self.path.read_bytes()
             if data and not data.endswith(b"\n"):
                 self.path.write_bytes(data[: data.rfind(b"\n") + 1])
         self._f = open(self.path, "a" if append else "w", encoding="utf-8")
-        self._lock = threading.Lock()
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
         self.write_frame([r], rgb)
@@ -91,7 +95,8 @@ class JsonlSink:
             self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        if self._own:
+            self._f.close()
 
 
 def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None) -> dict[tuple, FrameResult]:

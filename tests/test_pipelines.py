@@ -204,6 +204,16 @@ def test_video_cli(tmp_path, small_folder, capsys):
     assert "error" in capsys.readouterr().err
 
 
+def test_video_json_lines_on_standard_output(tmp_path, small_folder, capsys):
+    path = write_video(tmp_path / "v.mp4", "libx264", n=9)
+    cmd = ["video", str(path), "--model", str(small_folder), "--every-n", "3", "--max-tokens", "3", "-o", "-"]
+    assert main(cmd) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # nothing else on stdout
+    assert [r["index"] for r in rows] == [0, 3, 6] and all(r["caption"] == "short" for r in rows)
+    assert main(cmd + ["--resume"]) == 2
+    assert "not -o -" in capsys.readouterr().err
+
+
 def test_sigint_keeps_results_and_resume_finishes(tmp_path, small_folder):
     import os
     import signal
