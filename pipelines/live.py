@@ -20,6 +20,7 @@ import numpy as np
 
 from engine import Engine, RequestOutput, SamplingParams
 
+from .sinks import prompt_label
 from .sources import Frame
 
 LATENCY_WINDOW = 36_000  # ten minutes at 60 fps
@@ -48,7 +49,7 @@ class LiveResult:
         """The answer, or one line per prompt ("question: answer")."""
         if len(self.outputs) == 1:
             return self.outputs[0].text.strip()
-        return "\n".join(f"{_label(p)}: {o.text.strip()}" for p, o in zip(self.prompts, self.outputs))
+        return "\n".join(f"{prompt_label(p)}: {o.text.strip()}" for p, o in zip(self.prompts, self.outputs))
 
     @property
     def timings_ms(self) -> dict[str, float]:
@@ -71,10 +72,6 @@ class LiveResult:
                  "time": now, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
                  "timings_ms": {**out.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}, **prompt}
                 for prompt, out in zip(prompts, self.outputs)]
-
-
-def _label(prompt: dict) -> str:
-    return prompt.get("question") or f"{prompt.get('caption', 'short')} caption"
 
 
 class LiveSession:
