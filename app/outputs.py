@@ -61,7 +61,8 @@ def parse_formats(text: str) -> tuple[str, ...]:
 
 
 def plan_outputs(paths: list[tuple[str, int | None, Path]], out_dir: Path | None, formats: tuple[str, ...],
-          ann_dir: Path | None, annotate: Path | None, subtitles: tuple[Path, str] | None) -> dict[str, Outputs]:
+                 ann_dir: Path | None, annotate: Path | None,
+                 subtitles: tuple[Path, str] | None) -> dict[str, Outputs]:
     """Each input's outputs: in a folder, its path relative to the folder it was found in with the
     format's extension (so `-o` the input folder itself puts subtitles beside the videos, where
     players look for them). Two inputs that would write one file, or an output that would

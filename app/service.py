@@ -245,14 +245,10 @@ class Service:
         if isinstance(task, dict):
             out = self.engine().submit(rgb, params=self.params(), **task).result(timeout=300)
             return {"text": out.text.strip(), "finish_reason": out.finish_reason, "timings_ms": out.timings_ms}
-        engine = self.engine()
-        ref = engine.encode_image(rgb)  # several questions, one image encoding
-        try:
-            handles = [engine.submit(ref, params=self.params(), **t) for t in task]
-        finally:
-            ref.release()
-        outs = [h.result(timeout=300) for h in handles]
-        return {"text": "\n".join(f"{t['question']}: {o.text.strip()}" for t, o in zip(task, outs)),
+        from pipelines.prompts import answers_text, ask
+
+        outs = [h.result(timeout=300) for h in ask(self.engine(), rgb, task, self.params())]
+        return {"text": answers_text(task, [o.text for o in outs]),
                 "answers": [{"question": t["question"], "text": o.text.strip(), "finish_reason": o.finish_reason,
                              "timings_ms": o.timings_ms} for t, o in zip(task, outs)],
                 "finish_reason": "stop" if all(o.finish_reason == "stop" for o in outs) else "length",

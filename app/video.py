@@ -20,7 +20,8 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from pipelines.batch import BatchSummary, Sampling, caption_file, merge
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames, prompt_label
+    from pipelines.prompts import prompt_label
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
     from pipelines.sources import FileSource, SourceError
 
     if args.fps is not None and args.fps <= 0 or args.every_n is not None and args.every_n < 1:
@@ -47,10 +48,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--resume needs a JSONL file to read back, not -o -")
     if args.resume and kind != "jsonl" and "jsonl" not in formats:
         raise UsageError("--resume needs -o OUT.jsonl, or -o FOLDER/ with jsonl among its --format")
-    plans = plan_outputs(paths, out_dir, formats, ann_dir, Path(args.annotate) if args.annotate else None,
-                         (out, kind) if kind in ("srt", "vtt") else None)
-    check_writable([d for d in (out_dir, ann_dir) if d],
-                   [p for p in (out, None if ann_dir else plans[paths[0][0]].annotate) if p])
+    ann_file = Path(args.annotate) if args.annotate and not ann_dir else None
+    plans = plan_outputs(paths, out_dir, formats, ann_dir, ann_file, (out, kind) if kind in ("srt", "vtt") else None)
+    check_writable([d for d in (out_dir, ann_dir) if d], [p for p in (out, ann_file) if p])
     params = SamplingParams(max_tokens=args.max_tokens)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
     done = done_frames(out, one_prompt) if args.resume and kind == "jsonl" else {}

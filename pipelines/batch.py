@@ -20,7 +20,8 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from engine import Engine, SamplingParams
 
-from .sinks import FrameResult, prompt_key
+from .prompts import ask, prompt_key
+from .sinks import FrameResult
 from .sources import FileSource, Frame
 
 
@@ -116,15 +117,9 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             last_pts = frame.pts
             items = [done.get((frame.source_id, frame.index, prompt_key(t))) if done else None for t in tasks]
             missing = [i for i, item in enumerate(items) if item is None]
-            if len(missing) == 1:
-                items[missing[0]] = engine.submit(frame.rgb, params=params, **tasks[missing[0]])
-            elif missing:  # several prompts, one image prefix: encoded once, shared by reference count
-                ref = engine.encode_image(frame.rgb)
-                try:
-                    for i in missing:
-                        items[i] = engine.submit(ref, params=params, **tasks[i])
-                finally:
-                    ref.release()
+            if missing:  # several prompts share one image encoding
+                for i, handle in zip(missing, ask(engine, frame.rgb, [tasks[i] for i in missing], params)):
+                    items[i] = handle
             pending.append((frame, items))  # recorded answers queue too, so every sink sees frame order
             if len(pending) >= max_inflight:
                 finish_one()

@@ -20,7 +20,8 @@ import numpy as np
 
 from engine import Engine, RequestOutput, SamplingParams
 
-from .sinks import prompt_label
+from .prompts import answers_text, ask
+from .sinks import FrameResult
 from .sources import Frame
 
 LATENCY_WINDOW = 36_000  # ten minutes at 60 fps
@@ -47,9 +48,7 @@ class LiveResult:
     @property
     def text(self) -> str:
         """The answer, or one line per prompt ("question: answer")."""
-        if len(self.outputs) == 1:
-            return self.outputs[0].text.strip()
-        return "\n".join(f"{prompt_label(p)}: {o.text.strip()}" for p, o in zip(self.prompts, self.outputs))
+        return answers_text(self.prompts, [o.text for o in self.outputs])
 
     @property
     def timings_ms(self) -> dict[str, float]:
@@ -67,11 +66,11 @@ class LiveResult:
         from datetime import datetime, timezone
 
         now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-        prompts = self.prompts or [{}] * len(self.outputs)
-        return [{"source": self.frame.source_id, "index": self.frame.index, "pts": round(self.frame.pts, 6),
-                 "time": now, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                 "timings_ms": {**out.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}, **prompt}
-                for prompt, out in zip(prompts, self.outputs)]
+        f = self.frame
+        return [{**FrameResult(f.source_id, f.index, round(f.pts, 6), out.text, out.token_ids, out.finish_reason,
+                               {**out.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}, dict(prompt)).to_dict(),
+                 "time": now}
+                for prompt, out in zip(self.prompts or [{}] * len(self.outputs), self.outputs)]
 
 
 class LiveSession:
@@ -113,7 +112,7 @@ class LiveSession:
                 return False
             # Consecutive frames mostly get the same caption: the latest one is the draft the
             # engine verifies several tokens a step against (the answer stays the greedy one).
-            handles = self._submit(frame)
+            handles = ask(self.engine, frame.rgb, self.tasks, self.params, self._last_answers)
             self._inflight.append((frame, handles, time.perf_counter()))
             self.submitted += 1
         left, count_lock = [len(handles)], threading.Lock()
@@ -128,22 +127,6 @@ class LiveSession:
         for h in handles:
             h.add_done_callback(one_done)
         return True
-
-    def _submit(self, frame: Frame) -> list:
-        if len(self.tasks) == 1:
-            return [self.engine.submit(frame.rgb, params=self.params, draft=self._last_answers[0], **self.tasks[0])]
-        ref = self.engine.encode_image(frame.rgb)  # one image prefix, shared by every prompt
-        handles: list = []
-        try:
-            for t, draft in zip(self.tasks, self._last_answers):
-                handles.append(self.engine.submit(ref, params=self.params, draft=draft, **t))
-        except BaseException:
-            for h in handles:
-                h.cancel()
-            raise
-        finally:
-            ref.release()
-        return handles
 
     def set_max_inflight(self, n: int) -> None:
         """Change the intake limit of a running session (frames already in flight stay)."""

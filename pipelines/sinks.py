@@ -16,6 +16,8 @@ from typing import TextIO
 
 import numpy as np
 
+from .prompts import PROMPT_KEYS, answers_text, prompt_key
+
 
 @dataclass
 class FrameResult:
@@ -31,9 +33,13 @@ class FrameResult:
     timings_ms: dict[str, float]
     prompt: dict[str, str] = field(default_factory=dict)
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict:
+        """The JSON line's fields: the prompt's key and value among them."""
         d = asdict(self)
-        return json.dumps({**d, **d.pop("prompt")}, ensure_ascii=False)
+        return {**d, **d.pop("prompt")}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
 
     @classmethod
     def from_json(cls, line: str) -> "FrameResult":
@@ -48,22 +54,8 @@ class FrameResult:
         return self.source, self.index, prompt_key(self.prompt)
 
 
-PROMPT_KEYS = ("caption", "question")
-
-
-def prompt_key(prompt: dict[str, str]) -> tuple:
-    return tuple(prompt.get(k) for k in PROMPT_KEYS)
-
-
-def prompt_label(prompt: dict[str, str]) -> str:
-    return prompt.get("question") or f"{prompt.get('caption', 'short')} caption"
-
-
 def frame_text(results: list[FrameResult]) -> str:
-    """What a subtitle or an annotated frame shows: the answer, or one line per prompt."""
-    if len(results) == 1:
-        return results[0].text.strip()
-    return "\n".join(f"{prompt_label(r.prompt)}: {r.text.strip()}" for r in results)
+    return answers_text([r.prompt for r in results], [r.text for r in results])
 
 
 class JsonlSink:

@@ -1,0 +1,50 @@
+"""Prompts: what a frame is asked ({"caption": kind} or {"question": text}, plus any other
+`Engine.submit` keyword such as a constraint), how an answer names its prompt, and asking
+several prompts about one frame on a single image encoding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine import Engine, SamplingParams
+
+PROMPT_KEYS = ("caption", "question")
+
+
+def prompt_key(prompt: dict[str, str]) -> tuple:
+    return tuple(prompt.get(k) for k in PROMPT_KEYS)
+
+
+def prompt_label(prompt: dict[str, str]) -> str:
+    return prompt.get("question") or f"{prompt.get('caption', 'short')} caption"
+
+
+def answers_text(prompts: list[dict[str, str]], texts: list[str]) -> str:
+    """What a frame's answers show as (subtitle, drawn band, web page): the answer, or one line
+    per prompt ("label: answer")."""
+    if len(texts) == 1:
+        return texts[0].strip()
+    return "\n".join(f"{prompt_label(p)}: {t.strip()}" for p, t in zip(prompts, texts))
+
+
+def ask(engine: Engine, rgb: np.ndarray, tasks: list[dict], params: SamplingParams,
+        drafts: list[list[int] | None] | None = None) -> list:
+    """Submit every prompt about one frame; several share its image prefix (encoded once, the
+    pages refcounted). Returns the handles in prompt order; on a failure, those already
+    submitted are cancelled."""
+    drafts = drafts or [None] * len(tasks)
+    if len(tasks) == 1:
+        return [engine.submit(rgb, params=params, draft=drafts[0], **tasks[0])]
+    ref = engine.encode_image(rgb)
+    handles: list = []
+    try:
+        for t, draft in zip(tasks, drafts):
+            handles.append(engine.submit(ref, params=params, draft=draft, **t))
+    except BaseException:
+        for h in handles:
+            h.cancel()
+        raise
+    finally:
+        ref.release()
+    return handles
