@@ -164,13 +164,15 @@ class LiveSession:
                     while self._inflight and self._inflight[0][0].index < frame.index:
                         stale += self._inflight.popleft()[1]
                         self.cancelled_stale += 1
+                    # Under the lock that took the frame out of flight: the next frame offered
+                    # (the moment a slot frees) already drafts from these answers.
+                    self._last_answers = [o.token_ids for o in outs]
             for h in stale:
                 h.cancel()
             if answered:
                 now = time.perf_counter()
                 result = LiveResult(frame, outs, (now - frame.captured_at) * 1000.0, self._prompts)
                 self.completed += 1
-                self._last_answers = [o.token_ids for o in outs]
                 self._completions.append(now)
                 for k, v in result.timings_ms.items():
                     if k in self._latency:
