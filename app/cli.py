@@ -1,6 +1,7 @@
 """`vlmstream` command line.
 
     vlmstream image IMAGE [--model tiny|DIR] (--caption short|normal|long | --question TEXT)
+                          [--choices A,B,... | --regex PATTERN | --json-schema FILE|JSON]
                           [--temperature T] [--top-p P] [--max-tokens N] [--seed S]
                           [--device cpu|cuda] [--dtype D] [--json]
 
@@ -15,6 +16,8 @@ import sys
 import time
 from typing import Sequence
 
+from app.errors import UsageError
+from app.prompt_args import add_constraint_args, add_prompt_args, prompt_tasks
 from engine.errors import VlmstreamError
 
 EXIT_USAGE = 2
@@ -32,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     task.add_argument("--caption", choices=["short", "normal", "long"],
                       help="caption length (default: normal, unless --question is given)")
     task.add_argument("--question", metavar="TEXT", help="a question about the image")
+    add_constraint_args(img)
     _add_sampling_args(img)
     img.add_argument("--json", action="store_true",
                      help="print one JSON object: text, token_ids, finish_reason, timings_ms")
@@ -42,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     vid.add_argument("files", nargs="+", metavar="FILE|FOLDER",
                      help="video files (whatever FFmpeg reads), or folders: every video in them and their "
                           "subfolders, by extension (unreadable ones there are skipped with a warning)")
-    _add_prompt_args(vid)
+    add_prompt_args(vid)
     pick = vid.add_mutually_exclusive_group()
     pick.add_argument("--fps", type=float, metavar="N", help="process N frames per second of video")
     pick.add_argument("--every-n", type=int, metavar="N", help="process every Nth frame")
@@ -69,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("sources", nargs="+", metavar="SOURCE",
                       help="a video file (played in real time), webcam:N, or a stream URL: rtsp, udp, "
                            "http(s)/HLS, rtmp, srt; several sources share one engine")
-    _add_prompt_args(live, " (a frame completes with all its answers)")
+    add_prompt_args(live, " (a frame completes with all its answers)")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     live.add_argument("--max-inflight", type=int, default=None, metavar="N",
@@ -161,25 +165,6 @@ def _lazy(module: str):
     return run
 
 
-def _add_prompt_args(p: argparse.ArgumentParser, more: str = "") -> None:
-    p.add_argument("--caption", choices=["short", "normal", "long"],
-                   help="caption length (default short, when no --question is asked)")
-    p.add_argument("--question", metavar="TEXT", action="append",
-                   help="a question asked about every frame; repeat it for several (with --caption too: "
-                        "all share each frame's image encoding)" + more)
-
-
-def prompt_tasks(args: argparse.Namespace) -> list[dict]:
-    """The prompts of `video` and `live`: every one is asked about every frame, on one image prefix."""
-    questions = args.question or []
-    if any(not q.strip() for q in questions):
-        raise UsageError("--question is empty")
-    if len(set(questions)) != len(questions):
-        raise UsageError("a --question is asked twice")
-    tasks = ([{"caption": args.caption}] if args.caption else []) + [{"question": q} for q in questions]
-    return tasks or [{"caption": "short"}]
-
-
 def _add_model_args(p: argparse.ArgumentParser, realtime: bool = False) -> None:
     p.add_argument("--model", default="tiny", metavar="tiny|DIR",
                    help="'tiny' (embedded default) or a local Moondream 2 folder (default: tiny)")
@@ -219,9 +204,7 @@ def _cmd_image(args: argparse.Namespace) -> int:
 
     # Validate everything cheap before the model loads.
     params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
-    if args.question is not None and not args.question.strip():
-        raise UsageError("--question is empty")
-    caption = args.caption or (None if args.question is not None else "normal")
+    task = prompt_tasks(args, default_caption="normal")[0]
     rgb = read_image(args.image)
 
     t0 = time.perf_counter()
@@ -236,8 +219,7 @@ def _cmd_image(args: argparse.Namespace) -> int:
         out.write(piece)
         out.flush()
 
-    result = decoder.generate(rgb, caption=caption, question=args.question, params=params,
-                              on_text=on_text if stream else None)
+    result = decoder.generate(rgb, params=params, on_text=on_text if stream else None, **task)
     if args.json:
         json.dump({
             "text": result.text,
@@ -287,10 +269,6 @@ def print_report(report: dict, as_json: bool, table) -> None:
         sys.stdout.write("\n")
     else:
         print(table(report))
-
-
-class UsageError(VlmstreamError):
-    """A bad combination of command-line arguments (exit code 2, like every user mistake)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

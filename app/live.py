@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
                           max_batch_size=max(4, inflight * len(opened) * len(tasks)),
                           max_draft=0 if args.no_draft else EngineConfig.max_draft)
     with Engine(config) as engine:
+        for t in tasks:
+            if "constraint" in t:  # one that cannot compile is an error before any frame is asked
+                engine.check_constraint(t["constraint"])
         # warm-up: the first step pays one-time costs a live stream should not see
         frames, recorded = opened[0]
         warm = next(frames()).rgb if recorded else np.zeros((240, 320, 3), np.uint8)

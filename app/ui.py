@@ -89,11 +89,11 @@ def build(service: Service, source: str | None = None):
                 raise gr.Error(str(e)) from None
         return run
 
-    def webcam(rgb, kind, question, request: gr.Request):
+    def webcam(rgb, kind, question, ckind, ctext, request: gr.Request):
         if rgb is None:
             return gr.skip(), gr.skip()
         try:
-            feed = service.push_frame(request.session_hash, rgb, make_task(kind, question))
+            feed = service.push_frame(request.session_hash, rgb, make_task(kind, question, ckind, ctext))
         except (UIError, VlmstreamError) as e:
             return frame_html(None, f"error: {e}"), gr.skip()
         snap = feed.snapshot()
@@ -108,7 +108,7 @@ def build(service: Service, source: str | None = None):
             raise gr.Error(str(e)) from None
         return out["text"], out
 
-    def video(path, kind, question, every_n, progress=gr.Progress()):
+    def video(path, kind, question, every_n, ckind="none", ctext="", progress=gr.Progress()):
         if not path:
             raise gr.Error("upload a video first")
         out_dir = service.video_job_dir()
@@ -117,7 +117,8 @@ def build(service: Service, source: str | None = None):
             progress((min(done, total), total) if total else done, desc="captioning", unit="frames")
 
         try:
-            out = service.caption_video(path, make_task(kind, question), out_dir, int(every_n or 1), on_progress)
+            out = service.caption_video(path, make_task(kind, question, ckind, ctext), out_dir, int(every_n or 1),
+                                        on_progress)
         except (UIError, VlmstreamError, OSError) as e:
             raise gr.Error(str(e)) from None
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"]]
@@ -184,11 +185,13 @@ def build(service: Service, source: str | None = None):
             with gr.Row():
                 cam_kind = gr.Radio(PROMPTS, value="short", label="Prompt")
                 cam_question = gr.Textbox(label=QUESTION_LABEL, lines=2)
+                cam_ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
+                cam_ctext = gr.Textbox(label="Choices (comma separated), regex or JSON schema")
             with gr.Row():
                 cam_export = gr.Button("Export captions (JSONL)", scale=1)
                 cam_file = gr.File(label=f"Captions of your camera (the last {EXPORT_LINES:,}, with timings)", scale=3)
             cam_export.click(export("push"), None, cam_file, api_name=False, concurrency_limit=None)
-            cam.stream(webcam, [cam, cam_kind, cam_question], [cam_frame, cam_counters], stream_every=0.1,
+            cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext], [cam_frame, cam_counters], stream_every=0.1,
                        concurrency_limit=None, show_progress="hidden", api_name=False)
         with gr.Tab("Video file"):
             with gr.Row():
@@ -196,13 +199,15 @@ def build(service: Service, source: str | None = None):
                 with gr.Column():
                     vkind = gr.Radio(PROMPTS, value="short", label="Prompt")
                     vquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)
+                    vckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
+                    vctext = gr.Textbox("", label="Choices (comma separated), regex or JSON schema")
                     every = gr.Number(1, precision=0, minimum=1, label="Every n-th frame")
                     vrun = gr.Button("Caption video", variant="primary", elem_id="vs-video-run")
             vnote = gr.Markdown(elem_id="vs-video-note")
             vtable = gr.Dataframe(headers=["frame", "time (s)", "caption", "ms"], wrap=True, elem_id="vs-video-table")
             vfiles = gr.File(label="Downloads (SRT, VTT, JSONL, annotated MP4)", file_count="multiple")
             vvideo = gr.Video(label="Annotated video")
-            vrun.click(video, [vfile, vkind, vquestion, every], [vnote, vtable, vfiles, vvideo],
+            vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext], [vnote, vtable, vfiles, vvideo],
                        api_name="caption_video", concurrency_limit=2)
         with gr.Tab("Image"):
             with gr.Row():

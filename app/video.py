@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
     done = done_frames(out, one_prompt) if args.resume and kind == "jsonl" else {}
-    shared = JsonlSink(sys.stdout if to_stdout else out, append=args.resume) if kind == "jsonl" else None
+    shared = None  # the one JSONL of every file: opened (afresh, without --resume) once the model is up
     stop, write_failed, pipe_closed = threading.Event(), threading.Event(), threading.Event()
     print_lock = threading.Lock()
     # Up to CONCURRENT_FILES run side by side, each with a bar of its own; more files than that
@@ -144,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
     summaries: list[BatchSummary] = []
     with Engine(EngineConfig(model=args.model, device=args.device,
                              dtype=realtime_dtype(args.device, args.dtype))) as engine:
+        for t in tasks:
+            if "constraint" in t:  # one that cannot compile is an error before any output is touched
+                engine.check_constraint(t["constraint"])
+        shared = JsonlSink(sys.stdout if to_stdout else out, append=args.resume) if kind == "jsonl" else None
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(CONCURRENT_FILES, len(paths))) as pool:
             futures = [pool.submit(process, i, path) for i, (path, _, _) in enumerate(paths)]

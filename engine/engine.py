@@ -153,6 +153,11 @@ class Engine:
             ref.release()
         return handle
 
+    def check_constraint(self, constraint: Any) -> None:
+        """Compile a constraint now (kept for the requests that use it): one that cannot compile
+        raises ConstraintError here, before any request is made with it."""
+        self._compile(constraint)
+
     def _compile(self, constraint: Any):
         """Compiled automata are cached per constraint (many frames ask the same thing)."""
         with self._post_lock:

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from engine import Engine, SamplingParams
 
-from .prompts import ask, prompt_key
+from .prompts import ask, prompt_key, prompt_of
 from .sinks import FrameResult
 from .sources import FileSource, Frame
 
@@ -88,7 +88,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             if not isinstance(item, FrameResult):  # asked now (else recorded by an earlier run)
                 out = item.result(timeout=600)
                 item = FrameResult(frame.source_id, frame.index, round(frame.pts, 6), out.text, out.token_ids,
-                                   out.finish_reason, out.timings_ms, dict(t))
+                                   out.finish_reason, out.timings_ms, prompt_of(t))
                 new.append(item)
             results.append(item)
         for sink in sinks:

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine import Engine, RequestOutput, SamplingParams
 
-from .prompts import answers_text, ask
+from .prompts import answers_text, ask, prompt_of
 from .sinks import FrameResult
 from .sources import Frame
 
@@ -89,7 +89,7 @@ class LiveSession:
         self.engine, self.params = engine, params
         self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
         self._last_answers: list[list[int] | None] = [None] * len(self.tasks)  # per prompt, the latest frame's
-        self._prompts = [{k: str(t[k]) for k in ("caption", "question") if k in t} for t in self.tasks]
+        self._prompts = [prompt_of(t) for t in self.tasks]
         self._lock = threading.Lock()
         self._inflight: deque[tuple[Frame, list, float]] = deque()  # frame order; each frame's handles
         self._finished: queue.Queue = queue.Queue()

@@ -12,6 +12,11 @@ from engine import Engine, SamplingParams
 PROMPT_KEYS = ("caption", "question")
 
 
+def prompt_of(task: dict) -> dict[str, str]:
+    """What a result records of the task it answers: its caption or question (not its constraint)."""
+    return {k: str(task[k]) for k in PROMPT_KEYS if k in task}
+
+
 def prompt_key(prompt: dict[str, str]) -> tuple:
     return tuple(prompt.get(k) for k in PROMPT_KEYS)
 

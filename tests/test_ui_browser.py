@@ -105,6 +105,10 @@ def test_api_captions_a_video_with_downloads(client):
     jsonl = next(f for f in files if f.endswith(".jsonl"))
     assert [json.loads(line)["text"].strip() for line in Path(jsonl).read_text().splitlines()] == [r[2] for r in rows]
     assert Path(video["video"] if isinstance(video, dict) else video).stat().st_size > 1000
+    # a question with its answers constrained, as on the Live tab
+    _, table, _, _ = client.predict(handle_file(str(SAMPLES / "cuts_640x360_30fps.mp4")), "question",
+                                    "Is there a star?", 120, "choices", "yes, no", api_name="/caption_video")
+    assert len(table["data"]) >= 3 and {r[2] for r in table["data"]} <= {"yes", "no"}
 
 
 def launch(p, *args):

@@ -1,0 +1,103 @@
+"""Constrained answers from the command line: --choices, --regex, --json-schema in image, video
+and live, each belonging to the prompt written before it."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from app.cli import _parser, main
+from app.prompt_args import UsageError, prompt_tasks
+from engine import Choice, JsonSchema, Regex
+from engine.models.loader import load_model
+from engine.reference import ReferenceDecoder
+from engine.types import SamplingParams
+from pipelines.image_file import read_image
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENE = ROOT / "sample_videos" / "scene.png"
+CLIP = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+SCHEMA = {"type": "object", "properties": {"count": {"enum": ["one", "two", "three"]}}, "required": ["count"]}
+
+
+def tasks_of(*argv):
+    return prompt_tasks(_parser().parse_args(["video", "clip.mp4", *argv]))
+
+
+def test_a_constraint_belongs_to_the_prompt_before_it():
+    tasks = tasks_of("--caption", "short", "--question", "Is the door open?", "--choices", "yes, no,yes",
+                     "--question", "How many?", "--regex", "[0-9]+")
+    assert tasks == [{"caption": "short"},
+                     {"question": "Is the door open?", "constraint": Choice(["yes", "no"])},
+                     {"question": "How many?", "constraint": Regex("[0-9]+")}]
+    # with one prompt, the place does not matter; the default caption takes it too
+    assert tasks_of("--choices", "a,b", "--question", "Q") == [{"question": "Q", "constraint": Choice(["a", "b"])}]
+    assert tasks_of("--regex", "x+") == [{"caption": "short", "constraint": Regex("x+")}]
+    assert tasks_of("--caption", "long", "--json-schema", json.dumps(SCHEMA), "--question", "Q")[0] == {
+        "caption": "long", "constraint": JsonSchema(SCHEMA)}
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--choices", "a,b", "--question", "Q1", "--question", "Q2"], "write --choices after the --question"),
+    (["--question", "Q", "--choices", "a", "--regex", "b"], "--choices and --regex given for one prompt"),
+    (["--choices", " , "], "--choices needs at least one choice"),
+    (["--regex", "("], "--regex is not a valid regular expression"),
+    (["--regex", ""], "--regex is empty"),
+    (["--json-schema", "missing.json"], "no such file 'missing.json'"),
+    (["--json-schema", '{"type": '], "--json-schema is not valid JSON"),
+    (["--json-schema", '{"type": "object"} [1]'], "--json-schema is not valid JSON"),
+])
+def test_constraint_mistakes_are_usage_errors(argv, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        tasks_of(*argv)
+
+
+def test_image_answers_within_the_constraint_as_the_reference_decoder_does(capsys, small_folder, tmp_path):
+    # random weights: whatever the answer is, the constraint alone makes it one of the choices
+    choices = ["red", "green", "blue"]
+    assert main(["image", str(SCENE), "--model", str(small_folder), "--question", "What color?",
+                 "--choices", ",".join(choices), "--max-tokens", "8", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["text"] in choices and r["finish_reason"] == "stop"
+    ref = ReferenceDecoder(load_model(str(small_folder))).generate(
+        read_image(SCENE), question="What color?", params=SamplingParams(max_tokens=8), constraint=Choice(choices))
+    assert r["token_ids"] == ref.token_ids
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    assert main(["image", str(SCENE), "--model", str(small_folder), "--json-schema", str(schema),
+                 "--max-tokens", "40", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["finish_reason"] == "stop" and json.loads(r["text"])["count"] in SCHEMA["properties"]["count"]["enum"]
+
+
+def test_image_constraint_that_cannot_compile_is_one_line(capsys, small_folder):
+    assert main(["image", str(SCENE), "--model", str(small_folder), "--regex", "(?=a)a"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlmstream: error: cannot compile") and err.count("\n") == 1
+
+
+def test_video_questions_each_keep_their_constraint(tmp_path, small_folder, capsys):
+    out = tmp_path / "out.jsonl"
+    base = ["video", str(CLIP), "--model", str(small_folder), "--fps", "1", "--max-tokens", "6", "-o", str(out)]
+    assert main(base + ["--caption", "short", "--question", "Is there a star?", "--choices", "yes,no",
+                        "--question", "How many shapes?", "--regex", "[1-4]"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 * 16  # a 16-second clip at one frame a second, three answers each
+    stars = [r["text"] for r in rows if r.get("question") == "Is there a star?"]
+    counts = [r["text"] for r in rows if r.get("question") == "How many shapes?"]
+    assert len(stars) == len(counts) == 16
+    assert set(stars) <= {"yes", "no"} and all(re.fullmatch("[1-4]", t) for t in counts)
+    assert all("constraint" not in r for r in rows)
+    # a pattern that parses but cannot compile stops the run before the JSONL is touched
+    before = out.read_text()
+    assert main(base + ["--question", "Q", "--regex", "(?=a)a"]) == 2
+    assert out.read_text() == before and "cannot compile" in capsys.readouterr().err
+
+
+def test_live_answers_within_the_constraint(tmp_path, small_folder, capsys):
+    log = tmp_path / "log.jsonl"
+    assert main(["live", str(CLIP), "--model", str(small_folder), "--duration", "1.5", "--max-tokens", "4",
+                 "--question", "Is there a star?", "--choices", "yes,no", "-o", str(log), "--json"]) == 0
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) > 4 and {r["text"] for r in rows} <= {"yes", "no"}
