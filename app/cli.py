@@ -86,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
                            "(same answers, for comparison)")
     _add_model_args(live, realtime=True)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
+    live.add_argument("--changes", action="store_true",
+                      help="print (and log) an answer only when it changes, with the answer it replaced: "
+                           "events instead of every frame")
+    live.add_argument("--hold", type=int, default=None, metavar="N",
+                      help="with --changes, a new answer counts once N frames in a row gave it (default 1)")
     live.add_argument("-o", "--output", metavar="OUT.jsonl",
                       help="append one JSON line per captioned frame (source, index, pts, UTC time, text, "
                            "token ids, timings); '-' writes them to standard output instead of the captions")

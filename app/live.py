@@ -13,7 +13,9 @@ from app.cli import UsageError, prompt_tasks, realtime_dtype
 
 def run(args: argparse.Namespace) -> int:
     from engine import Engine, EngineConfig, SamplingParams
+    from pipelines.changes import AnswerChanges
     from pipelines.feed import LiveFeed
+    from pipelines.prompts import prompt_label
     from pipelines.live import DEFAULT_MAX_INFLIGHT
     from pipelines.sources import SourceError, open_live, redact
 
@@ -22,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
     if (args.fps <= 0 or args.max_inflight is not None and args.max_inflight < 1
             or args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
+    if args.hold is not None and (not args.changes or args.hold < 1):
+        raise UsageError("--hold N goes with --changes, N >= 1")
     tasks = prompt_tasks(args)
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
@@ -38,17 +42,29 @@ def run(args: argparse.Namespace) -> int:
     log_error: list[OSError] = []
     print_lock = threading.Lock()
 
+    # --changes: each source's answers are followed, and only the new ones reported
+    changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
+
     def show(label: str, r) -> None:
         with print_lock:  # several feeds' threads report here
+            if changes is None:
+                records, lines = r.records(), r.text.splitlines() or [""]  # one line per prompt
+            else:
+                new = changes[label].update(r)
+                if not new:
+                    return
+                records = AnswerChanges.records(r, new)
+                lines = [(f"{prompt_label(r.prompts[c.prompt])}: " if len(r.prompts) > 1 else "") + c.text
+                         + ("" if c.previous is None else f"  (was: {c.previous})") for c in new]
             if log is not None and not log_error:
                 try:
-                    log.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in r.records()))
+                    log.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records))
                     log.flush()
                 except OSError as e:  # disk full, a closed pipe: the run stops and says so
                     log_error.append(e)
             if not args.json and log is not sys.stdout:
                 prefix = f"{label}  " if several else ""
-                for line in r.text.splitlines() or [""]:  # one line per prompt
+                for line in lines:
                     print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {line}", flush=True)
 
     interrupted = False
@@ -98,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     stats = per_source[0] if not several else {
         **{k: sum(s[k] for s in per_source) for k in _SUMMED},
         "sources": dict(zip(labels, per_source))}
+    if changes is not None:  # answers reported as changed, per source
+        for s, label in zip(per_source, labels):
+            s["changes"] = changes[label].count
+        stats["changes"] = sum(c.count for c in changes.values())
     es = engine.stats()
     stats["kv_pages_in_use_after"] = es.kv_pages_in_use
     stats["draft_tokens"] = {"proposed": es.draft_proposed, "accepted": es.draft_accepted}

@@ -159,7 +159,7 @@ def build(service: Service, source: str | None = None):
                     frame = gr.HTML(frame_html(None), elem_id="vs-frame-box")
                 with gr.Column(scale=2):
                     counters = gr.HTML(elem_id="vs-counters-box")
-                    log = gr.Textbox(label="Captions (newest first)", lines=14, max_lines=14, elem_id="vs-log")
+                    log = gr.Textbox(label="Captions, a line each time they change (newest first)", lines=14, max_lines=14, elem_id="vs-log")
             chart = gr.HTML(chart_svg([], 30.0), elem_id="vs-chart-box")
             with gr.Row():
                 export_btn = gr.Button("Export captions (JSONL)", elem_id="vs-export", scale=1)

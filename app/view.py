@@ -51,10 +51,12 @@ def frame_html(snap: FeedSnapshot | None, message: str = "") -> str:
 
 def log_text(log: list[LogLine], n: int = 40) -> str:
     lines = []
-    for line in reversed(log[-n:]):  # newest first
-        clock = time.strftime("%H:%M:%S", time.localtime(line.wall)) + f".{int(line.wall * 1000) % 1000:03d}"
+    for line in reversed(log[-n:]):  # newest first; a line per run of frames with the same answers
+        clock = (time.strftime("%H:%M:%S", time.localtime(line.first_wall))
+                 + f".{int(line.first_wall * 1000) % 1000:03d}")
         text = line.text.replace("\n", "  |  ")  # several answers of a frame on its one line
-        lines.append(f"{clock}  t={line.pts:7.2f}s  {line.end_to_end_ms:5.0f} ms  {text}")
+        run = f"  ({line.frames} frames to t={line.pts:.2f}s)" if line.frames > 1 else ""
+        lines.append(f"{clock}  t={line.first_pts:7.2f}s  {line.end_to_end_ms:5.0f} ms  {text}{run}")
     return "\n".join(lines)
 
 

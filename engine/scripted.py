@@ -27,7 +27,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.nn.functional as F
 
-from .models.text import MIN_GEMM_ROWS, TextModel
+from .models.text import TextModel
 from .models.vision import VisionModel
 
 

@@ -4,7 +4,7 @@ Two ways in. Pull: give a function returning frame iterators (a file, a stream, 
 pump thread takes the grabber's newest frame at up to `fps` and offers it to the session. Push:
 call `push(rgb)` with frames as they arrive (a browser's camera); the session's intake bound
 makes the latest frame win. Either way the feed keeps, under one lock: the newest result with
-the exact frame it describes, a rolling caption log, per-frame stage latencies for the last
+the exact frame it describes, a caption log (a line per run of identical answers), per-frame stage latencies for the last
 `window_s` seconds, the session's counters, and the last EXPORT_LINES answers as JSON lines
 (`records()`, for a download). `snapshot()` copies all but the records for a viewer that polls;
 `version` grows with every result so a viewer can skip redraws when nothing changed.
@@ -34,11 +34,26 @@ EXPORT_LINES = 10_000
 
 @dataclass(frozen=True)
 class LogLine:
-    wall: float  # time.time() when the result arrived
-    pts: float
+    """A run of frames that got the same answers (a line of the caption log): the log of a 60 fps
+    stream says what changed and when, not the same caption sixty times a second."""
+
+    wall: float  # time.time() when the run's last result arrived
+    pts: float  # the run's last frame
     index: int
     text: str
-    end_to_end_ms: float
+    end_to_end_ms: float  # the last frame's
+    first_wall: float = 0.0  # when the run began (its first result)
+    first_pts: float = 0.0
+    frames: int = 1
+
+
+def extend_log(log: deque[LogLine], wall: float, pts: float, index: int, text: str, end_to_end_ms: float) -> None:
+    """Add a result to the log: the newest run grows if the answers are the same, else a run starts."""
+    last = log[-1] if log else None
+    if last is not None and last.text == text:
+        log[-1] = LogLine(wall, pts, index, text, end_to_end_ms, last.first_wall, last.first_pts, last.frames + 1)
+    else:
+        log.append(LogLine(wall, pts, index, text, end_to_end_ms, wall, pts))
 
 
 @dataclass(frozen=True)
@@ -134,7 +149,7 @@ class LiveFeed:
         now = time.time()
         with self._lock:
             self._latest = r
-            self._log.append(LogLine(now, r.frame.pts, r.frame.index, r.text, r.end_to_end_ms))
+            extend_log(self._log, now, r.frame.pts, r.frame.index, r.text, r.end_to_end_ms)
             self._records.extend(records)
             self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
                                               r.end_to_end_ms))

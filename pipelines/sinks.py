@@ -36,7 +36,8 @@ class FrameResult:
     def to_dict(self) -> dict:
         """The JSON line's fields: the prompt's key and value among them."""
         d = asdict(self)
-        return {**d, **d.pop("prompt")}
+        prompt = d.pop("prompt")
+        return {**d, **prompt}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False)

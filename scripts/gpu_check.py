@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from app.service import SAMPLES_DIR, Service, Settings, UIError, make_constraint, make_task, sample_videos
-from app.view import chart_svg, counters_html, frame_html
+from app.view import chart_svg, counters_html, frame_html, log_text
 from engine import Choice, JsonSchema, Regex, VlmstreamError
-from pipelines.feed import LatencyPoint
+from pipelines.feed import LatencyPoint, extend_log
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +213,21 @@ def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
     assert service.settings.model == "tiny" and service.engine() is not engine  # old engine replaced, still usable
     with pytest.raises(UIError):
         service.apply(Settings(max_tokens=0))
+
+
+def test_the_caption_log_has_a_line_per_run_of_identical_answers():
+    from collections import deque
+
+    log = deque(maxlen=3)
+    answers = ["a red circle"] * 50 + ["a blue star"] + ["a red circle"] * 2 + ["two circles"] * 3
+    for i, text in enumerate(answers):
+        extend_log(log, 1000.0 + i / 60, i / 60, i, text, 20.0 + i)
+    assert [(x.text, x.frames, x.index) for x in log] == [("a blue star", 1, 50), ("a red circle", 2, 52),
+                                                          ("two circles", 3, 55)]
+    assert log[-1].first_pts == 53 / 60 and log[-1].end_to_end_ms == 75.0  # the run's start, its last latency
+    newest, _, oldest = log_text(list(log)).splitlines()
+    assert "two circles  (3 frames to t=0.92s)" in newest and "t=   0.88s" in newest
+    assert oldest.endswith("a blue star")  # one frame: no run
 
 
 def test_views_render_what_the_snapshot_holds():

@@ -1,0 +1,68 @@
+"""`live --changes`: answers reported when they change, after holding for --hold frames."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from engine.types import RequestOutput
+from pipelines.changes import AnswerChanges
+from pipelines.live import LiveResult
+from pipelines.sources import Frame
+
+CLIP = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+PROMPTS = [{"question": "Is the door open?"}, {"question": "How many people?"}]
+
+
+def results(answers: list[tuple[str, str]]):
+    for i, texts in enumerate(answers):
+        yield LiveResult(Frame("cam", i, i / 10, None), [RequestOutput(t, [], "stop") for t in texts], 5.0, PROMPTS)
+
+
+def events(hold: int, answers):
+    tracker = AnswerChanges(hold)
+    out = [(r.frame.index, c.prompt, c.text, c.previous, c.since_pts, c.previous_since_pts)
+           for r in results(answers) for c in tracker.update(r)]
+    assert tracker.count == len(out)
+    return out
+
+
+def test_every_change_is_reported_once_with_what_it_replaced():
+    answers = [("no", "one"), ("no", "one"), ("yes", "one"), ("yes ", "two"), ("no", "two")]
+    assert events(1, answers) == [
+        (0, 0, "no", None, 0.0, None), (0, 1, "one", None, 0.0, None),
+        (2, 0, "yes", "no", 0.2, 0.0),
+        (3, 1, "two", "one", 0.3, 0.0),
+        (4, 0, "no", "yes", 0.4, 0.2),
+    ]
+
+
+def test_a_new_answer_counts_once_it_has_held():
+    answers = [("no", "one"), ("no", "one"), ("no", "one"), ("yes", "one"), ("no", "one"),  # a one-frame flicker
+               ("yes", "one"), ("yes", "one"), ("yes", "one"), ("yes", "two"), ("yes", "three"), ("yes", "three"),
+               ("yes", "three")]
+    assert events(3, answers) == [
+        (2, 0, "no", None, 0.0, None), (2, 1, "one", None, 0.0, None),
+        (7, 0, "yes", "no", 0.5, 0.0),  # dated from the first of its three frames in a row
+        (11, 1, "three", "one", 0.9, 0.0),  # "two" never held
+    ]
+    with pytest.raises(ValueError):
+        AnswerChanges(0)
+
+
+def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
+    log = tmp_path / "events.jsonl"
+    assert main(["live", str(CLIP), "--duration", "6", "--question", "How many shapes are there?",
+                 "--choices", "one,two,three,four", "--changes", "--hold", "3", "-o", str(log), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    # the clip cuts from four shapes to one at 4 s: at least that change, each event replacing the last
+    assert len(rows) == stats["changes"] >= 2 and stats["completed"] > 3 * len(rows)
+    assert rows[0]["previous"] is None and rows[0]["text"] == "four"
+    assert all(b["previous"] == a["text"] != b["text"] and b["since"] >= a["since"] for a, b in zip(rows, rows[1:]))
+    assert all(r["since"] <= r["pts"] for r in rows)
+    assert set(rows[0]) == {"source", "index", "pts", "text", "token_ids", "finish_reason", "timings_ms", "question",
+                            "time", "previous", "since"}
+    assert main(["live", str(CLIP), "--hold", "2"]) == 2
+    assert "--hold N goes with --changes" in capsys.readouterr().err
