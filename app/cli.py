@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
                            "events instead of every frame")
     live.add_argument("--hold", type=int, default=None, metavar="N",
                       help="with --changes, a new answer counts once N frames in a row gave it (default 1)")
+    live.add_argument("--snapshots", metavar="FOLDER",
+                      help="with --changes, save the frame of each change there as a JPEG (its path in the log)")
     live.add_argument("-o", "--output", metavar="OUT.jsonl",
                       help="append one JSON line per captioned frame (source, index, pts, UTC time, text, "
                            "token ids, timings); '-' writes them to standard output instead of the captions")

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 import time
+from pathlib import Path
 
 from app.cli import UsageError, prompt_tasks, realtime_dtype
+from app.outputs import check_writable
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +29,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
     if args.hold is not None and (not args.changes or args.hold < 1):
         raise UsageError("--hold N goes with --changes, N >= 1")
+    if args.snapshots and not args.changes:
+        raise UsageError("--snapshots goes with --changes (a picture of each change)")
+    snapshots = Path(args.snapshots) if args.snapshots else None
+    if snapshots:
+        check_writable([snapshots], [])
     tasks = prompt_tasks(args)
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
@@ -39,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
     several = len(opened) > 1
     params = SamplingParams(max_tokens=args.max_tokens)
-    log_error: list[OSError] = []
+    write_error: list[tuple[str, OSError]] = []  # (what, error): the run stops
     print_lock = threading.Lock()
 
     # --changes: each source's answers are followed, and only the new ones reported
@@ -54,14 +62,22 @@ def run(args: argparse.Namespace) -> int:
                 if not new:
                     return
                 records = AnswerChanges.records(r, new)
+                if snapshots is not None and not write_error:
+                    try:
+                        shot = _snapshot(snapshots, label if several else "", r)
+                    except OSError as e:  # a monitoring run that cannot keep its pictures stops and says so
+                        write_error.append((f"a snapshot in {snapshots}", e))
+                        return
+                    for x in records:
+                        x["snapshot"] = str(shot)
                 lines = [(f"{prompt_label(r.prompts[c.prompt])}: " if len(r.prompts) > 1 else "") + c.text
                          + ("" if c.previous is None else f"  (was: {c.previous})") for c in new]
-            if log is not None and not log_error:
+            if log is not None and not write_error:
                 try:
                     log.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records))
                     log.flush()
                 except OSError as e:  # disk full, a closed pipe: the run stops and says so
-                    log_error.append(e)
+                    write_error.append((args.output, e))
             if not args.json and log is not sys.stdout:
                 prefix = f"{label}  " if several else ""
                 for line in lines:
@@ -87,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                  for (frames, recorded), label in zip(opened, labels)]
         t0 = time.perf_counter()
         try:
-            while (any(f.running for f in feeds) and not log_error
+            while (any(f.running for f in feeds) and not write_error
                    and (args.duration is None or time.perf_counter() - t0 < args.duration)):
                 time.sleep(0.05)
         except KeyboardInterrupt:
@@ -106,10 +122,11 @@ def run(args: argparse.Namespace) -> int:
         per_source = [f.snapshot().counters for f in feeds]
     if log is not None and log is not sys.stdout:
         log.close()
-    if log_error:
-        if isinstance(log_error[0], BrokenPipeError):  # e.g. piped into `head`
+    if write_error:
+        if isinstance(write_error[0][1], BrokenPipeError):  # e.g. piped into `head`
             return 0
-        print(f"vlmstream: error: cannot write {args.output}: {log_error[0]}", file=sys.stderr)
+        what, e = write_error[0]
+        print(f"vlmstream: error: cannot write {what}: {e.strerror or e}", file=sys.stderr)
         return 1
     stats = per_source[0] if not several else {
         **{k: sum(s[k] for s in per_source) for k in _SUMMED},
@@ -136,6 +153,20 @@ def run(args: argparse.Namespace) -> int:
 # under "sources").
 _SUMMED = ("frames_in", "submitted", "completed", "cancelled_stale", "cancelled_deadline", "cancelled_closed",
            "dropped", "achieved_fps")
+
+
+def _snapshot(folder: Path, label: str, r) -> Path:
+    """The frame of a change as a JPEG named by the UTC time it was saved (names sort in time
+    order), the source (with several) and the frame's index."""
+    from datetime import datetime, timezone
+
+    from PIL import Image
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
+    source = re.sub(r"[^A-Za-z0-9.-]+", "_", label).strip("_")[-60:]
+    path = folder / f"{stamp}{'_' + source if source else ''}_{r.frame.index}.jpg"
+    Image.fromarray(r.frame.rgb).save(path, quality=90)
+    return path
 
 
 def _open_log(output: str | None, final_json: bool):

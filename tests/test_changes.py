@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from app.cli import main
 from engine.types import RequestOutput
@@ -54,7 +55,8 @@ def test_a_new_answer_counts_once_it_has_held():
 def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
     log = tmp_path / "events.jsonl"
     assert main(["live", str(CLIP), "--duration", "6", "--question", "How many shapes are there?",
-                 "--choices", "one,two,three,four", "--changes", "--hold", "3", "-o", str(log), "--json"]) == 0
+                 "--choices", "one,two,three,four", "--changes", "--hold", "3", "-o", str(log), "--json",
+                 "--snapshots", str(tmp_path / "shots")]) == 0
     stats = json.loads(capsys.readouterr().out)
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     # the clip cuts from four shapes to one at 4 s: at least that change, each event replacing the last
@@ -63,6 +65,17 @@ def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
     assert all(b["previous"] == a["text"] != b["text"] and b["since"] >= a["since"] for a, b in zip(rows, rows[1:]))
     assert all(r["since"] <= r["pts"] for r in rows)
     assert set(rows[0]) == {"source", "index", "pts", "text", "token_ids", "finish_reason", "timings_ms", "question",
-                            "time", "previous", "since"}
+                            "time", "previous", "since", "snapshot"}
+    # each change's frame, as a picture named so that names sort in time order
+    shots = [Path(r["snapshot"]) for r in rows]
+    assert sorted(shots) == shots == sorted((tmp_path / "shots").iterdir())
+    with Image.open(shots[-1]) as im:
+        assert im.format == "JPEG" and im.size == (640, 360)
+    assert all(p.name.endswith(f"_{r['index']}.jpg") for p, r in zip(shots, rows))
     assert main(["live", str(CLIP), "--hold", "2"]) == 2
-    assert "--hold N goes with --changes" in capsys.readouterr().err
+    assert main(["live", str(CLIP), "--snapshots", str(tmp_path / "s")]) == 2
+    (tmp_path / "file").write_text("")
+    assert main(["live", str(CLIP), "--changes", "--snapshots", str(tmp_path / "file" / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "--hold N goes with --changes" in err and "--snapshots goes with --changes" in err
+    assert "cannot create the output folder" in err
