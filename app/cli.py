@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("--no-draft", action="store_true",
                       help="decode every frame's answer token by token, without the previous answer as a draft "
                            "(same answers, for comparison)")
+    live.add_argument("--no-vision-thread", action="store_true",
+                      help="CPU: encode frames in the device thread's steps instead of a thread of their own "
+                           "(same answers, for comparison)")
     _add_model_args(live, realtime=True)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
     live.add_argument("--changes", action="store_true",
@@ -119,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="also caption N distinct 640x360 frames and report frames/s (0 skips; default 240)")
     bench.add_argument("--no-script", action="store_true",
                        help="CPU: decode eagerly instead of through TorchScript (for comparison)")
+    bench.add_argument("--no-vision-thread", action="store_true",
+                       help="CPU: encode images in the device thread's steps instead of a thread of their own "
+                            "(for comparison)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bench.set_defaults(func=_cmd_bench)
 
@@ -257,7 +263,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--tokens and --repeats must be >= 1, --frames >= 0")
     cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, streams=streams,
                       tokens=args.tokens, repeats=args.repeats, frames=args.frames,
-                      cpu_script=False if args.no_script else None)
+                      cpu_script=False if args.no_script else None,
+                      vision_thread=False if args.no_vision_thread else None)
     total = len(streams) * 2 * args.repeats + (1 if args.frames else 0)
     done = [0]
 

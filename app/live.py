@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     interrupted = False
     config = EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
                           max_batch_size=max(4, inflight * len(opened) * len(tasks)),
-                          max_draft=0 if args.no_draft else EngineConfig.max_draft)
+                          max_draft=0 if args.no_draft else EngineConfig.max_draft,
+                          vision_thread=False if args.no_vision_thread else None)
     with Engine(config) as engine:
         for t in tasks:
             if "constraint" in t:  # one that cannot compile is an error before any frame is asked

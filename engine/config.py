@@ -325,7 +325,10 @@ class EngineConfig:
     (a decode step is one call; None: on CPU unless Triton kernels are on; False is the eager
     path; see engine/scripted.py).
     `max_draft`: draft tokens a request submitted with `draft=` has verified per step (0: drafts
-    are ignored; see engine/scheduler.py)."""
+    are ignored; see engine/scheduler.py).
+    `vision_thread`: encode images (vision encoder and projection) on a CPU thread of their own,
+    beside the device thread, so that the two take two cores (None: on CPU; see
+    engine/vision_stage.py)."""
 
     model: str = "tiny"
     device: str = "cpu"
@@ -341,6 +344,7 @@ class EngineConfig:
     cuda_graphs: bool | None = None
     cpu_script: bool | None = None
     max_draft: int = 16
+    vision_thread: bool | None = None
 
     def __post_init__(self) -> None:
         if self.pipeline_depth not in (1, 2):

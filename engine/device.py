@@ -138,6 +138,9 @@ class Pending:
         self._result, self._error = result, error
         self._done.set()
 
+    def done(self) -> bool:
+        return self._done.is_set() if self._cuda_event is None else bool(self._cuda_event.query())
+
     def wait(self, timeout: float | None = None) -> Any:
         if self._cuda_event is not None:
             self._cuda_event.synchronize()  # this step's copies only, never the whole device
@@ -157,7 +160,7 @@ class Executor:
     synchronises on that step's own event.
     """
 
-    def __init__(self, device: torch.device, queue_size: int = 4):
+    def __init__(self, device: torch.device, queue_size: int = 4, name: str = "vlmstream-device"):
         self.device = device
         self.busy_s = 0.0
         self._lock = threading.Lock()
@@ -172,7 +175,7 @@ class Executor:
             sys.setswitchinterval(min(sys.getswitchinterval(), 1e-4))
             self._jobs: queue.Queue = queue.Queue(maxsize=queue_size)
             self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._work, name="vlmstream-device", daemon=True)
+            self._thread = threading.Thread(target=self._work, name=name, daemon=True)
             self._thread.start()
 
     def _work(self) -> None:
@@ -186,21 +189,24 @@ class Executor:
                 continue
             if item is None:
                 return
-            fn, pending = item
+            fn, pending, on_done = item
             t0 = time.perf_counter()
+            result, error = None, None
             try:
                 with torch.inference_mode():
                     result = fn()
             except BaseException as e:  # the engine thread re-raises it at commit
-                pending._finish(error=e)
-            else:
-                pending._finish(result)
-            finally:
-                pending.busy_s = time.perf_counter() - t0
-                with self._lock:
-                    self.busy_s += pending.busy_s
+                error = e
+            pending.busy_s = time.perf_counter() - t0
+            with self._lock:
+                self.busy_s += pending.busy_s
+            pending._finish(result, error)
+            if on_done is not None:
+                on_done()
 
-    def launch(self, fn: Callable[[], Any], timeout: float = 60.0) -> Pending:
+    def launch(self, fn: Callable[[], Any], timeout: float = 60.0,
+               on_done: Callable[[], None] | None = None) -> Pending:
+        """on_done (CPU): called on the worker once the step is done, e.g. to wake its waiter."""
         pending = Pending()
         if self._thread is None:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -215,7 +221,7 @@ class Executor:
             self._cuda_pending.append((start, end))
             return pending
         try:
-            self._jobs.put((fn, pending), timeout=timeout)
+            self._jobs.put((fn, pending, on_done), timeout=timeout)
         except queue.Full:
             raise TimeoutError("device worker is not taking work") from None
         return pending

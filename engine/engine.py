@@ -37,6 +37,7 @@ from .request import ImageRef, RequestHandle, as_rgb
 from .runner import Runner, StepResult, _Slot
 from .scheduler import Budget, StepPlan, own_pages, plan
 from .sequence import Image, Sequence
+from .vision_stage import VisionStage, vision_thread_mode
 from .types import EngineStats, SamplingParams
 
 
@@ -71,6 +72,8 @@ class Engine:
                              graphs=graph_mode(cfg.cuda_graphs, self.loaded.device),
                              script=script_mode(cfg.cpu_script, self.loaded.device, kernels),
                              draft_rows=min(cfg.prefill_token_budget, cfg.max_batch_size * cfg.max_draft))
+        self._vision = (VisionStage(self.runner.vision_prefix, self._wake, self.loaded.device)
+                        if vision_thread_mode(cfg.vision_thread, self.loaded.device) else None)
         self._free_slots = list(range(cfg.max_batch_size - 1, -1, -1))
         self._max_draft = cfg.max_draft if self.runner.draft_rows else 0
 
@@ -106,7 +109,7 @@ class Engine:
         rgb = as_rgb(rgb)
         t0 = time.perf_counter()
         crops, tiling = overlap_crops(rgb, self.model_config.vision)
-        image = Image(id=next(self._ids), crops=crops, tiling=tiling)
+        image = Image(id=next(self._ids), crops=crops, tiling=tiling, staged=self._vision is not None)
         image.timings.preprocess = (time.perf_counter() - t0) * 1000.0
         self._post(("image", image))
         return ImageRef(self, image)
@@ -179,6 +182,8 @@ class Engine:
             device_busy_fraction=min(busy / wall, 1.0), tokens_per_s=self._tokens / wall,
             busy_seconds=busy, wall_seconds=wall, draft_proposed=self._draft_proposed,
             draft_accepted=self._draft_accepted,
+            vision_queue=sum(1 for i in list(self._pending_images) if i.staged and i.embeds is None and i.holders),
+            vision_busy_seconds=self._vision.busy_seconds() if self._vision is not None else 0.0,
         )
 
     def set_pipeline_depth(self, depth: int) -> None:
@@ -204,6 +209,8 @@ class Engine:
         if self._thread.is_alive():
             raise TimeoutError(f"engine did not drain within {timeout} s")
         self._executor.close()
+        if self._vision is not None:
+            self._vision.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -237,6 +244,9 @@ class Engine:
                 if self._closing.is_set() and not self._has_work() and self._inbox.empty():
                     self._drop_images()
                     break
+                if self._vision is not None:  # images encoded on the vision thread; start the next
+                    self._vision.collect()
+                    self._vision.feed(self._pending_images)
                 step = self._plan()
                 stalled = step.empty and not self._inflight
                 if not step.empty:
@@ -263,6 +273,13 @@ class Engine:
                 return
             block = False
             self._handle(*message)
+
+    def _wake(self) -> None:
+        """From the vision thread: an encoding is done (a full inbox is being drained anyway)."""
+        try:
+            self._inbox.put_nowait(("wake", None))
+        except queue.Full:
+            pass
 
     def _handle(self, kind: str, item: Any) -> None:
         if kind == "image":
@@ -345,7 +362,7 @@ class Engine:
         for img in step.images:
             img.inflight -= 1
             img.ready = True
-            img.timings.vision = result.busy_ms.get("images", 0.0)
+            img.timings.vision += result.busy_ms.get("images", 0.0)  # after the vision stage's part, if any
             self._maybe_release_image(img)
         for seq in self._members(step):
             seq.inflight -= 1

@@ -1,7 +1,8 @@
 """Device work of one engine step: build its inputs on the host, launch forward + sampling.
 
 A step runs, in this order on the device: vision encoding of the step's images (all crops in
-one batch) and their bidirectional prefix prefill; prompt prefill chunks; one batched decode
+one batch; on CPU the vision thread has done it already, engine/vision_stage.py) and their
+bidirectional prefix prefill; prompt prefill chunks; one batched decode
 forward; then sampling of every row that produces a token (first tokens of finished prefills,
 decode rows). Sampled tokens are scattered into `last_token[slot]` on the device, where the next
 step's decode reads them without a host round trip, and copied into the host buffer of the
@@ -184,7 +185,7 @@ class Runner:
         images = []
         for img in plan.images:
             images.append((img.crops, img.tiling, self.kv_slots(img.pages)[:P],
-                           _padded(img.pages, _aligned(P, ps) // ps)))
+                           _padded(img.pages, _aligned(P, ps) // ps), img.embeds))
 
         # Chunks of equal length and key span run as one batched forward (one sequence has at most
         # one chunk per step, so batching never reorders a sequence's own chunks): a step admitting
@@ -329,24 +330,34 @@ class Runner:
 
         return self.executor.launch(run), slot
 
+    def vision_prefix(self, crops: np.ndarray, tiling: tuple[int, int]) -> torch.Tensor:
+        """One image's prefix embeddings (P, C): vision encoder and projection, no KV (the vision
+        stage's work; the prefix step then runs them through the decoder)."""
+        feats = self._vision_features(crops_to_tensor(crops, self.device, self.model.dtype))
+        return self.model.prefix_embeddings(self.model.vision.project(feats, tiling))[0]
+
+    def _vision_features(self, crops: torch.Tensor) -> torch.Tensor:
+        if self.vision_graphs:
+            return self.vision_graphs.run(crops)
+        if self.scripted is not None:
+            vc = self.config.vision
+            return self.scripted.vision(crops, self.vision_weights, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
+        return self.model.vision.encode(crops)
+
     def _encode_images(self, images: list) -> None:
         model, cfg = self.model, self.config
-        crops = crops_to_tensor(np.concatenate([c for c, _, _, _ in images]), self.device, model.dtype)
-        if self.vision_graphs:
-            feats = self.vision_graphs.run(crops)
-        elif self.scripted is not None:
-            vc = cfg.vision
-            feats = self.scripted.vision(crops, self.vision_weights, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
-        else:
-            feats = model.vision.encode(crops)
+        todo = [c for c, _, _, _, e in images if e is None]  # not encoded by the vision stage
+        feats = self._vision_features(crops_to_tensor(np.concatenate(todo), self.device, model.dtype)) if todo else None
         prefixes, start = [], 0
-        for c, tiling, _, _ in images:
-            prefixes.append(model.prefix_embeddings(model.vision.project(feats[start:start + len(c)], tiling))[0])
-            start += len(c)
+        for c, tiling, _, _, embeds in images:
+            if embeds is None:
+                embeds = model.prefix_embeddings(model.vision.project(feats[start:start + len(c)], tiling))[0]
+                start += len(c)
+            prefixes.append(embeds)
         x = torch.stack(prefixes)  # (n_img, P, C)
         P, n = cfg.prefix_len, len(images)
-        write = torch.as_tensor(np.concatenate([w for _, _, w, _ in images])).to(self.device)  # (n_img * P,)
-        pages = torch.as_tensor(np.stack([g for _, _, _, g in images])).to(self.device)  # (n_img, L / ps)
+        write = torch.as_tensor(np.concatenate([w for _, _, w, _, _ in images])).to(self.device)  # (n_img * P,)
+        pages = torch.as_tensor(np.stack([g for _, _, _, g, _ in images])).to(self.device)  # (n_img, L / ps)
         L = pages.shape[1] * self.page_size
         mask = (torch.arange(L, device=self.device) < P).expand(P, L)[None, None]
         positions = torch.arange(P, device=self.device).expand(n, P)

@@ -111,14 +111,15 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     pages, slots, tokens = budget.free_pages, budget.free_slots, budget.prefill_tokens
 
     # Admission in FIFO order. A request whose image is not encoded yet brings its image into
-    # the step (vision + prefix); pages for both are reserved together, so images never take
+    # the step (vision + prefix; the prefix alone where the vision stage has run, and admission
+    # waits for that); pages for both are reserved together, so images never take
     # the pages their own requests need (encoding ahead of admission could deadlock the pool).
     planned: set[int] = set()
     for seq in waiting:
         img = seq.image
         new_image = not img.launched and id(img) not in planned
         need = own_pages(seq, budget.prefix_len, page_size) + (budget.prefix_pages if new_image else 0)
-        if slots == 0 or need > pages:
+        if slots == 0 or need > pages or new_image and not img.encodable:
             break
         if new_image:
             if tokens < budget.prefix_len and (step.images or step.admit):
@@ -133,7 +134,7 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     # Images encoded ahead of any request (encode_image, then submit later) use what is left.
     if not waiting or len(step.admit) == len(waiting):
         for img in pending_images:
-            if img.launched or img.holders == 0 or id(img) in planned:
+            if img.launched or img.holders == 0 or id(img) in planned or not img.encodable:
                 continue
             if budget.prefix_pages > pages or (tokens < budget.prefix_len and (step.images or step.admit)):
                 break

@@ -33,10 +33,18 @@ class Image:
     failed: BaseException | None = None
     timings: StageTimings = field(default_factory=StageTimings)
     submitted_at: float = field(default_factory=time.perf_counter)
+    staged: bool = False  # its encoding comes from the vision stage (engine/vision_stage.py)
+    encoding: bool = False  # handed to the vision stage
+    embeds: Any = None  # (P, C) prefix embeddings from the vision stage; then only the prefix step remains
 
     @property
     def releasable(self) -> bool:
         return self.holders == 0 and self.inflight == 0
+
+    @property
+    def encodable(self) -> bool:
+        """Its prefix step can be planned: vision runs in that step, or has run in the stage."""
+        return not self.staged or self.embeds is not None
 
 
 @dataclass(eq=False)

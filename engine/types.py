@@ -86,3 +86,5 @@ class EngineStats:
     wall_seconds: float = 0.0  # monitor can difference two snapshots for current rates
     draft_proposed: int = 0  # draft tokens verified, and those that became answer tokens
     draft_accepted: int = 0
+    vision_queue: int = 0  # images waiting for the vision thread or in it (CPU, engine/vision_stage.py)
+    vision_busy_seconds: float = 0.0  # the vision thread's time encoding (not in busy_seconds)

@@ -33,16 +33,18 @@ def _assert_clean(engine):
     assert s.kv_pages_in_use == 0 and s.running == 0 and s.waiting == 0 and s.images == 0
     assert not engine._thread.is_alive()
     assert engine._executor._thread is None or not engine._executor._thread.is_alive()
+    assert engine._vision is None or not engine._vision._executor._thread.is_alive()
 
 
 TASKS = [{"caption": "short"}, {"caption": "long"}, {"question": "What color is the star?"},
          {"question": "Is there a small blue circle in the top left corner of the frame?"}]
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_matches_the_reference_decoder(small_folder, reference, images, depth):
-    jobs = []
-    with _engine(small_folder, depth) as eng:
+@pytest.mark.parametrize("depth, vision_thread", [(1, True), (2, True), (2, False)])
+def test_matches_the_reference_decoder(small_folder, reference, images, depth, vision_thread):
+    jobs = []  # images encoded on the CPU's vision thread, or in the steps (as on CUDA): the same answers
+    with _engine(small_folder, depth, vision_thread=vision_thread) as eng:
+        assert (eng._vision is not None) == vision_thread
         shared = eng.encode_image(images[1])
         for i, img in enumerate(images):
             for j, task in enumerate(TASKS):
@@ -237,6 +239,32 @@ def test_worker_error_reaches_the_caller(small_folder, images, monkeypatch):
         eng.submit(images[0], caption="short")
     eng.close()
     assert eng.pool.n_free == eng.pool.n_pages
+
+
+def test_vision_thread_error_reaches_the_caller(small_folder, images):
+    eng = _engine(small_folder)
+
+    def boom(crops, tiling):
+        raise RuntimeError("vision exploded")
+
+    eng._vision._encode = boom
+    h = eng.submit(images[0], caption="short", params=GREEDY)
+    assert h.result(timeout=30).finish_reason == "error"
+    with pytest.raises(EngineClosedError, match="vision exploded"):
+        eng.submit(images[0], caption="short")
+    eng.close()
+    assert eng.pool.n_free == eng.pool.n_pages and not eng._vision._executor._thread.is_alive()
+
+
+def test_vision_thread_is_for_the_cpu():
+    import torch
+
+    from engine.vision_stage import vision_thread_mode
+
+    assert vision_thread_mode(None, torch.device("cpu")) and not vision_thread_mode(False, torch.device("cpu"))
+    assert not vision_thread_mode(None, torch.device("cuda"))
+    with pytest.raises(ConfigError, match="vision_thread=True needs the CPU"):
+        vision_thread_mode(True, torch.device("cuda"))
 
 
 def test_keep_freed_memory_applies_on_glibc_linux():
