@@ -182,7 +182,7 @@ class Engine:
             device_busy_fraction=min(busy / wall, 1.0), tokens_per_s=self._tokens / wall,
             busy_seconds=busy, wall_seconds=wall, draft_proposed=self._draft_proposed,
             draft_accepted=self._draft_accepted,
-            vision_queue=sum(1 for i in list(self._pending_images) if i.staged and i.embeds is None and i.holders),
+            vision_queue=sum(1 for i in list(self._pending_images) if i.awaits_vision and i.holders),
             vision_busy_seconds=self._vision.busy_seconds() if self._vision is not None else 0.0,
         )
 
@@ -337,7 +337,7 @@ class Engine:
         for img in step.images:
             img.launched = True
             img.inflight += 1
-            img.crops = None
+            img.crops = img.embeds = None  # the step has them
         for seq in self._members(step):
             seq.inflight += 1
         for ch in step.prefills:
@@ -482,3 +482,4 @@ class Engine:
             assert 0 <= seq.inflight <= depth, (seq.id, seq.inflight)
         for img in self._images.values():
             assert 0 <= img.inflight <= depth
+            assert not (img.staged and img.launched and not img.encoding), "launched before the vision stage"

@@ -46,6 +46,11 @@ class Image:
         """Its prefix step can be planned: vision runs in that step, or has run in the stage."""
         return not self.staged or self.embeds is not None
 
+    @property
+    def awaits_vision(self) -> bool:
+        """Waiting for the vision stage, or in it."""
+        return self.staged and self.embeds is None and not self.launched
+
 
 @dataclass(eq=False)
 class Sequence:
