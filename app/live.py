@@ -64,15 +64,15 @@ def run(args: argparse.Namespace) -> int:
                 records = AnswerChanges.records(r, new)
                 if snapshots is not None and not write_error:
                     try:
-                        shot = _snapshot(snapshots, label if several else "", r)
-                    except OSError as e:  # a monitoring run that cannot keep its pictures stops and says so
+                        shot = str(_snapshot(snapshots, label if several else "", r))
+                    except OSError as e:  # a run that cannot keep its pictures stops and says so (the
+                        shot = None       # change itself is still logged)
                         write_error.append((f"a snapshot in {snapshots}", e))
-                        return
                     for x in records:
-                        x["snapshot"] = str(shot)
+                        x["snapshot"] = shot
                 lines = [(f"{prompt_label(r.prompts[c.prompt])}: " if len(r.prompts) > 1 else "") + c.text
                          + ("" if c.previous is None else f"  (was: {c.previous})") for c in new]
-            if log is not None and not write_error:
+            if log is not None and not any(what == args.output for what, _ in write_error):
                 try:
                     log.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records))
                     log.flush()

@@ -79,3 +79,19 @@ def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--hold N goes with --changes" in err and "--snapshots goes with --changes" in err
     assert "cannot create the output folder" in err
+
+
+def test_a_snapshot_that_cannot_be_written_stops_the_run_but_keeps_the_change(tmp_path, capsys, monkeypatch):
+    import app.live
+
+    def disk_full(folder, label, r):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(app.live, "_snapshot", disk_full)
+    log = tmp_path / "events.jsonl"
+    assert main(["live", str(CLIP), "--duration", "20", "--question", "How many shapes are there?", "--changes",
+                 "--snapshots", str(tmp_path / "shots"), "-o", str(log)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write a snapshot in {tmp_path / 'shots'}: No space left on device" in err
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["snapshot"] is None and rows[0]["previous"] is None
