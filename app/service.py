@@ -101,6 +101,7 @@ class Service:
         self._history: deque = deque(maxlen=4096)  # engine stats snapshots behind the current rates
         self._scratch: Path | None = None  # this process's folder of video job outputs
         self._jobs: deque[Path] = deque()
+        self._video_stops: dict[str, threading.Event] = {}  # session -> its running video job's stop flag
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -235,6 +236,7 @@ class Service:
         return path
 
     def close_session(self, session: str) -> None:
+        self.cancel_video(session)
         for kind in ("pull", "push"):
             self.stop_live(session, kind)
             with self._lock:
@@ -255,8 +257,10 @@ class Service:
                 "timings_ms": {k: max(o.timings_ms.get(k, 0.0) for o in outs) for k in outs[0].timings_ms}}
 
     def caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
-                      on_progress: Callable[[int, int | None], None] | None = None) -> dict:
-        """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths."""
+                      on_progress: Callable[[int, int | None], None] | None = None,
+                      stop: threading.Event | None = None) -> dict:
+        """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths.
+        Setting `stop` ends the job at its next frame with what is done ("cancelled": True)."""
         from pipelines.batch import BatchSummary, Sampling, caption_file
         from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
         from pipelines.sources import FileSource
@@ -289,9 +293,12 @@ class Service:
 
         summary = BatchSummary()
         src = FileSource(path)
+        cancelled = False
         try:
             caption_file(self.engine(), src, sinks, task, self.params(), Sampling(every_n=every_n),
-                         on_frame=on_frame, summary=summary)
+                         on_frame=on_frame, summary=summary, stop=stop)
+        except KeyboardInterrupt:  # stopped: the outputs keep every frame finished so far
+            cancelled = True
         finally:
             src.close()
             for sink in sinks:
@@ -299,7 +306,20 @@ class Service:
         speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
         return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
                 "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
-                "x_real_time": round(speed, 2), "warnings": summary.errors}
+                "x_real_time": round(speed, 2), "warnings": summary.errors, "cancelled": cancelled}
+
+    def video_stop(self, session: str) -> threading.Event:
+        """A new video job's stop flag for a session (Cancel, or the tab closing, sets it)."""
+        with self._lock:
+            stop = self._video_stops[session] = threading.Event()
+            return stop
+
+    def cancel_video(self, session: str) -> bool:
+        with self._lock:
+            stop = self._video_stops.pop(session, None)
+        if stop is not None:
+            stop.set()
+        return stop is not None
 
     def video_job_dir(self) -> Path:
         """A new folder for one video job's outputs; the oldest beyond VIDEO_JOBS_KEPT are deleted."""

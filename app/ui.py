@@ -18,6 +18,7 @@ MIN_GAP_S = 0.02
 DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
 PROMPTS = ["short", "normal", "long", "question"]
 CONSTRAINTS = ["none", "choices", "regex", "json schema"]
+VIDEO_TABLE_ROWS = 5000  # a page holds this many; the downloads hold every answer
 
 
 QUESTION_LABEL = "Question (several: one a line, all asked about every frame)"
@@ -108,24 +109,32 @@ def build(service: Service, source: str | None = None):
             raise gr.Error(str(e)) from None
         return out["text"], out
 
-    def video(path, kind, question, every_n, ckind="none", ctext="", progress=gr.Progress()):
+    def video(path, kind, question, every_n, ckind="none", ctext="", request: gr.Request = None,
+              progress=gr.Progress()):
         if not path:
             raise gr.Error("upload a video first")
         out_dir = service.video_job_dir()
+        stop = service.video_stop(request.session_hash if request else "api")
 
         def on_progress(done: int, total: int | None) -> None:
             progress((min(done, total), total) if total else done, desc="captioning", unit="frames")
 
         try:
             out = service.caption_video(path, make_task(kind, question, ckind, ctext), out_dir, int(every_n or 1),
-                                        on_progress)
+                                        on_progress, stop=stop)
         except (UIError, VlmstreamError, OSError) as e:
             raise gr.Error(str(e)) from None
-        rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"]]
+        rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
         note = (f"{out['frames']} frames captioned in {out['seconds']} s ({out['x_real_time']}x real time)"
+                + (" — cancelled; the downloads hold the frames done" if out["cancelled"] else "")
+                + (f"\n\nthe table shows the first {VIDEO_TABLE_ROWS:,} of {len(out['rows']):,} answers; the "
+                   "downloads hold them all" if len(out["rows"]) > VIDEO_TABLE_ROWS else "")
                 + "".join(f"\n\nwarning: {w}" for w in out["warnings"]))
         p = out["paths"]
         return note, rows, [p["srt"], p["vtt"], p["jsonl"], p["mp4"]], p["mp4"]
+
+    def cancel_video(request: gr.Request):
+        service.cancel_video(request.session_hash)
 
     def apply(model, device, temperature, max_tokens, pipelined):
         try:
@@ -202,13 +211,16 @@ def build(service: Service, source: str | None = None):
                     vckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                     vctext = gr.Textbox("", label="Choices (comma separated), regex or JSON schema")
                     every = gr.Number(1, precision=0, minimum=1, label="Every n-th frame")
-                    vrun = gr.Button("Caption video", variant="primary", elem_id="vs-video-run")
+                    with gr.Row():
+                        vrun = gr.Button("Caption video", variant="primary", elem_id="vs-video-run")
+                        vcancel = gr.Button("Cancel", elem_id="vs-video-cancel")
             vnote = gr.Markdown(elem_id="vs-video-note")
             vtable = gr.Dataframe(headers=["frame", "time (s)", "caption", "ms"], wrap=True, elem_id="vs-video-table")
             vfiles = gr.File(label="Downloads (SRT, VTT, JSONL, annotated MP4)", file_count="multiple")
             vvideo = gr.Video(label="Annotated video")
             vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext], [vnote, vtable, vfiles, vvideo],
                        api_name="caption_video", concurrency_limit=2)
+            vcancel.click(cancel_video, None, None, api_name=False, concurrency_limit=None)
         with gr.Tab("Image"):
             with gr.Row():
                 img = gr.Image(type="numpy", label="Image")

@@ -277,6 +277,26 @@ def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp
         browser.close()
 
 
+def test_video_tab_cancel_stops_a_job_and_keeps_its_downloads(server):
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        page.goto(server)
+        page.get_by_role("tab", name="Video file").click()
+        page.locator("#vs-video-file input[type=file]").set_input_files(str(SAMPLES / "cuts_640x360_30fps.mp4"))
+        page.wait_for_timeout(1000)
+        page.click("#vs-video-run")  # every frame of 16 s: far longer than the wait below
+        page.wait_for_timeout(3000)
+        page.click("#vs-video-cancel")
+        page.wait_for_selector("#vs-video-note:has-text('cancelled')", timeout=60_000)
+        done = int(page.inner_text("#vs-video-note").split()[0])
+        assert 0 < done < 480
+        links = page.locator("a[download]")
+        names = {links.nth(i).get_attribute("download") or links.nth(i).inner_text() for i in range(links.count())}
+        assert {"captions.srt", "captions.jsonl"} <= names, names
+        browser.close()
+
+
 def test_api_follows_a_live_source(client):
     job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", api_name="/live")
     frames, counters = set(), ""

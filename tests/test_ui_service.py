@@ -180,6 +180,36 @@ def test_video_job_writes_every_output_and_reports_progress(service, tmp_path):
         service.caption_video(str(tmp_path / "job" / "captions.srt"), make_task("short"), tmp_path / "bad")
 
 
+def test_a_video_job_stops_on_cancel_or_when_its_tab_closes_and_keeps_what_is_done(service, tmp_path):
+    import threading
+
+    clip = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")
+    seen = []
+
+    def on_progress(done, total):
+        seen.append(done)
+        if len(seen) == 5:
+            assert service.cancel_video("tab-v")
+
+    out = service.caption_video(clip, make_task("short"), tmp_path / "job", every_n=2, on_progress=on_progress,
+                                stop=service.video_stop("tab-v"))
+    assert out["cancelled"] and 5 <= out["frames"] < 240 and len(out["rows"]) == out["frames"]
+    lines = Path(out["paths"]["jsonl"]).read_text().splitlines()
+    assert [json.loads(line)["index"] for line in lines] == [r["index"] for r in out["rows"]]
+    assert Path(out["paths"]["srt"]).read_text().startswith("1\n")
+    assert not service.cancel_video("tab-v")  # nothing running any more
+    # a tab that closes stops its job
+    started, result = threading.Event(), {}
+    job = threading.Thread(target=lambda: result.update(service.caption_video(
+        clip, make_task("short"), tmp_path / "job2", on_progress=lambda d, t: started.set(),
+        stop=service.video_stop("tab-w"))))
+    job.start()
+    assert started.wait(60)
+    service.close_session("tab-w")
+    job.join(60)
+    assert not job.is_alive() and result["cancelled"] and result["frames"] < 480
+
+
 def test_video_job_outputs_are_bounded_and_removed_when_the_server_stops():
     from app.service import VIDEO_JOBS_KEPT
 
