@@ -1,6 +1,6 @@
 """`vlmstream` command line.
 
-    vlmstream image IMAGE [--model tiny|DIR] (--caption short|normal|long | --question TEXT)
+    vlmstream image IMAGE|FOLDER... [--model tiny|DIR] (--caption short|normal|long | --question TEXT)
                           [--choices A,B,... | --regex PATTERN | --json-schema FILE|JSON]
                           [--temperature T] [--top-p P] [--max-tokens N] [--seed S]
                           [--device cpu|cuda] [--dtype D] [--json]
@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Sequence
 
 from app.errors import UsageError
-from app.prompt_args import add_constraint_args, add_prompt_args, prompt_tasks
+from app.prompt_args import add_constraint_args, add_prompt_args
 from engine.errors import VlmstreamError
 
 EXIT_USAGE = 2
@@ -27,9 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vlmstream", description="Real-time video understanding with a VLM.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    img = sub.add_parser("image", help="caption or ask a question about one image",
-                         description="Caption an image or answer a question about it.")
-    img.add_argument("image", metavar="IMAGE", help="path of an image file (any format Pillow reads)")
+    img = sub.add_parser("image", help="caption or ask a question about images",
+                         description="Caption images or answer a question about them (the reference decoder, "
+                                     "one image after the other).")
+    img.add_argument("image", nargs="+", metavar="IMAGE|FOLDER",
+                     help="image files (any format Pillow reads), or folders: every image under them; one image "
+                          "prints its answer as it comes, several a line each (\"IMAGE: answer\")")
     _add_model_args(img)
     task = img.add_mutually_exclusive_group()
     task.add_argument("--caption", choices=["short", "normal", "long"],
@@ -38,8 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     add_constraint_args(img)
     _add_sampling_args(img)
     img.add_argument("--json", action="store_true",
-                     help="print one JSON object: text, token_ids, finish_reason, timings_ms")
-    img.set_defaults(func=_cmd_image)
+                     help="print one JSON object: text, token_ids, finish_reason, timings_ms (several images: "
+                          "one a line, with an 'image' field)")
+    img.set_defaults(func=_lazy("app.image"))
 
     vid = sub.add_parser("video", help="caption video files (or folders of them) frame by frame",
                          description="Caption (or ask about) the frames of video files; results in frame order.")
@@ -207,47 +210,6 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=768, metavar="N", help="answer length limit (default 768)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="sampling seed (default: a fresh one, reported with --json)")
-
-
-def _cmd_image(args: argparse.Namespace) -> int:
-    from engine.models.loader import load_model
-    from engine.reference import ReferenceDecoder
-    from engine.types import SamplingParams
-    from pipelines.image_file import read_image
-
-    # Validate everything cheap before the model loads.
-    params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
-    task = prompt_tasks(args, default_caption="normal")[0]
-    rgb = read_image(args.image)
-
-    t0 = time.perf_counter()
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
-    load_ms = (time.perf_counter() - t0) * 1000.0
-    decoder = ReferenceDecoder(loaded)
-
-    stream = not args.json
-    out = sys.stdout
-
-    def on_text(piece: str) -> None:
-        out.write(piece)
-        out.flush()
-
-    result = decoder.generate(rgb, params=params, on_text=on_text if stream else None, **task)
-    if args.json:
-        json.dump({
-            "text": result.text,
-            "token_ids": result.token_ids,
-            "finish_reason": result.finish_reason,
-            "timings_ms": result.timings.as_dict(),
-            "model": args.model,
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "seed": result.seed,
-            "load_ms": round(load_ms, 3),
-        }, out)
-    out.write("\n")
-    out.flush()
-    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

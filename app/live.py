@@ -10,7 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import UsageError, prompt_tasks, realtime_dtype
+from app.cli import UsageError, realtime_dtype
+from app.prompt_args import prompt_tasks
 from app.outputs import check_writable
 
 

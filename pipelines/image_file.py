@@ -18,15 +18,39 @@ from engine.errors import ImageError
 _WIDE_INT_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
 
 
-def read_image(path: str | Path) -> np.ndarray:
-    """(H, W, 3) uint8 RGB array of the image's first frame."""
+# What `vlmstream image FOLDER` picks up (any case).
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"})
+
+
+def check_image(path: str | Path) -> None:
+    """Cheap checks before a run (the file exists and its header is an image Pillow reads),
+    so a mistyped name among many fails at once; decoding may still fail later."""
     path = Path(path)
+    _check_file(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(path):
+                pass
+    except UnidentifiedImageError:
+        raise ImageError(f"{path} is not an image (or not a format Pillow can read)") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ImageError(f"{path} could not be read: {e}") from None
+
+
+def _check_file(path: Path) -> None:
     if not path.exists():
         raise ImageError(f"image not found: {path}")
     if path.is_dir():
         raise ImageError(f"{path} is a folder, not an image")
     if path.stat().st_size == 0:
         raise ImageError(f"{path} is empty (0 bytes)")
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """(H, W, 3) uint8 RGB array of the image's first frame."""
+    path = Path(path)
+    _check_file(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

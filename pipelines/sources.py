@@ -124,16 +124,20 @@ VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", "
 
 
 def video_files(folder: str | Path) -> list[Path]:
-    """The video files under a folder and its subfolders (by extension), folder by folder with
-    names sorted, so a run and its `--resume` see the same list. Hidden files and folders are skipped; symbolic
-    links to folders are not followed (a link loop would never end)."""
+    return files_under(folder, VIDEO_EXTENSIONS)
+
+
+def files_under(folder: str | Path, extensions: frozenset[str]) -> list[Path]:
+    """The files under a folder and its subfolders with one of these extensions (any case),
+    folder by folder with names sorted, so a run and its `--resume` see the same list. Hidden files
+    and folders are skipped; symbolic links to folders are not followed (a link loop would never end)."""
     import os
 
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found += [Path(root) / f for f in sorted(files)
-                  if not f.startswith(".") and Path(f).suffix.lower() in VIDEO_EXTENSIONS]
+                  if not f.startswith(".") and Path(f).suffix.lower() in extensions]
     return found
 
 

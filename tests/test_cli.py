@@ -150,3 +150,35 @@ def test_train_tiny_rejects_bad_settings_before_starting(capsys, tmp_path):
     assert main(["train-tiny", "--out", str(tmp_path / "file" / "run")]) == 2
     err = capsys.readouterr().err
     assert "cannot create the output folder" in err and err.count("\n") == 1
+
+
+def test_several_images_and_folders_answer_one_line_each(capsys, tmp_path, small_folder):
+    folder = tmp_path / "photos"
+    (folder / "sub").mkdir(parents=True)
+    shutil.copy(SCENE, folder / "a.png")
+    Image.open(SCENE).convert("RGB").save(folder / "sub" / "b.JPG")
+    (folder / "notes.txt").write_text("not an image, not picked up")
+    (folder / "broken.png").write_bytes(b"junk" * 10)  # picked up by extension, skipped with a warning
+    data = (folder / "sub" / "b.JPG").read_bytes()
+    (folder / "sub" / "cut.jpg").write_bytes(data[: len(data) // 3])  # a readable header, then nothing
+    model = ["--model", str(small_folder), "--max-tokens", "6"]
+    single = run_json(capsys, SCENE, *model)
+    assert main(["image", str(folder), str(SCENE), *model, "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines()]
+    assert [r["image"] for r in rows] == [str(folder / "a.png"), str(folder / "sub" / "b.JPG"),
+                                          str(folder / "sub" / "cut.jpg"), str(SCENE)]
+    assert rows[0]["token_ids"] == rows[3]["token_ids"] == single["token_ids"]  # as if asked alone
+    assert "error" in rows[2] and "truncated" in rows[2]["error"] and "text" not in rows[2]
+    assert "skipped" in captured.err and "broken.png" in captured.err and "3 images answered" in captured.err
+    assert main(["image", str(folder / "a.png"), str(SCENE), *model]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"{folder / 'a.png'}: {single['text']}", f"{SCENE}: {single['text']}"]
+    # named images are checked before the model loads; mistakes are one line, exit 2
+    for args, needle in [([str(SCENE), str(folder / "broken.png")], "not an image"),
+                         ([str(SCENE), str(SCENE)], "listed twice"),
+                         ([str(tmp_path / "empty")], "no image files")]:
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        assert main(["image", *args, "--model", "/no/such/model"]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err

@@ -1,0 +1,114 @@
+"""`vlmstream image`: caption (or ask about) images on the reference decoder, one after the other.
+
+One image named on the command line prints its answer as it is generated (or one JSON object
+with --json: the form the model's independent checks read). Several images, or a folder of
+them, print one line per image, "IMAGE: answer" (or one JSON object per line, with an "image"
+field), with a progress bar on stderr. Named images are checked before the model loads (exit 2);
+an image found in a folder that is not readable is skipped with a warning; one that fails to
+decode mid-run gets a warning (and a JSON line with "error") while the others go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from app.errors import UsageError
+from app.prompt_args import prompt_tasks
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.errors import ImageError
+    from engine.models.loader import load_model
+    from engine.reference import ReferenceDecoder
+    from engine.types import SamplingParams
+    from pipelines.image_file import check_image, read_image
+
+    # Validate everything cheap before the model loads.
+    params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
+    task = prompt_tasks(args, default_caption="normal")[0]
+    paths, one = _inputs(args.image, check_image)
+    rgb = read_image(paths[0]) if one else None  # the single image's every error is a usage error
+
+    t0 = time.perf_counter()
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    load_ms = (time.perf_counter() - t0) * 1000.0
+    decoder = ReferenceDecoder(loaded)
+    out = sys.stdout
+
+    def on_text(piece: str) -> None:
+        out.write(piece)
+        out.flush()
+
+    def record(result) -> dict:
+        return {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+                "timings_ms": result.timings.as_dict(), "model": args.model, "device": str(loaded.device),
+                "dtype": str(loaded.dtype).removeprefix("torch."), "seed": result.seed, "load_ms": round(load_ms, 3)}
+
+    if one:
+        result = decoder.generate(rgb, params=params, on_text=None if args.json else on_text, **task)
+        if args.json:
+            json.dump(record(result), out)
+        out.write("\n")
+        out.flush()
+        return 0
+
+    from tqdm import tqdm
+
+    done = failed = 0
+    for path in tqdm(paths, desc="images", unit="image", file=sys.stderr):
+        try:
+            rgb = read_image(path)
+        except ImageError as e:
+            failed += 1
+            tqdm.write(f"vlmstream: warning: {e}", file=sys.stderr)
+            if args.json:
+                out.write(json.dumps({"image": str(path), "error": str(e)}) + "\n")
+            continue
+        if args.json:
+            result = decoder.generate(rgb, params=params, **task)
+            out.write(json.dumps({"image": str(path), **record(result)}, ensure_ascii=False) + "\n")
+        else:
+            out.write(f"{path}: ")
+            decoder.generate(rgb, params=params, on_text=on_text, **task)
+            out.write("\n")
+        out.flush()
+        done += 1
+    print(f"vlmstream: {done} images answered" + (f", {failed} could not be read" if failed else ""),
+          file=sys.stderr)
+    return 0 if done else 2
+
+
+def _inputs(names: list[str], check) -> tuple[list[Path], bool]:
+    """The images to read (a folder: every image under it, by extension), and whether the run is
+    the one-image form (a single named file)."""
+    from engine.errors import ImageError
+    from pipelines.image_file import IMAGE_EXTENSIONS
+    from pipelines.sources import files_under
+
+    if len(set(names)) != len(names):
+        raise UsageError("an image is listed twice")
+    paths: list[Path] = []
+    for name in names:
+        p = Path(name)
+        if not p.is_dir():
+            check(p)  # a named image must be there and be an image: exit 2 before anything runs
+            paths.append(p)
+            continue
+        found = files_under(p, IMAGE_EXTENSIONS)
+        if not found:
+            raise UsageError(f"no image files in {p} (looked for .jpg, .png, .webp and other image extensions, "
+                             "in subfolders too)")
+        for f in found:
+            try:
+                check(f)
+                paths.append(f)
+            except ImageError as e:
+                print(f"vlmstream: warning: skipped: {e}", file=sys.stderr)
+    paths = list(dict.fromkeys(paths))
+    if not paths:
+        raise UsageError("none of the image files found can be read")
+    return paths, len(names) == 1 and not Path(names[0]).is_dir()
