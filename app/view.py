@@ -124,6 +124,7 @@ def counters_html(counters: dict, engine: dict, running: bool, error: str | None
         ("batch", engine.get("batch", 0)),
         ("tokens/s", engine.get("tokens_per_s", 0)),
         ("device busy", f"{engine.get('device_busy_pct', 0)} %"),
+        *([("vision thread busy", f"{engine['vision_busy_pct']} %")] if "vision_busy_pct" in engine else []),
         ("KV pages", f"{engine.get('kv_pages_in_use', 0)} / {engine.get('kv_pages_total', 0)}"),
         ("mode", engine.get("mode", "")),
     ]

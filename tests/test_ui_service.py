@@ -61,7 +61,8 @@ def test_live_feed_on_a_sample_gives_captions_for_the_frames_they_describe(servi
         assert all(set(p.stages_ms) == {"queue", "vision", "prefill", "decode"} for p in snap.latency)
         assert all(p.end_to_end_ms > 0 for p in snap.latency)
         assert service.feed("tab-a") is feed and service.feed("tab-b") is None
-        busy = wait_for(lambda: (e := service.engine_stats())["tokens_per_s"] > 0 and e["device_busy_pct"] > 0 and e)
+        busy = wait_for(lambda: (e := service.engine_stats())["tokens_per_s"] > 0 and e["device_busy_pct"] > 0
+                        and e["vision_busy_pct"] > 0 and e)  # frames are encoded on the CPU's vision thread
         assert busy["mode"] == "pipelined" and busy["kv_pages_total"] > 0
     finally:
         service.stop_live("tab-a")
@@ -272,9 +273,10 @@ def test_views_render_what_the_snapshot_holds():
     assert 'data-bars="0"' in chart_svg([], 30.0)
     assert frame_html(None, "error: no such file").count("error: no such file") == 1
     html = counters_html({"completed": 7, "in_flight": 2, "cancelled_stale": 3, "dropped": 1, "rolling_fps": 59.5},
-                         {"batch": 4, "tokens_per_s": 800.0, "device_busy_pct": 91.0, "kv_pages_in_use": 10,
+                         {"batch": 4, "tokens_per_s": 800.0, "device_busy_pct": 91.0, "vision_busy_pct": 47.5,
+                          "kv_pages_in_use": 10,
                           "kv_pages_total": 700, "mode": "pipelined"}, True)
-    for shown in ("59.5", ">7<", ">3<", "91.0 %", "10 / 700", "pipelined"):
+    for shown in ("59.5", ">7<", ">3<", "91.0 %", "47.5 %", "10 / 700", "pipelined"):
         assert shown in html
 
 
