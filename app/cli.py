@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                           "without it, outputs are written afresh")
     _add_model_args(vid, realtime=True)
     vid.add_argument("--max-tokens", type=int, default=64, metavar="N", help="answer length limit (default 64)")
+    vid.add_argument("--no-vision-thread", action="store_true",
+                     help="CPU: encode frames in the device thread's steps instead of a thread of their own "
+                          "(same answers, for comparison)")
     vid.set_defaults(func=_lazy('app.video'))
 
     live = sub.add_parser("live", help="caption a live source frame by frame (latest frame wins)",

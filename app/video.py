@@ -143,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted = False
     summaries: list[BatchSummary] = []
-    with Engine(EngineConfig(model=args.model, device=args.device,
-                             dtype=realtime_dtype(args.device, args.dtype))) as engine:
+    with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
+                             vision_thread=False if args.no_vision_thread else None)) as engine:
         for t in tasks:
             if "constraint" in t:  # one that cannot compile is an error before any output is touched
                 engine.check_constraint(t["constraint"])
