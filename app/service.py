@@ -248,12 +248,12 @@ class Service:
 
     # ---------------------------------------------------------------- one image, one video
     def caption_image(self, rgb: np.ndarray, task: dict | list[dict]) -> dict:
-        if isinstance(task, dict):
-            out = self.engine().submit(rgb, params=self.params(), **task).result(timeout=300)
-            return {"text": out.text.strip(), "finish_reason": out.finish_reason, "timings_ms": out.timings_ms}
-        from pipelines.prompts import answers_text, ask
+        from pipelines.prompts import INTERACTIVE, answers_text, ask
 
-        outs = [h.result(timeout=300) for h in ask(self.engine(), rgb, task, self.params())]
+        if isinstance(task, dict):
+            out = self.engine().submit(rgb, params=self.params(), priority=INTERACTIVE, **task).result(timeout=300)
+            return {"text": out.text.strip(), "finish_reason": out.finish_reason, "timings_ms": out.timings_ms}
+        outs = [h.result(timeout=300) for h in ask(self.engine(), rgb, task, self.params(), priority=INTERACTIVE)]
         return {"text": answers_text(task, [o.text for o in outs]),
                 "answers": [{"question": t["question"], "text": o.text.strip(), "finish_reason": o.finish_reason,
                              "timings_ms": o.timings_ms} for t, o in zip(task, outs)],

@@ -104,24 +104,29 @@ class Engine:
 
     # ------------------------------------------------------------------ public API (any thread)
 
-    def encode_image(self, rgb: np.ndarray) -> ImageRef:
+    def encode_image(self, rgb: np.ndarray, priority: int = 0) -> ImageRef:
         """Preprocess an image (in the calling thread) and queue its prefix for encoding."""
         rgb = as_rgb(rgb)
         t0 = time.perf_counter()
         crops, tiling = overlap_crops(rgb, self.model_config.vision)
-        image = Image(id=next(self._ids), crops=crops, tiling=tiling, staged=self._vision is not None)
+        image = Image(id=next(self._ids), crops=crops, tiling=tiling, priority=int(priority),
+                      staged=self._vision is not None)
         image.timings.preprocess = (time.perf_counter() - t0) * 1000.0
         self._post(("image", image))
         return ImageRef(self, image)
 
     def submit(self, image: np.ndarray | ImageRef, caption: str | None = None, question: str | None = None,
                params: SamplingParams = SamplingParams(), constraint: Any = None,
-               draft: list[int] | None = None) -> RequestHandle:
+               draft: list[int] | None = None, priority: int = 0) -> RequestHandle:
         """draft: token ids the answer will likely repeat, e.g. the previous video frame's answer to
         the same prompt. A greedy request without constraint verifies them several per step and
-        gets exactly the answer it would get without (others ignore the draft)."""
+        gets exactly the answer it would get without (others ignore the draft).
+        priority: requests of a higher priority are admitted (and their images encoded) before
+        waiting ones of a lower priority, e.g. a live frame before a batch job's (default 0)."""
         if not isinstance(params, SamplingParams):
             raise RequestError("params must be a SamplingParams")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise RequestError(f"priority must be an integer, got {priority!r}")
         if draft is not None:
             vocab = self.model_config.text.vocab_size
             try:
@@ -139,12 +144,12 @@ class Engine:
         automaton = self._compile(constraint) if constraint is not None else None
         params = params.with_seed()
         own_ref = not isinstance(image, ImageRef)
-        ref = self.encode_image(image) if own_ref else image
+        ref = self.encode_image(image, priority) if own_ref else image
         if ref._engine is not self:
             raise RequestError("that ImageRef belongs to another engine")
         handle = RequestHandle(self, next(self._ids))
         seq = Sequence(id=handle.id, prompt=ids, params=params, image=ref._image, handle=handle,
-                       capacity=min(params.max_tokens, room), constraint=automaton)
+                       capacity=min(params.max_tokens, room), constraint=automaton, priority=priority)
         if draft and self._max_draft and params.temperature == 0 and automaton is None:
             # Past twice the answer's room a draft can only cost lookups.
             seq.set_draft(draft[: 2 * seq.capacity], mc.tokenizer.eos_id)
@@ -287,6 +292,7 @@ class Engine:
             self._pending_images.append(item)
         elif kind == "request":
             item.image.holders += 1
+            item.image.priority = max(item.image.priority, item.priority)
             self._seqs[item.id] = item
             self._waiting.append(item)
         elif kind == "release":
@@ -322,8 +328,7 @@ class Engine:
             img.pages = self.pool.allocate(self._prefix_pages)
             self._pending_images.remove(img)
         for seq in step.admit:
-            assert self._waiting[0] is seq
-            self._waiting.popleft()
+            self._waiting.remove(seq)  # by priority, then FIFO: not always the first
             seq.slot = self._free_slots.pop()
             seq.pages = self.pool.allocate(own_pages(seq, P, ps))
             shared = seq.image.pages[: P // ps]

@@ -3,7 +3,7 @@
 `plan()` is a pure selection over the engine's queues: it reads, it allocates nothing and
 changes nothing; the engine applies the plan (admission, page allocation, in-flight counts).
 Policy, in order: every running sequence that can still produce a token decodes; waiting
-requests are admitted in FIFO order while slots and free pages last (zombies keep their pages
+requests are admitted by priority, then in FIFO order, while slots and free pages last (zombies keep their pages
 until released), each bringing its image's encoding (vision + bidirectional prefix, never
 chunked) if that is not launched yet; prompt prefill is chunked so that the image prefixes plus
 prompt tokens of a step stay within the token budget (at least one unit of prefill work always
@@ -115,7 +115,7 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     # waits for that); pages for both are reserved together, so images never take
     # the pages their own requests need (encoding ahead of admission could deadlock the pool).
     planned: set[int] = set()
-    for seq in waiting:
+    for seq in sorted(waiting, key=lambda s: -s.priority):  # stable: FIFO within a priority
         img = seq.image
         new_image = not img.launched and id(img) not in planned
         need = own_pages(seq, budget.prefix_len, page_size) + (budget.prefix_pages if new_image else 0)

@@ -33,6 +33,7 @@ class Image:
     failed: BaseException | None = None
     timings: StageTimings = field(default_factory=StageTimings)
     submitted_at: float = field(default_factory=time.perf_counter)
+    priority: int = 0  # the highest of its requests' (engine.submit)
     staged: bool = False  # its encoding comes from the vision stage (engine/vision_stage.py)
     encoding: bool = False  # handed to the vision stage
     embeds: Any = None  # (P, C) prefix embeddings from the vision stage; then only the prefix step remains
@@ -61,6 +62,7 @@ class Sequence:
     handle: Any  # RequestHandle: the engine reports deltas and the result to it
     capacity: int  # answer tokens this sequence may produce: min(max_tokens, what the context allows)
     constraint: Any = None  # CompiledConstraint or None
+    priority: int = 0  # admitted (and its image encoded) before lower priorities; FIFO within one
     # Tokens the answer will likely repeat (e.g. the previous frame's answer), EOS appended; None
     # when the request has none or it stopped paying off. While it is set, the sequence decodes
     # only when none of its steps is in flight, so the host knows every token before it proposes.

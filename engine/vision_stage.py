@@ -44,8 +44,9 @@ class VisionStage:
         self._jobs: deque[tuple[Image, Pending]] = deque()
 
     def feed(self, pending_images: list[Image]) -> None:
-        """Start the oldest images that still need an encoding, up to `depth` in the worker."""
-        for img in pending_images:
+        """Start the oldest images of the highest priority that still need an encoding, up to
+        `depth` in the worker."""
+        for img in sorted(pending_images, key=lambda i: -i.priority):  # stable: FIFO within a priority
             if len(self._jobs) >= self.depth:
                 return
             if img.encoding or img.embeds is not None or img.holders == 0 or not img.staged:

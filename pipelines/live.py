@@ -20,7 +20,7 @@ import numpy as np
 
 from engine import Engine, RequestOutput, SamplingParams
 
-from .prompts import answers_text, ask, prompt_of
+from .prompts import INTERACTIVE, answers_text, ask, prompt_of
 from .sinks import FrameResult
 from .sources import Frame
 
@@ -112,7 +112,7 @@ class LiveSession:
                 return False
             # Consecutive frames mostly get the same caption: the latest one is the draft the
             # engine verifies several tokens a step against (the answer stays the greedy one).
-            handles = ask(self.engine, frame.rgb, self.tasks, self.params, self._last_answers)
+            handles = ask(self.engine, frame.rgb, self.tasks, self.params, self._last_answers, INTERACTIVE)
             self._inflight.append((frame, handles, time.perf_counter()))
             self.submitted += 1
         left, count_lock = [len(handles)], threading.Lock()

@@ -33,19 +33,24 @@ def answers_text(prompts: list[dict[str, str]], texts: list[str]) -> str:
     return "\n".join(f"{prompt_label(p)}: {t.strip()}" for p, t in zip(prompts, texts))
 
 
+# Someone is watching these answers come (a live view, an interactive question): they go before
+# waiting batch work (Engine.submit's priority), which only ever waits for a free slot.
+INTERACTIVE = 1
+
+
 def ask(engine: Engine, rgb: np.ndarray, tasks: list[dict], params: SamplingParams,
-        drafts: list[list[int] | None] | None = None) -> list:
+        drafts: list[list[int] | None] | None = None, priority: int = 0) -> list:
     """Submit every prompt about one frame; several share its image prefix (encoded once, the
     pages refcounted). Returns the handles in prompt order; on a failure, those already
     submitted are cancelled."""
     drafts = drafts or [None] * len(tasks)
     if len(tasks) == 1:
-        return [engine.submit(rgb, params=params, draft=drafts[0], **tasks[0])]
-    ref = engine.encode_image(rgb)
+        return [engine.submit(rgb, params=params, draft=drafts[0], priority=priority, **tasks[0])]
+    ref = engine.encode_image(rgb, priority)
     handles: list = []
     try:
         for t, draft in zip(tasks, drafts):
-            handles.append(engine.submit(ref, params=params, draft=draft, **t))
+            handles.append(engine.submit(ref, params=params, draft=draft, priority=priority, **t))
     except BaseException:
         for h in handles:
             h.cancel()

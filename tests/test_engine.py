@@ -241,6 +241,31 @@ def test_worker_error_reaches_the_caller(small_folder, images, monkeypatch):
     assert eng.pool.n_free == eng.pool.n_pages
 
 
+@pytest.mark.parametrize("vision_thread", [True, False])
+def test_a_higher_priority_goes_before_waiting_work(small_folder, reference, images, vision_thread):
+    # one slot, taken by a batch job: a live frame submitted last is admitted when it frees,
+    # before the batch requests that were waiting; within a priority, FIFO
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    with _engine(small_folder, max_batch_size=1, vision_thread=vision_thread) as eng:
+        refs = [eng.encode_image(img) for img in images]  # preprocessed up front: the submits are quick
+        submitted, handles = [], []
+        for i in range(6):
+            submitted.append(time.perf_counter())
+            handles.append(eng.submit(refs[i % 4], caption="short", params=params))
+        submitted.append(time.perf_counter())
+        handles.append(eng.submit(refs[0], question="How many?", params=params, priority=1))
+        for ref in refs:
+            ref.release()
+        outs = [h.result(timeout=60) for h in handles]
+        with pytest.raises(RequestError, match="priority must be an integer"):
+            eng.submit(images[0], caption="short", priority="high")
+    _assert_clean(eng)
+    admitted = [t + o.timings.queue / 1000.0 for t, o in zip(submitted, outs)]
+    assert admitted[6] < min(admitted[1:6])  # before every batch request still waiting
+    assert admitted[1:6] == sorted(admitted[1:6])
+    assert outs[6].token_ids == reference.generate(images[0], question="How many?", params=params).token_ids
+
+
 def test_vision_thread_error_reaches_the_caller(small_folder, images):
     eng = _engine(small_folder)
 

@@ -317,8 +317,11 @@ def test_ui_command_mistakes_are_one_line_before_the_model_loads(capsys):
         busy.listen()
         port = busy.getsockname()[1]
         assert main(["ui", "--port", str(port), "--model", "/no/such/model"]) == 2
-    assert main(["ui", "--source", "/no/such/video.mp4", "--model", "/no/such/model"]) == 2
-    assert main(["ui", "--host", "no-such-host.invalid", "--model", "/no/such/model"]) == 2
+    with socket.socket() as probe:  # a free port: the default one may be taken on this machine
+        probe.bind(("127.0.0.1", 0))
+        free = str(probe.getsockname()[1])
+    assert main(["ui", "--source", "/no/such/video.mp4", "--model", "/no/such/model", "--port", free]) == 2
+    assert main(["ui", "--host", "no-such-host.invalid", "--model", "/no/such/model", "--port", free]) == 2
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 3 and all(line.startswith("vlmstream: error: ") for line in lines), err
