@@ -5,8 +5,8 @@ model runs frame t's prefix, prompt and answer on the other.
 On one device thread a live frame's vision encoder and projection took ~40 % of its device time
 (BENCHMARKS.md); both threads run TorchScript without the GIL, single-threaded inside.
 
-The engine thread owns the stage: `feed` hands the worker the oldest images not yet encoded (at
-most `depth` at once: nothing queues up unbounded), `collect` takes finished ones in order and
+The engine thread owns the stage: `feed` hands the worker the oldest images not yet encoded, of
+the highest priority first (at most `depth` at once: nothing queues up unbounded), `collect` takes finished ones in order and
 sets their `embeds` (the prefix embeddings, P x C); the planner admits an image's requests only
 then, and its prefix step runs the embeddings through the decoder into KV pages as before. The
 worker wakes the engine thread when an encoding is done. An error in the worker is raised by
@@ -63,10 +63,6 @@ class VisionStage:
             img.embeds = pending.wait(0)
             img.crops = None
             img.timings.vision = pending.busy_s * 1000.0
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._jobs)
 
     def busy_seconds(self) -> float:
         return self._executor.busy_seconds()
