@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from app.cli import UsageError, realtime_dtype
-from app.prompt_args import prompt_tasks
+from app.prompt_args import check_constraints, prompt_tasks
 from app.outputs import check_writable
 
 
@@ -56,24 +56,25 @@ def run(args: argparse.Namespace) -> int:
 
     def show(label: str, r) -> None:
         with print_lock:  # several feeds' threads report here
+            new, shot = None, None  # with --changes: the answers that changed, the frame's snapshot
             if changes is None:
-                records, lines = r.records(), r.text.splitlines() or [""]  # one line per prompt
+                lines = r.text.splitlines() or [""]  # one line per prompt
             else:
                 new = changes[label].update(r)
                 if not new:
                     return
-                records = AnswerChanges.records(r, new)
                 if snapshots is not None and not write_error:
                     try:
                         shot = str(_snapshot(snapshots, label if several else "", r))
                     except OSError as e:  # a run that cannot keep its pictures stops and says so (the
-                        shot = None       # change itself is still logged)
-                        write_error.append((f"a snapshot in {snapshots}", e))
-                    for x in records:
-                        x["snapshot"] = shot
+                        write_error.append((f"a snapshot in {snapshots}", e))  # change is still logged)
                 lines = [(f"{prompt_label(r.prompts[c.prompt])}: " if len(r.prompts) > 1 else "") + c.text
                          + ("" if c.previous is None else f"  (was: {c.previous})") for c in new]
             if log is not None and not any(what == args.output for what, _ in write_error):
+                records = r.records() if new is None else AnswerChanges.records(r, new)
+                if snapshots is not None:
+                    for x in records:
+                        x["snapshot"] = shot
                 try:
                     log.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records))
                     log.flush()
@@ -90,9 +91,7 @@ def run(args: argparse.Namespace) -> int:
                           max_draft=0 if args.no_draft else EngineConfig.max_draft,
                           vision_thread=False if args.no_vision_thread else None)
     with Engine(config) as engine:
-        for t in tasks:
-            if "constraint" in t:  # one that cannot compile is an error before any frame is asked
-                engine.check_constraint(t["constraint"])
+        check_constraints(engine, tasks)  # before any frame is asked
         # warm-up: the first step pays one-time costs a live stream should not see
         frames, recorded = opened[0]
         warm = next(frames()).rgb if recorded else np.zeros((240, 320, 3), np.uint8)

@@ -93,6 +93,14 @@ def prompt_tasks(args: argparse.Namespace, default_caption: str = "short") -> li
     return tasks
 
 
+def check_constraints(engine, tasks: list[dict]) -> None:
+    """Compile every prompt's constraint on the loaded model: one that parses but cannot compile
+    over its vocabulary is a ConstraintError (exit 2) here, not at the first frame."""
+    for t in tasks:
+        if "constraint" in t:
+            engine.check_constraint(t["constraint"])
+
+
 def parse_constraint(dest: str, value: str):
     """One constraint flag's value as an engine constraint; a UsageError for a mistake."""
     from engine import Choice, JsonSchema, Regex

@@ -250,10 +250,11 @@ class Service:
     def caption_image(self, rgb: np.ndarray, task: dict | list[dict]) -> dict:
         from pipelines.prompts import INTERACTIVE, answers_text, ask
 
+        tasks = [task] if isinstance(task, dict) else task
+        outs = [h.result(timeout=300) for h in ask(self.engine(), rgb, tasks, self.params(), priority=INTERACTIVE)]
         if isinstance(task, dict):
-            out = self.engine().submit(rgb, params=self.params(), priority=INTERACTIVE, **task).result(timeout=300)
-            return {"text": out.text.strip(), "finish_reason": out.finish_reason, "timings_ms": out.timings_ms}
-        outs = [h.result(timeout=300) for h in ask(self.engine(), rgb, task, self.params(), priority=INTERACTIVE)]
+            return {"text": outs[0].text.strip(), "finish_reason": outs[0].finish_reason,
+                    "timings_ms": outs[0].timings_ms}
         return {"text": answers_text(task, [o.text for o in outs]),
                 "answers": [{"question": t["question"], "text": o.text.strip(), "finish_reason": o.finish_reason,
                              "timings_ms": o.timings_ms} for t, o in zip(task, outs)],
@@ -266,6 +267,7 @@ class Service:
         """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths.
         Setting `stop` ends the job at its next frame with what is done ("cancelled": True)."""
         from pipelines.batch import BatchSummary, Sampling, caption_file
+        from pipelines.prompts import prompt_label
         from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
         from pipelines.sources import FileSource
 
@@ -289,7 +291,7 @@ class Service:
         several = isinstance(task, list)
 
         def on_frame(r) -> None:
-            asked = f"{r.prompt['question']}: " if several and "question" in r.prompt else ""
+            asked = f"{prompt_label(r.prompt)}: " if several else ""
             rows.append({"index": r.index, "pts": r.pts, "text": asked + r.text.strip(),
                          "ms": round(r.timings_ms.get("total", 0.0), 1)})
             if on_progress:
@@ -307,6 +309,9 @@ class Service:
             src.close()
             for sink in sinks:
                 sink.close()
+            with self._lock:  # the job is over: a later Cancel has nothing to stop
+                for session in [k for k, v in self._video_stops.items() if v is stop]:
+                    del self._video_stops[session]
         speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
         return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
                 "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),

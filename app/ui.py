@@ -22,6 +22,7 @@ VIDEO_TABLE_ROWS = 5000  # a page holds this many; the downloads hold every answ
 
 
 QUESTION_LABEL = "Question (several: one a line, all asked about every frame)"
+CONSTRAINT_LABEL = "Choices (comma separated), regex or JSON schema"
 
 
 def build(service: Service, source: str | None = None):
@@ -159,7 +160,7 @@ def build(service: Service, source: str | None = None):
                 kind = gr.Radio(PROMPTS, value="short", label="Prompt")
                 question = gr.Textbox(label=QUESTION_LABEL, placeholder="How many shapes are there?", lines=2)
                 ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
-                ctext = gr.Textbox(label="Choices (comma separated), regex or JSON schema")
+                ctext = gr.Textbox(label=CONSTRAINT_LABEL)
             with gr.Row():
                 start = gr.Button("Start", variant="primary", elem_id="vs-start")
                 stop_btn = gr.Button("Stop", elem_id="vs-stop")
@@ -168,7 +169,8 @@ def build(service: Service, source: str | None = None):
                     frame = gr.HTML(frame_html(None), elem_id="vs-frame-box")
                 with gr.Column(scale=2):
                     counters = gr.HTML(elem_id="vs-counters-box")
-                    log = gr.Textbox(label="Captions, a line each time they change (newest first)", lines=14, max_lines=14, elem_id="vs-log")
+                    log = gr.Textbox(label="Captions, a line each time they change (newest first)", lines=14,
+                                     max_lines=14, elem_id="vs-log")
             chart = gr.HTML(chart_svg([], 30.0), elem_id="vs-chart-box")
             with gr.Row():
                 export_btn = gr.Button("Export captions (JSONL)", elem_id="vs-export", scale=1)
@@ -195,13 +197,13 @@ def build(service: Service, source: str | None = None):
                 cam_kind = gr.Radio(PROMPTS, value="short", label="Prompt")
                 cam_question = gr.Textbox(label=QUESTION_LABEL, lines=2)
                 cam_ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
-                cam_ctext = gr.Textbox(label="Choices (comma separated), regex or JSON schema")
+                cam_ctext = gr.Textbox(label=CONSTRAINT_LABEL)
             with gr.Row():
                 cam_export = gr.Button("Export captions (JSONL)", scale=1)
                 cam_file = gr.File(label=f"Captions of your camera (the last {EXPORT_LINES:,}, with timings)", scale=3)
             cam_export.click(export("push"), None, cam_file, api_name=False, concurrency_limit=None)
-            cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext], [cam_frame, cam_counters], stream_every=0.1,
-                       concurrency_limit=None, show_progress="hidden", api_name=False)
+            cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext], [cam_frame, cam_counters],
+                       stream_every=0.1, concurrency_limit=None, show_progress="hidden", api_name=False)
         with gr.Tab("Video file"):
             with gr.Row():
                 vfile = gr.File(label="Video", file_types=["video"], type="filepath", elem_id="vs-video-file")
@@ -209,7 +211,7 @@ def build(service: Service, source: str | None = None):
                     vkind = gr.Radio(PROMPTS, value="short", label="Prompt")
                     vquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)
                     vckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
-                    vctext = gr.Textbox("", label="Choices (comma separated), regex or JSON schema")
+                    vctext = gr.Textbox("", label=CONSTRAINT_LABEL)
                     every = gr.Number(1, precision=0, minimum=1, label="Every n-th frame")
                     with gr.Row():
                         vrun = gr.Button("Caption video", variant="primary", elem_id="vs-video-run")
@@ -228,7 +230,7 @@ def build(service: Service, source: str | None = None):
                     ikind = gr.Radio(PROMPTS, value="normal", label="Prompt")
                     iquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)
                     ickind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
-                    ictext = gr.Textbox(label="Choices, regex or JSON schema")
+                    ictext = gr.Textbox(label=CONSTRAINT_LABEL)
                     irun = gr.Button("Caption", variant="primary")
             itext = gr.Textbox(label="Answer", elem_id="vs-image-text")
             itimings = gr.JSON(label="Result and timings")

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from app.cli import UsageError, realtime_dtype
-from app.prompt_args import prompt_tasks
 from app.outputs import FORMATS, check_writable, folder_arg, parse_formats, plan_outputs
+from app.prompt_args import check_constraints, prompt_tasks
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,9 +145,7 @@ def run(args: argparse.Namespace) -> int:
     summaries: list[BatchSummary] = []
     with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
                              vision_thread=False if args.no_vision_thread else None)) as engine:
-        for t in tasks:
-            if "constraint" in t:  # one that cannot compile is an error before any output is touched
-                engine.check_constraint(t["constraint"])
+        check_constraints(engine, tasks)  # before any output is touched
         shared = JsonlSink(sys.stdout if to_stdout else out, append=args.resume) if kind == "jsonl" else None
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(CONCURRENT_FILES, len(paths))) as pool:

@@ -157,7 +157,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
 
 def format_table(report: dict) -> str:
     lines = [f"model={report['model']} device={report['device']} dtype={report['dtype']} "
-             f"decode={report['decode']} vision_thread={report.get('vision_thread', False)} tokens/request={report['tokens_per_request']} runs per mode>={report['repeats']} "
+             f"decode={report['decode']} vision_thread={report.get('vision_thread', False)} "
+             f"tokens/request={report['tokens_per_request']} runs per mode>={report['repeats']} "
              f"and >={report['min_seconds']:g} s (medians; ratio: median of paired runs; decode tok/s)",
              f"{'streams':>7} {'pipelined tok/s':>16} {'blocking tok/s':>15} {'ratio':>6} "
              f"{'busy pipe':>9} {'busy block':>10} {'TTFT ms':>8} {'identical':>9}"]

@@ -6,9 +6,9 @@ On one device thread a live frame's vision encoder and projection took ~40 % of 
 (BENCHMARKS.md); both threads run TorchScript without the GIL, single-threaded inside.
 
 The engine thread owns the stage: `feed` hands the worker the oldest images not yet encoded, of
-the highest priority first (at most `depth` at once: nothing queues up unbounded), `collect` takes finished ones in order and
-sets their `embeds` (the prefix embeddings, P x C); the planner admits an image's requests only
-then, and its prefix step runs the embeddings through the decoder into KV pages as before. The
+the highest priority first (at most `depth` at once: nothing queues up unbounded), `collect`
+takes finished ones in order and sets their `embeds` (the prefix embeddings, P x C); the
+planner admits an image's requests only then, and its prefix step runs the embeddings through the decoder into KV pages as before. The
 worker wakes the engine thread when an encoding is done. An error in the worker is raised by
 `collect` on the engine thread, which fails every request as it does for a device error. An
 encoding is the same whichever thread computes it (the encoder is batch invariant), so answers
@@ -46,6 +46,8 @@ class VisionStage:
     def feed(self, pending_images: list[Image]) -> None:
         """Start the oldest images of the highest priority that still need an encoding, up to
         `depth` in the worker."""
+        if len(self._jobs) >= self.depth:  # the common case in the engine loop: nothing to sort
+            return
         for img in sorted(pending_images, key=lambda i: -i.priority):  # stable: FIFO within a priority
             if len(self._jobs) >= self.depth:
                 return

@@ -6,8 +6,9 @@ in frame order, never dropped. Several files can run at once, each in its own th
 one engine (which then batches their frames together); several prompts about each frame share
 its image prefix. With `done` (a previous run's JSONL, read by `done_frames`), answers already
 given are not asked again: they go, in frame order, to the sinks that do not hold them already
-(subtitles and an annotated MP4 are rebuilt whole; the JSONL only gets the new answers). A `stop` event ends a run early (Ctrl-C): its
-frames still in flight are cancelled, what was written stays.
+(subtitles and an annotated MP4 are rebuilt whole; the JSONL only gets the new answers). A
+`stop` event ends a run early (Ctrl-C): its frames still in flight are cancelled, what was
+written stays.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Two ways in. Pull: give a function returning frame iterators (a file, a stream, 
 pump thread takes the grabber's newest frame at up to `fps` and offers it to the session. Push:
 call `push(rgb)` with frames as they arrive (a browser's camera); the session's intake bound
 makes the latest frame win. Either way the feed keeps, under one lock: the newest result with
-the exact frame it describes, a caption log (a line per run of identical answers), per-frame stage latencies for the last
-`window_s` seconds, the session's counters, and the last EXPORT_LINES answers as JSON lines
+the exact frame it describes, a caption log (a line per run of identical answers), per-frame
+stage latencies for the last `window_s` seconds, the session's counters, and the last
+EXPORT_LINES answers as JSON lines
 (`records()`, for a download). `snapshot()` copies all but the records for a viewer that polls;
 `version` grows with every result so a viewer can skip redraws when nothing changed.
 """

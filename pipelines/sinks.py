@@ -16,7 +16,7 @@ from typing import TextIO
 
 import numpy as np
 
-from .prompts import PROMPT_KEYS, answers_text, prompt_key
+from .prompts import PROMPT_KEYS, answers_text, prompt_key, prompt_of
 
 
 @dataclass
@@ -106,7 +106,7 @@ def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None) 
         except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a line cut by an interruption: that frame is redone
         if not r.prompt and default_prompt:
-            r.prompt = dict(default_prompt)
+            r.prompt = prompt_of(default_prompt)  # the task may carry a constraint: not a field
         done[r.key()] = r
     return done
 

@@ -101,3 +101,12 @@ def test_live_answers_within_the_constraint(tmp_path, small_folder, capsys):
                  "--question", "Is there a star?", "--choices", "yes,no", "-o", str(log), "--json"]) == 0
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) > 4 and {r["text"] for r in rows} <= {"yes", "no"}
+
+
+def test_resumed_lines_without_a_prompt_record_the_question_not_its_constraint(tmp_path):
+    from pipelines.sinks import done_frames
+
+    old = tmp_path / "old.jsonl"  # a line from before lines named their prompt
+    old.write_text(json.dumps({"source": "v.mp4", "index": 0, "pts": 0.0, "text": "yes", "token_ids": [5]}) + "\n")
+    (r,) = done_frames(old, {"question": "Q", "constraint": Choice(["yes", "no"])}).values()
+    assert r.prompt == {"question": "Q"} and json.loads(r.to_json())["question"] == "Q"
