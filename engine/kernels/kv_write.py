@@ -30,6 +30,11 @@ def _kv_write_kernel(k_cache, v_cache, k_new, v_new, slots, stride_cache, stride
     tl.store(v_cache + slot * stride_cache + offs, v.to(v_cache.dtype.element_ty), mask=ok)
 
 
+def launch_constants(n_kv_heads: int, head_dim: int) -> dict:
+    """The kernel's compile-time parameters for a layout (also used to compile it ahead of time)."""
+    return dict(BLOCK=triton.next_power_of_2(n_kv_heads * head_dim))
+
+
 def kv_write_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                     slots_N: torch.Tensor) -> None:
     """One program per new token; each copies n_kv_heads * head_dim contiguous values."""
@@ -40,4 +45,4 @@ def kv_write_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.T
     if n == 0:
         return
     _kv_write_kernel[(n,)](k_cache, v_cache, k_new, v_new, slots_N, k_cache.stride(0), k_new.stride(0),
-                           hk * d, BLOCK=triton.next_power_of_2(hk * d))
+                           hk * d, **launch_constants(hk, d))

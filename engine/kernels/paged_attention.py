@@ -72,6 +72,12 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr,
              out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
 
 
+def launch_constants(n_heads: int, n_kv_heads: int, head_dim: int, page_size: int) -> dict:
+    """The kernel's compile-time parameters for a layout (also used to compile it ahead of time)."""
+    group = n_heads // n_kv_heads
+    return dict(GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=head_dim, PAGE=page_size)
+
+
 def paged_attention_triton(q_BHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            page_table_BP: torch.Tensor, seq_lens_B: torch.Tensor, page_size: int,
                            scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -82,11 +88,9 @@ def paged_attention_triton(q_BHD: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         raise ValueError("paged_attention_triton needs heads % kv_heads == 0 and power-of-two head_dim and page_size")
     if k_cache.stride(2) != 1 or q_BHD.stride(2) != 1 or k_cache.stride() != v_cache.stride():
         raise ValueError("paged_attention_triton needs the last dim contiguous and k/v caches of one layout")
-    group = h // hk
     out = torch.empty_like(q_BHD) if out is None else out
     _paged_attention_kernel[(b, hk)](
         q_BHD, k_cache, v_cache, page_table_BP, seq_lens_B, out,
         q_BHD.stride(0), q_BHD.stride(1), k_cache.stride(0), k_cache.stride(1), page_table_BP.stride(0),
-        out.stride(0), out.stride(1), scale,
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=d, PAGE=page_size)
+        out.stride(0), out.stride(1), scale, **launch_constants(h, hk, d, page_size))
     return out

@@ -121,6 +121,12 @@ def _sample_kernel(logits_ptr, allowed_ptr, sup_ptr, temp_ptr, top_p_ptr, u_ptr,
     tl.store(out_ptr + r, best.to(tl.int64))
 
 
+def launch_constants(vocab_size: int, has_allowed: bool, block: int = 2048) -> dict:
+    """The kernel's compile-time parameters (also used to compile it ahead of time)."""
+    block = min(block, triton.next_power_of_2(vocab_size))
+    return dict(HAS_ALLOWED=has_allowed, BLOCK=block, N_BLOCKS=triton.cdiv(vocab_size, block))
+
+
 def sample_triton(logits_RV: torch.Tensor, allowed_RV: torch.Tensor | None, suppress_R: torch.Tensor,
                   suppress_id: int, temperature_R: torch.Tensor, top_p_R: torch.Tensor, u_R: torch.Tensor,
                   block: int = 2048, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -131,10 +137,8 @@ def sample_triton(logits_RV: torch.Tensor, allowed_RV: torch.Tensor | None, supp
         return out
     logits = logits_RV.contiguous()
     allowed = allowed_RV.contiguous().view(torch.uint8) if allowed_RV is not None else logits
-    block = min(block, triton.next_power_of_2(v))
     _sample_kernel[(r,)](
         logits, allowed, suppress_R.to(torch.int8), temperature_R.float().contiguous(),
         top_p_R.float().contiguous(), u_R.float().contiguous(), out,
-        logits.stride(0), allowed.stride(0), v, suppress_id,
-        HAS_ALLOWED=allowed_RV is not None, BLOCK=block, N_BLOCKS=triton.cdiv(v, block))
+        logits.stride(0), allowed.stride(0), v, suppress_id, **launch_constants(v, allowed_RV is not None, block))
     return out
