@@ -274,13 +274,12 @@ class Service:
         if every_n < 1:
             raise UIError("every n-th frame must be >= 1")
         out_dir.mkdir(parents=True, exist_ok=True)
-        src = FileSource(path)
-        total = src.frame_count
-        first = next(src.frames(), None)
-        src.close()
+        with FileSource(path) as src:  # its stream's fields cannot be read once it is closed (av >= 19)
+            total, fps = src.frame_count, src.fps
+            first = next(src.frames(), None)
         if first is None:
             raise UIError("the video has no frames")
-        duration = every_n / (src.fps or 30.0)
+        duration = every_n / (fps or 30.0)
         paths = {"jsonl": out_dir / "captions.jsonl", "srt": out_dir / "captions.srt",
                  "vtt": out_dir / "captions.vtt", "mp4": out_dir / "annotated.mp4"}
         paths["jsonl"].unlink(missing_ok=True)

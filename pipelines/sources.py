@@ -47,6 +47,7 @@ class FileSource:
         self.source_id = source_id or str(path)
         self.error: str | None = None
         self.decoded = 0  # frames decoded by the last frames() so far
+        self._closed = False
         if not self.path.exists():
             if "://" in str(path):  # Path() would print it as "http:/host/..."
                 raise SourceError(f"{redact(str(path))} is a stream, not a file: `vlmstream live` reads streams")
@@ -67,14 +68,22 @@ class FileSource:
             self._stream.thread_type = "AUTO"  # frame + slice threads: batch work wants throughput
 
     @property
+    def _open_stream(self):
+        # PyAV 19 refuses to read a closed container's stream (AssertionError); 18 answered. Refusing
+        # here on every version keeps a use after close() from passing the tests on one of them.
+        if self._closed:
+            raise RuntimeError(f"{self.path} was closed: read its fields before close()")
+        return self._stream
+
+    @property
     def fps(self) -> float | None:
-        rate = self._stream.average_rate or self._stream.guessed_rate
+        rate = self._open_stream.average_rate or self._stream.guessed_rate
         return float(rate) if rate else None
 
     @property
     def frame_count(self) -> int | None:
         """Frames the container announces (may be 0/None for streams that do not say)."""
-        if self._stream.frames:
+        if self._open_stream.frames:
             return int(self._stream.frames)
         if self._container.duration and self.fps:
             return int(self._container.duration / 1_000_000 * self.fps)
@@ -109,6 +118,7 @@ class FileSource:
             self.error = f"{self.path}: no frame could be decoded"
 
     def close(self) -> None:
+        self._closed = True
         self._container.close()
 
     def __enter__(self) -> "FileSource":
