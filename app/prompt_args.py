@@ -74,6 +74,8 @@ def prompt_tasks(args: argparse.Namespace, default_caption: str = "short") -> li
     tasks = ([{"caption": args.caption}] if args.caption else []) + [{"question": q} for q in questions]
     tasks = tasks or [{"caption": default_caption}]
     order = getattr(args, "prompt_order", None) or []
+    if sum(dest == "caption" for dest, _ in order) > 1:  # argparse keeps the last: which one was meant?
+        raise UsageError("--caption is given twice (a frame gets one caption; ask more with --question)")
     by_value = {(("caption" if "caption" in t else "question"), t.get("caption") or t["question"]): t
                 for t in tasks}
     current: dict | None = tasks[0] if len(tasks) == 1 else None

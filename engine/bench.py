@@ -58,7 +58,7 @@ def _run(engine: Engine, depth: int, images: list[np.ndarray], tokens: int) -> d
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     refs = [engine.encode_image(img) for img in images]  # host preprocessing: before the window
     deadline = time.perf_counter() + 600
-    while any(r._image.awaits_vision for r in refs) and time.perf_counter() < deadline:
+    while engine.stats().vision_queue and time.perf_counter() < deadline:
         time.sleep(0.002)  # and the CPU vision thread's encodings (engine/vision_stage.py)
     engine.reset_stats()  # the busy fraction's window is the run's wall time, from here
     t0 = time.perf_counter()

@@ -8,7 +8,9 @@ preprocessing does). Every failure is an `ImageError` with a one-line message.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -25,48 +27,41 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", 
 def check_image(path: str | Path) -> None:
     """Cheap checks before a run (the file exists and its header is an image Pillow reads),
     so a mistyped name among many fails at once; decoding may still fail later."""
-    path = Path(path)
-    _check_file(path)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with Image.open(path):
-                pass
-    except UnidentifiedImageError:
-        raise ImageError(f"{path} is not an image (or not a format Pillow can read)") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise ImageError(f"{path} could not be read: {e}") from None
+    with _opened(Path(path), "read"):
+        pass
 
 
-def _check_file(path: Path) -> None:
+def read_image(path: str | Path) -> np.ndarray:
+    """(H, W, 3) uint8 RGB array of the image's first frame."""
+    with _opened(Path(path), "decoded") as img:
+        img.load()
+        try:
+            img = ImageOps.exif_transpose(img)
+        except Exception:  # a broken EXIF block must not cost the image
+            pass
+        return to_rgb(img)
+
+
+@contextmanager
+def _opened(path: Path, verb: str) -> Iterator[Image.Image]:
+    """The image opened by Pillow; every way that fails is one ImageError ("could not be <verb>")."""
     if not path.exists():
         raise ImageError(f"image not found: {path}")
     if path.is_dir():
         raise ImageError(f"{path} is a folder, not an image")
     if path.stat().st_size == 0:
         raise ImageError(f"{path} is empty (0 bytes)")
-
-
-def read_image(path: str | Path) -> np.ndarray:
-    """(H, W, 3) uint8 RGB array of the image's first frame."""
-    path = Path(path)
-    _check_file(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with Image.open(path) as img:
-                img.load()
-                try:
-                    img = ImageOps.exif_transpose(img)
-                except Exception:  # a broken EXIF block must not cost the image
-                    pass
-                return to_rgb(img)
+                yield img
     except UnidentifiedImageError:
         raise ImageError(f"{path} is not an image (or not a format Pillow can read)") from None
     except Image.DecompressionBombError as e:
         raise ImageError(f"{path} is too large to decode safely: {e}") from None
     except (OSError, ValueError, SyntaxError) as e:
-        raise ImageError(f"{path} could not be decoded: {e}") from None
+        raise ImageError(f"{path} could not be {verb}: {e}") from None
 
 
 def to_rgb(img: Image.Image) -> np.ndarray:

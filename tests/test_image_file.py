@@ -3,7 +3,7 @@ import pytest
 from PIL import Image
 
 from engine.errors import ImageError
-from pipelines.image_file import read_image
+from pipelines.image_file import check_image, read_image
 
 RGB = np.array([[[255, 0, 0], [0, 255, 0]], [[0, 0, 255], [255, 255, 255]]], dtype=np.uint8)
 
@@ -82,12 +82,15 @@ def test_exif_orientation_is_applied(tmp_path):
     (lambda p: p.mkdir(), "is a folder"),
     (lambda p: p.write_bytes(b""), "empty"),
     (lambda p: p.write_text("hello, I am text"), "not an image"),
+    (lambda p: Image.new("L", (64, 64)).save(p), "too large to decode safely"),  # past MAX_IMAGE_PIXELS below
 ])
-def test_bad_files(tmp_path, make, needle):
+@pytest.mark.parametrize("read", [read_image, check_image])
+def test_bad_files(tmp_path, monkeypatch, make, needle, read):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 64 x 64 is a decompression bomb then
     path = tmp_path / "x.png"
     make(path)
     with pytest.raises(ImageError, match=needle):
-        read_image(path)
+        read(path)
 
 
 def test_truncated_image(tmp_path):

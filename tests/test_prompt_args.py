@@ -41,6 +41,7 @@ def test_a_constraint_belongs_to_the_prompt_before_it():
 @pytest.mark.parametrize("argv, needle", [
     (["--choices", "a,b", "--question", "Q1", "--question", "Q2"], "write --choices after the --question"),
     (["--question", "Q", "--choices", "a", "--regex", "b"], "--choices and --regex given for one prompt"),
+    (["--caption", "short", "--caption", "long", "--question", "Q", "--choices", "a,b"], "--caption is given twice"),
     (["--choices", " , "], "--choices needs at least one choice"),
     (["--regex", "("], "--regex is not a valid regular expression"),
     (["--regex", ""], "--regex is empty"),
