@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="with -o FOLDER/: jsonl, srt, vtt, or several separated by commas (default jsonl)")
     vid.add_argument("--annotate", metavar="OUT.mp4",
                      help="write an MP4 with captions and latency drawn; a FOLDER/: one per video")
+    vid.add_argument("--changes", action="store_true",
+                     help="JSON lines (or terminal lines) only for answers that differ from the last one of their "
+                          "video and prompt, with the answer replaced (previous) and when it began (since)")
+    vid.add_argument("--hold", type=int, default=None, metavar="N",
+                     help="with --changes, a new answer counts once N processed frames in a row gave it (default 1)")
     vid.add_argument("--resume", action="store_true",
                      help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
                           "without it, outputs are written afresh")

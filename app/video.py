@@ -21,7 +21,8 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from pipelines.batch import BatchSummary, Sampling, caption_file, merge
-    from pipelines.prompts import prompt_label
+    from pipelines.changes import AnswerChanges, ChangedAnswersSink
+    from pipelines.prompts import prompt_key, prompt_label
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
     from pipelines.sources import FileSource, SourceError
 
@@ -49,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--resume needs a JSONL file to read back, not -o -")
     if args.resume and kind != "jsonl" and "jsonl" not in formats:
         raise UsageError("--resume needs -o OUT.jsonl, or -o FOLDER/ with jsonl among its --format")
+    if args.hold is not None and (not args.changes or args.hold < 1):
+        raise UsageError("--hold N goes with --changes, N >= 1")
+    if args.changes and args.resume:
+        raise UsageError("--changes writes only the answers that changed: --resume could not tell the frames done")
+    if args.changes and (kind in ("srt", "vtt") or out_dir and "jsonl" not in formats):
+        raise UsageError("--changes reports in JSONL or on the terminal (subtitles merge repeated captions already)")
     ann_file = Path(args.annotate) if args.annotate and not ann_dir else None
     plans = plan_outputs(paths, out_dir, formats, ann_dir, ann_file, (out, kind) if kind in ("srt", "vtt") else None)
     check_writable([d for d in (out_dir, ann_dir) if d], [p for p in (out, ann_file) if p])
@@ -67,6 +74,14 @@ def run(args: argparse.Namespace) -> int:
                        file=sys.stderr)
         overall.set_postfix(files_done=0)
     files_done = 0
+    trackers: list = []  # with --changes: every AnswerChanges, for the count of changes
+
+    def jsonl_sink(sink: JsonlSink):
+        if not args.changes:
+            return sink
+        filtered = ChangedAnswersSink(sink, args.hold or 1)
+        trackers.append(filtered.changes)
+        return filtered
 
     def process(i: int, path: str) -> BatchSummary:
         nonlocal files_done
@@ -84,23 +99,33 @@ def run(args: argparse.Namespace) -> int:
         bar = None if overall else tqdm(total=src.frame_count, desc=name, unit="frame", position=i,
                                         leave=True, file=sys.stderr)
         shown = 0
+        on_terminal = out is None and not out_dir and not to_stdout
+        changed = AnswerChanges(args.hold or 1) if args.changes and on_terminal else None
+        if changed:
+            trackers.append(changed)
 
         def show(r) -> None:
             nonlocal shown
             with print_lock:
                 (bar or overall).update(max(0, summary.frames_decoded - shown))
                 shown = max(shown, summary.frames_decoded)
-                if out is None and not out_dir and not to_stdout:
+                if on_terminal:
                     prefix = f"{name}  " if len(paths) > 1 else ""
                     asked = "" if one_prompt else f"{prompt_label(r.prompt)}: "
-                    print(f"{prefix}{r.pts:9.3f}  {asked}{r.text.strip()}", flush=True)
+                    pts, text, was = r.pts, r.text.strip(), ""
+                    if changed is not None:
+                        c = changed.observe(prompt_key(r.prompt), r.text, r.pts)
+                        if c is None:
+                            return
+                        pts, was = c.since_pts, "" if c.previous is None else f"  (was: {c.previous})"
+                    print(f"{prefix}{pts:9.3f}  {asked}{text}{was}", flush=True)
 
         try:
             file_done = done
             if plan.jsonl:
                 plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
                 file_done = done_frames(plan.jsonl, one_prompt) if args.resume else {}
-                sinks.append(JsonlSink(plan.jsonl, append=args.resume))
+                sinks.append(jsonl_sink(JsonlSink(plan.jsonl, append=args.resume)))
             for sub_path, fmt in plan.subtitles:
                 sub_path.parent.mkdir(parents=True, exist_ok=True)
                 sinks.append(SubtitleSink(sub_path, fmt, 1.0 / (src.fps or 30.0)))
@@ -146,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
                              vision_thread=False if args.no_vision_thread else None)) as engine:
         check_constraints(engine, tasks)  # before any output is touched
-        shared = JsonlSink(sys.stdout if to_stdout else out, append=args.resume) if kind == "jsonl" else None
+        shared = jsonl_sink(JsonlSink(sys.stdout if to_stdout else out, append=args.resume)) if kind == "jsonl" else None
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(CONCURRENT_FILES, len(paths))) as pool:
             futures = [pool.submit(process, i, path) for i, (path, _, _) in enumerate(paths)]
@@ -172,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
     print(f"vlmstream: {summary.frames_captioned} frames captioned, {summary.frames_skipped} skipped (resume), "
           f"{summary.files} file(s)" + (f", {len(skipped)} unreadable skipped" if skipped else "")
+          + (f", {sum(t.count for t in trackers)} changes" if args.changes else "")
           + f", {speed:.1f}x real time" + (f", outputs in {out_dir}" if out_dir else "")
           + (" (interrupted)" if interrupted else ""),
           file=sys.stderr)

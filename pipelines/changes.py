@@ -1,22 +1,28 @@
-"""Answer changes of a live session: what a camera watcher wants to hear about ("the door is now
-open"), rather than the same answer sixty times a second.
+"""Answer changes: what a camera watcher wants to hear about ("the door is now open"), rather than
+the same answer sixty times a second; for `live --changes` and `video --changes`.
 
-Each prompt's answer is followed on its own. A new answer counts once it has come `hold` frames
-in a row (completed frames; stale ones never complete), so one misread frame does not make two
-events; it then dates from the first of those frames. The first answer of a session is a change
-from nothing (`previous` None).
+Each prompt's answer is followed on its own (and each source's, in `video`). A new answer counts
+once it has come `hold` frames in a row (completed frames; stale ones never complete; in `video`,
+the frames processed), so one misread frame does not make two events; it then dates from the
+first of those frames. The first answer is a change from nothing (`previous` None).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Hashable
+
+import numpy as np
 
 from .live import LiveResult
+from .prompts import prompt_key
+from .sinks import FrameResult, JsonlSink
 
 
 @dataclass(frozen=True)
 class Change:
-    prompt: int  # index among the session's prompts
+    prompt: Hashable  # what is followed: in a live session, the index among its prompts
     text: str
     previous: str | None
     since_pts: float  # the first frame that gave the new answer
@@ -34,24 +40,27 @@ class AnswerChanges:
         self._pending: dict[int, tuple[str, float, int]] = {}  # prompt -> (new answer, first pts, frames seen)
         self.count = 0
 
+    def observe(self, key: Hashable, text: str, pts: float) -> Change | None:
+        """The next answer for `key` (a prompt), from the frame at `pts`; the change it makes, if any."""
+        text = text.strip()
+        current = self._current.get(key)
+        if current is not None and current[0] == text:
+            self._pending.pop(key, None)  # a flicker that did not hold
+            return None
+        seen = self._pending.get(key)
+        first, n = (seen[1], seen[2] + 1) if seen and seen[0] == text else (pts, 1)
+        if n < self.hold:
+            self._pending[key] = (text, first, n)
+            return None
+        self._pending.pop(key, None)
+        self._current[key] = (text, first)
+        self.count += 1
+        return Change(key, text, current[0] if current else None, first, current[1] if current else None)
+
     def update(self, result: LiveResult) -> list[Change]:
-        changes = []
-        for i, out in enumerate(result.outputs):
-            text, pts = out.text.strip(), result.frame.pts
-            current = self._current.get(i)
-            if current is not None and current[0] == text:
-                self._pending.pop(i, None)  # a flicker that did not hold
-                continue
-            seen = self._pending.get(i)
-            first, n = (seen[1], seen[2] + 1) if seen and seen[0] == text else (pts, 1)
-            if n < self.hold:
-                self._pending[i] = (text, first, n)
-                continue
-            self._pending.pop(i, None)
-            self._current[i] = (text, first)
-            changes.append(Change(i, text, current[0] if current else None, first, current[1] if current else None))
-        self.count += len(changes)
-        return changes
+        """A live frame's answers, in prompt order: the changes they make (keyed by prompt index)."""
+        changes = [self.observe(i, out.text, result.frame.pts) for i, out in enumerate(result.outputs)]
+        return [c for c in changes if c is not None]
 
     @staticmethod
     def records(result: LiveResult, changes: list[Change]) -> list[dict]:
@@ -59,3 +68,28 @@ class AnswerChanges:
         (the answer it replaced, null for the first) and `since` (the pts it first came at)."""
         rows = result.records()
         return [{**rows[c.prompt], "previous": c.previous, "since": round(c.since_pts, 6)} for c in changes]
+
+
+class ChangedAnswersSink:
+    """`video --changes`: a JSONL sink that gets only the answers that changed, per source and
+    prompt, each line `FrameResult`'s fields plus `previous` and `since` (as in `live --changes`).
+    Thread-safe, like the JSONL it writes: several files captioned at once may share it."""
+
+    holds_done = True  # never given a resumed run's answers: --changes does not resume
+
+    def __init__(self, sink: JsonlSink, hold: int = 1):
+        self.sink, self.changes = sink, AnswerChanges(hold)
+        self._lock = threading.Lock()
+
+    def write_frame(self, results: list[FrameResult], rgb: np.ndarray | None = None) -> None:
+        with self._lock:  # one file's frames arrive in order; the lock keeps each file's in order
+            records = []
+            for r in results:
+                c = self.changes.observe((r.source, prompt_key(r.prompt)), r.text, r.pts)
+                if c is not None:
+                    records.append({**r.to_dict(), "previous": c.previous, "since": round(c.since_pts, 6)})
+            if records:
+                self.sink.write_records(records)
+
+    def close(self) -> None:
+        self.sink.close()

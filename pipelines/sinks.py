@@ -82,7 +82,10 @@ class JsonlSink:
         self.write_frame([r], rgb)
 
     def write_frame(self, results: list[FrameResult], rgb: np.ndarray | None = None) -> None:
-        text = "".join(r.to_json() + "\n" for r in results)
+        self.write_records([r.to_dict() for r in results])
+
+    def write_records(self, records: list[dict]) -> None:
+        text = "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records)
         with self._lock:
             self._f.write(text)
             self._f.flush()

@@ -95,3 +95,69 @@ def test_a_snapshot_that_cannot_be_written_stops_the_run_but_keeps_the_change(tm
     assert f"cannot write a snapshot in {tmp_path / 'shots'}: No space left on device" in err
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["snapshot"] is None and rows[0]["previous"] is None
+
+
+def expected_changes(rows: list[dict], hold: int) -> list[tuple]:
+    """What `video --changes --hold N` should keep of a full run's lines: written here afresh from
+    the definition (per source and prompt, N lines in a row, dated from the first)."""
+    out, current, pending = [], {}, {}
+    for r in rows:
+        key, text = (r["source"], r.get("question") or r.get("caption")), r["text"].strip()
+        if current.get(key, (None,))[0] == text:
+            pending.pop(key, None)
+            continue
+        first, n = pending.get(key, (text, r["pts"], 0))[1:] if pending.get(key, (None,))[0] == text else (r["pts"], 0)
+        n += 1
+        if n < hold:
+            pending[key] = (text, first, n)
+            continue
+        pending.pop(key, None)
+        out.append((r["source"], r["index"], key[1], text, current.get(key, (None,))[0], first))
+        current[key] = (text, first)
+    return out
+
+
+def test_video_changes_keeps_exactly_the_changed_answers_of_a_full_run(tmp_path, capsys):
+    """Two files into one JSONL, two prompts each: the lines of `--changes` are those of a full run
+    whose answer differs from its file's and prompt's last one, each with what it replaced."""
+    other = tmp_path / "other.mp4"
+    other.write_bytes(CLIP.read_bytes())  # a second source with the same answers: followed on its own
+    common = [str(CLIP), str(other), "--fps", "3", "--question", "How many shapes are there?",
+              "--choices", "one,two,three,four", "--caption", "short"]
+    full, events = tmp_path / "all.jsonl", tmp_path / "events.jsonl"
+    assert main(["video", *common, "-o", str(full)]) == 0
+    rows = [json.loads(line) for line in full.read_text().splitlines()]
+    kept = []
+    for hold in (1, 2):
+        assert main(["video", *common, "--changes", "--hold", str(hold), "-o", str(events)]) == 0
+        got = [json.loads(line) for line in events.read_text().splitlines()]
+        # the files run side by side: their lines interleave in the JSONL, each file's in frame order
+        assert sorted([(r["source"], r["index"], r.get("question") or r.get("caption"), r["text"].strip(),
+                        r["previous"], r["since"]) for r in got], key=lambda x: x[:2]) \
+            == sorted(expected_changes(rows, hold), key=lambda x: x[:2])
+        by_key = {(r["source"], r["index"], r.get("question") or r.get("caption")): r for r in rows}
+        assert all({k: v for k, v in r.items() if k not in ("previous", "since", "timings_ms")}
+                   == {k: v for k, v in by_key[r["source"], r["index"], r.get("question") or r.get("caption")].items()
+                       if k != "timings_ms"} for r in got)
+        assert f", {len(got)} changes," in capsys.readouterr().err
+        kept.append(len(got))
+    assert kept[1] < kept[0]  # some answers flickered for a single frame
+    # the clip cuts from four shapes to one at 4 s and to three at 8: both files report both cuts
+    counts = [(r["source"], r["text"], r["since"]) for r in got if "question" in r]
+    for source in (str(CLIP), str(other)):
+        assert [(t, s) for src, t, s in counts if src == source][:2] == [("four", 0.0), ("one", 4.0)]
+    assert len(got) < len(rows) / 3
+
+
+def test_video_changes_on_the_terminal_and_its_mistakes(tmp_path, capsys):
+    assert main(["video", str(CLIP), "--fps", "2", "--question", "How many shapes are there?", "--changes"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines[0].split() == ["0.000", "four"] and lines[1].split() == ["4.000", "one", "(was:", "four)"]
+    assert all("(was: " in line for line in lines[1:])
+    for bad, message in [(["--hold", "2"], "--hold N goes with --changes"),
+                         (["--changes", "--hold", "0"], "--hold N goes with --changes"),
+                         (["--changes", "--resume", "-o", str(tmp_path / "a.jsonl")], "--resume could not tell"),
+                         (["--changes", "-o", str(tmp_path / "a.srt")], "--changes reports in JSONL"),
+                         (["--changes", "-o", f"{tmp_path}/", "--format", "vtt"], "--changes reports in JSONL")]:
+        assert main(["video", str(CLIP), *bad]) == 2
+        assert message in capsys.readouterr().err
