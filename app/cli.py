@@ -107,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="with --changes, a new answer counts once N frames in a row gave it (default 1)")
     live.add_argument("--snapshots", metavar="FOLDER",
                       help="with --changes, save the frame of each change there as a JPEG (its path in the log)")
+    live.add_argument("--annotate", metavar="OUT.mp4",
+                      help="record the completed frames with their answers and latency drawn, at the times they "
+                           "were captured; a FOLDER/: one file per source, named by start time and source")
     live.add_argument("-o", "--output", metavar="OUT.jsonl",
                       help="append one JSON line per captioned frame (source, index, pts, UTC time, text, "
                            "token ids, timings); '-' writes them to standard output instead of the captions")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from app.cli import UsageError, realtime_dtype
 from app.prompt_args import check_constraints, prompt_tasks
-from app.outputs import check_writable
+from app.outputs import check_writable, folder_arg
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.feed import LiveFeed
     from pipelines.prompts import prompt_label
     from pipelines.live import DEFAULT_MAX_INFLIGHT
+    from pipelines.recorder import Recorder
     from pipelines.sources import SourceError, open_live, redact
 
     import numpy as np
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     labels = [redact(source) for source in args.sources]
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials
         labels = [f"{label} ({i + 1})" for i, label in enumerate(labels)]
+    recordings = _recording_paths(args.annotate, args.sources, labels)
     # The engine's total in flight is what sets latency: four sources of four frames each made the
     # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
@@ -54,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
     # --changes: each source's answers are followed, and only the new ones reported
     changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
 
+    recorders: dict = {}  # label -> Recorder, with --annotate (started once the model is up)
+
     def show(label: str, r) -> None:
+        if label in recorders:
+            recorders[label].add(r)  # every completed frame, whether its answers changed or not
         with print_lock:  # several feeds' threads report here
             new, shot = None, None  # with --changes: the answers that changed, the frame's snapshot
             if changes is None:
@@ -96,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         frames, recorded = opened[0]
         warm = next(frames()).rgb if recorded else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
+        recorders.update((label, Recorder(path)) for label, path in zip(labels, recordings or []))
         # One engine for every source: their frames share its batches (continuous batching).
         feeds = [LiveFeed(engine, tasks, params, frames, realtime=recorded,
                           loop=args.duration is not None and recorded, fps=args.fps,
@@ -105,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         try:
             while (any(f.running for f in feeds) and not write_error
+                   and not any(rec.error for rec in recorders.values())
                    and (args.duration is None or time.perf_counter() - t0 < args.duration)):
                 time.sleep(0.05)
         except KeyboardInterrupt:
@@ -121,13 +129,20 @@ def run(args: argparse.Namespace) -> int:
             if problem:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
         per_source = [f.snapshot().counters for f in feeds]
+        for label, s in zip(labels, per_source):
+            if label in recorders:  # after the feeds: their last frames are in
+                rec = recorders[label]
+                rec.close()
+                s["recording"] = {"path": str(rec.path), "frames": rec.written, "skipped": rec.skipped}
+                if rec.error is not None and not write_error:
+                    write_error.append((str(rec.path), rec.error))
     if log is not None and log is not sys.stdout:
         log.close()
     if write_error:
         if isinstance(write_error[0][1], BrokenPipeError):  # e.g. piped into `head`
             return 0
         what, e = write_error[0]
-        print(f"vlmstream: error: cannot write {what}: {e.strerror or e}", file=sys.stderr)
+        print(f"vlmstream: error: cannot write {what}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return 1
     stats = per_source[0] if not several else {
         **{k: sum(s[k] for s in per_source) for k in _SUMMED},
@@ -168,6 +183,30 @@ def _snapshot(folder: Path, label: str, r) -> Path:
     path = folder / f"{stamp}{'_' + source if source else ''}_{r.frame.index}.jpg"
     Image.fromarray(r.frame.rgb).save(path, quality=90)
     return path
+
+
+def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]) -> list[Path] | None:
+    """--annotate: OUT.mp4 (one source), or FOLDER/: a file per source named by the UTC time the
+    run began and the source (a file's name, a stream's address without credentials), so a
+    restarted job starts new files beside the old ones."""
+    if not annotate:
+        return None
+    folder = folder_arg(annotate)
+    if folder is None:
+        if Path(annotate).suffix.lower() != ".mp4":
+            raise UsageError("--annotate must end in .mp4, or name a folder (end it with /)")
+        if len(labels) > 1:
+            raise UsageError("several sources need a folder for their recordings: --annotate FOLDER/")
+        check_writable([], [Path(annotate)])
+        return [Path(annotate)]
+    check_writable([folder], [])
+    from datetime import datetime, timezone
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    names = [re.sub(r"[^A-Za-z0-9.-]+", "_", Path(source).stem if Path(source).is_file() else label).strip("_")[-60:]
+             or "source" for source, label in zip(sources, labels)]
+    names = [n if names.count(n) == 1 else f"{n}_{i + 1}" for i, n in enumerate(names)]
+    return [folder / f"{stamp}_{name}.mp4" for name in names]
 
 
 def _open_log(output: str | None, final_json: bool):

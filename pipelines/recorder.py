@@ -1,0 +1,84 @@
+"""A recording of a live session (`live --annotate`): each completed frame with its answers and
+its end-to-end latency drawn, in an H.264 MP4, shown from the time the frame was captured until
+the next completed one (a variable frame rate: frames dropped at intake or cancelled as stale
+are not in it, as they never had a caption).
+
+Encoding runs on a thread of its own behind a bounded queue, so the session never waits on it;
+a frame that finds the queue full is left out of the recording and counted (`skipped`). An error
+(a full disk) ends the recording and is kept in `error` for the caller; `close()` finishes the
+file (what was written plays).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from pathlib import Path
+
+from .live import LiveResult
+from .sinks import AnnotatedVideoSink
+
+QUEUE_FRAMES = 120  # two seconds at 60 fps
+
+
+class Recorder:
+    def __init__(self, path: str | Path, queue_frames: int = QUEUE_FRAMES):
+        self.path = Path(path)
+        self.written = self.skipped = 0
+        self.error: Exception | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_frames)
+        self._t0: float | None = None
+        self._thread = threading.Thread(target=self._run, name="vlmstream-recorder", daemon=True)
+        self._thread.start()
+
+    def add(self, r: LiveResult) -> None:
+        """A completed frame (from the session's result callback: never blocks)."""
+        if self.error is not None or r.frame.rgb is None:
+            return
+        if self._t0 is None:
+            self._t0 = r.frame.captured_at
+        item = (r.frame.rgb, r.text, f"#{r.frame.index}  {r.end_to_end_ms:.0f} ms", r.frame.captured_at - self._t0)
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.skipped += 1
+
+    def _run(self) -> None:
+        sink = None
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    break
+                rgb, text, info, seconds = item
+                if sink is None:
+                    sink = AnnotatedVideoSink(self.path, rgb.shape[1], rgb.shape[0])
+                sink.write_image(rgb, text, info, seconds)
+                self.written += 1
+        except Exception as e:  # the disk filled, the folder went away: the session goes on without
+            self.error = e
+            while True:  # let close() in
+                try:
+                    if self._queue.get(timeout=1.0) is None:
+                        break
+                except queue.Empty:
+                    pass
+        finally:
+            if sink is not None:
+                try:
+                    sink.close()
+                except Exception as e:
+                    self.error = self.error or e
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Encode what is queued, finish the file, join the thread (idempotent)."""
+        if not self._thread.is_alive():
+            return
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            self.error = self.error or TimeoutError(f"the recording fell {timeout:.0f} s behind")
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.error = self.error or TimeoutError(f"the recording did not finish within {timeout:.0f} s")

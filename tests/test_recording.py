@@ -1,0 +1,107 @@
+"""`live --annotate`: a recording of the completed frames with their answers drawn; and the
+annotated frames themselves (drawn once per distinct caption)."""
+
+import json
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from app.cli import main
+from pipelines.sinks import _font, annotate
+
+CLIP = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+
+
+def _decoded(path: Path) -> tuple[list[float], list[np.ndarray]]:
+    with av.open(str(path)) as c:
+        frames = list(c.decode(video=0))
+    return [float(f.time) for f in frames], [f.to_ndarray(format="rgb24") for f in frames]
+
+
+def test_live_recording_has_every_completed_frame_at_its_capture_time(tmp_path, capsys):
+    rec = tmp_path / "rec.mp4"
+    assert main(["live", str(CLIP), "--duration", "3", "--question", "How many shapes are there?",
+                 "--choices", "one,two,three,four", "--annotate", str(rec), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    r = stats["recording"]
+    assert r["path"] == str(rec) and r["frames"] + r["skipped"] == stats["completed"] > 20 and r["frames"] > 0
+    times, frames = _decoded(rec)
+    assert len(times) == r["frames"] and times == sorted(times) and times[0] == 0.0
+    # the frames' capture times: about the clip's 30 fps over the 3 s (less what was dropped)
+    assert 2.0 < times[-1] < 3.5 and frames[0].shape == (360, 640, 3)
+    # the answer band: black with white text, and the clip's first answer ("four") drawn in it
+    band = frames[0][360 - 2 * 25:360 - 25]
+    assert (band < 40).mean() > 0.8 and (band > 200).any()
+    assert (frames[0][:300] > 40).mean() > 0.5  # the picture itself above it
+
+
+def test_live_recordings_of_several_sources_go_to_a_folder(tmp_path, capsys):
+    other = tmp_path / "other clip.mp4"
+    other.write_bytes(CLIP.read_bytes())
+    out = tmp_path / "recordings"
+    assert main(["live", str(CLIP), str(other), "--duration", "2", "--annotate", f"{out}/", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    files = sorted(out.iterdir())
+    # named by the time the run began (UTC) and the file's name
+    assert sorted(f.name.split("_", 1)[1] for f in files) == ["cuts_640x360_30fps.mp4", "other_clip.mp4"]
+    assert all(f.name[:8].isdigit() and f.name[8] == "T" and f.name[15] == "Z" for f in files)
+    assert sorted(s["recording"]["path"] for s in stats["sources"].values()) == [str(f) for f in files]
+    for s in stats["sources"].values():
+        assert len(_decoded(Path(s["recording"]["path"]))[0]) == s["recording"]["frames"] > 0
+
+
+def test_live_recording_mistakes_and_a_full_disk(tmp_path, capsys, monkeypatch):
+    for args, message in [(["--annotate", str(tmp_path / "rec.avi")], "--annotate must end in .mp4"),
+                          ([str(tmp_path / "x.mp4"), "--annotate", str(tmp_path / "rec.mp4")], None),
+                          (["--annotate", str(tmp_path / "nowhere" / "rec.mp4")], "no folder")]:
+        assert main(["live", str(CLIP), *args]) == 2
+        if message:
+            assert message in capsys.readouterr().err
+    other = tmp_path / "x.mp4"
+    other.write_bytes(CLIP.read_bytes())
+    assert main(["live", str(CLIP), str(other), "--annotate", str(tmp_path / "rec.mp4")]) == 2
+    assert "several sources need a folder for their recordings" in capsys.readouterr().err
+
+    import pipelines.sinks
+
+    def disk_full(self, *a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pipelines.sinks.AnnotatedVideoSink, "write_image", disk_full)
+    log = tmp_path / "log.jsonl"
+    assert main(["live", str(CLIP), "--duration", "20", "--annotate", str(tmp_path / "rec.mp4"), "-o", str(log)]) == 1
+    assert f"error: cannot write {tmp_path / 'rec.mp4'}: No space left on device\n" in capsys.readouterr().err
+    assert log.read_text().count("\n") >= 1  # the run stopped soon, its captions kept
+
+
+def _annotate_reference(rgb, text, info):
+    """annotate() as first written: everything drawn with PIL onto the frame."""
+    from PIL import Image, ImageDraw
+
+    img = Image.fromarray(np.ascontiguousarray(rgb))
+    draw = ImageDraw.Draw(img)
+    w, h = img.size
+    lines = [line[:200] for line in text.strip().splitlines()][: max(1, h // max(18, h // 14) - 2)] or [""]
+    band = max(18, h // 14)
+    font = _font(int(band * 0.7))
+    top = h - (len(lines) + 1) * band
+    draw.rectangle((0, top, w, h), fill=(0, 0, 0))
+    for i, line in enumerate(lines):
+        draw.text((6, top + i * band + 2), line, fill=(255, 255, 255), font=font)
+    draw.text((6, h - band + 2), info, fill=(255, 220, 0), font=font)
+    return np.asarray(img)
+
+
+@pytest.mark.parametrize("size", [(360, 640), (120, 160), (1080, 1920), (20, 30)])
+def test_annotated_frames_are_drawn_as_before_with_cached_captions(size):
+    rng = np.random.default_rng(size[0])
+    texts = ["a red circle and a small blue star", "", "one\ntwo\nthree\n" + "x" * 300,
+             "\n".join(f"question {i}: yes" for i in range(40))]
+    for _ in range(2):  # the second time from the cache
+        for i, text in enumerate(texts):
+            rgb = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            rgb.flags.writeable = False  # frames from PyAV may be read-only
+            out = annotate(rgb, text, f"#{i} 0.500s  45 ms")
+            assert out.shape == rgb.shape and np.array_equal(out, _annotate_reference(rgb, text, f"#{i} 0.500s  45 ms"))
