@@ -162,7 +162,13 @@ def run(args: argparse.Namespace) -> int:
                   f"{s['achieved_fps']:.1f} fps, {s['cancelled_stale']} stale cancelled, "
                   f"{s['dropped']} dropped, p50 {s['latency_ms'].get('end_to_end', {}).get('p50', 0):.1f} ms",
                   file=sys.stderr)
-    return 130 if interrupted else 0
+    if interrupted:
+        return 130
+    if not any(s["frames_in"] for s in per_source):  # a dead camera must not look like a quiet one
+        print("vlmstream: error: no frames received" + (" from any source" if several else "")
+              + (f" within {args.duration:g} s" if args.duration else ""), file=sys.stderr)
+        return 1
+    return 0
 
 
 # With several sources, the JSON's totals (each source's own figures, percentiles included, are

@@ -105,6 +105,14 @@ def test_live_cli_goes_on_when_one_of_several_streams_is_silent(capsys, small_fo
     assert f"warning: {silent}: no frames received" in captured.err and "Traceback" not in captured.err
 
 
+def test_live_cli_fails_when_no_stream_sends_anything(capsys, small_folder):
+    silent = f"udp://127.0.0.1:{_port()}"
+    assert main(["live", silent, "--model", str(small_folder), "--duration", "1", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["frames_in"] == 0  # the figures still come, for a script
+    assert captured.err.splitlines()[-1] == "vlmstream: error: no frames received within 1 s"
+
+
 def test_missing_camera_is_a_clear_error(capsys):
     assert main(["live", "webcam:7"]) == 2
     assert main(["live", "webcam:x"]) == 2
