@@ -27,6 +27,9 @@ RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about
 # A video job's outputs stay on disk until this many newer jobs have run (Gradio serves its own
 # copies of them; ours only need to outlive the hand-over), and go when the server stops.
 VIDEO_JOBS_KEPT = 8
+# A live recording (the Live tab's Record box) keeps the first this many seconds: at 60 fps and
+# 640x360 about 5 MB a minute. One per tab, replaced by its next one, removed with the tab.
+RECORD_MAX_S = 600.0
 
 
 class UIError(Exception):
@@ -102,6 +105,7 @@ class Service:
         self._scratch: Path | None = None  # this process's folder of video job outputs
         self._jobs: deque[Path] = deque()
         self._video_stops: dict[str, threading.Event] = {}  # session -> its running video job's stop flag
+        self._recorders: dict[str, object] = {}  # session -> the Recorder of its pulled feed (Record box)
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -166,9 +170,11 @@ class Service:
         return stats
 
     # ---------------------------------------------------------------- live feeds
-    def start_live(self, session: str, source: str, task: dict) -> object:
-        """Start (or restart) this session's live feed from a sample name, file path, URL or webcam index."""
+    def start_live(self, session: str, source: str, task: dict, record: bool = False) -> object:
+        """Start (or restart) this session's live feed from a sample name, file path, URL or webcam
+        index; with `record`, its completed frames are recorded (`recording()` gives the MP4)."""
         from pipelines.feed import LiveFeed
+        from pipelines.recorder import Recorder
         from pipelines.sources import open_live, parse_webcam
 
         source = (source or "").strip()
@@ -180,11 +186,39 @@ class Service:
         if parse_webcam(source) is None and "://" not in source and not Path(source).is_file():
             raise UIError(f"no such file: {source}")
         frames, recorded = open_live(source)  # a recording plays as if live, round and round
-        feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded, fps=LIVE_FPS)
+        recorder = None
+        if record:
+            self._drop_recording(session)
+            recorder = Recorder(self._scratch_dir() / f"live-{_safe(session)}.mp4", max_seconds=RECORD_MAX_S)
+        feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded, fps=LIVE_FPS,
+                        on_result=recorder.add if recorder else None)
         with self._lock:
             self._feeds[(session, "pull")] = feed
+            if recorder is not None:
+                self._recorders[session] = recorder
             self._share_inflight()
         return feed
+
+    def recording(self, session: str) -> Path:
+        """The MP4 of this session's recorded live feed. A recording still running ends here (the
+        feed goes on unrecorded): the file is complete when it is handed over."""
+        with self._lock:
+            recorder = self._recorders.get(session)
+        if recorder is None:
+            raise UIError("nothing recorded: tick Record, then Start")
+        recorder.close()
+        if recorder.error is not None:
+            raise UIError(f"the recording failed: {recorder.error}")
+        if not recorder.written:
+            raise UIError("nothing recorded yet: no frame was captioned")
+        return recorder.path
+
+    def _drop_recording(self, session: str) -> None:
+        with self._lock:
+            recorder = self._recorders.pop(session, None)
+        if recorder is not None:
+            recorder.close()
+            recorder.path.unlink(missing_ok=True)
 
     def feed(self, session: str, kind: str = "pull"):
         with self._lock:
@@ -196,8 +230,11 @@ class Service:
             if feed is not None:
                 self._ended[(session, kind)] = feed
             self._share_inflight()
+            recorder = self._recorders.get(session) if kind == "pull" else None
         if feed is not None:
             feed.close()
+        if recorder is not None:  # the file is finished, kept for a download
+            recorder.close()
 
     def push_frame(self, session: str, rgb: np.ndarray, task: dict) -> object:
         """A browser camera frame; the session's pushed feed starts on the first one."""
@@ -245,6 +282,7 @@ class Service:
             self.stop_live(session, kind)
             with self._lock:
                 self._ended.pop((session, kind), None)
+        self._drop_recording(session)
 
     # ---------------------------------------------------------------- one image, one video
     def caption_image(self, rgb: np.ndarray, task: dict | list[dict]) -> dict:
@@ -329,20 +367,28 @@ class Service:
             stop.set()
         return stop is not None
 
-    def video_job_dir(self) -> Path:
-        """A new folder for one video job's outputs; the oldest beyond VIDEO_JOBS_KEPT are deleted."""
+    def _scratch_dir(self) -> Path:
+        """This process's folder of outputs (video jobs, recordings), removed when the server stops."""
         with self._lock:
             if self._scratch is None:
                 self._scratch = Path(tempfile.mkdtemp(prefix="vlmstream-ui-"))
-            job = Path(tempfile.mkdtemp(prefix="video-", dir=self._scratch))
+            return self._scratch
+
+    def video_job_dir(self) -> Path:
+        """A new folder for one video job's outputs; the oldest beyond VIDEO_JOBS_KEPT are deleted."""
+        with self._lock:
+            job = Path(tempfile.mkdtemp(prefix="video-", dir=self._scratch_dir()))
             self._jobs.append(job)
             while len(self._jobs) > VIDEO_JOBS_KEPT:
                 shutil.rmtree(self._jobs.popleft(), ignore_errors=True)
             return job
 
     def remove_outputs(self) -> None:
-        """Delete every video job's outputs (the server is stopping)."""
+        """Delete every video job's outputs and every recording (the server is stopping)."""
         with self._lock:
+            for recorder in self._recorders.values():
+                recorder.close()
+            self._recorders.clear()
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
@@ -353,8 +399,15 @@ class Service:
         with self._lock:
             for key in list(self._feeds):
                 self._feeds.pop(key).close()
+            for recorder in self._recorders.values():  # finished files stay for their downloads
+                recorder.close()
             self._ended.clear()
             if self._engine is not None:
                 self._engine.close(cancel=True)
                 self._engine = None
             self._history.clear()
+
+
+def _safe(name: str) -> str:
+    """A session id as a file name (Gradio's are alphanumeric; anything else is replaced)."""
+    return "".join(c if c.isalnum() else "_" for c in name)[:64] or "session"

@@ -10,7 +10,7 @@ import argparse
 import os
 import time
 
-from app.service import Service, Settings, UIError, make_task, sample_videos
+from app.service import RECORD_MAX_S, Service, Settings, UIError, make_task, sample_videos
 
 PAGE_HZ = 12.0  # frame + caption updates per second pushed to a watching page (at most)
 SLOW_HZ = 2.0  # chart, counters and log
@@ -35,11 +35,11 @@ def build(service: Service, source: str | None = None):
     samples = sample_videos()
     default_source = source or (DEFAULT_SAMPLE if DEFAULT_SAMPLE in samples else (samples[0] if samples else ""))
 
-    def live(src, upload, kind, question, ckind, ctext, request: gr.Request):
+    def live(src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None):
         sid = request.session_hash
         try:
             task = make_task(kind, question, ckind, ctext)
-            feed = service.start_live(sid, upload or src, task)
+            feed = service.start_live(sid, upload or src, task, record=bool(record))
         except (UIError, VlmstreamError, OSError) as e:
             for _ in range(2):  # again after the previous feed's loop has surely seen it was stopped
                 yield frame_html(None, f"error: {e}"), counters_html({}, service.engine_stats(), False, str(e)), \
@@ -90,6 +90,12 @@ def build(service: Service, source: str | None = None):
             except UIError as e:
                 raise gr.Error(str(e)) from None
         return run
+
+    def recording(request: gr.Request):
+        try:
+            return str(service.recording(request.session_hash))
+        except UIError as e:
+            raise gr.Error(str(e)) from None
 
     def webcam(rgb, kind, question, ckind, ctext, request: gr.Request):
         if rgb is None:
@@ -164,6 +170,8 @@ def build(service: Service, source: str | None = None):
             with gr.Row():
                 start = gr.Button("Start", variant="primary", elem_id="vs-start")
                 stop_btn = gr.Button("Stop", elem_id="vs-stop")
+                record = gr.Checkbox(False, label=f"Record from Start (MP4 with the captions drawn, the first "
+                                                  f"{RECORD_MAX_S / 60:g} minutes)", elem_id="vs-record")
             with gr.Row():
                 with gr.Column(scale=3):
                     frame = gr.HTML(frame_html(None), elem_id="vs-frame-box")
@@ -177,7 +185,12 @@ def build(service: Service, source: str | None = None):
                 export_file = gr.File(label=f"Captions of this session (the last {EXPORT_LINES:,}, with timings)",
                                       elem_id="vs-export-file", scale=3)
             export_btn.click(export("pull"), None, export_file, api_name="export_live", concurrency_limit=None)
-            live_inputs = [src, upload, kind, question, ckind, ctext]
+            with gr.Row():
+                rec_btn = gr.Button("Download recording (MP4; ends a recording still running)",
+                                    elem_id="vs-recording", scale=1)
+                rec_file = gr.File(label="Recording of this session", elem_id="vs-recording-file", scale=3)
+            rec_btn.click(recording, None, rec_file, api_name="live_recording", concurrency_limit=None)
+            live_inputs = [src, upload, kind, question, ckind, ctext, record]
             live_outputs = [frame, counters, chart, log]
             # also an API: gradio_client can follow a live source (frame HTML, counters, chart, log)
             start.click(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",

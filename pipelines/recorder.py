@@ -4,7 +4,8 @@ the next completed one (a variable frame rate: frames dropped at intake or cance
 are not in it, as they never had a caption).
 
 Encoding runs on a thread of its own behind a bounded queue, so the session never waits on it;
-a frame that finds the queue full is left out of the recording and counted (`skipped`). An error
+a frame that finds the queue full is left out of the recording and counted (`skipped`), as are
+frames captured more than `max_seconds` after the first (`full` then says so). An error
 (a full disk) ends the recording and is kept in `error` for the caller; `close()` finishes the
 file (what was written plays).
 """
@@ -22,9 +23,11 @@ QUEUE_FRAMES = 120  # two seconds at 60 fps
 
 
 class Recorder:
-    def __init__(self, path: str | Path, queue_frames: int = QUEUE_FRAMES):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, queue_frames: int = QUEUE_FRAMES, max_seconds: float | None = None):
+        self.path, self.max_seconds = Path(path), max_seconds
         self.written = self.skipped = 0
+        self.full = False
+        self._closed = False
         self.error: Exception | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=queue_frames)
         self._t0: float | None = None
@@ -33,11 +36,16 @@ class Recorder:
 
     def add(self, r: LiveResult) -> None:
         """A completed frame (from the session's result callback: never blocks)."""
-        if self.error is not None or r.frame.rgb is None:
+        if self._closed or self.error is not None or r.frame.rgb is None:
             return
         if self._t0 is None:
             self._t0 = r.frame.captured_at
-        item = (r.frame.rgb, r.text, f"#{r.frame.index}  {r.end_to_end_ms:.0f} ms", r.frame.captured_at - self._t0)
+        seconds = r.frame.captured_at - self._t0
+        if self.max_seconds is not None and seconds > self.max_seconds:
+            self.full = True
+            self.skipped += 1
+            return
+        item = (r.frame.rgb, r.text, f"#{r.frame.index}  {r.end_to_end_ms:.0f} ms", seconds)
         try:
             self._queue.put_nowait(item)
         except queue.Full:
@@ -71,7 +79,9 @@ class Recorder:
                     self.error = self.error or e
 
     def close(self, timeout: float = 60.0) -> None:
-        """Encode what is queued, finish the file, join the thread (idempotent)."""
+        """Encode what is queued, finish the file, join the thread (idempotent). Frames added
+        afterwards are ignored."""
+        self._closed = True
         if not self._thread.is_alive():
             return
         try:

@@ -105,3 +105,21 @@ def test_annotated_frames_are_drawn_as_before_with_cached_captions(size):
             rgb.flags.writeable = False  # frames from PyAV may be read-only
             out = annotate(rgb, text, f"#{i} 0.500s  45 ms")
             assert out.shape == rgb.shape and np.array_equal(out, _annotate_reference(rgb, text, f"#{i} 0.500s  45 ms"))
+
+
+def test_a_recording_keeps_its_first_max_seconds_and_ignores_frames_after_close(tmp_path):
+    from engine.types import RequestOutput
+    from pipelines.live import LiveResult
+    from pipelines.recorder import Recorder
+    from pipelines.sources import Frame
+
+    rgb = np.full((120, 160, 3), 90, np.uint8)
+    rec = Recorder(tmp_path / "r.mp4", max_seconds=1.0)
+    for i in range(40):  # 10 frames a second of capture time
+        rec.add(LiveResult(Frame("cam", i, i / 10, rgb, captured_at=100.0 + i / 10), [RequestOutput("yes", [], "stop")],
+                           20.0, [{"question": "Is the door open?"}]))
+    rec.close()
+    rec.add(LiveResult(Frame("cam", 99, 9.9, rgb, captured_at=100.5), [RequestOutput("no", [], "stop")], 20.0, []))
+    times, _ = _decoded(tmp_path / "r.mp4")
+    assert rec.full and rec.written == len(times) == 11 and rec.skipped == 29
+    assert times == [round(i / 10, 3) for i in range(11)]

@@ -313,3 +313,20 @@ def test_api_follows_a_live_source(client):
     frame_html, counters_html, _, _ = client.predict("/nonexistent/clip.mp4", None, "short", "", "none", "",
                                                      api_name="/live")
     assert "error: no such file" in frame_html and "stopped" in counters_html  # a message, not a dead stream
+
+
+def test_api_records_a_live_source_for_a_download(client):
+    import av
+
+    job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", True, api_name="/live")
+    frames, deadline = set(), time.time() + 90
+    for frame_html, _counters, _chart, _log in job:
+        if isinstance(frame_html, str) and 'id="vs-caption"' in frame_html:
+            frames.add(frame_html.split('data-index="', 1)[1].split('"', 1)[0])
+        if len(frames) >= 8 or time.time() > deadline:
+            break
+    path = client.predict(api_name="/live_recording")  # ends the recording while the source plays on
+    job.cancel()
+    with av.open(path) as c:
+        n = sum(1 for _ in c.decode(video=0))
+    assert len(frames) >= 8 and n >= 5

@@ -110,6 +110,34 @@ def test_a_live_session_exports_its_captions_even_after_stop(service):
         service.export_log("tab-e")
 
 
+def test_a_live_session_records_its_captioned_frames_for_a_download(service):
+    import av
+
+    with pytest.raises(UIError, match="nothing recorded"):
+        service.recording("tab-r")
+    feed = service.start_live("tab-r", "cuts_640x360_30fps.mp4", make_task("short"), record=True)
+    wait_for(lambda: feed.snapshot().counters["completed"] >= 10)
+    path = service.recording("tab-r")  # ends the recording; the feed goes on
+    with av.open(str(path)) as c:
+        times = [float(f.time) for f in c.decode(video=0)]
+    recorder = service._recorders["tab-r"]
+    assert len(times) == recorder.written >= 10 and times == sorted(times)
+    assert recorder.written + recorder.skipped <= feed.snapshot().counters["completed"]
+    assert feed.running and service.recording("tab-r") == path  # the same finished file again
+    # a new Start with Record replaces it; one without keeps the last for a download
+    feed = service.start_live("tab-r", "cuts_640x360_30fps.mp4", make_task("short"), record=True)
+    assert not path.exists()
+    wait_for(lambda: feed.snapshot().counters["completed"] >= 3)
+    service.stop_live("tab-r")  # Stop finishes the file
+    assert service.recording("tab-r").stat().st_size > 0
+    service.start_live("tab-r", "cuts_640x360_30fps.mp4", make_task("short"))
+    assert service.recording("tab-r").exists()
+    service.close_session("tab-r")  # a closed tab's recording goes with it
+    assert not path.exists()
+    with pytest.raises(UIError, match="nothing recorded"):
+        service.recording("tab-r")
+
+
 def test_several_questions_in_every_tab(service, tmp_path):
     questions = "How many shapes are there?\nIs there a star?"
     rgb = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(SAMPLES_DIR / "scene.png").convert("RGB"))
