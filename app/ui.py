@@ -21,7 +21,8 @@ CONSTRAINTS = ["none", "choices", "regex", "json schema"]
 VIDEO_TABLE_ROWS = 5000  # a page holds this many; the downloads hold every answer
 
 
-QUESTION_LABEL = "Question (several: one a line, all asked about every frame)"
+QUESTION_LABEL = ("Question (several: one a line, all asked about every frame; a line's own constraint after its "
+                  "question mark: [yes, no] or /regex/)")
 CONSTRAINT_LABEL = "Choices (comma separated), regex or JSON schema"
 
 
@@ -164,7 +165,7 @@ def build(service: Service, source: str | None = None):
                                  scale=2)
             with gr.Row():
                 kind = gr.Radio(PROMPTS, value="short", label="Prompt")
-                question = gr.Textbox(label=QUESTION_LABEL, placeholder="How many shapes are there?", lines=2)
+                question = gr.Textbox(label=QUESTION_LABEL, placeholder="How many shapes are there? [one, two, three, four]", lines=2)
                 ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                 ctext = gr.Textbox(label=CONSTRAINT_LABEL)
             with gr.Row():

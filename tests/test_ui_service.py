@@ -40,7 +40,20 @@ def test_tasks_and_constraints_from_form_fields():
     assert make_task("question", "How many?\n\n Is there a star? \n", "choices", "yes, no, one") == [
         {"question": "How many?", "constraint": Choice(["yes", "no", "one"])},
         {"question": "Is there a star?", "constraint": Choice(["yes", "no", "one"])}]  # one a line
-    for bad in [("question", ""), ("medium", ""), ("question", "Why?\nWhy?")]:
+    # a question line may carry its own constraint, which replaces the form's for it
+    assert make_task("question", "Is the door open? [yes, no]\nHow many? /[0-9]+/\nWhat colour is it?\n"
+                     "Is it? Really? [a,b]\nWhich? /(one|two)?/\nWhat is [this]", "choices", "red, blue") == [
+        {"question": "Is the door open?", "constraint": Choice(["yes", "no"])},
+        {"question": "How many?", "constraint": Regex("[0-9]+")},
+        {"question": "What colour is it?", "constraint": Choice(["red", "blue"])},
+        {"question": "Is it? Really?", "constraint": Choice(["a", "b"])},
+        {"question": "Which?", "constraint": Regex("(one|two)?")},
+        {"question": "What is [this]", "constraint": Choice(["red", "blue"])}]  # no question mark before it
+    assert make_task("question", "Is there a star? [yes, no]") == {"question": "Is there a star?",
+                                                                   "constraint": Choice(["yes", "no"])}
+    with pytest.raises(UIError, match="choices constraint is empty"):
+        make_task("question", "Is there a star? [ ]")
+    for bad in [("question", ""), ("medium", ""), ("question", "Why?\nWhy?"), ("question", "Why? [a]\nWhy? /b/")]:
         with pytest.raises(UIError):
             make_task(*bad)
     with pytest.raises(UIError, match="not valid JSON"):
@@ -160,6 +173,12 @@ def test_several_questions_in_every_tab(service, tmp_path):
     assert len(out["rows"]) == 2 * out["frames"] and out["rows"][0]["text"].startswith("How many shapes are there?: ")
     lines = [json.loads(line) for line in Path(out["paths"]["jsonl"]).read_text().splitlines()]
     assert [r["question"] for r in lines[:2]] == questions.splitlines()
+    # each question with a constraint of its own: each answer keeps to its own
+    own = service.caption_image(rgb, make_task("question", "How many shapes are there? /[0-9]/\n"
+                                                           "Is there a star? [no way, of course]"))
+    count, star = [a["text"] for a in own["answers"]]
+    assert count in list("0123456789") and star in ("no way", "of course")
+    assert [a["question"] for a in own["answers"]] == questions.splitlines()
 
 
 def test_browser_camera_frames_are_pushed_and_the_latest_wins(service):
