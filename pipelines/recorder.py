@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from pathlib import Path
 
 from .live import LiveResult
@@ -55,7 +56,12 @@ class Recorder:
         sink = None
         try:
             while True:
-                item = self._queue.get()
+                try:
+                    item = self._queue.get(timeout=0.5)
+                except queue.Empty:
+                    if self._closed:  # close() could not queue its end mark yet: nothing more comes
+                        break
+                    continue
                 if item is None:
                     break
                 rgb, text, info, seconds = item
@@ -65,12 +71,6 @@ class Recorder:
                 self.written += 1
         except Exception as e:  # the disk filled, the folder went away: the session goes on without
             self.error = e
-            while True:  # let close() in
-                try:
-                    if self._queue.get(timeout=1.0) is None:
-                        break
-                except queue.Empty:
-                    pass
         finally:
             if sink is not None:
                 try:
@@ -82,13 +82,14 @@ class Recorder:
         """Encode what is queued, finish the file, join the thread (idempotent). Frames added
         afterwards are ignored."""
         self._closed = True
-        if not self._thread.is_alive():
-            return
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            self.error = self.error or TimeoutError(f"the recording fell {timeout:.0f} s behind")
-            return
-        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=0.5)
+                break
+            except queue.Full:  # still encoding what was queued (or stopped by an error: see is_alive)
+                if time.monotonic() > deadline:
+                    break
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             self.error = self.error or TimeoutError(f"the recording did not finish within {timeout:.0f} s")
