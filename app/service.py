@@ -207,8 +207,13 @@ class Service:
         if record:
             self._drop_recording(session)
             recorder = Recorder(self._scratch_dir() / f"live-{_safe(session)}.mp4", max_seconds=RECORD_MAX_S)
-        feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded, fps=LIVE_FPS,
-                        on_result=recorder.add if recorder else None)
+        try:
+            feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded,
+                            fps=LIVE_FPS, on_result=recorder.add if recorder else None)
+        except BaseException:
+            if recorder is not None:
+                recorder.close()
+            raise
         with self._lock:
             self._feeds[(session, "pull")] = feed
             if recorder is not None:

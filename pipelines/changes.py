@@ -30,14 +30,15 @@ class Change:
 
 
 class AnswerChanges:
-    """Feed it a session's results in order; `update` returns the answers that changed."""
+    """Feed it answers in order, per key (`observe`) or a live frame's at once (`update`); each
+    returns the answers that changed."""
 
     def __init__(self, hold: int = 1):
         if hold < 1:
             raise ValueError("hold must be >= 1")
         self.hold = hold
-        self._current: dict[int, tuple[str, float]] = {}  # prompt -> (answer, since pts)
-        self._pending: dict[int, tuple[str, float, int]] = {}  # prompt -> (new answer, first pts, frames seen)
+        self._current: dict[Hashable, tuple[str, float]] = {}  # key -> (answer, since pts)
+        self._pending: dict[Hashable, tuple[str, float, int]] = {}  # key -> (new answer, first pts, frames seen)
         self.count = 0
 
     def observe(self, key: Hashable, text: str, pts: float) -> Change | None:
