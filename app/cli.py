@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
                           "video and prompt, with the answer replaced (previous) and when it began (since)")
     vid.add_argument("--hold", type=int, default=None, metavar="N",
                      help="with --changes, a new answer counts once N processed frames in a row gave it (default 1)")
+    vid.add_argument("--snapshots", metavar="FOLDER",
+                     help="with --changes, save the frame of each change there as a JPEG (its path in the JSON line)")
     vid.add_argument("--resume", action="store_true",
                      help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
                           "without it, outputs are written afresh")

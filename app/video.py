@@ -56,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--changes writes only the answers that changed: --resume could not tell the frames done")
     if args.changes and (kind in ("srt", "vtt") or out_dir and "jsonl" not in formats):
         raise UsageError("--changes reports in JSONL or on the terminal (subtitles merge repeated captions already)")
+    snapshots = Path(args.snapshots) if args.snapshots else None
+    if snapshots and (not args.changes or not (kind == "jsonl" or "jsonl" in formats)):
+        raise UsageError("--snapshots goes with --changes and a JSONL output (-o OUT.jsonl, -o -, or -o FOLDER/), "
+                         "whose lines name the pictures")
+    if snapshots:
+        check_writable([snapshots], [])
     ann_file = Path(args.annotate) if args.annotate and not ann_dir else None
     plans = plan_outputs(paths, out_dir, formats, ann_dir, ann_file, (out, kind) if kind in ("srt", "vtt") else None)
     check_writable([d for d in (out_dir, ann_dir) if d], [p for p in (out, ann_file) if p])
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     def jsonl_sink(sink: JsonlSink):
         if not args.changes:
             return sink
-        filtered = ChangedAnswersSink(sink, args.hold or 1)
+        filtered = ChangedAnswersSink(sink, args.hold or 1, snapshots)
         trackers.append(filtered.changes)
         return filtered
 

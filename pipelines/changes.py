@@ -9,8 +9,10 @@ first of those frames. The first answer is a change from nothing (`previous` Non
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Hashable
 
 import numpy as np
@@ -73,13 +75,16 @@ class AnswerChanges:
 
 class ChangedAnswersSink:
     """`video --changes`: a JSONL sink that gets only the answers that changed, per source and
-    prompt, each line `FrameResult`'s fields plus `previous` and `since` (as in `live --changes`).
-    Thread-safe, like the JSONL it writes: several files captioned at once may share it."""
+    prompt, each line `FrameResult`'s fields plus `previous` and `since` (as in `live --changes`);
+    with `snapshots`, the frame of each change is saved there as a JPEG (`snapshot` in the line),
+    named by source and frame index so that names sort by video, then time. Thread-safe, like the
+    JSONL it writes: several files captioned at once may share it."""
 
     holds_done = True  # never given a resumed run's answers: --changes does not resume
 
-    def __init__(self, sink: JsonlSink, hold: int = 1):
-        self.sink, self.changes = sink, AnswerChanges(hold)
+    def __init__(self, sink: JsonlSink, hold: int = 1, snapshots: Path | None = None):
+        self.sink, self.changes, self.snapshots = sink, AnswerChanges(hold), snapshots
+        self.needs_rgb = snapshots is not None
         self._lock = threading.Lock()
 
     def write_frame(self, results: list[FrameResult], rgb: np.ndarray | None = None) -> None:
@@ -89,8 +94,20 @@ class ChangedAnswersSink:
                 c = self.changes.observe((r.source, prompt_key(r.prompt)), r.text, r.pts)
                 if c is not None:
                     records.append({**r.to_dict(), "previous": c.previous, "since": round(c.since_pts, 6)})
+            if records and self.snapshots is not None and rgb is not None:
+                shot = str(self._snapshot(results[0], rgb))  # an OSError fails this video's outputs
+                for x in records:
+                    x["snapshot"] = shot
             if records:
                 self.sink.write_records(records)
+
+    def _snapshot(self, r: FrameResult, rgb: np.ndarray) -> Path:
+        from PIL import Image
+
+        source = re.sub(r"[^A-Za-z0-9.-]+", "_", str(Path(r.source).with_suffix(""))).strip("_")[-80:]
+        path = self.snapshots / f"{source or 'video'}_{r.index:07d}.jpg"
+        Image.fromarray(np.ascontiguousarray(rgb)).save(path, quality=90)
+        return path
 
     def close(self) -> None:
         self.sink.close()

@@ -154,7 +154,18 @@ def test_video_changes_on_the_terminal_and_its_mistakes(tmp_path, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert lines[0].split() == ["0.000", "four"] and lines[1].split() == ["4.000", "one", "(was:", "four)"]
     assert all("(was: " in line for line in lines[1:])
-    for bad, message in [(["--hold", "2"], "--hold N goes with --changes"),
+    events, shots = tmp_path / "events.jsonl", tmp_path / "shots"
+    assert main(["video", str(CLIP), "--fps", "2", "--question", "How many shapes are there?", "--changes",
+                 "-o", str(events), "--snapshots", str(shots)]) == 0
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    paths = [Path(r["snapshot"]) for r in rows]
+    assert len(rows) >= 2 and sorted(shots.iterdir()) == sorted(paths) == paths  # names sort in time order
+    with Image.open(paths[1]) as im:
+        assert im.format == "JPEG" and im.size == (640, 360)
+    assert all(p.name.endswith(f"_{r['index']:07d}.jpg") for p, r in zip(paths, rows))
+    for bad, message in [(["--snapshots", str(shots)], "--snapshots goes with --changes and a JSONL output"),
+                         (["--changes", "--snapshots", str(shots)], "--snapshots goes with --changes and a JSONL"),
+                         (["--hold", "2"], "--hold N goes with --changes"),
                          (["--changes", "--hold", "0"], "--hold N goes with --changes"),
                          (["--changes", "--resume", "-o", str(tmp_path / "a.jsonl")], "--resume could not tell"),
                          (["--changes", "-o", str(tmp_path / "a.srt")], "--changes reports in JSONL"),
