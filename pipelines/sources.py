@@ -172,6 +172,9 @@ def redact(url: str) -> str:
     return url
 
 
+STREAM_MAX_WAIT_S = 30.0  # a stream that sends nothing (and cannot be reopened) this long is an error
+
+
 class StreamSource:
     """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP, SRT...).
 
@@ -183,7 +186,7 @@ class StreamSource:
     """
 
     def __init__(self, url: str, source_id: str | None = None, open_timeout: float = 5.0,
-                 read_timeout: float = 3.0, max_wait: float = 30.0, reconnect: bool = True):
+                 read_timeout: float = 3.0, max_wait: float | None = None, reconnect: bool = True):
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         self.url, self.display = url, redact(url)
         if scheme not in STREAM_SCHEMES:
@@ -191,7 +194,7 @@ class StreamSource:
                               f"(use one of {', '.join(STREAM_SCHEMES)})")
         self.source_id = source_id or self.display
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
-        self.max_wait, self.reconnect = max_wait, reconnect
+        self.max_wait, self.reconnect = STREAM_MAX_WAIT_S if max_wait is None else max_wait, reconnect
         self.error: str | None = None
         self.reconnects = 0
         self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
