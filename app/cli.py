@@ -62,13 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="with -o FOLDER/: jsonl, srt, vtt, or several separated by commas (default jsonl)")
     vid.add_argument("--annotate", metavar="OUT.mp4",
                      help="write an MP4 with captions and latency drawn; a FOLDER/: one per video")
-    vid.add_argument("--changes", action="store_true",
-                     help="JSON lines (or terminal lines) only for answers that differ from the last one of their "
-                          "video and prompt, with the answer replaced (previous) and when it began (since)")
-    vid.add_argument("--hold", type=int, default=None, metavar="N",
-                     help="with --changes, a new answer counts once N processed frames in a row gave it (default 1)")
-    vid.add_argument("--snapshots", metavar="FOLDER",
-                     help="with --changes, save the frame of each change there as a JPEG (its path in the JSON line)")
+    _add_changes_args(vid, "JSON lines (or terminal lines) only for answers that differ from the last one of "
+                           "their video and prompt, with the answer replaced (previous) and when it began (since)",
+                      "processed frames", "JSON line")
     vid.add_argument("--resume", action="store_true",
                      help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
                           "without it, outputs are written afresh")
@@ -102,13 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                            "(same answers, for comparison)")
     _add_model_args(live, realtime=True)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
-    live.add_argument("--changes", action="store_true",
-                      help="print (and log) an answer only when it changes, with the answer it replaced: "
-                           "events instead of every frame")
-    live.add_argument("--hold", type=int, default=None, metavar="N",
-                      help="with --changes, a new answer counts once N frames in a row gave it (default 1)")
-    live.add_argument("--snapshots", metavar="FOLDER",
-                      help="with --changes, save the frame of each change there as a JPEG (its path in the log)")
+    _add_changes_args(live, "print (and log) an answer only when it changes, with the answer it replaced: "
+                            "events instead of every frame", "frames", "log")
     live.add_argument("--annotate", metavar="OUT.mp4",
                       help="record the completed frames with their answers and latency drawn, at the times they "
                            "were captured; a FOLDER/: one file per source, named by start time and source")
@@ -192,6 +183,22 @@ def _lazy(module: str):
         return importlib.import_module(module).run(args)
 
     return run
+
+
+def _add_changes_args(p: argparse.ArgumentParser, what: str, frames: str, where: str) -> None:
+    """--changes, --hold and --snapshots of `video` and `live` (checked by `check_changes_args`)."""
+    p.add_argument("--changes", action="store_true", help=what)
+    p.add_argument("--hold", type=int, default=None, metavar="N",
+                   help=f"with --changes, a new answer counts once N {frames} in a row gave it (default 1)")
+    p.add_argument("--snapshots", metavar="FOLDER",
+                   help=f"with --changes, save the frame of each change there as a JPEG (its path in the {where})")
+
+
+def check_changes_args(args: argparse.Namespace) -> None:
+    if args.hold is not None and (not args.changes or args.hold < 1):
+        raise UsageError("--hold N goes with --changes, N >= 1")
+    if args.snapshots and not args.changes:
+        raise UsageError("--snapshots goes with --changes (a picture of each change)")
 
 
 def _add_model_args(p: argparse.ArgumentParser, realtime: bool = False) -> None:

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import UsageError, realtime_dtype
+from app.cli import UsageError, check_changes_args, realtime_dtype
 from app.prompt_args import check_constraints, prompt_tasks
 from app.outputs import check_writable, folder_arg
 
@@ -29,10 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.fps <= 0 or args.max_inflight is not None and args.max_inflight < 1
             or args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
-    if args.hold is not None and (not args.changes or args.hold < 1):
-        raise UsageError("--hold N goes with --changes, N >= 1")
-    if args.snapshots and not args.changes:
-        raise UsageError("--snapshots goes with --changes (a picture of each change)")
+    check_changes_args(args)
     snapshots = Path(args.snapshots) if args.snapshots else None
     if snapshots:
         check_writable([snapshots], [])

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import UsageError, realtime_dtype
+from app.cli import UsageError, check_changes_args, realtime_dtype
 from app.outputs import FORMATS, check_writable, folder_arg, parse_formats, plan_outputs
 from app.prompt_args import check_constraints, prompt_tasks
 
@@ -50,16 +50,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--resume needs a JSONL file to read back, not -o -")
     if args.resume and kind != "jsonl" and "jsonl" not in formats:
         raise UsageError("--resume needs -o OUT.jsonl, or -o FOLDER/ with jsonl among its --format")
-    if args.hold is not None and (not args.changes or args.hold < 1):
-        raise UsageError("--hold N goes with --changes, N >= 1")
+    check_changes_args(args)
     if args.changes and args.resume:
         raise UsageError("--changes writes only the answers that changed: --resume could not tell the frames done")
     if args.changes and (kind in ("srt", "vtt") or out_dir and "jsonl" not in formats):
         raise UsageError("--changes reports in JSONL or on the terminal (subtitles merge repeated captions already)")
     snapshots = Path(args.snapshots) if args.snapshots else None
-    if snapshots and (not args.changes or not (kind == "jsonl" or "jsonl" in formats)):
-        raise UsageError("--snapshots goes with --changes and a JSONL output (-o OUT.jsonl, -o -, or -o FOLDER/), "
-                         "whose lines name the pictures")
+    if snapshots and not (kind == "jsonl" or "jsonl" in formats):
+        raise UsageError("--snapshots needs a JSONL output (-o OUT.jsonl, -o -, or -o FOLDER/), whose lines name "
+                         "the pictures")
     if snapshots:
         check_writable([snapshots], [])
     ann_file = Path(args.annotate) if args.annotate and not ann_dir else None

@@ -163,8 +163,8 @@ def test_video_changes_on_the_terminal_and_its_mistakes(tmp_path, capsys):
     with Image.open(paths[1]) as im:
         assert im.format == "JPEG" and im.size == (640, 360)
     assert all(p.name.endswith(f"_{r['index']:07d}.jpg") for p, r in zip(paths, rows))
-    for bad, message in [(["--snapshots", str(shots)], "--snapshots goes with --changes and a JSONL output"),
-                         (["--changes", "--snapshots", str(shots)], "--snapshots goes with --changes and a JSONL"),
+    for bad, message in [(["--snapshots", str(shots)], "--snapshots goes with --changes"),
+                         (["--changes", "--snapshots", str(shots)], "--snapshots needs a JSONL output"),
                          (["--hold", "2"], "--hold N goes with --changes"),
                          (["--changes", "--hold", "0"], "--hold N goes with --changes"),
                          (["--changes", "--resume", "-o", str(tmp_path / "a.jsonl")], "--resume could not tell"),
