@@ -27,8 +27,9 @@ RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about
 # A video job's outputs stay on disk until this many newer jobs have run (Gradio serves its own
 # copies of them; ours only need to outlive the hand-over), and go when the server stops.
 VIDEO_JOBS_KEPT = 8
-# A live recording (the Live tab's Record box) keeps the first this many seconds: at 60 fps and
-# 640x360 about 1 MB a minute (the 60 fps sample: 2.8 MB for 150 s). One per tab, replaced by its next one, removed with the tab.
+# A live recording (the Live tab's Record box) keeps the first this many seconds: ~1 MB a minute
+# at 640x360 (the 60 fps sample: 2.8 MB for 150 s). One per tab, replaced by its next one,
+# removed with the tab.
 RECORD_MAX_S = 600.0
 
 
