@@ -324,11 +324,13 @@ class Service:
 
     def caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                       on_progress: Callable[[int, int | None], None] | None = None,
-                      stop: threading.Event | None = None) -> dict:
+                      stop: threading.Event | None = None, changes: bool = False) -> dict:
         """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths.
-        Setting `stop` ends the job at its next frame with what is done ("cancelled": True)."""
+        Setting `stop` ends the job at its next frame with what is done ("cancelled": True). With
+        `changes`, the rows and the JSONL hold only the answers that changed (`video --changes`)."""
         from pipelines.batch import BatchSummary, Sampling, caption_file
-        from pipelines.prompts import prompt_label
+        from pipelines.changes import AnswerChanges, ChangedAnswersSink
+        from pipelines.prompts import prompt_key, prompt_label
         from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
         from pipelines.sources import FileSource
 
@@ -344,18 +346,27 @@ class Service:
         paths = {"jsonl": out_dir / "captions.jsonl", "srt": out_dir / "captions.srt",
                  "vtt": out_dir / "captions.vtt", "mp4": out_dir / "annotated.mp4"}
         paths["jsonl"].unlink(missing_ok=True)
-        sinks = [JsonlSink(paths["jsonl"]), SubtitleSink(paths["srt"], "srt", duration),
+        jsonl = JsonlSink(paths["jsonl"])
+        sinks = [ChangedAnswersSink(jsonl) if changes else jsonl, SubtitleSink(paths["srt"], "srt", duration),
                  SubtitleSink(paths["vtt"], "vtt", duration),
                  AnnotatedVideoSink(paths["mp4"], first.rgb.shape[1], first.rgb.shape[0])]
         rows: list[dict] = []
         several = isinstance(task, list)
+        tracker = AnswerChanges() if changes else None
+        answers = [0]
 
         def on_frame(r) -> None:
             asked = f"{prompt_label(r.prompt)}: " if several else ""
-            rows.append({"index": r.index, "pts": r.pts, "text": asked + r.text.strip(),
-                         "ms": round(r.timings_ms.get("total", 0.0), 1)})
+            answers[0] += 1
+            if tracker is None:
+                rows.append({"index": r.index, "pts": r.pts, "text": asked + r.text.strip(),
+                             "ms": round(r.timings_ms.get("total", 0.0), 1)})
+            elif (c := tracker.observe(prompt_key(r.prompt), r.text, r.pts)) is not None:
+                was = "" if c.previous is None else f"  (was: {c.previous})"
+                rows.append({"index": r.index, "pts": r.pts, "text": asked + c.text + was,
+                             "ms": round(r.timings_ms.get("total", 0.0), 1)})
             if on_progress:
-                on_progress(len(rows) // (len(task) if several else 1) * every_n, total)
+                on_progress(answers[0] // (len(task) if several else 1) * every_n, total)
 
         summary = BatchSummary()
         src = FileSource(path)

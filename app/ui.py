@@ -117,7 +117,7 @@ def build(service: Service, source: str | None = None):
             raise gr.Error(str(e)) from None
         return out["text"], out
 
-    def video(path, kind, question, every_n, ckind="none", ctext="", request: gr.Request = None,
+    def video(path, kind, question, every_n, ckind="none", ctext="", changes=False, request: gr.Request = None,
               progress=gr.Progress()):
         if not path:
             raise gr.Error("upload a video first")
@@ -129,7 +129,7 @@ def build(service: Service, source: str | None = None):
 
         try:
             out = service.caption_video(path, make_task(kind, question, ckind, ctext), out_dir, int(every_n or 1),
-                                        on_progress, stop=stop)
+                                        on_progress, stop=stop, changes=bool(changes))
         except (UIError, VlmstreamError, OSError) as e:
             raise gr.Error(str(e)) from None
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
@@ -227,6 +227,8 @@ def build(service: Service, source: str | None = None):
                     vckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                     vctext = gr.Textbox("", label=CONSTRAINT_LABEL)
                     every = gr.Number(1, precision=0, minimum=1, label="Every n-th frame")
+                    vchanges = gr.Checkbox(False, label="Only the answers that change (a table of events; the "
+                                                        "JSONL too)", elem_id="vs-video-changes")
                     with gr.Row():
                         vrun = gr.Button("Caption video", variant="primary", elem_id="vs-video-run")
                         vcancel = gr.Button("Cancel", elem_id="vs-video-cancel")
@@ -234,7 +236,7 @@ def build(service: Service, source: str | None = None):
             vtable = gr.Dataframe(headers=["frame", "time (s)", "caption", "ms"], wrap=True, elem_id="vs-video-table")
             vfiles = gr.File(label="Downloads (SRT, VTT, JSONL, annotated MP4)", file_count="multiple")
             vvideo = gr.Video(label="Annotated video")
-            vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext], [vnote, vtable, vfiles, vvideo],
+            vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext, vchanges], [vnote, vtable, vfiles, vvideo],
                        api_name="caption_video", concurrency_limit=2)
             vcancel.click(cancel_video, None, None, api_name=False, concurrency_limit=None)
         with gr.Tab("Image"):

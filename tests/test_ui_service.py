@@ -231,6 +231,26 @@ def test_video_job_writes_every_output_and_reports_progress(service, tmp_path):
         service.caption_video(str(tmp_path / "job" / "captions.srt"), make_task("short"), tmp_path / "bad")
 
 
+def test_a_video_job_can_keep_only_the_answers_that_change(service, tmp_path):
+    clip, task = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), make_task("question", "How many shapes are there?")
+    full = service.caption_video(clip, task, tmp_path / "all", every_n=15)
+    seen = []
+    events = service.caption_video(clip, task, tmp_path / "events", every_n=15, changes=True,
+                                   on_progress=lambda done, total: seen.append(done))
+    kept, last = [], None
+    for r in full["rows"]:  # the changes of the full run, by the definition
+        if r["text"] != last:
+            kept.append((r["index"], r["text"] + ("" if last is None else f"  (was: {last})")))
+        last = r["text"]
+    assert [(r["index"], r["text"]) for r in events["rows"]] == kept and 2 <= len(kept) < len(full["rows"])
+    lines = [json.loads(line) for line in Path(events["paths"]["jsonl"]).read_text().splitlines()]
+    assert [(x["index"], x["previous"]) for x in lines] == [(i, None if j == 0 else kept[j - 1][1].split("  (was")[0])
+                                                            for j, (i, _) in enumerate(kept)]
+    assert events["frames"] == full["frames"] and seen[-1] == seen[-1] // 15 * 15 >= 15 * (full["frames"] - 1)
+    # the other downloads are those of a full run
+    assert Path(events["paths"]["srt"]).read_text() == Path(full["paths"]["srt"]).read_text()
+
+
 def test_a_video_job_stops_on_cancel_or_when_its_tab_closes_and_keeps_what_is_done(service, tmp_path):
     import threading
 
