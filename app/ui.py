@@ -134,6 +134,7 @@ def build(service: Service, source: str | None = None):
             raise gr.Error(str(e)) from None
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
         note = (f"{out['frames']} frames captioned in {out['seconds']} s ({out['x_real_time']}x real time)"
+                + (f", {len(out['rows'])} answers that changed" if changes else "")
                 + (" — cancelled; the downloads hold the frames done" if out["cancelled"] else "")
                 + (f"\n\nthe table shows the first {VIDEO_TABLE_ROWS:,} of {len(out['rows']):,} answers; the "
                    "downloads hold them all" if len(out["rows"]) > VIDEO_TABLE_ROWS else "")
