@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import threading
 import time
@@ -181,8 +180,10 @@ def _snapshot(folder: Path, label: str, r) -> Path:
 
     from PIL import Image
 
+    from pipelines.sinks import file_label
+
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
-    source = re.sub(r"[^A-Za-z0-9.-]+", "_", label).strip("_")[-60:]
+    source = file_label(label)
     path = folder / f"{stamp}{'_' + source if source else ''}_{r.frame.index}.jpg"
     Image.fromarray(r.frame.rgb).save(path, quality=90)
     return path
@@ -205,9 +206,11 @@ def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]
     check_writable([folder], [])
     from datetime import datetime, timezone
 
+    from pipelines.sinks import file_label
+
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    names = [re.sub(r"[^A-Za-z0-9.-]+", "_", Path(source).stem if Path(source).is_file() else label).strip("_")[-60:]
-             or "source" for source, label in zip(sources, labels)]
+    names = [file_label(Path(source).stem if Path(source).is_file() else label) or "source"
+             for source, label in zip(sources, labels)]
     names = [n if names.count(n) == 1 else f"{n}_{i + 1}" for i, n in enumerate(names)]
     return [folder / f"{stamp}_{name}.mp4" for name in names]
 

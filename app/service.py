@@ -193,6 +193,7 @@ class Service:
         index; with `record`, its completed frames are recorded (`recording()` gives the MP4)."""
         from pipelines.feed import LiveFeed
         from pipelines.recorder import Recorder
+        from pipelines.sinks import file_label
         from pipelines.sources import open_live, parse_webcam
 
         source = (source or "").strip()
@@ -207,7 +208,8 @@ class Service:
         recorder = None
         if record:
             self._drop_recording(session)
-            recorder = Recorder(self._scratch_dir() / f"live-{_safe(session)}.mp4", max_seconds=RECORD_MAX_S)
+            recorder = Recorder(self._scratch_dir() / f"live-{file_label(session) or 'session'}.mp4",
+                                max_seconds=RECORD_MAX_S)
         try:
             feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded,
                             fps=LIVE_FPS, on_result=recorder.add if recorder else None)
@@ -440,8 +442,3 @@ class Service:
                 self._engine.close(cancel=True)
                 self._engine = None
             self._history.clear()
-
-
-def _safe(name: str) -> str:
-    """A session id as a file name (Gradio's are alphanumeric; anything else is replaced)."""
-    return "".join(c if c.isalnum() else "_" for c in name)[:64] or "session"

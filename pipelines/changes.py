@@ -9,7 +9,6 @@ first of those frames. The first answer is a change from nothing (`previous` Non
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 
 from .live import LiveResult
 from .prompts import prompt_key
-from .sinks import FrameResult, JsonlSink
+from .sinks import FrameResult, JsonlSink, file_label
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ class ChangedAnswersSink:
     def _snapshot(self, r: FrameResult, rgb: np.ndarray) -> Path:
         from PIL import Image
 
-        source = re.sub(r"[^A-Za-z0-9.-]+", "_", str(Path(r.source).with_suffix(""))).strip("_")[-80:]
+        source = file_label(str(Path(r.source).with_suffix("")), 80)
         path = self.snapshots / f"{source or 'video'}_{r.index:07d}.jpg"
         Image.fromarray(np.ascontiguousarray(rgb)).save(path, quality=90)
         return path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -169,15 +170,13 @@ def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
     lines = tuple(line[:200] for line in text.strip().splitlines()[: max(1, h // band - 2)]) or ("",)
     top = h - (len(lines) + 1) * band
     img = np.array(rgb)  # a writable copy
-    img[max(top, 0):h - band] = _band(lines, w, band, (255, 255, 255))[max(-top, 0):]
-    img[h - band:] = _band((info,), w, band, (255, 220, 0))
+    img[max(top, 0):h - band] = _caption_band(lines, w, band, (255, 255, 255))[max(-top, 0):]
+    img[h - band:] = _band((info,), w, band, (255, 220, 0))  # new every frame: not cached
     return img
 
 
-@functools.lru_cache(maxsize=64)
 def _band(lines: tuple[str, ...], width: int, band: int, colour: tuple[int, int, int]) -> np.ndarray:
-    """Lines of text on black, `band` pixels a line. Cached: a video's caption repeats for many
-    frames, and drawing it is most of the cost of annotating one (~1 ms of ~2.4 at 640x360)."""
+    """Lines of text on black, `band` pixels a line."""
     from PIL import Image, ImageDraw
 
     img = Image.new("RGB", (width, band * len(lines)))
@@ -187,6 +186,17 @@ def _band(lines: tuple[str, ...], width: int, band: int, colour: tuple[int, int,
     out = np.asarray(img)
     out.flags.writeable = False
     return out
+
+
+# A video's caption repeats for many frames, and drawing it is most of the cost of annotating one
+# (~1 ms of ~2.4 at 640x360).
+_caption_band = functools.lru_cache(maxsize=64)(_band)
+
+
+def file_label(text: str, limit: int = 60) -> str:
+    """A source (path, URL without credentials, session id) as part of a file name: runs of other
+    characters than letters, digits, '.' and '-' become '_', and the last `limit` are kept."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")[-limit:]
 
 
 @functools.lru_cache(maxsize=8)
