@@ -17,6 +17,7 @@ from typing import Sequence
 
 from app.errors import UsageError
 from app.prompt_args import add_constraint_args, add_prompt_args
+from pipelines.live import LIVE_STICKY
 from engine.errors import VlmstreamError
 
 EXIT_USAGE = 2
@@ -90,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
                            "sources: as many frames a second as more would give on 2 cores, with less latency)")
     live.add_argument("--deadline-ms", type=float, default=None, metavar="D", help="cancel a frame after D ms")
     live.add_argument("--max-tokens", type=int, default=32, metavar="N", help="answer length limit (default 32)")
+    live.add_argument("--sticky", type=float, default=None, metavar="M",
+                      help="keep the previous frame's answer, token by token, unless the model rates another "
+                           "token more than M logits higher (default %g: captions change when the frame does, "
+                           "not frame to frame; 0: each frame's plain greedy answer; needs temperature 0)"
+                           % LIVE_STICKY)
     live.add_argument("--no-draft", action="store_true",
                       help="decode every frame's answer token by token, without the previous answer as a draft "
                            "(same answers, for comparison)")

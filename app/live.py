@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.changes import AnswerChanges
     from pipelines.feed import LiveFeed
     from pipelines.prompts import prompt_label
-    from pipelines.live import DEFAULT_MAX_INFLIGHT
+    from pipelines.live import DEFAULT_MAX_INFLIGHT, LIVE_STICKY
     from pipelines.recorder import Recorder
     from pipelines.sources import SourceError, open_live, redact
 
@@ -28,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.fps <= 0 or args.max_inflight is not None and args.max_inflight < 1
             or args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
+    sticky = LIVE_STICKY if args.sticky is None else args.sticky
+    if not 0 <= sticky < float("inf"):  # also NaN
+        raise UsageError("--sticky must be a number >= 0")
     check_changes_args(args)
     snapshots = Path(args.snapshots) if args.snapshots else None
     if snapshots:
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
     several = len(opened) > 1
-    params = SamplingParams(max_tokens=args.max_tokens)
+    params = SamplingParams(max_tokens=args.max_tokens, sticky=sticky)
     write_error: list[tuple[str, OSError]] = []  # (what, error): the run stops
     print_lock = threading.Lock()
 
@@ -150,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     es = engine.stats()
     stats["kv_pages_in_use_after"] = es.kv_pages_in_use
     stats["draft_tokens"] = {"proposed": es.draft_proposed, "accepted": es.draft_accepted}
+    stats["sticky"] = sticky
     if args.json:
         print(json.dumps(stats))
     else:

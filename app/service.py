@@ -45,6 +45,7 @@ class Settings:
     temperature: float = 0.0
     max_tokens: int = 32
     pipelined: bool = True
+    sticky: float = 2.0  # live answers keep the previous frame's (pipelines.live.LIVE_STICKY); 0 = off
 
 
 def sample_videos() -> list[str]:
@@ -140,12 +141,14 @@ class Service:
         from engine import SamplingParams
 
         s = self.settings
-        return SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens)
+        # Sticky answers are greedy ones; only live feeds bring the draft that makes them sticky.
+        return SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens,
+                              sticky=s.sticky if s.temperature == 0 else 0.0)
 
     def apply(self, settings: Settings) -> str:
         """Change settings; a new model or device stops every feed and reloads the engine."""
-        if settings.max_tokens < 1 or not 0.0 <= settings.temperature <= 2.0:
-            raise UIError("max tokens must be >= 1 and temperature within 0..2")
+        if settings.max_tokens < 1 or not 0.0 <= settings.temperature <= 2.0 or not 0.0 <= settings.sticky <= 10.0:
+            raise UIError("max tokens must be >= 1, temperature within 0..2 and steadiness within 0..10")
         with self._lock:
             old, self.settings = self.settings, settings
             reload = (old.model, old.device, old.dtype) != (settings.model, settings.device, settings.dtype)

@@ -145,11 +145,11 @@ def build(service: Service, source: str | None = None):
     def cancel_video(request: gr.Request):
         service.cancel_video(request.session_hash)
 
-    def apply(model, device, temperature, max_tokens, pipelined):
+    def apply(model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky):
         try:
             msg = service.apply(Settings(model=(model or "tiny").strip(), device=device, dtype=service.settings.dtype,
                                          temperature=float(temperature), max_tokens=int(max_tokens),
-                                         pipelined=bool(pipelined)))
+                                         pipelined=bool(pipelined), sticky=float(sticky)))
         except (UIError, VlmstreamError, OSError) as e:
             raise gr.Error(str(e)) from None
         return msg
@@ -262,10 +262,13 @@ def build(service: Service, source: str | None = None):
                 temperature = gr.Slider(0.0, 2.0, value=s.temperature, step=0.05, label="Temperature (0 = greedy)")
                 max_tokens = gr.Number(s.max_tokens, precision=0, minimum=1, label="Max tokens")
                 pipelined = gr.Checkbox(s.pipelined, label="Pipelined decoding (off = blocking loop)")
+            sticky = gr.Slider(0.0, 10.0, value=s.sticky, step=0.5,
+                               label="Steady live answers: keep the last frame's answer unless the model prefers "
+                                     "another by more than this (logits; 0 = every frame's own answer; greedy only)")
             sapply = gr.Button("Apply", variant="primary")
             sstatus = gr.Markdown()
             stats = gr.JSON(label="Engine")
-            sapply.click(apply, [model, device, temperature, max_tokens, pipelined], sstatus, api_name="apply_settings")
+            sapply.click(apply, [model, device, temperature, max_tokens, pipelined, sticky], sstatus, api_name="apply_settings")
             gr.Timer(1.0).tick(service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
         def closed(request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
             service.close_session(request.session_hash)

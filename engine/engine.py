@@ -120,7 +120,8 @@ class Engine:
                draft: list[int] | None = None, priority: int = 0) -> RequestHandle:
         """draft: token ids the answer will likely repeat, e.g. the previous video frame's answer to
         the same prompt. A greedy request without constraint verifies them several per step and
-        gets exactly the answer it would get without (others ignore the draft).
+        gets exactly the answer it would get without (others ignore the draft), unless
+        `params.sticky` asks to keep the draft's tokens where the model rates them nearly as high.
         priority: requests of a higher priority are admitted (and their images encoded) before
         waiting ones of a lower priority, e.g. a live frame before a batch job's (default 0)."""
         if not isinstance(params, SamplingParams):
@@ -150,7 +151,7 @@ class Engine:
         handle = RequestHandle(self, next(self._ids))
         seq = Sequence(id=handle.id, prompt=ids, params=params, image=ref._image, handle=handle,
                        capacity=min(params.max_tokens, room), constraint=automaton, priority=priority)
-        if draft and self._max_draft and params.temperature == 0 and automaton is None:
+        if draft and (self._max_draft or params.sticky) and params.temperature == 0 and automaton is None:
             # Past twice the answer's room a draft can only cost lookups.
             seq.set_draft(draft[: 2 * seq.capacity], mc.tokenizer.eos_id)
         with ref._lock:
@@ -403,7 +404,8 @@ class Engine:
         self._draft_accepted += max(accepted, 0)
         if not seq.finalized:
             seq.launched = len(seq.tokens)
-        seq.draft_misses = 0 if accepted > 0 else seq.draft_misses + 1
+        # A sticky sequence keeps its draft while it repeats it, one row a step or more.
+        seq.draft_misses = 0 if accepted > 0 or seq.sticky else seq.draft_misses + 1
         if seq.draft_misses >= 2:
             seq.draft = seq.draft_index = None
 
@@ -414,7 +416,7 @@ class Engine:
         if token == self.model_config.tokenizer.eos_id and not seq.params.ignore_eos:
             self._finalize(seq, "stop")
             return
-        seq.tokens.append(token)
+        seq.keep(token)
         if seq.streamer is None:
             seq.streamer = WordStreamer(self.loaded.tokenizer.decode)
         delta = seq.streamer.push(token)

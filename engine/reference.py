@@ -22,7 +22,7 @@ from .errors import RequestError
 from .models.loader import LoadedModel
 from .models.prompt import prompt_ids
 from .models.text import KV_ALIGN, attention, attention_mask
-from .sampler import advance_constraints, apply_constraints, sample, step_uniform, suppress
+from .sampler import advance_constraints, apply_constraints, sample, step_uniform, stick, suppress
 from .types import RequestOutput, SamplingParams, StageTimings
 
 
@@ -116,8 +116,10 @@ class ReferenceDecoder:
         params: SamplingParams = SamplingParams(),
         on_text: Callable[[str], None] | None = None,
         constraint: Any = None,
+        draft: list[int] | None = None,
     ) -> RequestOutput:
-        """Generate an answer; `constraint` is a Regex, Choice or JsonSchema (engine.constraints)."""
+        """Generate an answer; `constraint` is a Regex, Choice or JsonSchema (engine.constraints).
+        `draft` matters only with `params.sticky` (and no constraint), as in the engine."""
         t_start = time.perf_counter()
         ids = prompt_ids(self.config, self.loaded.tokenizer, caption=caption, question=question)
         params = params.with_seed()
@@ -146,6 +148,9 @@ class ReferenceDecoder:
         temperature = torch.tensor([params.temperature], device=self.device)
         top_p = torch.tensor([params.top_p], device=self.device)
         suppress_row = torch.tensor([True], device=self.device)
+        # While the answer repeats it, the draft's next token is preferred (SamplingParams.sticky).
+        sticky = tuple(draft) + (tok.eos_id,) if draft and params.sticky and automaton is None else ()
+        margin = torch.tensor([float(params.sticky)], device=self.device)
 
         def draw(logits: torch.Tensor, index: int) -> int:
             u = torch.tensor([step_uniform(params.seed, index)], device=self.device)
@@ -155,9 +160,12 @@ class ReferenceDecoder:
                 groups = [(automaton, zero, zero, torch.tensor([index == 0], device=self.device))]
             masked = apply_constraints(logits, groups, fsm_state)
             token = sample(logits, temperature, top_p, u)
+            if index < len(sticky) and tuple(token_ids) == sticky[:index]:
+                token = stick(token, logits, torch.tensor([sticky[index]], device=self.device), margin)
             advance_constraints(token, masked, fsm_state)
             return int(token[0])
 
+        token_ids: list[int] = []
         t0 = time.perf_counter()
         ids_t = torch.tensor([ids], device=self.device)
         positions = torch.arange(pos, pos + len(ids), device=self.device)[None]
@@ -169,7 +177,6 @@ class ReferenceDecoder:
         t0 = time.perf_counter()
         streamer = WordStreamer(self.loaded.tokenizer.decode)
         pieces: list[str] = []
-        token_ids: list[int] = []
         finish = "length"
         while True:
             if next_id == tok.eos_id and not params.ignore_eos:

@@ -25,7 +25,7 @@ from .models.loader import LoadedModel
 from .models.text import KV_ALIGN, MIN_GEMM_ROWS, attention
 from .models.tiling import crops_to_tensor
 from .reference import exact_attention
-from .sampler import advance_constraints, apply_constraints, constraint_mask, sample, step_uniform, suppress
+from .sampler import advance_constraints, apply_constraints, constraint_mask, sample, step_uniform, stick, suppress
 from .scheduler import StepPlan
 from .sequence import Sequence
 
@@ -208,6 +208,8 @@ class Runner:
                 cows, self._to(last) if last else None,
             ))
             rows.extend(chunks[i].seq for i in last)
+        # Per row: the token a sticky sequence prefers there (SamplingParams.sticky), or -1.
+        prefer = [_at(s.sticky_tail(), 0) for s in rows]
 
         n_first = len(rows)  # rows that sample their sequence's first token (after its prompt)
         decode = graph_decode = fed = None
@@ -219,23 +221,26 @@ class Runner:
             # draft row that may not have been kept).
             seqs, slots, positions, fed_tokens = [], [], [], []
 
-            def feed(s, p0: int, tokens: list[int]) -> None:
+            def feed(s, p0: int, tokens: list[int], first: int) -> None:
+                tail = s.sticky_tail()
                 for j, t in enumerate(tokens):
                     slots.append(self._fed_base + len(fed_tokens))
                     fed_tokens.append(t)
                     positions.append(p0 + j)
                     seqs.append(s)
+                    prefer.append(_at(tail, first + j))
 
             for s, d in zip(plan.decodes, plan.drafts):
                 p0 = P + len(s.prompt) + s.launched - 1
                 if d or (s.drafted and not s.inflight):
-                    feed(s, p0, [s.tokens[-1]] + d)
+                    feed(s, p0, [s.tokens[-1]] + d, 0)
                 else:
                     slots.append(s.slot)
                     positions.append(p0)
                     seqs.append(s)
+                    prefer.append(_at(s.sticky_tail(), 0))
             for ch in first_drafts:  # from the first answer token on, which this step's prompt row samples
-                feed(ch.seq, P + len(ch.seq.prompt), ch.draft)
+                feed(ch.seq, P + len(ch.seq.prompt), ch.draft, 1)
             b = len(seqs)
             positions = np.array(positions)
             write = np.array([s.kv_slots[p] for s, p in zip(seqs, positions)])
@@ -268,6 +273,9 @@ class Runner:
                 self._to([s.slot for s in rows]), floats[:r], floats[r:2 * r], floats[2 * r:],
                 torch.arange(r, device=self.device) >= n_first,
             )
+        sticky = None
+        if any(t >= 0 for t in prefer):
+            sticky = (self._to(prefer), self._to([p.sticky for p in params], torch.float32))
 
         groups = {}
         for i, s in enumerate(rows):
@@ -318,10 +326,14 @@ class Runner:
                 if self.kernels:
                     allowed, masked = constraint_mask(all_logits, constraint_groups, self.fsm_state)
                     tokens = self.kernels[2](all_logits, allowed, not_first, cfg.tokenizer.answer_id, temp, top_p, u)
+                    if sticky is not None:  # sticky rows are unconstrained: only the marker is masked
+                        suppress(all_logits, cfg.tokenizer.answer_id, not_first)
                 else:
                     suppress(all_logits, cfg.tokenizer.answer_id, not_first)
                     masked = apply_constraints(all_logits, constraint_groups, self.fsm_state)
                     tokens = sample(all_logits, temp, top_p, u, all_greedy)
+                if sticky is not None:
+                    tokens = stick(tokens, all_logits, *sticky)
                 advance_constraints(tokens, masked, self.fsm_state)
                 self.last_token[slots_r] = tokens
                 self.executor.to_host(tokens, slot.tokens[: len(rows)])
@@ -362,6 +374,10 @@ class Runner:
         mask = (torch.arange(L, device=self.device) < P).expand(P, L)[None, None]
         positions = torch.arange(P, device=self.device).expand(n, P)
         self._hidden(x, positions, write, pages, mask)
+
+
+def _at(tail: tuple[int, ...], j: int) -> int:
+    return tail[j] if j < len(tail) else -1
 
 
 def _aligned(n: int, page_size: int) -> int:

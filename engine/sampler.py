@@ -65,6 +65,16 @@ def sample(
     return torch.where(temperature_B > 0, sampled, greedy)
 
 
+def stick(tokens_R: torch.Tensor, logits_RV: torch.Tensor, prefer_R: torch.Tensor,
+          margin_R: torch.Tensor) -> torch.Tensor:
+    """Rows with a preferred token (prefer_R >= 0) take it where its logit is within margin_R of
+    the row's best (SamplingParams.sticky); other rows keep their sampled token."""
+    logits = logits_RV.float()
+    best = logits.max(dim=-1).values
+    mine = logits.gather(1, prefer_R.clamp(min=0)[:, None])[:, 0]
+    return torch.where((prefer_R >= 0) & (mine >= best - margin_R), prefer_R, tokens_R)
+
+
 def apply_constraints(logits_RV: torch.Tensor, groups: list, fsm_state: torch.Tensor) -> list:
     """Mask constrained rows in place; return what `advance_constraints` needs after sampling.
 

@@ -16,7 +16,9 @@ later decode row carries up to `max_draft` proposed tokens the same way; the eng
 rows' tokens up to the first proposal that differs from what greedy decoding chose, so the
 answer is exactly the greedy one (a decode row's result does not depend on the other rows of its
 step, and a step writes each row's KV before any row reads). An answer that repeats its draft
-comes whole in the step of its first token.
+comes whole in the step of its first token. A sticky request (SamplingParams.sticky) proposes
+the draft's tokens in order while its answer repeats the draft, and its rows prefer them
+(engine/runner.py), so a frame read nearly as before gets the answer before.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     for s in step.decodes:
         d = []
         if s.draft and rows > 0:
-            d = propose(s.tokens, s.draft, s.draft_index, min(budget.max_draft, s.capacity - s.launched - 1, rows))
+            limit = min(budget.max_draft, s.capacity - s.launched - 1, rows)
+            d = list(s.sticky_tail()[:limit]) if s.sticky else propose(s.tokens, s.draft, s.draft_index, limit)
             rows -= len(d)
         step.drafts.append(d)
     pages, slots, tokens = budget.free_pages, budget.free_slots, budget.prefill_tokens

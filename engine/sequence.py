@@ -70,6 +70,7 @@ class Sequence:
     draft_index: dict[int, list[int]] | None = None  # token -> its positions in draft
     draft_misses: int = 0  # consecutive draft steps that kept none of their proposal
     drafted: bool = False  # draft rows were launched: the device's last token for its slot is not reliable
+    sticky: bool = False  # params.sticky is set and the answer so far repeats the draft
     slot: int | None = None
     pages: list[int] = field(default_factory=list)  # own pages (the first may copy the prefix tail)
     page_table: list[int] = field(default_factory=list)  # shared prefix pages + own pages
@@ -112,6 +113,19 @@ class Sequence:
         self.draft_index = {}
         for i, t in enumerate(self.draft):
             self.draft_index.setdefault(t, []).append(i)
+        self.sticky = self.params.sticky > 0
+
+    def sticky_tail(self) -> tuple[int, ...]:
+        """The draft past the committed answer while the answer repeats it (SamplingParams.sticky):
+        the tokens the next rows prefer, in order. Empty when the sequence is not sticky."""
+        return self.draft[len(self.tokens):] if self.sticky else ()
+
+    def keep(self, token: int) -> None:
+        """Append a committed answer token; an answer that leaves its draft stops being sticky."""
+        n = len(self.tokens)
+        self.tokens.append(token)
+        if self.sticky and (n >= len(self.draft) or self.draft[n] != token):
+            self.sticky = False
 
     def wants_decode(self) -> bool:
         """True if a decode step for this sequence could still produce a token we keep.

@@ -15,13 +15,20 @@ FINISH_REASONS = ("stop", "length", "cancelled", "error")
 class SamplingParams:
     """temperature 0 is greedy (our default: captions of a video should not flicker). With
     temperature > 0, top-p sampling; `seed` makes it reproducible, None draws a fresh seed.
-    With `ignore_eos`, EOS is kept as an ordinary token and only max_tokens stops."""
+    With `ignore_eos`, EOS is kept as an ordinary token and only max_tokens stops.
+
+    `sticky` (greedy only): while the answer repeats the request's draft (e.g. the previous
+    video frame's answer), the draft's next token is kept unless the best token's logit is more
+    than `sticky` above it (the draft's token is at least exp(-sticky) times as likely). A caption
+    then changes when the model reads the frame differently, not when two readings are a coin
+    toss apart. 0 (default): plain greedy, the draft never changes the answer."""
 
     temperature: float = 0.0
     top_p: float = 0.3
     max_tokens: int = 768
     seed: int | None = None
     ignore_eos: bool = False  # keep generating through EOS (benchmarks want fixed lengths)
+    sticky: float = 0.0
 
     def __post_init__(self) -> None:
         t, p, n = self.temperature, self.top_p, self.max_tokens
@@ -34,6 +41,11 @@ class SamplingParams:
         s = self.seed
         if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63):
             raise RequestError(f"seed must be an integer in [0, 2**63), got {s!r}")
+        k = self.sticky
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k < 0:
+            raise RequestError(f"sticky must be a finite number >= 0, got {k!r}")
+        if k > 0 and t > 0:
+            raise RequestError("sticky needs greedy decoding (temperature 0)")
 
     def with_seed(self) -> "SamplingParams":
         """A copy whose seed is concrete, so that the run can be repeated."""

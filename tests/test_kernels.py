@@ -138,6 +138,10 @@ def test_engine_with_kernels_gives_the_tokens_of_the_torch_path(kernels):
         with Engine(EngineConfig(model="tiny", triton_kernels=flag, max_batch_size=4)) as engine:
             handles = [engine.submit(img, caption="short", params=p) for img, p in zip(images, params)]
             handles.append(engine.submit(images[0], question="What color is the circle?", params=params[0]))
+            # sticky rows: the preferred token is read off the logits after the sampling kernel
+            draft = engine.loaded.tokenizer.encode("a red circle and a small blue star")
+            handles.append(engine.submit(images[1], caption="short", draft=draft,
+                                         params=SamplingParams(max_tokens=6, sticky=3.0)))
             outs[flag] = [h.result(timeout=300).token_ids for h in handles]
         assert engine.stats().kv_pages_in_use == 0
     assert outs[True] == outs[False]

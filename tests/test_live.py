@@ -10,7 +10,7 @@ import engine.engine as engine_module
 from engine import Engine, EngineConfig, SamplingParams
 from engine.runner import StepResult
 from pipelines.grabber import LatestFrameGrabber
-from pipelines.live import LiveSession
+from pipelines.live import LIVE_STICKY, LiveSession
 from pipelines.sources import Frame
 
 from test_engine_properties import FakeRunner
@@ -185,6 +185,7 @@ def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path
     assert main(cmd + ["--json", "-o", str(log)]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert set(stats["sources"]) == {a, b} and stats["kv_pages_in_use_after"] == 0
+    assert stats["sticky"] == LIVE_STICKY  # answers keep the previous frame's by default
     assert [s["max_inflight"] for s in stats["sources"].values()] == [2, 2]  # the default 4, shared out
     for key in ("frames_in", "completed", "dropped", "cancelled_stale"):
         assert stats[key] == sum(s[key] for s in stats["sources"].values())
@@ -198,9 +199,10 @@ def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path
     assert captured.out.count(f"{a}  ") > 3 and captured.out.count(f"{b}  ") > 3  # lines say whose they are
     assert captured.err.count("frames captioned") == 2
     assert main(["live", a, a]) == 2 and main(["live", a, str(tmp_path / "missing.mp4")]) == 2
-    assert main(["live", a, "--max-inflight", "0"]) == 2
+    assert main(["live", a, "--max-inflight", "0"]) == 2 and main(["live", a, "--sticky", "nan"]) == 2
     err = capsys.readouterr().err
     assert "listed twice" in err and "--max-inflight >= 1" in err and "missing.mp4" in err and "Traceback" not in err
+    assert "--sticky must be a number >= 0" in err
 
 
 def test_several_prompts_per_live_frame_give_each_prompts_own_answer(small_folder):

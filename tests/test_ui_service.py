@@ -64,6 +64,8 @@ def test_tasks_and_constraints_from_form_fields():
 
 def test_live_feed_on_a_sample_gives_captions_for_the_frames_they_describe(service):
     assert "shapes_640x360_60fps.mp4" in sample_videos()
+    # each frame's own greedy answer (a sticky one depends on the frames before: tests/test_sticky.py)
+    service.apply(Settings(max_tokens=12, sticky=0.0))
     feed = service.start_live("tab-a", "shapes_640x360_60fps.mp4", make_task("short"))
     try:
         snap = wait_for(lambda: (s := feed.snapshot()).counters["completed"] >= 5 and s)
@@ -79,6 +81,7 @@ def test_live_feed_on_a_sample_gives_captions_for_the_frames_they_describe(servi
         assert busy["mode"] == "pipelined" and busy["kv_pages_total"] > 0
     finally:
         service.stop_live("tab-a")
+        service.apply(Settings(max_tokens=12))
     assert not feed.running and service.feed("tab-a") is None
     wait_for(lambda: service.engine().stats().kv_pages_in_use == 0)
     # the figures are current, not averages since start: idle now means 0 tokens/s
@@ -314,6 +317,13 @@ def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
     assert service.settings.model == "tiny" and service.engine() is not engine  # old engine replaced, still usable
     with pytest.raises(UIError):
         service.apply(Settings(max_tokens=0))
+    with pytest.raises(UIError, match="steadiness"):
+        service.apply(Settings(max_tokens=12, sticky=-1.0))
+    # live answers are sticky by default; sampled ones cannot be
+    assert service.params().sticky == Settings.sticky > 0
+    service.apply(Settings(max_tokens=12, temperature=0.5))
+    assert service.params().sticky == 0 and service.params().temperature == 0.5
+    service.apply(Settings(max_tokens=12))
 
 
 def test_the_caption_log_has_a_line_per_run_of_identical_answers():

@@ -1,0 +1,105 @@
+"""Sticky greedy (SamplingParams.sticky): while an answer repeats its draft, the draft's next
+token is kept unless the best token beats it by more than the margin. The engine must give the
+reference decoder's answer for every draft, margin, batch and pipeline depth."""
+
+import numpy as np
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.errors import RequestError
+from engine.models.loader import load_model
+from engine.reference import ReferenceDecoder
+
+IMAGES = [np.random.default_rng(20 + i).integers(0, 256, size=(40 + 20 * i, 60 + 30 * i, 3), dtype=np.uint8)
+          for i in range(3)]
+MARGINS = [0.05, 0.3, 1.0, 1e6]
+
+
+@pytest.fixture(scope="module")
+def reference(small_folder):
+    return ReferenceDecoder(load_model(small_folder))
+
+
+@pytest.fixture(scope="module")
+def greedy(reference):
+    return [reference.generate(img, caption="short", params=SamplingParams(max_tokens=12)).token_ids
+            for img in IMAGES]
+
+
+def _cases(greedy):
+    """(image, draft, margin): each image's answer with another image's answer (and variants) as its draft."""
+    cases = []
+    for i in range(len(IMAGES)):
+        other = greedy[(i + 1) % len(IMAGES)]
+        mixed = greedy[i][:4] + other[4:]
+        for draft in (other, mixed, other[:5], greedy[i]):
+            cases.extend((i, draft, m) for m in MARGINS)
+    return cases
+
+
+@pytest.mark.parametrize("depth,max_draft,budget", [(2, 16, 64), (1, 16, 512), (2, 1, 64), (2, 0, 24)])
+def test_the_engine_keeps_what_the_reference_keeps(small_folder, reference, greedy, depth, max_draft, budget):
+    cases = _cases(greedy)
+    want = [reference.generate(IMAGES[i], caption="short", params=SamplingParams(max_tokens=12, sticky=m),
+                               draft=d).token_ids for i, d, m in cases]
+    # the margins matter: some answers are the greedy ones, some the draft, some neither
+    assert any(w == greedy[i] for w, (i, _, _) in zip(want, cases))
+    assert any(w != greedy[i] and w != d[:12] for w, (i, d, _) in zip(want, cases))
+    assert all(w == d[:12] for w, (_, d, m) in zip(want, cases) if m == 1e6 and len(d) >= 12)
+    with Engine(EngineConfig(model=str(small_folder), pipeline_depth=depth, max_draft=max_draft,
+                             max_batch_size=8, prefill_token_budget=budget, debug_checks=True)) as eng:
+        handles = [eng.submit(IMAGES[i], caption="short", params=SamplingParams(max_tokens=12, sticky=m), draft=d)
+                   for i, d, m in cases]
+        got = [h.result(timeout=60).token_ids for h in handles]
+        assert eng.stats().kv_pages_in_use == 0
+    assert got == want
+
+
+def test_a_sticky_answer_that_repeats_its_draft_ends_where_the_draft_ends(small_folder, greedy):
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        short = greedy[1][:5]  # the draft's end proposes EOS, which the margin keeps
+        out = eng.submit(IMAGES[0], caption="short", params=SamplingParams(max_tokens=12, sticky=1e6),
+                         draft=short).result(timeout=60)
+        assert out.token_ids == short and out.finish_reason == "stop"
+        # without a draft, or with sticky 0, the draft changes nothing
+        assert eng.submit(IMAGES[0], caption="short", params=SamplingParams(max_tokens=12, sticky=1e6)
+                          ).result(timeout=60).token_ids == greedy[0]
+        assert eng.submit(IMAGES[0], caption="short", params=SamplingParams(max_tokens=12),
+                          draft=short).result(timeout=60).token_ids == greedy[0]
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "1", True])
+def test_a_bad_margin_is_a_request_error(bad):
+    with pytest.raises(RequestError, match="sticky"):
+        SamplingParams(sticky=bad)
+
+
+def test_sticky_needs_greedy_decoding():
+    with pytest.raises(RequestError, match="greedy"):
+        SamplingParams(temperature=0.5, sticky=1.0)
+
+
+@pytest.mark.parametrize("sticky", [0.0, 1e6])
+def test_a_live_session_keeps_its_answer_while_the_model_allows(small_folder, greedy, sticky):
+    from pipelines.live import LiveSession
+    from pipelines.sources import Frame
+
+    assert greedy[0] != greedy[1]
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        answers = []
+        session = LiveSession(eng, {"caption": "short"}, SamplingParams(max_tokens=12, sticky=sticky), max_inflight=1,
+                              on_result=lambda r: answers.append(r.output.token_ids))
+        for i in range(4):  # two scenes in turn, one frame at a time
+            assert session.offer(Frame("cam", i, i / 30, IMAGES[i % 2]))
+            while session.in_flight:
+                pass
+        session.close()
+    # plain greedy follows each frame; a margin no reading beats keeps the first frame's answer
+    assert answers == ([greedy[0], greedy[1]] * 2 if sticky == 0 else [greedy[0]] * 4)
+
+
+def test_live_and_the_ui_default_to_the_same_margin():
+    from app.service import Settings
+    from pipelines.live import LIVE_STICKY
+
+    assert Settings().sticky == LIVE_STICKY > 0
