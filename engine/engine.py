@@ -121,7 +121,8 @@ class Engine:
         """draft: token ids the answer will likely repeat, e.g. the previous video frame's answer to
         the same prompt. A greedy request without constraint verifies them several per step and
         gets exactly the answer it would get without (others ignore the draft), unless
-        `params.sticky` asks to keep the draft's tokens where the model rates them nearly as high.
+        `params.sticky` asks to keep the draft's tokens where the model rates them nearly as high
+        (constrained requests too, where the constraint allows the token).
         priority: requests of a higher priority are admitted (and their images encoded) before
         waiting ones of a lower priority, e.g. a live frame before a batch job's (default 0)."""
         if not isinstance(params, SamplingParams):
@@ -151,7 +152,9 @@ class Engine:
         handle = RequestHandle(self, next(self._ids))
         seq = Sequence(id=handle.id, prompt=ids, params=params, image=ref._image, handle=handle,
                        capacity=min(params.max_tokens, room), constraint=automaton, priority=priority)
-        if draft and (self._max_draft or params.sticky) and params.temperature == 0 and automaton is None:
+        # A constrained answer is verified a token a step (its automaton's state lives on the
+        # device): its draft serves stickiness alone.
+        if draft and params.temperature == 0 and (params.sticky or self._max_draft and automaton is None):
             # Past twice the answer's room a draft can only cost lookups.
             seq.set_draft(draft[: 2 * seq.capacity], mc.tokenizer.eos_id)
         with ref._lock:
@@ -406,7 +409,7 @@ class Engine:
             seq.launched = len(seq.tokens)
         # A sticky sequence keeps its draft while it repeats it, one row a step or more.
         seq.draft_misses = 0 if accepted > 0 or seq.sticky else seq.draft_misses + 1
-        if seq.draft_misses >= 2:
+        if seq.draft_misses >= 2 or seq.constraint is not None and not seq.sticky:
             seq.draft = seq.draft_index = None
 
     def _accept(self, seq: Sequence, token: int, now: float) -> None:

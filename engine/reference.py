@@ -119,7 +119,7 @@ class ReferenceDecoder:
         draft: list[int] | None = None,
     ) -> RequestOutput:
         """Generate an answer; `constraint` is a Regex, Choice or JsonSchema (engine.constraints).
-        `draft` matters only with `params.sticky` (and no constraint), as in the engine."""
+        `draft` matters only with `params.sticky`, as in the engine."""
         t_start = time.perf_counter()
         ids = prompt_ids(self.config, self.loaded.tokenizer, caption=caption, question=question)
         params = params.with_seed()
@@ -149,7 +149,7 @@ class ReferenceDecoder:
         top_p = torch.tensor([params.top_p], device=self.device)
         suppress_row = torch.tensor([True], device=self.device)
         # While the answer repeats it, the draft's next token is preferred (SamplingParams.sticky).
-        sticky = tuple(draft) + (tok.eos_id,) if draft and params.sticky and automaton is None else ()
+        sticky = tuple(draft) + (tok.eos_id,) if draft and params.sticky else ()
         margin = torch.tensor([float(params.sticky)], device=self.device)
 
         def draw(logits: torch.Tensor, index: int) -> int:

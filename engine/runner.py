@@ -326,8 +326,10 @@ class Runner:
                 if self.kernels:
                     allowed, masked = constraint_mask(all_logits, constraint_groups, self.fsm_state)
                     tokens = self.kernels[2](all_logits, allowed, not_first, cfg.tokenizer.answer_id, temp, top_p, u)
-                    if sticky is not None:  # sticky rows are unconstrained: only the marker is masked
+                    if sticky is not None:  # the kernel masked its own copy; stick reads these logits
                         suppress(all_logits, cfg.tokenizer.answer_id, not_first)
+                        if allowed is not None:
+                            all_logits.masked_fill_(allowed == 0, float("-inf"))
                 else:
                     suppress(all_logits, cfg.tokenizer.answer_id, not_first)
                     masked = apply_constraints(all_logits, constraint_groups, self.fsm_state)

@@ -106,7 +106,7 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     rows = budget.draft_rows
     for s in step.decodes:
         d = []
-        if s.draft and rows > 0:
+        if s.draft and rows > 0 and s.constraint is None:
             limit = min(budget.max_draft, s.capacity - s.launched - 1, rows)
             d = list(s.sticky_tail()[:limit]) if s.sticky else propose(s.tokens, s.draft, s.draft_index, limit)
             rows -= len(d)
@@ -155,7 +155,7 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     # A prompt's last chunk samples the first answer token; draft rows from the draft's start,
     # in the same step, can finish an answer that repeats the draft there and then.
     for ch in step.prefills:
-        if ch.last and ch.seq.draft and rows > 0:
+        if ch.last and ch.seq.draft and rows > 0 and ch.seq.constraint is None:
             ch.draft = propose([], ch.seq.draft, ch.seq.draft_index, min(budget.max_draft, ch.seq.capacity - 1, rows))
             rows -= len(ch.draft)
     return step

@@ -55,6 +55,34 @@ def test_the_engine_keeps_what_the_reference_keeps(small_folder, reference, gree
     assert got == want
 
 
+@pytest.mark.parametrize("kernels", [False, True])
+def test_constrained_answers_are_sticky_where_the_constraint_allows(small_folder, reference, kernels, monkeypatch):
+    import engine.engine as engine_module
+    from engine import Choice, Regex
+
+    if kernels:  # the Triton path masks a copy of the logits: stick must see the constraint too
+        monkeypatch.setattr(engine_module, "use_triton_kernels", lambda flag, device: True)
+    choice, regex = Choice(["red", "green", "blue", "yellow"]), Regex(r"(one|two|three)( shapes)?")
+    tok = reference.loaded.tokenizer
+    cases = [(i, c, tok.encode(word), m) for i in range(len(IMAGES)) for m in (0.5, 3.0, 1e6)
+             for c, word in [(choice, "green"), (choice, "yellow"), (choice, "blue star"), (regex, "two shapes"),
+                             (regex, "four")]]
+    want = [reference.generate(IMAGES[i], question="What is it?", params=SamplingParams(max_tokens=6, sticky=m),
+                               constraint=c, draft=d).text for i, c, d, m in cases]
+    plain = [reference.generate(IMAGES[i], question="What is it?", params=SamplingParams(max_tokens=6),
+                                constraint=c).text for i, c, _, _ in cases]
+    assert want != plain and all(w in ("red", "green", "blue", "yellow") for w, (_, c, _, _) in zip(want, cases)
+                                 if c is choice)
+    # a margin nothing beats keeps an allowed draft; a draft the constraint forbids cannot be kept
+    assert all(w == "green" for w, (_, c, d, m) in zip(want, cases) if m == 1e6 and d == tok.encode("green"))
+    assert "four" not in want
+    with Engine(EngineConfig(model=str(small_folder), max_batch_size=8)) as eng:
+        handles = [eng.submit(IMAGES[i], question="What is it?", params=SamplingParams(max_tokens=6, sticky=m),
+                              constraint=c, draft=d) for i, c, d, m in cases]
+        assert [h.result(timeout=120).text for h in handles] == want
+    assert eng.stats().kv_pages_in_use == 0 and eng.stats().draft_proposed == 0  # no draft rows
+
+
 def test_a_sticky_answer_that_repeats_its_draft_ends_where_the_draft_ends(small_folder, greedy):
     with Engine(EngineConfig(model=str(small_folder))) as eng:
         short = greedy[1][:5]  # the draft's end proposes EOS, which the margin keeps

@@ -139,7 +139,8 @@ def test_live_tab_plays_the_sample_with_captions_chart_and_counters(server, clie
         t0 = time.time()
         while time.time() - t0 < 60:
             frames = page.evaluate("window.__vs.frames")
-            if len({f[1] for f in frames}) >= 10 and time.time() - t0 > 5:
+            # answers are sticky (they change when the scene does): wait for a second caption too
+            if len({f[1] for f in frames}) >= 10 and len({f[2] for f in frames}) >= 2 and time.time() - t0 > 5:
                 break
             time.sleep(0.5)
         seconds = time.time() - t0
