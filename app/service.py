@@ -124,7 +124,8 @@ class Service:
         self._scratch: Path | None = None  # this process's folder of video job outputs
         self._jobs: deque[Path] = deque()
         self._video_stops: dict[str, threading.Event] = {}  # session -> its running video job's stop flag
-        self._recorders: dict[str, object] = {}  # session -> the Recorder of its pulled feed (Record box)
+        self._recorders: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> its feed's Recorder
+        self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -210,7 +211,7 @@ class Service:
         frames, recorded = open_live(source)  # a recording plays as if live, round and round
         recorder = None
         if record:
-            self._drop_recording(session)
+            self._drop_recording(session, "pull")
             recorder = Recorder(self._scratch_dir() / f"live-{file_label(session) or 'session'}.mp4",
                                 max_seconds=RECORD_MAX_S)
         try:
@@ -223,17 +224,22 @@ class Service:
         with self._lock:
             self._feeds[(session, "pull")] = feed
             if recorder is not None:
-                self._recorders[session] = recorder
+                self._recorders[(session, "pull")] = recorder
             self._share_inflight()
         return feed
 
-    def recording(self, session: str) -> Path:
-        """The MP4 of this session's recorded live feed. A recording still running ends here (the
-        feed goes on unrecorded): the file is complete when it is handed over."""
+    def recording(self, session: str, kind: str = "pull") -> Path:
+        """The MP4 of this session's recorded live feed ("pull") or camera ("push"). A recording
+        still running ends here (the feed goes on unrecorded): the file is complete when it is
+        handed over."""
         with self._lock:
-            recorder = self._recorders.get(session)
+            recorder = self._recorders.get((session, kind))
+            feed = self._feeds.get((session, kind))
+            if feed is not None and recorder is not None and feed.on_result == recorder.add:
+                feed.on_result = None
         if recorder is None:
-            raise UIError("nothing recorded: tick Record, then Start")
+            raise UIError("nothing recorded: tick Record, then Start" if kind == "pull" else
+                          "nothing recorded: tick Record while your camera streams")
         recorder.close()
         if recorder.error is not None:
             raise UIError(f"the recording failed: {recorder.error}")
@@ -241,9 +247,9 @@ class Service:
             raise UIError("nothing recorded yet: no frame was captioned")
         return recorder.path
 
-    def _drop_recording(self, session: str) -> None:
+    def _drop_recording(self, session: str, kind: str) -> None:
         with self._lock:
-            recorder = self._recorders.pop(session, None)
+            recorder = self._recorders.pop((session, kind), None)
         if recorder is not None:
             recorder.close()
             recorder.path.unlink(missing_ok=True)
@@ -258,25 +264,44 @@ class Service:
             if feed is not None:
                 self._ended[(session, kind)] = feed
             self._share_inflight()
-            recorder = self._recorders.get(session) if kind == "pull" else None
+            recorder = self._recorders.get((session, kind))
         if feed is not None:
             feed.close()
         if recorder is not None:  # the file is finished, kept for a download
             recorder.close()
 
-    def push_frame(self, session: str, rgb: np.ndarray, task: dict) -> object:
-        """A browser camera frame; the session's pushed feed starts on the first one."""
+    def push_frame(self, session: str, rgb: np.ndarray, task: dict, record: bool = False) -> object:
+        """A browser camera frame; the session's pushed feed starts on the first one. Ticking
+        `record` (or streaming with it ticked) starts a recording of the camera's captioned frames,
+        replacing the last; unticking it finishes the file, kept for `recording(session, "push")`."""
         from pipelines.feed import LiveFeed
+        from pipelines.recorder import Recorder
+        from pipelines.sinks import file_label
 
+        key, finished = (session, "push"), None
         with self._lock:
-            feed = self._feeds.get((session, "push"))
+            feed = self._feeds.get(key)
             if feed is None or feed.task != task:  # a new prompt starts a new feed
+                new = LiveFeed(self.engine(), task, self.params())
                 if feed is not None:
-                    self._ended[(session, "push")] = feed
+                    new.on_result = feed.on_result  # a recording goes on across the change
+                    self._ended[key] = feed
                     feed.close()
-                feed = LiveFeed(self.engine(), task, self.params())
-                self._feeds[(session, "push")] = feed
+                feed = self._feeds[key] = new
                 self._share_inflight()
+            was, self._cam_record[session] = self._cam_record.get(session, False), record
+            if record and not was:
+                old = self._recorders.pop(key, None)
+                if old is not None:
+                    old.close()
+                    old.path.unlink(missing_ok=True)
+                recorder = self._recorders[key] = Recorder(
+                    self._scratch_dir() / f"camera-{file_label(session) or 'session'}.mp4", max_seconds=RECORD_MAX_S)
+                feed.on_result = recorder.add
+            elif was and not record:
+                feed.on_result, finished = None, self._recorders.get(key)
+        if finished is not None:
+            finished.close()  # kept for a download
         feed.push(np.ascontiguousarray(rgb[..., :3]), source_id="browser camera")
         return feed
 
@@ -310,7 +335,10 @@ class Service:
             self.stop_live(session, kind)
             with self._lock:
                 self._ended.pop((session, kind), None)
-        self._drop_recording(session)
+        for kind in ("pull", "push"):
+            self._drop_recording(session, kind)
+        with self._lock:
+            self._cam_record.pop(session, None)
 
     # ---------------------------------------------------------------- one image, one video
     def caption_image(self, rgb: np.ndarray, task: dict | list[dict]) -> dict:

@@ -92,17 +92,20 @@ def build(service: Service, source: str | None = None):
                 raise gr.Error(str(e)) from None
         return run
 
-    def recording(request: gr.Request):
-        try:
-            return str(service.recording(request.session_hash))
-        except UIError as e:
-            raise gr.Error(str(e)) from None
+    def recording(kind: str):
+        def run(request: gr.Request):
+            try:
+                return str(service.recording(request.session_hash, kind))
+            except UIError as e:
+                raise gr.Error(str(e)) from None
+        return run
 
-    def webcam(rgb, kind, question, ckind, ctext, request: gr.Request):
+    def webcam(rgb, kind, question, ckind, ctext, record, request: gr.Request):
         if rgb is None:
             return gr.skip(), gr.skip()
         try:
-            feed = service.push_frame(request.session_hash, rgb, make_task(kind, question, ckind, ctext))
+            feed = service.push_frame(request.session_hash, rgb, make_task(kind, question, ckind, ctext),
+                                      record=bool(record))
         except (UIError, VlmstreamError) as e:
             return frame_html(None, f"error: {e}"), gr.skip()
         snap = feed.snapshot()
@@ -191,7 +194,7 @@ def build(service: Service, source: str | None = None):
                 rec_btn = gr.Button("Download recording (MP4; ends a recording still running)",
                                     elem_id="vs-recording", scale=1)
                 rec_file = gr.File(label="Recording of this session", elem_id="vs-recording-file", scale=3)
-            rec_btn.click(recording, None, rec_file, api_name="live_recording", concurrency_limit=None)
+            rec_btn.click(recording("pull"), None, rec_file, api_name="live_recording", concurrency_limit=None)
             live_inputs = [src, upload, kind, question, ckind, ctext, record]
             live_outputs = [frame, counters, chart, log]
             # also an API: gradio_client can follow a live source (frame HTML, counters, chart, log)
@@ -217,8 +220,15 @@ def build(service: Service, source: str | None = None):
                 cam_export = gr.Button("Export captions (JSONL)", scale=1)
                 cam_file = gr.File(label=f"Captions of your camera (the last {EXPORT_LINES:,}, with timings)", scale=3)
             cam_export.click(export("push"), None, cam_file, api_name=False, concurrency_limit=None)
-            cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext], [cam_frame, cam_counters],
-                       stream_every=0.1, concurrency_limit=None, show_progress="hidden", api_name=False)
+            with gr.Row():
+                cam_record = gr.Checkbox(False, label=f"Record (MP4 with the captions drawn, up to {RECORD_MAX_S / 60:g} "
+                                                      f"minutes; untick to finish)", elem_id="vs-cam-record", scale=1)
+                cam_rec_btn = gr.Button("Download recording (MP4; ends a recording still running)",
+                                        elem_id="vs-cam-recording", scale=1)
+                cam_rec_file = gr.File(label="Recording of your camera", elem_id="vs-cam-recording-file", scale=2)
+            cam_rec_btn.click(recording("push"), None, cam_rec_file, api_name=False, concurrency_limit=None)
+            cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record],
+                       [cam_frame, cam_counters], stream_every=0.1, concurrency_limit=None, show_progress="hidden", api_name=False)
         with gr.Tab("Video file"):
             with gr.Row():
                 vfile = gr.File(label="Video", file_types=["video"], type="filepath", elem_id="vs-video-file")

@@ -238,6 +238,22 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
         caption = page.inner_text("#vs-cam-frame #vs-caption")
         page.screenshot(path=str(ARTIFACTS / "ui_webcam.png"))
         assert caption.strip()
+        # Record while the camera streams, untick to finish, download: the captioned frames
+        index = "Number(document.querySelector('#vs-cam-frame #vs-frame').dataset.index)"
+        page.locator("#vs-cam-record input").check()
+        start = page.evaluate(index)
+        page.wait_for_function(f"{index} >= {start + 10}", timeout=60_000)
+        page.locator("#vs-cam-record input").uncheck()
+        page.wait_for_function(f"{index} >= {start + 13}", timeout=60_000)  # a frame brought the untick
+        page.click("#vs-cam-recording")
+        link = page.locator("#vs-cam-recording-file a[download]")
+        link.wait_for(timeout=30_000)
+        with page.expect_download() as got:
+            link.click()
+        import av
+
+        with av.open(got.value.path()) as c:
+            assert sum(1 for _ in c.decode(video=0)) >= 5
         ctx.close()
         browser.close()
     engine_idle(client)

@@ -136,7 +136,7 @@ def test_a_live_session_records_its_captioned_frames_for_a_download(service):
     path = service.recording("tab-r")  # ends the recording; the feed goes on
     with av.open(str(path)) as c:
         times = [float(f.time) for f in c.decode(video=0)]
-    recorder = service._recorders["tab-r"]
+    recorder = service._recorders[("tab-r", "pull")]
     assert len(times) == recorder.written >= 10 and times == sorted(times)
     assert recorder.written + recorder.skipped <= feed.snapshot().counters["completed"]
     assert feed.running and service.recording("tab-r") == path  # the same finished file again
@@ -152,6 +152,51 @@ def test_a_live_session_records_its_captioned_frames_for_a_download(service):
     assert not path.exists()
     with pytest.raises(UIError, match="nothing recorded"):
         service.recording("tab-r")
+
+
+def test_a_camera_records_while_its_record_box_is_ticked(service):
+    import av
+    import cv2
+
+    cap = cv2.VideoCapture(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"))
+    frames = [cv2.cvtColor(cap.read()[1], cv2.COLOR_BGR2RGB) for _ in range(30)]
+    sent = [0]
+
+    def stream(task, record, until):  # the browser's camera: ten frames a second until `until` holds
+        while True:
+            feed = service.push_frame("tab-w", frames[sent[0] % len(frames)], task, record=record)
+            sent[0] += 1
+            if until(feed):
+                return feed
+            time.sleep(0.1)
+
+    with pytest.raises(UIError, match="while your camera streams"):
+        service.recording("tab-w", "push")
+    feed = stream(make_task("short"), False, lambda f: f.snapshot().counters["completed"] >= 2)
+    assert ("tab-w", "push") not in service._recorders  # not ticked: nothing recorded
+    feed = stream(make_task("short"), True, lambda f: f.snapshot().counters["completed"] >= 6)
+    recorder = service._recorders[("tab-w", "push")]
+    wait_for(lambda: recorder.written >= 2)
+    # a new prompt starts a new feed; the recording goes on across it
+    written = recorder.written
+    new = stream(make_task("normal"), True, lambda f: f.snapshot().counters["completed"] >= 3)
+    assert new is not feed and service._recorders[("tab-w", "push")] is recorder
+    stream(make_task("normal"), False, lambda f: True)  # unticked: the file is finished
+    path = service.recording("tab-w", "push")
+    with av.open(str(path)) as c:
+        times = [float(f.time) for f in c.decode(video=0)]
+    assert len(times) == recorder.written > written and times == sorted(times) and recorder.error is None
+    # ticked again: a new recording replaces that one; a download ends it, and it stays ended
+    stream(make_task("normal"), True, lambda f: service._recorders[("tab-w", "push")].written >= 1)
+    assert not path.exists()
+    path = service.recording("tab-w", "push")
+    done = service._recorders[("tab-w", "push")].written
+    stream(make_task("normal"), True, lambda f: f.snapshot().counters["completed"] >= 6)
+    assert path.exists() and service._recorders[("tab-w", "push")].written == done
+    with pytest.raises(UIError, match="nothing recorded: tick Record, then Start"):
+        service.recording("tab-w")  # the Live tab's recording is another one
+    service.close_session("tab-w")
+    assert not path.exists()
 
 
 def test_several_questions_in_every_tab(service, tmp_path):
