@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_changes_args(vid, "JSON lines (or terminal lines) only for answers that differ from the last one of "
                            "their video and prompt, with the answer replaced (previous) and when it began (since)",
                       "processed frames", "JSON line")
+    vid.add_argument("--sticky", type=float, default=None, metavar="M",
+                     help="keep the answer of a frame about half a second earlier, token by token, unless the "
+                          "model rates another token more than M logits higher (default %g; 0: each frame's "
+                          "plain greedy answer, whatever came before)" % LIVE_STICKY)
     vid.add_argument("--resume", action="store_true",
                      help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
                           "without it, outputs are written afresh")

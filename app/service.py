@@ -45,7 +45,7 @@ class Settings:
     temperature: float = 0.0
     max_tokens: int = 32
     pipelined: bool = True
-    sticky: float = 2.0  # live answers keep the previous frame's (pipelines.live.LIVE_STICKY); 0 = off
+    sticky: float = 2.0  # answers keep the previous frame's (pipelines.live.LIVE_STICKY); 0 = off
 
 
 def sample_videos() -> list[str]:
@@ -142,7 +142,7 @@ class Service:
         from engine import SamplingParams
 
         s = self.settings
-        # Sticky answers are greedy ones; only live feeds bring the draft that makes them sticky.
+        # Sticky answers are greedy ones; live feeds and video jobs bring the drafts (a single image has none).
         return SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens,
                               sticky=s.sticky if s.temperature == 0 else 0.0)
 

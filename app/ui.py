@@ -273,8 +273,9 @@ def build(service: Service, source: str | None = None):
                 max_tokens = gr.Number(s.max_tokens, precision=0, minimum=1, label="Max tokens")
                 pipelined = gr.Checkbox(s.pipelined, label="Pipelined decoding (off = blocking loop)")
             sticky = gr.Slider(0.0, 10.0, value=s.sticky, step=0.5,
-                               label="Steady live answers: keep the last frame's answer unless the model prefers "
-                                     "another by more than this (logits; 0 = every frame's own answer; greedy only)")
+                               label="Steady answers (live and video): keep the last frame's answer unless the model "
+                                     "prefers another by more than this (logits; 0 = every frame's own answer; "
+                                     "greedy only)")
             sapply = gr.Button("Apply", variant="primary")
             sstatus = gr.Markdown()
             stats = gr.JSON(label="Engine")

@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from pipelines.batch import BatchSummary, Sampling, caption_file, merge
+    from pipelines.live import LIVE_STICKY
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
     from pipelines.prompts import prompt_key, prompt_label
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--resume needs a JSONL file to read back, not -o -")
     if args.resume and kind != "jsonl" and "jsonl" not in formats:
         raise UsageError("--resume needs -o OUT.jsonl, or -o FOLDER/ with jsonl among its --format")
+    sticky = LIVE_STICKY if args.sticky is None else args.sticky
+    if not 0 <= sticky < float("inf"):  # also NaN
+        raise UsageError("--sticky must be a number >= 0")
     check_changes_args(args)
     if args.changes and args.resume:
         raise UsageError("--changes writes only the answers that changed: --resume could not tell the frames done")
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     ann_file = Path(args.annotate) if args.annotate and not ann_dir else None
     plans = plan_outputs(paths, out_dir, formats, ann_dir, ann_file, (out, kind) if kind in ("srt", "vtt") else None)
     check_writable([d for d in (out_dir, ann_dir) if d], [p for p in (out, ann_file) if p])
-    params = SamplingParams(max_tokens=args.max_tokens)
+    params = SamplingParams(max_tokens=args.max_tokens, sticky=sticky)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
     done = done_frames(out, one_prompt) if args.resume and kind == "jsonl" else {}
     shared = None  # the one JSONL of every file: opened (afresh, without --resume) once the model is up

@@ -9,6 +9,12 @@ given are not asked again: they go, in frame order, to the sinks that do not hol
 (subtitles and an annotated MP4 are rebuilt whole; the JSONL only gets the new answers). A
 `stop` event ends a run early (Ctrl-C): its frames still in flight are cancelled, what was
 written stays.
+
+Sticky answers (`params.sticky` > 0): frames are asked in groups of `sticky_lag()` (about
+STICKY_LAG_S of video, at most `max_inflight`), every frame of a group drafting from the answers
+of the group before's last frame, as a live session's frames between two results share the
+latest answer; the next group's images are encoded while a group decodes. The answers depend
+only on the file and the settings, never on timing.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ from engine import Engine, SamplingParams
 from .prompts import ask, prompt_key, prompt_of
 from .sinks import FrameResult
 from .sources import FileSource, Frame
+
+# Video time per group of frames with sticky answers (8 frames at 30 fps): long enough to keep
+# the engine batching, short enough that a draft still holds the scene. On the 30 fps samples, 8
+# gave fewer changes than 15 and ran faster than 4 (EVAL.md, sticky answers in `video`).
+STICKY_LAG_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,10 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
     in prompt order; `on_frame` gets every answer."""
     tasks = [task] if isinstance(task, dict) else list(task)
     summary = summary or BatchSummary()
+    last: list[list[int] | None] | None = None  # with sticky answers: the latest finished frame's, per prompt
+    if params.sticky:
+        max_inflight = sticky_lag(sampling, source.fps, max_inflight)
+        last = [None] * len(tasks)
     pending: deque[tuple[Frame, list]] = deque()  # per frame: a FrameResult (recorded) or a handle per task
     t0 = time.perf_counter()
 
@@ -99,9 +114,33 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
                 sink.write_frame(new, frame.rgb)
         summary.frames_captioned += bool(new)
         summary.frames_skipped += not new
+        if last is not None:
+            last[:] = [r.token_ids for r in results]
         if on_frame:
             for r in results:
                 on_frame(r)
+
+    def submit(frame: Frame, items: list, image) -> None:
+        missing = [i for i, item in enumerate(items) if item is None]
+        if missing:  # several prompts share one image encoding
+            drafts = [last[i] for i in missing] if last is not None else None
+            for i, handle in zip(missing, ask(engine, image, [tasks[i] for i in missing], params, drafts)):
+                items[i] = handle
+        pending.append((frame, items))  # recorded answers queue too, so every sink sees frame order
+
+    staged: list[tuple[Frame, list, object]] = []  # sticky: the next group, its images encoding
+
+    def next_group() -> None:
+        while pending:  # the group before: its last answers are this group's drafts
+            finish_one()
+        try:
+            for frame, items, ref in staged:
+                submit(frame, items, ref)
+        finally:
+            for _, _, ref in staged:
+                if ref is not None:
+                    ref.release()
+            staged.clear()
 
     last_pts = 0.0
     decoded_before = summary.frames_decoded  # a summary may span several files
@@ -117,16 +156,25 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
                 raise KeyboardInterrupt
             last_pts = frame.pts
             items = [done.get((frame.source_id, frame.index, prompt_key(t))) if done else None for t in tasks]
-            missing = [i for i, item in enumerate(items) if item is None]
-            if missing:  # several prompts share one image encoding
-                for i, handle in zip(missing, ask(engine, frame.rgb, [tasks[i] for i in missing], params)):
-                    items[i] = handle
-            pending.append((frame, items))  # recorded answers queue too, so every sink sees frame order
-            if len(pending) >= max_inflight:
-                finish_one()
+            if last is None:
+                submit(frame, items, frame.rgb)
+                if len(pending) >= max_inflight:
+                    finish_one()
+                continue
+            # Sticky: frames are asked a group at a time, drafting from the group before's last
+            # answers; a group's images are encoded while the group before decodes.
+            new = any(item is None for item in items)
+            staged.append((frame, items, engine.encode_image(frame.rgb) if new else None))
+            if len(staged) >= max_inflight:
+                next_group()
+        if staged:
+            next_group()
         while pending:
             finish_one()
     except BaseException:
+        for _, _, ref in staged:
+            if ref is not None:
+                ref.release()
         for _, items in pending:  # interrupted: do not leave work behind in the engine
             for item in items:
                 if item is not None and not isinstance(item, FrameResult):
@@ -140,6 +188,14 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         if source.error:
             summary.errors.append(source.error)
     return summary
+
+
+def sticky_lag(sampling: Sampling, video_fps: float | None, max_inflight: int) -> int:
+    """Processed frames between a frame and the one it drafts from, with sticky answers."""
+    rate = sampling.fps or (video_fps or 30.0) / (sampling.every_n or 1)
+    if sampling.fps and video_fps:
+        rate = min(rate, video_fps)
+    return max(1, min(max_inflight, round(STICKY_LAG_S * rate)))
 
 
 def merge(summaries: list[BatchSummary]) -> BatchSummary:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine import Engine, SamplingParams
+from engine import Engine, ImageRef, SamplingParams
 
 PROMPT_KEYS = ("caption", "question")
 
@@ -38,7 +38,7 @@ def answers_text(prompts: list[dict[str, str]], texts: list[str]) -> str:
 INTERACTIVE = 1
 
 
-def ask(engine: Engine, rgb: np.ndarray, tasks: list[dict], params: SamplingParams,
+def ask(engine: Engine, rgb: np.ndarray | ImageRef, tasks: list[dict], params: SamplingParams,
         drafts: list[list[int] | None] | None = None, priority: int = 0) -> list:
     """Submit every prompt about one frame; several share its image prefix (encoded once, the
     pages refcounted). Returns the handles in prompt order; on a failure, those already
@@ -46,7 +46,8 @@ def ask(engine: Engine, rgb: np.ndarray, tasks: list[dict], params: SamplingPara
     drafts = drafts or [None] * len(tasks)
     if len(tasks) == 1:
         return [engine.submit(rgb, params=params, draft=drafts[0], priority=priority, **tasks[0])]
-    ref = engine.encode_image(rgb, priority)
+    own = not isinstance(rgb, ImageRef)  # an ImageRef stays the caller's to release
+    ref = engine.encode_image(rgb, priority) if own else rgb
     handles: list = []
     try:
         for t, draft in zip(tasks, drafts):
@@ -56,5 +57,6 @@ def ask(engine: Engine, rgb: np.ndarray, tasks: list[dict], params: SamplingPara
             h.cancel()
         raise
     finally:
-        ref.release()
+        if own:
+            ref.release()
     return handles

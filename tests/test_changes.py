@@ -169,6 +169,7 @@ def test_video_changes_on_the_terminal_and_its_mistakes(tmp_path, capsys):
                          (["--changes", "--hold", "0"], "--hold N goes with --changes"),
                          (["--changes", "--resume", "-o", str(tmp_path / "a.jsonl")], "--resume could not tell"),
                          (["--changes", "-o", str(tmp_path / "a.srt")], "--changes reports in JSONL"),
-                         (["--changes", "-o", f"{tmp_path}/", "--format", "vtt"], "--changes reports in JSONL")]:
+                         (["--changes", "-o", f"{tmp_path}/", "--format", "vtt"], "--changes reports in JSONL"),
+                         (["--sticky", "-1"], "--sticky must be a number >= 0")]:
         assert main(["video", str(CLIP), *bad]) == 2
         assert message in capsys.readouterr().err

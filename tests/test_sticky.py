@@ -131,3 +131,39 @@ def test_live_and_the_ui_default_to_the_same_margin():
     from pipelines.live import LIVE_STICKY
 
     assert Settings().sticky == LIVE_STICKY > 0
+
+
+def test_a_video_is_asked_a_group_at_a_time_drafting_from_the_group_before(small_folder):
+    from pathlib import Path
+
+    from pipelines.batch import Sampling, caption_file, sticky_lag
+    from pipelines.prompts import prompt_key
+    from pipelines.sources import FileSource
+
+    clip = str(Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4")
+    sampling, task = Sampling(every_n=3), {"caption": "short"}
+    params = SamplingParams(max_tokens=8, sticky=0.3)
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        def run(params, done=None):
+            got = []
+            src = FileSource(clip)
+            caption_file(eng, src, [], task, params, sampling, done=done, on_frame=got.append)
+            return src, got
+
+        src, got = run(params)
+        group = sticky_lag(sampling, src.fps, 32)
+        assert group == 2  # 10 frames a second: a quarter second
+        # the same, one request at a time: each frame drafts from the last frame of the group before
+        frames = list(FileSource(clip).frames(pick=sampling.picker()))
+        want, draft = [], None
+        for g in range(0, len(frames), group):
+            outs = [eng.submit(f.rgb, params=params, draft=draft, **task).result(timeout=60) for f in frames[g:g + group]]
+            want += [o.token_ids for o in outs]
+            draft = outs[-1].token_ids
+        assert [r.token_ids for r in got] == want and [r.index for r in got] == [f.index for f in frames]
+        assert want != [r.token_ids for r in run(SamplingParams(max_tokens=8))[1]]  # the margin matters here
+        # resumed in the middle of a group: the same answers
+        half = len(got) // 2 + 1
+        done = {(r.source, r.index, prompt_key(task)): r for r in got[:half]}
+        assert [r.token_ids for r in run(params, done)[1]] == want
+    assert eng.stats().kv_pages_in_use == 0
