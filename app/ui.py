@@ -84,18 +84,11 @@ def build(service: Service, source: str | None = None):
         snap = feed.snapshot()
         return counters_html(snap.counters, service.engine_stats(), False, snap.error)
 
-    def export(kind: str):
+    def download(make_file, kind: str):
+        """A button's handler: the file `make_file(session, kind)` writes (captions, a recording)."""
         def run(request: gr.Request):
             try:
-                return str(service.export_log(request.session_hash, kind))
-            except UIError as e:
-                raise gr.Error(str(e)) from None
-        return run
-
-    def recording(kind: str):
-        def run(request: gr.Request):
-            try:
-                return str(service.recording(request.session_hash, kind))
+                return str(make_file(request.session_hash, kind))
             except UIError as e:
                 raise gr.Error(str(e)) from None
         return run
@@ -189,12 +182,14 @@ def build(service: Service, source: str | None = None):
                 export_btn = gr.Button("Export captions (JSONL)", elem_id="vs-export", scale=1)
                 export_file = gr.File(label=f"Captions of this session (the last {EXPORT_LINES:,}, with timings)",
                                       elem_id="vs-export-file", scale=3)
-            export_btn.click(export("pull"), None, export_file, api_name="export_live", concurrency_limit=None)
+            export_btn.click(download(service.export_log, "pull"),
+                             None, export_file, api_name="export_live", concurrency_limit=None)
             with gr.Row():
                 rec_btn = gr.Button("Download recording (MP4; ends a recording still running)",
                                     elem_id="vs-recording", scale=1)
                 rec_file = gr.File(label="Recording of this session", elem_id="vs-recording-file", scale=3)
-            rec_btn.click(recording("pull"), None, rec_file, api_name="live_recording", concurrency_limit=None)
+            rec_btn.click(download(service.recording, "pull"),
+                          None, rec_file, api_name="live_recording", concurrency_limit=None)
             live_inputs = [src, upload, kind, question, ckind, ctext, record]
             live_outputs = [frame, counters, chart, log]
             # also an API: gradio_client can follow a live source (frame HTML, counters, chart, log)
@@ -219,16 +214,20 @@ def build(service: Service, source: str | None = None):
             with gr.Row():
                 cam_export = gr.Button("Export captions (JSONL)", scale=1)
                 cam_file = gr.File(label=f"Captions of your camera (the last {EXPORT_LINES:,}, with timings)", scale=3)
-            cam_export.click(export("push"), None, cam_file, api_name=False, concurrency_limit=None)
+            cam_export.click(download(service.export_log, "push"),
+                             None, cam_file, api_name=False, concurrency_limit=None)
             with gr.Row():
-                cam_record = gr.Checkbox(False, label=f"Record (MP4 with the captions drawn, up to {RECORD_MAX_S / 60:g} "
-                                                      f"minutes; untick to finish)", elem_id="vs-cam-record", scale=1)
+                cam_record = gr.Checkbox(False, label=f"Record (MP4 with the captions drawn, up to "
+                                                      f"{RECORD_MAX_S / 60:g} minutes; untick to finish)",
+                                         elem_id="vs-cam-record", scale=1)
                 cam_rec_btn = gr.Button("Download recording (MP4; ends a recording still running)",
                                         elem_id="vs-cam-recording", scale=1)
                 cam_rec_file = gr.File(label="Recording of your camera", elem_id="vs-cam-recording-file", scale=2)
-            cam_rec_btn.click(recording("push"), None, cam_rec_file, api_name=False, concurrency_limit=None)
+            cam_rec_btn.click(download(service.recording, "push"),
+                              None, cam_rec_file, api_name=False, concurrency_limit=None)
             cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record],
-                       [cam_frame, cam_counters], stream_every=0.1, concurrency_limit=None, show_progress="hidden", api_name=False)
+                       [cam_frame, cam_counters], stream_every=0.1, concurrency_limit=None, show_progress="hidden",
+                       api_name=False)
         with gr.Tab("Video file"):
             with gr.Row():
                 vfile = gr.File(label="Video", file_types=["video"], type="filepath", elem_id="vs-video-file")

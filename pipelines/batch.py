@@ -10,11 +10,11 @@ given are not asked again: they go, in frame order, to the sinks that do not hol
 `stop` event ends a run early (Ctrl-C): its frames still in flight are cancelled, what was
 written stays.
 
-Sticky answers (`params.sticky` > 0): frames are asked in groups of `sticky_lag()` (about
-STICKY_LAG_S of video, at most `max_inflight`), every frame of a group drafting from the answers
-of the group before's last frame, as a live session's frames between two results share the
-latest answer; the next group's images are encoded while a group decodes. The answers depend
-only on the file and the settings, never on timing.
+Sticky answers (`params.sticky` > 0): frames are asked in groups (`sticky_group()`), every
+frame of a group drafting from the answers of the group before's last frame, as a live
+session's frames between two results share the latest answer; the next group's images are
+encoded while a group decodes. The answers depend only on the file and the settings, never on
+timing.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .sources import FileSource, Frame
 # Video time per group of frames with sticky answers (8 frames at 30 fps): long enough to keep
 # the engine batching, short enough that a draft still holds the scene. On the 30 fps samples, 8
 # gave fewer changes than 15 and ran faster than 4 (EVAL.md, sticky answers in `video`).
-STICKY_LAG_S = 0.25
+STICKY_GROUP_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
     summary = summary or BatchSummary()
     last: list[list[int] | None] | None = None  # with sticky answers: the latest finished frame's, per prompt
     if params.sticky:
-        max_inflight = sticky_lag(sampling, source.fps, max_inflight)
+        max_inflight = sticky_group(sampling, source.fps, max_inflight)
         last = [None] * len(tasks)
     pending: deque[tuple[Frame, list]] = deque()  # per frame: a FrameResult (recorded) or a handle per task
     t0 = time.perf_counter()
@@ -190,12 +190,12 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
     return summary
 
 
-def sticky_lag(sampling: Sampling, video_fps: float | None, max_inflight: int) -> int:
-    """Processed frames between a frame and the one it drafts from, with sticky answers."""
+def sticky_group(sampling: Sampling, video_fps: float | None, max_inflight: int) -> int:
+    """Frames asked together with sticky answers: about STICKY_GROUP_S of video, at most `max_inflight`."""
     rate = sampling.fps or (video_fps or 30.0) / (sampling.every_n or 1)
     if sampling.fps and video_fps:
         rate = min(rate, video_fps)
-    return max(1, min(max_inflight, round(STICKY_LAG_S * rate)))
+    return max(1, min(max_inflight, round(STICKY_GROUP_S * rate)))
 
 
 def merge(summaries: list[BatchSummary]) -> BatchSummary:

@@ -36,7 +36,8 @@ def measure(engine: Engine, video: Path, margins: list[float], shape: str | None
     last_text: dict[float, str | None] = dict.fromkeys(margins)
     rows = {m: {"video": video.name, "sticky": m, "frames": 0, "changes": 0, "objects": 0, "named": 0,
                 "absent_named": 0, "right": 0} for m in margins}
-    prompt = {"question": f"Is there a {shape}?", "constraint": Choice(["yes", "no"])} if shape else {"caption": "normal"}
+    prompt = ({"question": f"Is there a {shape}?", "constraint": Choice(["yes", "no"])} if shape
+              else {"caption": "normal"})
     t0 = time.perf_counter()
     for frame in tqdm(truth, desc=video.name, unit="frame", file=sys.stderr):
         ok, bgr = cap.read()

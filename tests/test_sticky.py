@@ -136,7 +136,7 @@ def test_live_and_the_ui_default_to_the_same_margin():
 def test_a_video_is_asked_a_group_at_a_time_drafting_from_the_group_before(small_folder):
     from pathlib import Path
 
-    from pipelines.batch import Sampling, caption_file, sticky_lag
+    from pipelines.batch import Sampling, caption_file, sticky_group
     from pipelines.prompts import prompt_key
     from pipelines.sources import FileSource
 
@@ -151,13 +151,14 @@ def test_a_video_is_asked_a_group_at_a_time_drafting_from_the_group_before(small
             return src, got
 
         src, got = run(params)
-        group = sticky_lag(sampling, src.fps, 32)
+        group = sticky_group(sampling, src.fps, 32)
         assert group == 2  # 10 frames a second: a quarter second
         # the same, one request at a time: each frame drafts from the last frame of the group before
         frames = list(FileSource(clip).frames(pick=sampling.picker()))
         want, draft = [], None
         for g in range(0, len(frames), group):
-            outs = [eng.submit(f.rgb, params=params, draft=draft, **task).result(timeout=60) for f in frames[g:g + group]]
+            outs = [eng.submit(f.rgb, params=params, draft=draft, **task).result(timeout=60)
+                    for f in frames[g:g + group]]
             want += [o.token_ids for o in outs]
             draft = outs[-1].token_ids
         assert [r.token_ids for r in got] == want and [r.index for r in got] == [f.index for f in frames]
