@@ -55,13 +55,11 @@ def test_the_engine_keeps_what_the_reference_keeps(small_folder, reference, gree
     assert got == want
 
 
-@pytest.mark.parametrize("kernels", [False, True])
-def test_constrained_answers_are_sticky_where_the_constraint_allows(small_folder, reference, kernels, monkeypatch):
-    import engine.engine as engine_module
+@pytest.fixture(scope="module")
+def constrained(reference):
+    """(image, constraint, draft, margin) cases and the reference's sticky answers to them."""
     from engine import Choice, Regex
 
-    if kernels:  # the Triton path masks a copy of the logits: stick must see the constraint too
-        monkeypatch.setattr(engine_module, "use_triton_kernels", lambda flag, device: True)
     choice, regex = Choice(["red", "green", "blue", "yellow"]), Regex(r"(one|two|three)( shapes)?")
     tok = reference.loaded.tokenizer
     cases = [(i, c, tok.encode(word), m) for i in range(len(IMAGES)) for m in (0.5, 3.0, 1e6)
@@ -76,6 +74,18 @@ def test_constrained_answers_are_sticky_where_the_constraint_allows(small_folder
     # a margin nothing beats keeps an allowed draft; a draft the constraint forbids cannot be kept
     assert all(w == "green" for w, (_, c, d, m) in zip(want, cases) if m == 1e6 and d == tok.encode("green"))
     assert "four" not in want
+    return cases, want
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_constrained_answers_are_sticky_where_the_constraint_allows(small_folder, constrained, kernels, monkeypatch):
+    import engine.engine as engine_module
+
+    cases, want = constrained
+    if kernels:  # the Triton path masks a copy of the logits: stick must see the constraint too
+        monkeypatch.setattr(engine_module, "use_triton_kernels", lambda flag, device: True)
+        keep = [k for k, (i, _, _, m) in enumerate(cases) if i == 0 and m > 0.5]  # the interpreter is slow
+        cases, want = [cases[k] for k in keep], [want[k] for k in keep]
     with Engine(EngineConfig(model=str(small_folder), max_batch_size=8)) as eng:
         handles = [eng.submit(IMAGES[i], question="What is it?", params=SamplingParams(max_tokens=6, sticky=m),
                               constraint=c, draft=d) for i, c, d, m in cases]
