@@ -12,9 +12,9 @@ written stays.
 
 Sticky answers (`params.sticky` > 0): frames are asked in groups (`sticky_group()`), every
 frame of a group drafting from the answers of the group before's last frame, as a live
-session's frames between two results share the latest answer; the next group's images are
-encoded while a group decodes. The answers depend only on the file and the settings, never on
-timing.
+session's frames between two results share the latest answer (from a scene cut on, a group's
+frames are asked afresh); the next group's images are encoded while a group decodes. The
+answers depend only on the file and the settings, never on timing.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from engine import Engine, SamplingParams
 
+from .cuts import CutDetector
 from .prompts import ask, prompt_key, prompt_of
 from .sinks import FrameResult
 from .sources import FileSource, Frame
@@ -120,24 +121,27 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             for r in results:
                 on_frame(r)
 
-    def submit(frame: Frame, items: list, image) -> None:
+    def submit(frame: Frame, items: list, image, fresh: bool = False) -> None:
         missing = [i for i, item in enumerate(items) if item is None]
         if missing:  # several prompts share one image encoding
-            drafts = [last[i] for i in missing] if last is not None else None
+            drafts = [last[i] for i in missing] if last is not None and not fresh else None
             for i, handle in zip(missing, ask(engine, image, [tasks[i] for i in missing], params, drafts)):
                 items[i] = handle
         pending.append((frame, items))  # recorded answers queue too, so every sink sees frame order
 
-    staged: list[tuple[Frame, list, object]] = []  # sticky: the next group, its images encoding
+    staged: list[tuple[Frame, list, object, bool]] = []  # sticky: the next group, its images encoding
+    cuts = CutDetector() if last is not None else None
 
     def next_group() -> None:
         while pending:  # the group before: its last answers are this group's drafts
             finish_one()
         try:
-            for frame, items, ref in staged:
-                submit(frame, items, ref)
+            fresh = False  # from a scene cut on, the group's frames are asked without a draft
+            for frame, items, ref, cut in staged:
+                fresh |= cut
+                submit(frame, items, ref, fresh)
         finally:
-            for _, _, ref in staged:
+            for _, _, ref, _ in staged:
                 if ref is not None:
                     ref.release()
             staged.clear()
@@ -145,7 +149,8 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
     last_pts = 0.0
     decoded_before = summary.frames_decoded  # a summary may span several files
     try:
-        pixels_wanted = not done or any(getattr(sink, "needs_rgb", False) for sink in sinks)
+        # Sticky answers look for scene cuts in every frame, recorded or not (as a full run would).
+        pixels_wanted = not done or cuts is not None or any(getattr(sink, "needs_rgb", False) for sink in sinks)
 
         def need_rgb(index: int) -> bool:  # a frame whose every answer is recorded is only replayed
             return pixels_wanted or any((source.source_id, index, prompt_key(t)) not in done for t in tasks)
@@ -164,7 +169,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             # Sticky: frames are asked a group at a time, drafting from the group before's last
             # answers; a group's images are encoded while the group before decodes.
             new = any(item is None for item in items)
-            staged.append((frame, items, engine.encode_image(frame.rgb) if new else None))
+            staged.append((frame, items, engine.encode_image(frame.rgb) if new else None, cuts.is_cut(frame.rgb)))
             if len(staged) >= max_inflight:
                 next_group()
         if staged:
@@ -172,7 +177,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         while pending:
             finish_one()
     except BaseException:
-        for _, _, ref in staged:
+        for _, _, ref, _ in staged:
             if ref is not None:
                 ref.release()
         for _, items in pending:  # interrupted: do not leave work behind in the engine

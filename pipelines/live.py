@@ -20,6 +20,7 @@ import numpy as np
 
 from engine import Engine, RequestOutput, SamplingParams
 
+from .cuts import CutDetector
 from .prompts import INTERACTIVE, answers_text, ask, prompt_of
 from .sinks import FrameResult
 from .sources import Frame
@@ -94,6 +95,9 @@ class LiveSession:
         self.engine, self.params = engine, params
         self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
         self._last_answers: list[list[int] | None] = [None] * len(self.tasks)  # per prompt, the latest frame's
+        self._answers_of = -1  # the index of the frame those answers are for
+        self._draft_from = 0  # answers of frames before this one (a scene cut) are not drafts
+        self._cuts = CutDetector() if params.sticky else None
         self._prompts = [prompt_of(t) for t in self.tasks]
         self._lock = threading.Lock()
         self._inflight: deque[tuple[Frame, list, float]] = deque()  # frame order; each frame's handles
@@ -116,8 +120,13 @@ class LiveSession:
                 self.dropped += 1
                 return False
             # Consecutive frames mostly get the same caption: the latest one is the draft the
-            # engine verifies several tokens a step against (the answer stays the greedy one).
-            handles = ask(self.engine, frame.rgb, self.tasks, self.params, self._last_answers, INTERACTIVE)
+            # engine verifies several tokens a step against (the answer stays the greedy one, or
+            # with sticky answers keeps it where the frame reads nearly the same). After a scene
+            # cut, frames are asked afresh until an answer about the new scene is in.
+            if self._cuts is not None and self._cuts.is_cut(frame.rgb):
+                self._draft_from = frame.index
+            drafts = self._last_answers if self._answers_of >= self._draft_from else None
+            handles = ask(self.engine, frame.rgb, self.tasks, self.params, drafts, INTERACTIVE)
             self._inflight.append((frame, handles, time.perf_counter()))
             self.submitted += 1
         left, count_lock = [len(handles)], threading.Lock()
@@ -171,7 +180,7 @@ class LiveSession:
                         self.cancelled_stale += 1
                     # Under the lock that took the frame out of flight: the next frame offered
                     # (the moment a slot frees) already drafts from these answers.
-                    self._last_answers = [o.token_ids for o in outs]
+                    self._last_answers, self._answers_of = [o.token_ids for o in outs], frame.index
             for h in stale:
                 h.cancel()
             if answered:

@@ -2,10 +2,11 @@
 
 Every frame of each sample video, in order, is captioned ("normal") once per margin through the
 engine, each margin's request drafting from that margin's previous answer (a live session with
-one frame in flight). Per video and margin, printed as JSON: how often the caption changed from
-one frame to the next, and, against the video's ground-truth sidecar, the share of objects whose
-colour and shape the caption names and the mentions of objects that are not there. With
-`--shape S`, the question "Is there a S?" constrained to yes/no instead, scored per frame.
+one frame in flight; after a scene cut, no draft, as there). Per video and margin, printed as
+JSON: how often the caption changed from one frame to the next, and, against the video's
+ground-truth sidecar, the share of objects whose colour and shape the caption names and the
+mentions of objects that are not there. With `--shape S`, the question "Is there a S?"
+constrained to yes/no instead, scored per frame.
 
     python scripts/steady_captions.py [--margins 0,1,2,3] [--shape star] [VIDEO.mp4 ...]
 """
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import Choice, Engine, EngineConfig, SamplingParams  # noqa: E402
+from pipelines.cuts import CutDetector  # noqa: E402
 from tinyvlm.evaluate import named  # noqa: E402
 
 
@@ -38,13 +40,16 @@ def measure(engine: Engine, video: Path, margins: list[float], shape: str | None
                 "absent_named": 0, "right": 0} for m in margins}
     prompt = ({"question": f"Is there a {shape}?", "constraint": Choice(["yes", "no"])} if shape
               else {"caption": "normal"})
+    cuts = CutDetector()
     t0 = time.perf_counter()
     for frame in tqdm(truth, desc=video.name, unit="frame", file=sys.stderr):
         ok, bgr = cap.read()
         if not ok:
             break
-        ref = engine.encode_image(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
-        handles = {m: engine.submit(ref, **prompt, draft=last[m],
+        rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        cut = cuts.is_cut(rgb)
+        ref = engine.encode_image(rgb)
+        handles = {m: engine.submit(ref, **prompt, draft=None if cut else last[m],
                                     params=SamplingParams(max_tokens=64, sticky=m)) for m in margins}
         ref.release()
         objects = {(o["color"], o["shape"]) for o in frame["objects"]}

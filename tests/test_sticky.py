@@ -117,23 +117,41 @@ def test_sticky_needs_greedy_decoding():
         SamplingParams(temperature=0.5, sticky=1.0)
 
 
-@pytest.mark.parametrize("sticky", [0.0, 1e6])
-def test_a_live_session_keeps_its_answer_while_the_model_allows(small_folder, greedy, sticky):
+def _live_answers(folder, frames: list, sticky: float) -> list:
     from pipelines.live import LiveSession
     from pipelines.sources import Frame
 
-    assert greedy[0] != greedy[1]
-    with Engine(EngineConfig(model=str(small_folder))) as eng:
+    with Engine(EngineConfig(model=str(folder))) as eng:
         answers = []
         session = LiveSession(eng, {"caption": "short"}, SamplingParams(max_tokens=12, sticky=sticky), max_inflight=1,
                               on_result=lambda r: answers.append(r.output.token_ids))
-        for i in range(4):  # two scenes in turn, one frame at a time
-            assert session.offer(Frame("cam", i, i / 30, IMAGES[i % 2]))
+        for i, rgb in enumerate(frames):  # one frame at a time: each drafts from the one before
+            assert session.offer(Frame("cam", i, i / 30, rgb))
             while session.in_flight:
                 pass
         session.close()
+    return answers
+
+
+@pytest.mark.parametrize("sticky", [0.0, 1e6])
+def test_a_live_session_keeps_its_answer_while_the_model_allows(small_folder, reference, greedy, sticky):
+    # the same scene, a patch of it changed in every other frame (no cut): their greedy answers differ
+    moved = IMAGES[2].copy()
+    moved[0:12, 20:32] = (255, 0, 0)
+    other = reference.generate(moved, caption="short", params=SamplingParams(max_tokens=12)).token_ids
+    assert other != greedy[2]
+    answers = _live_answers(small_folder, [IMAGES[2], moved] * 2, sticky)
     # plain greedy follows each frame; a margin no reading beats keeps the first frame's answer
-    assert answers == ([greedy[0], greedy[1]] * 2 if sticky == 0 else [greedy[0]] * 4)
+    assert answers == ([greedy[2], other] * 2 if sticky == 0 else [greedy[2]] * 4)
+
+
+def test_after_a_scene_cut_a_live_frame_is_asked_afresh(small_folder, greedy):
+    from pipelines.cuts import CutDetector
+
+    cuts = CutDetector()
+    assert [cuts.is_cut(rgb) for rgb in [IMAGES[0], IMAGES[0], IMAGES[1], IMAGES[0]]] == [False, False, True, True]
+    # two unrelated pictures in turn: every frame a cut, so even a margin nothing beats keeps nothing
+    assert _live_answers(small_folder, [IMAGES[0], IMAGES[1]] * 2, 1e6) == [greedy[0], greedy[1]] * 2
 
 
 def test_live_and_the_ui_default_to_the_same_margin():
@@ -143,7 +161,9 @@ def test_live_and_the_ui_default_to_the_same_margin():
     assert Settings().sticky == LIVE_STICKY > 0
 
 
-def test_a_video_is_asked_a_group_at_a_time_drafting_from_the_group_before(small_folder):
+@pytest.mark.parametrize("margin", [0.3, 1e6])  # 1e6: every answer is its draft, but after a cut
+def test_a_video_is_asked_a_group_at_a_time_drafting_from_the_group_before(small_folder, margin):
+    import json
     from pathlib import Path
 
     from pipelines.batch import Sampling, caption_file, sticky_group
@@ -151,8 +171,8 @@ def test_a_video_is_asked_a_group_at_a_time_drafting_from_the_group_before(small
     from pipelines.sources import FileSource
 
     clip = str(Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4")
-    sampling, task = Sampling(every_n=3), {"caption": "short"}
-    params = SamplingParams(max_tokens=8, sticky=0.3)
+    sampling, task = Sampling(fps=11), {"caption": "short"}
+    params = SamplingParams(max_tokens=8, sticky=margin)
     with Engine(EngineConfig(model=str(small_folder))) as eng:
         def run(params, done=None):
             got = []
@@ -162,15 +182,21 @@ def test_a_video_is_asked_a_group_at_a_time_drafting_from_the_group_before(small
 
         src, got = run(params)
         group = sticky_group(sampling, src.fps, 32)
-        assert group == 2  # 10 frames a second: a quarter second
-        # the same, one request at a time: each frame drafts from the last frame of the group before
+        assert group == 3  # 11 frames a second: a quarter second
+        # the same, one request at a time: each frame drafts from the last frame of the group
+        # before, except from a scene cut on (the clip's ground truth says where its cuts are)
         frames = list(FileSource(clip).frames(pick=sampling.picker()))
+        cut_at = [f["index"] for f in json.loads(Path(clip).with_suffix(".json").read_text())["frames"] if f["cut"]]
+        after_cut = [any(a.index < c <= b.index for c in cut_at) for a, b in zip(frames, frames[1:])]
+        assert sum(after_cut) == 3 and any(after_cut[g] for g in range(0, len(after_cut), group))  # one mid-group
         want, draft = [], None
         for g in range(0, len(frames), group):
-            outs = [eng.submit(f.rgb, params=params, draft=draft, **task).result(timeout=60)
-                    for f in frames[g:g + group]]
-            want += [o.token_ids for o in outs]
-            draft = outs[-1].token_ids
+            fresh = False
+            for k in range(g, min(g + group, len(frames))):
+                fresh |= k > 0 and after_cut[k - 1]
+                want.append(eng.submit(frames[k].rgb, params=params, draft=None if fresh else draft,
+                                       **task).result(timeout=60).token_ids)
+            draft = want[-1]
         assert [r.token_ids for r in got] == want and [r.index for r in got] == [f.index for f in frames]
         assert want != [r.token_ids for r in run(SamplingParams(max_tokens=8))[1]]  # the margin matters here
         # resumed in the middle of a group: the same answers
