@@ -66,10 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_changes_args(vid, "JSON lines (or terminal lines) only for answers that differ from the last one of "
                            "their video and prompt, with the answer replaced (previous) and when it began (since)",
                       "processed frames", "JSON line")
-    vid.add_argument("--sticky", type=float, default=None, metavar="M",
-                     help="keep the answer of a frame about half a second earlier, token by token, unless the "
-                          "model rates another token more than M logits higher (default %g; 0: each frame's "
-                          "plain greedy answer, whatever came before)" % LIVE_STICKY)
+    _add_sticky_arg(vid, "the answer of the frames a quarter second earlier")
     vid.add_argument("--resume", action="store_true",
                      help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
                           "without it, outputs are written afresh")
@@ -95,11 +92,7 @@ def _parser() -> argparse.ArgumentParser:
                            "sources: as many frames a second as more would give on 2 cores, with less latency)")
     live.add_argument("--deadline-ms", type=float, default=None, metavar="D", help="cancel a frame after D ms")
     live.add_argument("--max-tokens", type=int, default=32, metavar="N", help="answer length limit (default 32)")
-    live.add_argument("--sticky", type=float, default=None, metavar="M",
-                      help="keep the previous frame's answer, token by token, unless the model rates another "
-                           "token more than M logits higher (default %g: captions change when the frame does, "
-                           "not frame to frame; 0: each frame's plain greedy answer; needs temperature 0)"
-                           % LIVE_STICKY)
+    _add_sticky_arg(live, "the previous frame's answer")
     live.add_argument("--no-draft", action="store_true",
                       help="decode every frame's answer token by token, without the previous answer as a draft "
                            "(same answers, for comparison)")
@@ -202,6 +195,21 @@ def _add_changes_args(p: argparse.ArgumentParser, what: str, frames: str, where:
                    help=f"with --changes, a new answer counts once N {frames} in a row gave it (default 1)")
     p.add_argument("--snapshots", metavar="FOLDER",
                    help=f"with --changes, save the frame of each change there as a JPEG (its path in the {where})")
+
+
+def _add_sticky_arg(p: argparse.ArgumentParser, kept: str) -> None:
+    p.add_argument("--sticky", type=float, default=None, metavar="M",
+                   help=f"keep {kept}, token by token, unless the model rates another token more than M logits "
+                        f"higher (default {LIVE_STICKY:g}: captions change when the frame does, not frame to frame; "
+                        "0: each frame's plain greedy answer; after a scene cut a frame is asked afresh)")
+
+
+def sticky_arg(args: argparse.Namespace) -> float:
+    """--sticky's margin (the default when not given); a usage error unless a number >= 0."""
+    sticky = LIVE_STICKY if args.sticky is None else args.sticky
+    if not 0 <= sticky < float("inf"):  # also NaN
+        raise UsageError("--sticky must be a number >= 0")
+    return sticky
 
 
 def check_changes_args(args: argparse.Namespace) -> None:

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import UsageError, check_changes_args, realtime_dtype
+from app.cli import UsageError, check_changes_args, realtime_dtype, sticky_arg
 from app.prompt_args import check_constraints, prompt_tasks
 from app.outputs import check_writable, folder_arg
 
@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.changes import AnswerChanges
     from pipelines.feed import LiveFeed
     from pipelines.prompts import prompt_label
-    from pipelines.live import DEFAULT_MAX_INFLIGHT, LIVE_STICKY
+    from pipelines.live import DEFAULT_MAX_INFLIGHT
     from pipelines.recorder import Recorder
     from pipelines.sources import SourceError, open_live, redact
 
@@ -28,9 +28,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.fps <= 0 or args.max_inflight is not None and args.max_inflight < 1
             or args.duration is not None and args.duration <= 0):
         raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
-    sticky = LIVE_STICKY if args.sticky is None else args.sticky
-    if not 0 <= sticky < float("inf"):  # also NaN
-        raise UsageError("--sticky must be a number >= 0")
+    sticky = sticky_arg(args)
     check_changes_args(args)
     snapshots = Path(args.snapshots) if args.snapshots else None
     if snapshots:

@@ -291,10 +291,7 @@ class Service:
                 self._share_inflight()
             was, self._cam_record[session] = self._cam_record.get(session, False), record
             if record and not was:
-                old = self._recorders.pop(key, None)
-                if old is not None:
-                    old.close()
-                    old.path.unlink(missing_ok=True)
+                self._drop_recording(session, "push")  # the last one (finished: unticked or downloaded)
                 recorder = self._recorders[key] = Recorder(
                     self._scratch_dir() / f"camera-{file_label(session) or 'session'}.mp4", max_seconds=RECORD_MAX_S)
                 feed.on_result = recorder.add

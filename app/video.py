@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import UsageError, check_changes_args, realtime_dtype
+from app.cli import UsageError, check_changes_args, realtime_dtype, sticky_arg
 from app.outputs import FORMATS, check_writable, folder_arg, parse_formats, plan_outputs
 from app.prompt_args import check_constraints, prompt_tasks
 
@@ -21,7 +21,6 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from pipelines.batch import BatchSummary, Sampling, caption_file, merge
-    from pipelines.live import LIVE_STICKY
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
     from pipelines.prompts import prompt_key, prompt_label
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
@@ -51,9 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--resume needs a JSONL file to read back, not -o -")
     if args.resume and kind != "jsonl" and "jsonl" not in formats:
         raise UsageError("--resume needs -o OUT.jsonl, or -o FOLDER/ with jsonl among its --format")
-    sticky = LIVE_STICKY if args.sticky is None else args.sticky
-    if not 0 <= sticky < float("inf"):  # also NaN
-        raise UsageError("--sticky must be a number >= 0")
+    sticky = sticky_arg(args)
     check_changes_args(args)
     if args.changes and args.resume:
         raise UsageError("--changes writes only the answers that changed: --resume could not tell the frames done")
