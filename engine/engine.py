@@ -65,6 +65,7 @@ class Engine:
         need = self._prefix_pages + per_seq - mc.prefix_len // ps
         if n_pages < need:
             raise ConfigError(f"kv_pages={n_pages} cannot hold one full-context request ({need} pages)")
+        self._reserve_pages = need
         self.pool = PagePool(n_pages, ps)
         self._executor = Executor(self.loaded.device)
         kernels = use_triton_kernels(cfg.triton_kernels, self.loaded.device)
@@ -323,7 +324,8 @@ class Engine:
         budget = Budget(free_pages=self.pool.n_free, free_slots=len(self._free_slots),
                         prefill_tokens=self.config.prefill_token_budget,
                         prefix_len=self.model_config.prefix_len, prefix_pages=self._prefix_pages,
-                        max_draft=self._max_draft, draft_rows=self.runner.draft_rows)
+                        max_draft=self._max_draft, draft_rows=self.runner.draft_rows,
+                        reserve_pages=self._reserve_pages)
         return plan(self._waiting, self._running, self._pending_images, budget, self.config.page_size)
 
     def _launch(self, step: StepPlan) -> None:

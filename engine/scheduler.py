@@ -63,6 +63,10 @@ class Budget:
     prefix_pages: int
     max_draft: int = 0  # draft tokens proposed per sequence and step
     draft_rows: int = 0  # draft tokens proposed per step, all sequences together
+    # Pages that images encoded ahead of their requests leave free: what a full-context request on
+    # a new image needs. Without it, images encoded ahead (encode_image, submit later) could take
+    # the pages every request needs, while their ImageRefs wait for those requests: a hang.
+    reserve_pages: int = 0
 
 
 def own_pages_for(n_prompt: int, capacity: int, prefix_len: int, page_size: int) -> int:
@@ -134,12 +138,14 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
         slots -= 1
         pages -= need
 
-    # Images encoded ahead of any request (encode_image, then submit later) use what is left.
+    # Images encoded ahead of any request (encode_image, then submit later) use what is left,
+    # beyond the reserve.
     if not waiting or len(step.admit) == len(waiting):
         for img in pending_images:
             if img.launched or img.holders == 0 or id(img) in planned or not img.encodable:
                 continue
-            if budget.prefix_pages > pages or (tokens < budget.prefix_len and (step.images or step.admit)):
+            if (budget.prefix_pages + budget.reserve_pages > pages
+                    or tokens < budget.prefix_len and (step.images or step.admit)):
                 break
             step.images.append(img)
             planned.add(id(img))

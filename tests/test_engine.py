@@ -242,6 +242,28 @@ def test_worker_error_reaches_the_caller(small_folder, images, monkeypatch):
 
 
 @pytest.mark.parametrize("vision_thread", [True, False])
+def test_images_encoded_ahead_leave_pages_for_their_requests(small_folder, images, vision_thread):
+    # encode_image for more images than the pool holds besides a request, the requests later: the
+    # engine encodes ahead only while a full-context request on a new image still fits (it once
+    # filled the pool with prefixes whose ImageRefs waited on requests that could never start)
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    for kv_pages, ahead in ((None, 0), (14, 2)):  # the default pool for one slot: 10 pages
+        with _engine(small_folder, max_batch_size=1, kv_pages=kv_pages, vision_thread=vision_thread) as eng:
+            assert (eng.pool.n_pages - eng._reserve_pages) // eng._prefix_pages == ahead
+            refs = [eng.encode_image(img) for img in images]
+            deadline = time.time() + 30
+            while eng.stats().kv_pages_in_use < ahead * eng._prefix_pages and time.time() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.5)  # time enough to encode the other images ahead too, were it allowed
+            assert eng.stats().kv_pages_in_use == ahead * eng._prefix_pages
+            handles = [eng.submit(refs[i % 4], caption="short", params=params) for i in range(6)]
+            for ref in refs:
+                ref.release()
+            assert [h.result(timeout=30).finish_reason for h in handles] == ["length"] * 6
+        _assert_clean(eng)
+
+
+@pytest.mark.parametrize("vision_thread", [True, False])
 def test_a_higher_priority_goes_before_waiting_work(small_folder, reference, images, vision_thread):
     # one slot, taken by a batch job: a live frame submitted last is admitted when it frees,
     # before the batch requests that were waiting; within a priority, FIFO
