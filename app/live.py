@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         # One engine for every source: their frames share its batches (continuous batching).
         feeds = [LiveFeed(engine, tasks, params, frames, realtime=recorded,
                           loop=args.duration is not None and recorded, fps=args.fps,
-                          max_inflight=inflight, deadline_ms=args.deadline_ms, record_size=0,  # -o logs instead
+                          max_inflight=inflight, deadline_ms=args.deadline_ms,
+                          record_size=0, shots=0,  # the page's keepsakes: -o and --snapshots write them here
                           on_result=lambda r, label=label: show(label, r))
                  for (frames, recorded), label in zip(opened, labels)]
         t0 = time.perf_counter()

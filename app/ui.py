@@ -29,9 +29,12 @@ CONSTRAINT_LABEL = "Choices (comma separated), regex or JSON schema"
 def build(service: Service, source: str | None = None):
     import gradio as gr
 
-    from app.view import chart_svg, counters_html, frame_html, log_text
+    from app.view import chart_svg, counters_html, frame_html, log_text, shots_html
     from engine import VlmstreamError
-    from pipelines.feed import EXPORT_LINES
+    from pipelines.feed import EXPORT_LINES, SHOTS
+
+    shots_label = (f"**Changes**: the frame where each new answer began (newest first, the last {SHOTS}; "
+                   "click one to save it)")
 
     samples = sample_videos()
     default_source = source or (DEFAULT_SAMPLE if DEFAULT_SAMPLE in samples else (samples[0] if samples else ""))
@@ -44,16 +47,16 @@ def build(service: Service, source: str | None = None):
         except (UIError, VlmstreamError, OSError) as e:
             for _ in range(2):  # again after the previous feed's loop has surely seen it was stopped
                 yield frame_html(None, f"error: {e}"), counters_html({}, service.engine_stats(), False, str(e)), \
-                    gr.skip(), gr.skip()
+                    gr.skip(), gr.skip(), gr.skip()
                 time.sleep(3.0 / PAGE_HZ)
             return
-        version, next_at, slow_at = -1, time.monotonic(), 0.0
+        version, next_at, slow_at, shown = -1, time.monotonic(), 0.0, None
         try:
             while True:
                 if service.feed(sid) is not feed:  # replaced by a new Start: that one owns the page now
                     if service.feed(sid) is None:  # stopped: make sure the page says so
                         yield gr.skip(), counters_html(feed.snapshot().counters, service.engine_stats(), False), \
-                            gr.skip(), gr.skip()
+                            gr.skip(), gr.skip(), gr.skip()
                     return
                 now = time.monotonic()
                 full = now >= slow_at or not feed.running
@@ -62,10 +65,12 @@ def build(service: Service, source: str | None = None):
                 version = snap.version
                 if full:
                     slow_at = now + 1.0 / SLOW_HZ
+                    shots, shown = _new_shots(snap.shots, shown)
                     yield (frame, counters_html(snap.counters, service.engine_stats(), snap.running, snap.error),
-                           chart_svg(snap.latency, feed.window_s), log_text(snap.log))
+                           chart_svg(snap.latency, feed.window_s), log_text(snap.log),
+                           gr.skip() if shots is None else shots_html(shots))
                 else:
-                    yield frame, gr.skip(), gr.skip(), gr.skip()
+                    yield frame, gr.skip(), gr.skip(), gr.skip(), gr.skip()
                 if not snap.running:
                     return
                 next_at += 1.0 / PAGE_HZ  # a steady rate, not work + sleep; never a busy catch-up
@@ -93,16 +98,18 @@ def build(service: Service, source: str | None = None):
                 raise gr.Error(str(e)) from None
         return run
 
-    def webcam(rgb, kind, question, ckind, ctext, record, request: gr.Request):
+    def webcam(rgb, kind, question, ckind, ctext, record, shown, request: gr.Request):
         if rgb is None:
-            return gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), shown
         try:
             feed = service.push_frame(request.session_hash, rgb, make_task(kind, question, ckind, ctext),
                                       record=bool(record))
         except (UIError, VlmstreamError) as e:
-            return frame_html(None, f"error: {e}"), gr.skip()
+            return frame_html(None, f"error: {e}"), gr.skip(), gr.skip(), shown
         snap = feed.snapshot()
-        return frame_html(snap), counters_html(snap.counters, service.engine_stats(), True, snap.error)
+        shots, shown = _new_shots(snap.shots, shown)
+        return (frame_html(snap), counters_html(snap.counters, service.engine_stats(), True, snap.error),
+                gr.skip() if shots is None else shots_html(shots), shown)
 
     def image(rgb, kind, question, ckind, ctext):
         if rgb is None:
@@ -178,6 +185,8 @@ def build(service: Service, source: str | None = None):
                     log = gr.Textbox(label="Captions, a line each time they change (newest first)", lines=14,
                                      max_lines=14, elem_id="vs-log")
             chart = gr.HTML(chart_svg([], 30.0), elem_id="vs-chart-box")
+            gr.Markdown(shots_label)
+            shots = gr.HTML(shots_html([]), elem_id="vs-shots-box")
             with gr.Row():
                 export_btn = gr.Button("Export captions (JSONL)", elem_id="vs-export", scale=1)
                 export_file = gr.File(label=f"Captions of this session (the last {EXPORT_LINES:,}, with timings)",
@@ -191,8 +200,9 @@ def build(service: Service, source: str | None = None):
             rec_btn.click(download(service.recording, "pull"),
                           None, rec_file, api_name="live_recording", concurrency_limit=None)
             live_inputs = [src, upload, kind, question, ckind, ctext, record]
-            live_outputs = [frame, counters, chart, log]
-            # also an API: gradio_client can follow a live source (frame HTML, counters, chart, log)
+            live_outputs = [frame, counters, chart, log, shots]
+            # also an API: gradio_client can follow a live source (frame HTML, counters, chart, log,
+            # pictures of the changes)
             start.click(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
                         api_name="live")
             stop_btn.click(stop, None, counters, api_name=False, concurrency_limit=None)
@@ -225,8 +235,11 @@ def build(service: Service, source: str | None = None):
                 cam_rec_file = gr.File(label="Recording of your camera", elem_id="vs-cam-recording-file", scale=2)
             cam_rec_btn.click(download(service.recording, "push"),
                               None, cam_rec_file, api_name=False, concurrency_limit=None)
-            cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record],
-                       [cam_frame, cam_counters], stream_every=0.1, concurrency_limit=None, show_progress="hidden",
+            gr.Markdown(shots_label)
+            cam_shots = gr.HTML(shots_html([]), elem_id="vs-cam-shots-box")
+            cam_shown = gr.State(None)  # the newest change picture the page shows (see _new_shots)
+            cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record, cam_shown],
+                       [cam_frame, cam_counters, cam_shots, cam_shown], stream_every=0.1, concurrency_limit=None, show_progress="hidden",
                        api_name=False)
         with gr.Tab("Video file"):
             with gr.Row():
@@ -286,6 +299,15 @@ def build(service: Service, source: str | None = None):
         demo.unload(closed)
     demo.queue(default_concurrency_limit=None)
     return demo
+
+
+def _new_shots(shots: list, shown: float | None) -> tuple[list | None, float | None]:
+    """(the feed's change pictures if the page lacks some, else None; what the page then shows):
+    pictures go to a page only when there are new ones. `shown` is the newest picture's time
+    (unique across the feeds a page may follow, whose change numbers each start at 1)."""
+    if not shots or shots[-1].wall == shown:
+        return None, shown
+    return shots, shots[-1].wall
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from pipelines.feed import CHART_STAGES, FeedSnapshot, LatencyPoint, LogLine
+from pipelines.feed import CHART_STAGES, FeedSnapshot, LatencyPoint, LogLine, Shot
 from pipelines.sinks import annotate
 
 STAGE_COLORS = {"queue": "#9aa5b1", "vision": "#4c78a8", "prefill": "#f58518", "decode": "#54a24b"}
@@ -58,6 +58,25 @@ def log_text(log: list[LogLine], n: int = 40) -> str:
         run = f"  ({line.frames} frames to t={line.pts:.2f}s)" if line.frames > 1 else ""
         lines.append(f"{clock}  t={line.first_pts:7.2f}s  {line.end_to_end_ms:5.0f} ms  {text}{run}")
     return "\n".join(lines)
+
+
+def shots_html(shots: list[Shot]) -> str:
+    """The frames where the answers changed, newest first, each with its answers and when; a
+    click saves the picture (named by the frame's index)."""
+    if not shots:
+        return '<div id="vs-shots" data-count="0" class="vs-empty">no changes yet</div>'
+    figures = []
+    for shot in reversed(shots):
+        uri = "data:image/jpeg;base64," + base64.b64encode(shot.jpeg).decode("ascii")
+        clock = time.strftime("%H:%M:%S", time.localtime(shot.wall))
+        text = html.escape(shot.text)
+        figures.append(f'<figure class="vs-shot" data-number="{shot.number}" data-index="{shot.index}">'
+                       f'<a href="{uri}" download="frame_{shot.index}.jpg" title="save this frame">'
+                       f'<img src="{uri}" alt="{text}"/></a>'
+                       f'<figcaption>{text}<br/><span class="vs-info">{clock}  t={shot.pts:.2f}s  '
+                       f'#{shot.index}</span></figcaption></figure>')
+    return (f'<div id="vs-shots" data-count="{len(shots)}" data-newest="{shots[-1].number}">'
+            + "".join(figures) + "</div>")
 
 
 def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, height: int = 220) -> str:
@@ -143,4 +162,8 @@ CSS = """
 #vs-caption { font-size: 1.2em; margin-top: 4px; white-space: pre-line; }
 .vs-info { color: #666; font-size: 0.85em; }
 .vs-empty { color: #888; padding: 40px; border: 1px dashed #ccc; text-align: center; }
+#vs-shots { display: flex; flex-wrap: wrap; gap: 8px; }
+.vs-shot { margin: 0; width: 200px; }
+.vs-shot img { width: 100%; display: block; border-radius: 4px; }
+.vs-shot figcaption { font-size: 0.85em; white-space: pre-line; }
 """

@@ -5,9 +5,9 @@ pump thread takes the grabber's newest frame at up to `fps` and offers it to the
 call `push(rgb)` with frames as they arrive (a browser's camera); the session's intake bound
 makes the latest frame win. Either way the feed keeps, under one lock: the newest result with
 the exact frame it describes, a caption log (a line per run of identical answers), per-frame
-stage latencies for the last `window_s` seconds, the session's counters, and the last
-EXPORT_LINES answers as JSON lines
-(`records()`, for a download). `snapshot()` copies all but the records for a viewer that polls;
+stage latencies for the last `window_s` seconds, the session's counters, the last
+EXPORT_LINES answers as JSON lines (`records()`, for a download), and a small JPEG of the frame
+where each of the last SHOTS runs of answers began (what changed, and what it looked like). `snapshot()` copies all but the records for a viewer that polls;
 `version` grows with every result so a viewer can skip redraws when nothing changed.
 """
 
@@ -31,6 +31,9 @@ from .sources import Frame
 CHART_STAGES = ("queue", "vision", "prefill", "decode")
 # Answers a feed keeps for an export: ~5 minutes at 35 captions a second, ~4 MB of JSON.
 EXPORT_LINES = 10_000
+# Pictures of the frames where the answers changed: a page's gallery of them stays ~200 KB.
+SHOTS = 16
+SHOT_WIDTH = 320
 
 
 @dataclass(frozen=True)
@@ -48,13 +51,39 @@ class LogLine:
     frames: int = 1
 
 
-def extend_log(log: deque[LogLine], wall: float, pts: float, index: int, text: str, end_to_end_ms: float) -> None:
-    """Add a result to the log: the newest run grows if the answers are the same, else a run starts."""
+def extend_log(log: deque[LogLine], wall: float, pts: float, index: int, text: str, end_to_end_ms: float) -> bool:
+    """Add a result to the log: the newest run grows if the answers are the same, else a run
+    starts (True)."""
     last = log[-1] if log else None
     if last is not None and last.text == text:
         log[-1] = LogLine(wall, pts, index, text, end_to_end_ms, last.first_wall, last.first_pts, last.frames + 1)
-    else:
-        log.append(LogLine(wall, pts, index, text, end_to_end_ms, wall, pts))
+        return False
+    log.append(LogLine(wall, pts, index, text, end_to_end_ms, wall, pts))
+    return True
+
+
+@dataclass(frozen=True)
+class Shot:
+    """The frame where a run of identical answers began, as a JPEG at most SHOT_WIDTH wide."""
+
+    number: int  # 1 for the feed's first run of answers, counting on: a viewer redraws when it grows
+    wall: float
+    pts: float
+    index: int
+    text: str
+    jpeg: bytes
+
+
+def shot_jpeg(rgb: np.ndarray, width: int = SHOT_WIDTH, quality: int = 80) -> bytes:
+    import cv2
+
+    h, w = rgb.shape[:2]
+    if w > width:
+        rgb = cv2.resize(rgb, (width, max(1, round(h * width / w))), interpolation=cv2.INTER_AREA)
+    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(rgb[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise ValueError("cannot encode a frame as JPEG")
+    return buf.tobytes()
 
 
 @dataclass(frozen=True)
@@ -78,6 +107,7 @@ class FeedSnapshot:
     log: list[LogLine] = field(default_factory=list)  # newest last
     latency: list[LatencyPoint] = field(default_factory=list)  # oldest first, last window_s seconds
     counters: dict = field(default_factory=dict)
+    shots: list[Shot] = field(default_factory=list)  # newest last, the last SHOTS changes
 
 
 class LiveFeed:
@@ -85,7 +115,7 @@ class LiveFeed:
                  frames: Callable[[], Iterator[Frame]] | None = None, realtime: bool = True, loop: bool = False,
                  fps: float = 60.0, max_inflight: int = DEFAULT_MAX_INFLIGHT, deadline_ms: float | None = None,
                  window_s: float = 30.0, log_size: int = 200, record_size: int = EXPORT_LINES,
-                 on_result: Callable[[LiveResult], None] | None = None):
+                 shots: int = SHOTS, on_result: Callable[[LiveResult], None] | None = None):
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -93,6 +123,8 @@ class LiveFeed:
         self._latest: LiveResult | None = None
         self._log: deque[LogLine] = deque(maxlen=log_size)
         self._records: deque[str] = deque(maxlen=record_size)  # JSON lines, for an export
+        self._shots: deque[Shot] = deque(maxlen=shots)
+        self._runs = 0
         self._latency: deque[LatencyPoint] = deque()
         self.error: str | None = None  # one line for a page; `exception` is what was raised
         self.exception: Exception | None = None
@@ -150,7 +182,11 @@ class LiveFeed:
         now = time.time()
         with self._lock:
             self._latest = r
-            extend_log(self._log, now, r.frame.pts, r.frame.index, r.text, r.end_to_end_ms)
+            if extend_log(self._log, now, r.frame.pts, r.frame.index, r.text, r.end_to_end_ms):
+                self._runs += 1
+                if self._shots.maxlen:  # encoded once per change (~1 ms) for every viewer of the feed
+                    self._shots.append(Shot(self._runs, now, r.frame.pts, r.frame.index, r.text,
+                                            shot_jpeg(r.frame.rgb)))
             self._records.extend(records)
             self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
                                               r.end_to_end_ms))
@@ -181,7 +217,8 @@ class LiveFeed:
                 frame_rgb=None if r is None else r.frame.rgb, text="" if r is None else r.text,
                 pts=0.0 if r is None else r.frame.pts, index=-1 if r is None else r.frame.index,
                 end_to_end_ms=0.0 if r is None else r.end_to_end_ms,
-                log=list(self._log) if full else [], latency=list(self._latency) if full else [], counters=stats)
+                log=list(self._log) if full else [], latency=list(self._latency) if full else [], counters=stats,
+                shots=list(self._shots) if full else [])
 
     def close(self, cancel: bool = True, timeout: float = 10.0) -> None:
         """Stop the source and join the threads (idempotent). cancel: drop what is in flight (a

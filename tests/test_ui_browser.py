@@ -155,6 +155,14 @@ def test_live_tab_plays_the_sample_with_captions_chart_and_counters(server, clie
         assert len(texts) >= 2  # the scene moves; so do its captions
         assert any(bars > 0 for _, bars in watched["charts"]) and len(watched["charts"]) >= 2
         assert "running" in counters and "cancelled as stale" in counters
+        # a picture of each change of the caption, newest first
+        page.wait_for_function("document.querySelectorAll('#vs-shots figure.vs-shot img').length >= 2",
+                               timeout=30_000)
+        srcs = page.eval_on_selector_all("#vs-shots figure.vs-shot img", "els => els.map(e => e.src)")
+        assert all(src.startswith("data:image/jpeg;base64,") for src in srcs)
+        numbers = page.eval_on_selector_all("#vs-shots figure.vs-shot", "els => els.map(e => +e.dataset.number)")
+        assert numbers == sorted(numbers, reverse=True)
+        page.screenshot(path=str(ARTIFACTS / "ui_live_changes.png"), full_page=True)
         rate = bench_ui.page_rates(watched, seconds)
         (ARTIFACTS / "ui_rates.json").write_text(json.dumps(rate) + "\n")
         print("page update rate:", rate)
@@ -238,6 +246,10 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
         caption = page.inner_text("#vs-cam-frame #vs-caption")
         page.screenshot(path=str(ARTIFACTS / "ui_webcam.png"))
         assert caption.strip()
+        # the still camera's one caption, with the picture of the frame it began on
+        newest = page.locator("#vs-cam-shots-box figure.vs-shot").first
+        newest.wait_for(timeout=30_000)
+        assert newest.locator("figcaption").inner_text().startswith(caption.strip())
         # Record while the camera streams, untick to finish, download: the captioned frames
         index = "Number(document.querySelector('#vs-cam-frame #vs-frame').dataset.index)"
         page.locator("#vs-cam-record input").check()
@@ -318,16 +330,20 @@ def test_api_follows_a_live_source(client):
     job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", api_name="/live")
     frames, counters = set(), ""
     deadline = time.time() + 90
-    for frame_html, counters_html, _chart, _log in job:
+    shots = ""
+    for frame_html, counters_html, _chart, _log, shots_html in job:
         if isinstance(frame_html, str) and 'id="vs-caption"' in frame_html:
             frames.add(frame_html.split('data-index="', 1)[1].split('"', 1)[0])
         if isinstance(counters_html, str) and "fps" in counters_html:
             counters = counters_html
-        if len(frames) >= 5 or time.time() > deadline:
+        if isinstance(shots_html, str) and "<figure" in shots_html:
+            shots = shots_html
+        if len(frames) >= 5 and shots or time.time() > deadline:
             break
     job.cancel()
     assert len(frames) >= 5 and "captioned" in counters
-    frame_html, counters_html, _, _ = client.predict("/nonexistent/clip.mp4", None, "short", "", "none", "",
+    assert shots.count("<figure") >= 1 and "data:image/jpeg;base64," in shots  # the pictures of the changes
+    frame_html, counters_html, _, _, _ = client.predict("/nonexistent/clip.mp4", None, "short", "", "none", "",
                                                      api_name="/live")
     assert "error: no such file" in frame_html and "stopped" in counters_html  # a message, not a dead stream
 
@@ -337,7 +353,7 @@ def test_api_records_a_live_source_for_a_download(client):
 
     job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", True, api_name="/live")
     frames, deadline = set(), time.time() + 90
-    for frame_html, _counters, _chart, _log in job:
+    for frame_html, _counters, _chart, _log, _shots in job:
         if isinstance(frame_html, str) and 'id="vs-caption"' in frame_html:
             frames.add(frame_html.split('data-index="', 1)[1].split('"', 1)[0])
         if len(frames) >= 8 or time.time() > deadline:

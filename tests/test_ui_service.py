@@ -1,16 +1,18 @@
 """The web UI's service layer and views, without a browser: feeds, settings, video jobs, errors."""
 
+import io
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from app.service import SAMPLES_DIR, Service, Settings, UIError, make_constraint, make_task, sample_videos
-from app.view import chart_svg, counters_html, frame_html, log_text
-from engine import Choice, JsonSchema, Regex, VlmstreamError
-from pipelines.feed import LatencyPoint, extend_log
+from app.view import chart_svg, counters_html, frame_html, log_text, shots_html
+from engine import Choice, JsonSchema, Regex, SamplingParams, VlmstreamError
+from pipelines.feed import SHOT_WIDTH, LatencyPoint, LiveFeed, Shot, extend_log
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +88,46 @@ def test_live_feed_on_a_sample_gives_captions_for_the_frames_they_describe(servi
     wait_for(lambda: service.engine().stats().kv_pages_in_use == 0)
     # the figures are current, not averages since start: idle now means 0 tokens/s
     wait_for(lambda: service.engine_stats()["tokens_per_s"] == 0, timeout=20)
+
+
+def test_a_live_feed_keeps_a_picture_of_each_change_of_its_answers(service):
+    from PIL import Image
+
+    # the scene-cut sample: its captions change at every cut, and as objects come and go
+    feed = service.start_live("tab-s", "cuts_640x360_30fps.mp4", make_task("short"))
+    try:
+        snap = wait_for(lambda: len((s := feed.snapshot()).shots) >= 3 and s)
+    finally:
+        service.stop_live("tab-s")
+    runs = {(line.text, line.first_pts) for line in snap.log}
+    numbers = [shot.number for shot in snap.shots]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # every change, in order
+    assert numbers[-1] == len(snap.log)  # the newest change is the log's newest run (it holds 200)
+    for shot in snap.shots:  # the frame where a run of identical answers began, with those answers
+        assert (shot.text, shot.pts) in runs
+        assert Image.open(io.BytesIO(shot.jpeg)).size == (SHOT_WIDTH, SHOT_WIDTH * 360 // 640)
+    assert all(a.text != b.text for a, b in zip(snap.shots, snap.shots[1:]))  # each is a change
+    service.close_session("tab-s")
+
+
+def test_a_feed_keeps_only_its_last_change_pictures(service):
+    frames = [np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB")), np.zeros((120, 160, 3), np.uint8)]
+    plain = SamplingParams(max_tokens=12)  # each frame's own answer, not one kept from the frame before
+    feed = LiveFeed(service.engine(), make_task("short"), plain, shots=2)
+    try:
+        for i in range(6):  # two pictures with different captions, in turn: every answer is a change
+            feed.push(frames[i % 2])
+            wait_for(lambda i=i: feed.snapshot().counters["completed"] == i + 1)
+        snap = feed.snapshot()
+        assert [line.frames for line in snap.log] == [1] * 6
+        assert [s.number for s in snap.shots] == [5, 6] and [s.index for s in snap.shots] == [4, 5]
+    finally:
+        feed.close()
+    none = LiveFeed(service.engine(), make_task("short"), plain, shots=0)  # the CLI's: none kept
+    none.push(frames[0])
+    wait_for(lambda: none.snapshot().counters["completed"] == 1)
+    assert none.snapshot().shots == [] and len(none.snapshot().log) == 1
+    none.close()
 
 
 def test_closing_a_tab_cancels_its_requests_and_leaves_other_tabs_running(service):
@@ -201,7 +243,7 @@ def test_a_camera_records_while_its_record_box_is_ticked(service):
 
 def test_several_questions_in_every_tab(service, tmp_path):
     questions = "How many shapes are there?\nIs there a star?"
-    rgb = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
     alone = [service.caption_image(rgb, make_task("question", q))["text"] for q in questions.splitlines()]
     both = service.caption_image(rgb, make_task("question", questions))
     assert [a["text"] for a in both["answers"]] == alone
@@ -230,7 +272,7 @@ def test_several_questions_in_every_tab(service, tmp_path):
 
 
 def test_browser_camera_frames_are_pushed_and_the_latest_wins(service):
-    rgb = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
     feed = None
     for _ in range(40):  # faster than the engine: some are dropped at intake, never queued up
         feed = service.push_frame("tab-c", rgb, make_task("short"))
@@ -403,6 +445,13 @@ def test_views_render_what_the_snapshot_holds():
                           "kv_pages_total": 700, "mode": "pipelined"}, True)
     for shown in ("59.5", ">7<", ">3<", "91.0 %", "47.5 %", "10 / 700", "pipelined"):
         assert shown in html
+    shots = [Shot(n, 1000.0 + n, n / 30, 3 * n, f"a <red> circle {n}", b"\xff\xd8jpeg") for n in (4, 5, 6)]
+    gallery = shots_html(shots)
+    assert 'data-count="3"' in gallery and 'data-newest="6"' in gallery
+    assert [int(x) for x in re.findall(r'data-number="(\d+)"', gallery)] == [6, 5, 4]  # newest first
+    assert "a &lt;red&gt; circle 6" in gallery and "<red>" not in gallery
+    assert 'download="frame_18.jpg"' in gallery and gallery.count("data:image/jpeg;base64,/9hqcGVn") == 6
+    assert 'data-count="0"' in shots_html([])
 
 
 
