@@ -259,6 +259,8 @@ class Engine:
                     self._vision.feed(self._pending_images)
                 step = self._plan()
                 stalled = step.empty and not self._inflight
+                if stalled and self._waiting and self._drop_idle_prefixes():
+                    continue  # plan again with the pages those prefixes gave back
                 if not step.empty:
                     self._launch(step)
                 if step.empty and self._inflight:
@@ -272,8 +274,10 @@ class Engine:
             self._fail_all(e)
 
     def _has_work(self) -> bool:
+        # Once closing, an image no request waits for is not worth encoding (and may not fit: close
+        # would wait on it forever).
         return bool(self._waiting or self._inflight or any(not s.finalized for s in self._running)
-                    or any(i.holders and not i.launched for i in self._pending_images))
+                    or not self._closing.is_set() and any(i.holders and not i.launched for i in self._pending_images))
 
     def _drain(self, block: bool) -> None:
         while True:
@@ -302,6 +306,9 @@ class Engine:
             self._waiting.append(item)
         elif kind == "release":
             item.holders -= 1
+            item.ref_held = False
+            if item.launched:  # no second encoding can be needed now
+                item.crops = item.embeds = None
             self._maybe_release_image(item)
         elif kind == "cancel":
             seq = self._seqs.get(item)
@@ -348,7 +355,8 @@ class Engine:
         for img in step.images:
             img.launched = True
             img.inflight += 1
-            img.crops = img.embeds = None  # the step has them
+            if not img.ref_held:
+                img.crops = img.embeds = None  # the step has them
         for seq in self._members(step):
             seq.inflight += 1
         for ch in step.prefills:
@@ -461,6 +469,27 @@ class Engine:
         if img.pages:
             self.pool.decref(img.pages)
             img.pages = []
+
+    def _drop_idle_prefixes(self) -> bool:
+        """Nothing runs and the first waiting request does not fit: the prefixes of images that
+        only their ImageRefs hold (their requests are done) give their pages back, oldest first,
+        until it fits; each is encoded again if a request comes for it. Without this, a caller
+        holding more ImageRefs than the pool has prefixes for, until its results come, waits
+        forever. True if any was dropped."""
+        P, ps = self.model_config.prefix_len, self.config.page_size
+        head = sorted(self._waiting, key=lambda s: -s.priority)[0]  # the planner's first
+        need = own_pages(head, P, ps) + (0 if head.image.launched else self._prefix_pages)
+        dropped = False
+        for img in list(self._images.values()):  # in the order they came
+            if self.pool.n_free >= need:
+                break
+            if (img.ref_held and img.holders == 1 and img.ready and not img.inflight and img.pages
+                    and (img.crops is not None or img.embeds is not None)):
+                self.pool.decref(img.pages)
+                img.pages, img.launched, img.ready = [], False, False
+                self._pending_images.append(img)
+                dropped = True
+        return dropped
 
     def _drop_images(self) -> None:
         """At close: images still held by unreleased ImageRefs give their pages back too."""

@@ -5,7 +5,9 @@ changes nothing; the engine applies the plan (admission, page allocation, in-fli
 Policy, in order: every running sequence that can still produce a token decodes; waiting
 requests are admitted by priority, then in FIFO order, while slots and free pages last (zombies keep their pages
 until released), each bringing its image's encoding (vision + bidirectional prefix, never
-chunked) if that is not launched yet; prompt prefill is chunked so that the image prefixes plus
+chunked) if that is not launched yet; when one with a new image lacks pages, later requests on
+encoded images still go ahead (they need their own pages alone, and their ends are what give
+the other prefixes' pages back: waiting for them could wait forever); prompt prefill is chunked so that the image prefixes plus
 prompt tokens of a step stay within the token budget (at least one unit of prefill work always
 proceeds, so nothing starves).
 
@@ -122,12 +124,18 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     # waits for that); pages for both are reserved together, so images never take
     # the pages their own requests need (encoding ahead of admission could deadlock the pool).
     planned: set[int] = set()
+    blocked = False  # a request with a new image lacked pages: only those on encoded images go on
     for seq in sorted(waiting, key=lambda s: -s.priority):  # stable: FIFO within a priority
         img = seq.image
         new_image = not img.launched and id(img) not in planned
         need = own_pages(seq, budget.prefix_len, page_size) + (budget.prefix_pages if new_image else 0)
-        if slots == 0 or need > pages or new_image and not img.encodable:
+        if slots == 0 or new_image and not img.encodable:
             break
+        if need > pages or blocked and new_image:
+            if not new_image:
+                break
+            blocked = True
+            continue
         if new_image:
             if tokens < budget.prefix_len and (step.images or step.admit):
                 break

@@ -37,6 +37,10 @@ class Image:
     staged: bool = False  # its encoding comes from the vision stage (engine/vision_stage.py)
     encoding: bool = False  # handed to the vision stage
     embeds: Any = None  # (P, C) prefix embeddings from the vision stage; then only the prefix step remains
+    # The user's ImageRef is not released yet: the image's crops (or embeds) are kept after its
+    # prefix step, so that the prefix can give its pages back while no request uses it and be
+    # encoded again when one comes (Engine._drop_idle_prefixes).
+    ref_held: bool = True
 
     @property
     def releasable(self) -> bool:

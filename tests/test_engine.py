@@ -143,6 +143,14 @@ def test_close_frees_images_whose_refs_were_never_released(small_folder, images)
     assert eng.stats().kv_pages_in_use > 0
     eng.close()
     _assert_clean(eng)
+    # images no request asked about, that do not fit beside a request's pages: never encoded,
+    # and close does not wait for them
+    eng = _engine(small_folder, max_batch_size=1)
+    refs = [eng.encode_image(img) for img in images]
+    t0 = time.perf_counter()
+    eng.close(timeout=30)
+    assert time.perf_counter() - t0 < 10 and all(not r.released for r in refs)
+    _assert_clean(eng)
 
 
 def test_bad_input_leaves_the_engine_serving(small_folder, images):
@@ -261,6 +269,36 @@ def test_images_encoded_ahead_leave_pages_for_their_requests(small_folder, image
                 ref.release()
             assert [h.result(timeout=30).finish_reason for h in handles] == ["length"] * 6
         _assert_clean(eng)
+
+
+@pytest.mark.parametrize("vision_thread", [True, False])
+def test_more_images_than_the_pool_holds_with_their_refs_kept_or_shared(small_folder, reference, vision_thread):
+    # 10 images on a one-slot engine whose pool holds 4 prefixes besides a request's own pages
+    rng = np.random.default_rng(11)
+    imgs = [rng.integers(0, 256, size=(60, 90, 3), dtype=np.uint8) for _ in range(10)]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    with _engine(small_folder, max_batch_size=1, vision_thread=vision_thread) as eng:
+        # the ImageRefs kept until the results are in, then a second prompt on every image: the
+        # prefixes of images no request needs give their pages back and are encoded again
+        refs = [eng.encode_image(img) for img in imgs]
+        first = [eng.submit(r, caption="short", params=params) for r in refs]
+        short = [h.result(timeout=60).token_ids for h in first]
+        second = [eng.submit(r, question="How many?", params=params) for r in refs]
+        ask = [h.result(timeout=60).token_ids for h in second]
+        for r in refs:
+            r.release()
+        # two prompts per image, the second ones queued behind every first one, the refs released
+        # at once: the requests on encoded images go ahead of a new image that lacks pages
+        refs = [eng.encode_image(img) for img in imgs]
+        both = [eng.submit(r, caption="short", params=params) for r in refs]
+        both += [eng.submit(r, question="How many?", params=params) for r in refs]
+        for r in refs:
+            r.release()
+        again = [h.result(timeout=60).token_ids for h in both]
+    _assert_clean(eng)
+    want_short = [reference.generate(img, caption="short", params=params).token_ids for img in imgs]
+    want_ask = [reference.generate(img, question="How many?", params=params).token_ids for img in imgs]
+    assert short == want_short and ask == want_ask and again == want_short + want_ask
 
 
 @pytest.mark.parametrize("vision_thread", [True, False])
