@@ -301,14 +301,14 @@ class Engine:
             self._pending_images.append(item)
         elif kind == "request":
             item.image.holders += 1
+            item.image.waiting += 1
             item.image.priority = max(item.image.priority, item.priority)
             self._seqs[item.id] = item
             self._waiting.append(item)
         elif kind == "release":
             item.holders -= 1
             item.ref_held = False
-            if item.launched:  # no second encoding can be needed now
-                item.crops = item.embeds = None
+            self._maybe_drop_crops(item)
             self._maybe_release_image(item)
         elif kind == "cancel":
             seq = self._seqs.get(item)
@@ -316,6 +316,8 @@ class Engine:
                 self._finalize(seq, "cancelled")
                 if not seq.admitted:
                     self._waiting.remove(seq)
+                    seq.image.waiting -= 1
+                    self._maybe_drop_crops(seq.image)
                 self._maybe_release(seq)
         elif kind == "cancel_all":
             for seq in list(self._seqs.values()):
@@ -342,6 +344,7 @@ class Engine:
             self._pending_images.remove(img)
         for seq in step.admit:
             self._waiting.remove(seq)  # by priority, then FIFO: not always the first
+            seq.image.waiting -= 1
             seq.slot = self._free_slots.pop()
             seq.pages = self.pool.allocate(own_pages(seq, P, ps))
             shared = seq.image.pages[: P // ps]
@@ -355,8 +358,8 @@ class Engine:
         for img in step.images:
             img.launched = True
             img.inflight += 1
-            if not img.ref_held:
-                img.crops = img.embeds = None  # the step has them
+        for img in {id(i): i for i in step.images + [s.image for s in step.admit]}.values():
+            self._maybe_drop_crops(img)  # the step has them
         for seq in self._members(step):
             seq.inflight += 1
         for ch in step.prefills:
@@ -470,25 +473,33 @@ class Engine:
             self.pool.decref(img.pages)
             img.pages = []
 
+    def _maybe_drop_crops(self, img: Image) -> None:
+        """An encoded image that no ImageRef holds and no request waits for will not be encoded
+        again: its crops (or embeds) can go."""
+        if img.launched and not img.ref_held and not img.waiting:
+            img.crops = img.embeds = None
+
     def _drop_idle_prefixes(self) -> bool:
-        """Nothing runs and the first waiting request does not fit: the prefixes of images that
-        only their ImageRefs hold (their requests are done) give their pages back, oldest first,
-        until it fits; each is encoded again if a request comes for it. Without this, a caller
-        holding more ImageRefs than the pool has prefixes for, until its results come, waits
-        forever. True if any was dropped."""
+        """Nothing runs and the first waiting request does not fit: the prefixes that no admitted
+        request uses give their pages back, those of images no request waits for first, oldest
+        first, until it fits; each is encoded again when a request comes to it. Without this, a
+        pool full of prefixes that ImageRefs or waiting requests hold (more refs kept than the
+        pool has room for; prompts on earlier images queued behind new ones) waits forever. True
+        if any was dropped."""
         P, ps = self.model_config.prefix_len, self.config.page_size
         head = sorted(self._waiting, key=lambda s: -s.priority)[0]  # the planner's first
         need = own_pages(head, P, ps) + (0 if head.image.launched else self._prefix_pages)
+        idle = [img for img in self._images.values()  # in the order they came
+                if img.ready and not img.inflight and img.pages and img.holders == img.ref_held + img.waiting
+                and (img.crops is not None or img.embeds is not None)]
         dropped = False
-        for img in list(self._images.values()):  # in the order they came
+        for img in sorted(idle, key=lambda i: i.waiting > 0):
             if self.pool.n_free >= need:
                 break
-            if (img.ref_held and img.holders == 1 and img.ready and not img.inflight and img.pages
-                    and (img.crops is not None or img.embeds is not None)):
-                self.pool.decref(img.pages)
-                img.pages, img.launched, img.ready = [], False, False
-                self._pending_images.append(img)
-                dropped = True
+            self.pool.decref(img.pages)
+            img.pages, img.launched, img.ready = [], False, False
+            self._pending_images.append(img)
+            dropped = True
         return dropped
 
     def _drop_images(self) -> None:
@@ -511,6 +522,7 @@ class Engine:
                 self._finalize(seq, "error")
             if not seq.admitted and seq in self._waiting:
                 self._waiting.remove(seq)
+                seq.image.waiting -= 1
             seq.inflight = 0
             self._maybe_release(seq)
         for img in list(self._images.values()):
@@ -521,6 +533,10 @@ class Engine:
         depth = 2
         for seq in self._seqs.values():
             assert 0 <= seq.inflight <= depth, (seq.id, seq.inflight)
+        waiting: dict[int, int] = {}
+        for seq in self._waiting:
+            waiting[id(seq.image)] = waiting.get(id(seq.image), 0) + 1
         for img in self._images.values():
             assert 0 <= img.inflight <= depth
+            assert img.waiting == waiting.get(id(img), 0) and img.holders >= img.ref_held + img.waiting
             assert not (img.staged and img.launched and not img.encoding), "launched before the vision stage"

@@ -37,10 +37,11 @@ class Image:
     staged: bool = False  # its encoding comes from the vision stage (engine/vision_stage.py)
     encoding: bool = False  # handed to the vision stage
     embeds: Any = None  # (P, C) prefix embeddings from the vision stage; then only the prefix step remains
-    # The user's ImageRef is not released yet: the image's crops (or embeds) are kept after its
-    # prefix step, so that the prefix can give its pages back while no request uses it and be
-    # encoded again when one comes (Engine._drop_idle_prefixes).
+    # While the user's ImageRef is held or requests wait for it, the image's crops (or embeds) are
+    # kept after its prefix step: its prefix can then give its pages back while no admitted
+    # request uses it, and be encoded again (Engine._drop_idle_prefixes).
     ref_held: bool = True
+    waiting: int = 0  # its requests not admitted yet
 
     @property
     def releasable(self) -> bool:

@@ -299,6 +299,19 @@ def test_more_images_than_the_pool_holds_with_their_refs_kept_or_shared(small_fo
     want_short = [reference.generate(img, caption="short", params=params).token_ids for img in imgs]
     want_ask = [reference.generate(img, question="How many?", params=params).token_ids for img in imgs]
     assert short == want_short and ask == want_ask and again == want_short + want_ask
+    # the smallest pool: one-token answers on four images leave their prefixes waiting for longer
+    # second answers that no longer fit beside them; those prefixes give their pages back
+    one, longer = SamplingParams(max_tokens=1), SamplingParams(max_tokens=20, ignore_eos=True)
+    with _engine(small_folder, max_batch_size=1, kv_pages=9, vision_thread=vision_thread) as eng:
+        assert eng._reserve_pages == 9
+        refs = [eng.encode_image(img) for img in imgs[:4]]
+        handles = [eng.submit(r, caption="short", params=one) for r in refs]
+        handles += [eng.submit(r, question="How many?", params=longer) for r in refs]
+        for r in refs:
+            r.release()
+        outs = [h.result(timeout=60).token_ids for h in handles]
+    _assert_clean(eng)
+    assert outs[4:] == [reference.generate(img, question="How many?", params=longer).token_ids for img in imgs[:4]]
 
 
 @pytest.mark.parametrize("vision_thread", [True, False])

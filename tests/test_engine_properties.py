@@ -87,6 +87,56 @@ def _run(folder, depth, requests, oracle=None):
     return outs
 
 
+# Small pools under pressure: more images than prefixes fit, one to three prompts on each, asked
+# image by image or round by round (later prompts queued behind new images), the ImageRefs kept
+# until the results are in or released at once, cancellations. Every request must end (no hang)
+# with the reference's tokens, and every page must come back.
+MANY = [np.random.default_rng(100 + i).integers(0, 256, size=(20 + 9 * i, 30 + 13 * i, 3), dtype=np.uint8)
+        for i in range(8)]
+_prompts = st.lists(st.tuples(st.integers(0, len(TASKS) - 1), st.sampled_from([1, 4, 20])), min_size=1, max_size=3)
+
+
+@pytest.fixture(scope="module")
+def many_oracle(small_folder):
+    ref = ReferenceDecoder(load_model(small_folder))
+
+    @lru_cache(maxsize=None)
+    def expected(image: int, task: int, max_tokens: int):
+        return ref.generate(MANY[image], params=SamplingParams(max_tokens=max_tokens), **TASKS[task]).token_ids
+
+    return expected
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompts=st.lists(_prompts, min_size=5, max_size=8), by_round=st.booleans(), hold=st.booleans(),
+       cancel=st.lists(st.integers(0, 23), max_size=3), kv_pages=st.sampled_from([9, 11, 14, None]),
+       batch=st.sampled_from([1, 2]), vision=st.booleans(), depth=st.sampled_from([1, 2]))
+def test_small_pools_under_pressure_never_hang(small_folder, many_oracle, prompts, by_round, hold, cancel, kv_pages,
+                                               batch, vision, depth):
+    asks = [(i, j, task, n) for i, ps in enumerate(prompts) for j, (task, n) in enumerate(ps)]
+    if by_round:  # every image's first prompt, then every second one, ...
+        asks.sort(key=lambda a: a[1])
+    with Engine(EngineConfig(model=str(small_folder), pipeline_depth=depth, debug_checks=True, max_batch_size=batch,
+                             kv_pages=kv_pages, vision_thread=vision, prefill_token_budget=16)) as eng:
+        refs = [eng.encode_image(img) for img in MANY[:len(prompts)]]
+        handles = [eng.submit(refs[i], params=SamplingParams(max_tokens=n), **TASKS[task]) for i, _, task, n in asks]
+        for k in cancel:
+            handles[k % len(handles)].cancel()
+        if not hold:  # else kept until every result is in
+            for ref in refs:
+                ref.release()
+        outs = [h.result(timeout=20) for h in handles]  # each takes well under a second
+        for ref in refs:
+            ref.release()
+    assert eng.stats().kv_pages_in_use == 0 and not eng._thread.is_alive()
+    for out, (i, _, task, n) in zip(outs, asks):
+        want = many_oracle(i, task, n)
+        if out.finish_reason == "cancelled":
+            assert out.token_ids == want[: len(out.token_ids)]
+        else:
+            assert out.token_ids == want and out.finish_reason in ("stop", "length")
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(request, min_size=1, max_size=8))
 def test_pipelined_equals_blocking_equals_reference(small_folder, oracle, requests):
