@@ -271,6 +271,17 @@ def test_images_encoded_ahead_leave_pages_for_their_requests(small_folder, image
         _assert_clean(eng)
 
 
+def _two_prompts_per_image(eng, imgs, first: SamplingParams, second: SamplingParams) -> list[list[int]]:
+    """Every image's short caption, then every image's question (queued behind all the captions),
+    the ImageRefs released at once: the answers' token ids in that order."""
+    refs = [eng.encode_image(img) for img in imgs]
+    handles = [eng.submit(r, caption="short", params=first) for r in refs]
+    handles += [eng.submit(r, question="How many?", params=second) for r in refs]
+    for r in refs:
+        r.release()
+    return [h.result(timeout=60).token_ids for h in handles]
+
+
 @pytest.mark.parametrize("vision_thread", [True, False])
 def test_more_images_than_the_pool_holds_with_their_refs_kept_or_shared(small_folder, reference, vision_thread):
     # 10 images on a one-slot engine whose pool holds 4 prefixes besides a request's own pages
@@ -287,14 +298,8 @@ def test_more_images_than_the_pool_holds_with_their_refs_kept_or_shared(small_fo
         ask = [h.result(timeout=60).token_ids for h in second]
         for r in refs:
             r.release()
-        # two prompts per image, the second ones queued behind every first one, the refs released
-        # at once: the requests on encoded images go ahead of a new image that lacks pages
-        refs = [eng.encode_image(img) for img in imgs]
-        both = [eng.submit(r, caption="short", params=params) for r in refs]
-        both += [eng.submit(r, question="How many?", params=params) for r in refs]
-        for r in refs:
-            r.release()
-        again = [h.result(timeout=60).token_ids for h in both]
+        # the requests on encoded images go ahead of a new image that lacks pages
+        again = _two_prompts_per_image(eng, imgs, params, params)
     _assert_clean(eng)
     want_short = [reference.generate(img, caption="short", params=params).token_ids for img in imgs]
     want_ask = [reference.generate(img, question="How many?", params=params).token_ids for img in imgs]
@@ -304,12 +309,7 @@ def test_more_images_than_the_pool_holds_with_their_refs_kept_or_shared(small_fo
     one, longer = SamplingParams(max_tokens=1), SamplingParams(max_tokens=20, ignore_eos=True)
     with _engine(small_folder, max_batch_size=1, kv_pages=9, vision_thread=vision_thread) as eng:
         assert eng._reserve_pages == 9
-        refs = [eng.encode_image(img) for img in imgs[:4]]
-        handles = [eng.submit(r, caption="short", params=one) for r in refs]
-        handles += [eng.submit(r, question="How many?", params=longer) for r in refs]
-        for r in refs:
-            r.release()
-        outs = [h.result(timeout=60).token_ids for h in handles]
+        outs = _two_prompts_per_image(eng, imgs[:4], one, longer)
     _assert_clean(eng)
     assert outs[4:] == [reference.generate(img, question="How many?", params=longer).token_ids for img in imgs[:4]]
 
