@@ -99,6 +99,7 @@ class Engine:
         self._busy_base = 0.0
         self._depth = cfg.pipeline_depth
         self._draft_proposed = self._draft_accepted = 0
+        self._prefixes_dropped = 0
 
         self._thread = threading.Thread(target=self._loop, name="vlmstream-engine", daemon=True)
         self._thread.start()
@@ -194,6 +195,7 @@ class Engine:
             draft_accepted=self._draft_accepted,
             vision_queue=sum(1 for i in list(self._pending_images) if i.awaits_vision and i.holders),
             vision_busy_seconds=self._vision.busy_seconds() if self._vision is not None else 0.0,
+            prefixes_dropped=self._prefixes_dropped,
         )
 
     def set_pipeline_depth(self, depth: int) -> None:
@@ -499,6 +501,7 @@ class Engine:
             self.pool.decref(img.pages)
             img.pages, img.launched, img.ready = [], False, False
             self._pending_images.append(img)
+            self._prefixes_dropped += 1
             dropped = True
         return dropped
 

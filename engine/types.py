@@ -100,3 +100,6 @@ class EngineStats:
     draft_accepted: int = 0
     vision_queue: int = 0  # images waiting for the vision thread or in it (CPU, engine/vision_stage.py)
     vision_busy_seconds: float = 0.0  # the vision thread's time encoding (not in busy_seconds)
+    # image prefixes that gave their pages back to let a waiting request in, to be encoded again
+    # (more ImageRefs or queued prompts than the pool holds; often: a pool too small for the load)
+    prefixes_dropped: int = 0

@@ -298,6 +298,7 @@ def test_more_images_than_the_pool_holds_with_their_refs_kept_or_shared(small_fo
         ask = [h.result(timeout=60).token_ids for h in second]
         for r in refs:
             r.release()
+        assert eng.stats().prefixes_dropped >= len(imgs) - 4  # the pool holds 4 prefixes beside a request
         # the requests on encoded images go ahead of a new image that lacks pages
         again = _two_prompts_per_image(eng, imgs, params, params)
     _assert_clean(eng)
@@ -310,6 +311,7 @@ def test_more_images_than_the_pool_holds_with_their_refs_kept_or_shared(small_fo
     with _engine(small_folder, max_batch_size=1, kv_pages=9, vision_thread=vision_thread) as eng:
         assert eng._reserve_pages == 9
         outs = _two_prompts_per_image(eng, imgs[:4], one, longer)
+        assert eng.stats().prefixes_dropped > 0
     _assert_clean(eng)
     assert outs[4:] == [reference.generate(img, question="How many?", params=longer).token_ids for img in imgs[:4]]
 
