@@ -452,6 +452,15 @@ def test_views_render_what_the_snapshot_holds():
     assert "a &lt;red&gt; circle 6" in gallery and "<red>" not in gallery
     assert 'download="frame_18.jpg"' in gallery and gallery.count("data:image/jpeg;base64,/9hqcGVn") == 6
     assert 'data-count="0"' in shots_html([])
+    # a page gets the pictures only when it lacks some, across the feeds it follows (a new prompt
+    # on the webcam tab starts a new feed, whose changes count from 1 again)
+    from app.ui import _new_shots
+
+    sent, shown = _new_shots(shots, None)
+    assert sent == shots and shown == 1006.0
+    assert _new_shots(shots, shown) == (None, shown) and _new_shots([], shown) == (None, shown)
+    other = [Shot(6, 2000.0, 0.2, 6, "two stars", b"jpeg")]  # the same number in another feed
+    assert _new_shots(other, shown) == (other, 2000.0)
 
 
 
