@@ -239,8 +239,8 @@ def build(service: Service, source: str | None = None):
             cam_shots = gr.HTML(shots_html([]), elem_id="vs-cam-shots-box")
             cam_shown = gr.State(None)  # the newest change picture the page shows (see _new_shots)
             cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record, cam_shown],
-                       [cam_frame, cam_counters, cam_shots, cam_shown], stream_every=0.1, concurrency_limit=None, show_progress="hidden",
-                       api_name=False)
+                       [cam_frame, cam_counters, cam_shots, cam_shown], stream_every=0.1, concurrency_limit=None,
+                       show_progress="hidden", api_name=False)
         with gr.Tab("Video file"):
             with gr.Row():
                 vfile = gr.File(label="Video", file_types=["video"], type="filepath", elem_id="vs-video-file")

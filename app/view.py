@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import time
 
 import numpy as np
 
-from pipelines.feed import CHART_STAGES, FeedSnapshot, LatencyPoint, LogLine, Shot
+from pipelines.feed import CHART_STAGES, FeedSnapshot, LatencyPoint, LogLine, Shot, jpeg_bytes
 from pipelines.sinks import annotate
 
 STAGE_COLORS = {"queue": "#9aa5b1", "vision": "#4c78a8", "prefill": "#f58518", "decode": "#54a24b"}
@@ -27,14 +26,11 @@ MAX_PAGE_WIDTH = 960  # larger frames are scaled down for the page: 15 updates/s
 
 
 def jpeg_data_uri(rgb: np.ndarray, quality: int = 80) -> str:
-    from PIL import Image
+    return _data_uri(jpeg_bytes(rgb, MAX_PAGE_WIDTH, quality))
 
-    img = Image.fromarray(rgb)
-    if img.width > MAX_PAGE_WIDTH:
-        img = img.resize((MAX_PAGE_WIDTH, round(img.height * MAX_PAGE_WIDTH / img.width)), Image.Resampling.BILINEAR)
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG", quality=quality)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+def _data_uri(jpeg: bytes) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
 
 
 def frame_html(snap: FeedSnapshot | None, message: str = "") -> str:
@@ -67,7 +63,7 @@ def shots_html(shots: list[Shot]) -> str:
         return '<div id="vs-shots" data-count="0" class="vs-empty">no changes yet</div>'
     figures = []
     for shot in reversed(shots):
-        uri = "data:image/jpeg;base64," + base64.b64encode(shot.jpeg).decode("ascii")
+        uri = _data_uri(shot.jpeg)
         clock = time.strftime("%H:%M:%S", time.localtime(shot.wall))
         text = html.escape(shot.text)
         figures.append(f'<figure class="vs-shot" data-number="{shot.number}" data-index="{shot.index}">'

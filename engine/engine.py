@@ -279,7 +279,8 @@ class Engine:
         # Once closing, an image no request waits for is not worth encoding (and may not fit: close
         # would wait on it forever).
         return bool(self._waiting or self._inflight or any(not s.finalized for s in self._running)
-                    or not self._closing.is_set() and any(i.holders and not i.launched for i in self._pending_images))
+                    or not self._closing.is_set()
+                    and any(i.holders and not i.launched for i in self._pending_images))
 
     def _drain(self, block: bool) -> None:
         while True:
@@ -489,7 +490,7 @@ class Engine:
         pool has room for; prompts on earlier images queued behind new ones) waits forever. True
         if any was dropped."""
         P, ps = self.model_config.prefix_len, self.config.page_size
-        head = sorted(self._waiting, key=lambda s: -s.priority)[0]  # the planner's first
+        head = max(self._waiting, key=lambda s: s.priority)  # the planner's first: the earliest of the highest
         need = own_pages(head, P, ps) + (0 if head.image.launched else self._prefix_pages)
         idle = [img for img in self._images.values()  # in the order they came
                 if img.ready and not img.inflight and img.pages and img.holders == img.ref_held + img.waiting

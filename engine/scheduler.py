@@ -7,9 +7,9 @@ requests are admitted by priority, then in FIFO order, while slots and free page
 until released), each bringing its image's encoding (vision + bidirectional prefix, never
 chunked) if that is not launched yet; when one with a new image lacks pages, later requests on
 encoded images still go ahead (they need their own pages alone, and their ends are what give
-the other prefixes' pages back: waiting for them could wait forever); prompt prefill is chunked so that the image prefixes plus
-prompt tokens of a step stay within the token budget (at least one unit of prefill work always
-proceeds, so nothing starves).
+the other prefixes' pages back: waiting for them could wait forever); prompt prefill is chunked
+so that the image prefixes plus prompt tokens of a step stay within the token budget (at least
+one unit of prefill work always proceeds, so nothing starves).
 
 Drafts: a greedy request may come with tokens its answer will likely repeat (a video's previous
 frame's answer). The step of its prompt's last chunk, whose row samples the first answer token,

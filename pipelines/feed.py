@@ -7,8 +7,9 @@ makes the latest frame win. Either way the feed keeps, under one lock: the newes
 the exact frame it describes, a caption log (a line per run of identical answers), per-frame
 stage latencies for the last `window_s` seconds, the session's counters, the last
 EXPORT_LINES answers as JSON lines (`records()`, for a download), and a small JPEG of the frame
-where each of the last SHOTS runs of answers began (what changed, and what it looked like). `snapshot()` copies all but the records for a viewer that polls;
-`version` grows with every result so a viewer can skip redraws when nothing changed.
+where each of the last SHOTS runs of answers began (what changed, and what it looked like).
+`snapshot()` copies all but the records for a viewer that polls; `version` grows with every
+result so a viewer can skip redraws when nothing changed.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def extend_log(log: deque[LogLine], wall: float, pts: float, index: int, text: s
 class Shot:
     """The frame where a run of identical answers began, as a JPEG at most SHOT_WIDTH wide."""
 
-    number: int  # 1 for the feed's first run of answers, counting on: a viewer redraws when it grows
+    number: int  # 1 for the feed's first run of answers, counting on
     wall: float
     pts: float
     index: int
@@ -74,7 +75,8 @@ class Shot:
     jpeg: bytes
 
 
-def shot_jpeg(rgb: np.ndarray, width: int = SHOT_WIDTH, quality: int = 80) -> bytes:
+def jpeg_bytes(rgb: np.ndarray, width: int, quality: int = 80) -> bytes:
+    """An RGB frame as a JPEG, scaled down to `width` if it is wider."""
     import cv2
 
     h, w = rgb.shape[:2]
@@ -186,7 +188,7 @@ class LiveFeed:
                 self._runs += 1
                 if self._shots.maxlen:  # encoded once per change (~1 ms) for every viewer of the feed
                     self._shots.append(Shot(self._runs, now, r.frame.pts, r.frame.index, r.text,
-                                            shot_jpeg(r.frame.rgb)))
+                                            jpeg_bytes(r.frame.rgb, SHOT_WIDTH)))
             self._records.extend(records)
             self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
                                               r.end_to_end_ms))
