@@ -303,9 +303,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def entry() -> None:
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    entry()
+    sys.exit(main())
