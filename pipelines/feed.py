@@ -25,6 +25,7 @@ import numpy as np
 
 from engine import Engine, SamplingParams
 
+from .changes import answer_key
 from .grabber import LatestFrameGrabber
 from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
 from .sources import Frame
@@ -53,10 +54,11 @@ class LogLine:
 
 
 def extend_log(log: deque[LogLine], wall: float, pts: float, index: int, text: str, end_to_end_ms: float) -> bool:
-    """Add a result to the log: the newest run grows if the answers are the same, else a run
-    starts (True)."""
+    """Add a result to the log: the newest run grows if the answers are the same (`answer_key`:
+    the same things named, in any order; the line takes the newest wording, as the caption shown
+    does), else a run starts (True)."""
     last = log[-1] if log else None
-    if last is not None and last.text == text:
+    if last is not None and (last.text == text or answer_key(last.text) == answer_key(text)):
         log[-1] = LogLine(wall, pts, index, text, end_to_end_ms, last.first_wall, last.first_pts, last.frames + 1)
         return False
     log.append(LogLine(wall, pts, index, text, end_to_end_ms, wall, pts))

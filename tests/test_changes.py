@@ -52,6 +52,27 @@ def test_a_new_answer_counts_once_it_has_held():
         AnswerChanges(0)
 
 
+def test_the_same_things_named_in_another_order_are_no_change():
+    """Captions list objects in no fixed order; a watcher wants to hear when what is named
+    changes, not the order. Swapped colours, a changed part or another count still change."""
+    caption = "a red circle, a green circle and a red star"
+    answers = [(caption, "Yes"), ("a red star, a green circle and a red circle", "yes."),
+               ("a green circle and a red star, a red circle", " YES"),
+               ("a red circle, a green star and a red star", "yes"),  # a shape changed
+               ("a green circle, a red circle and a red star", "no"),
+               ("a green star, a red circle and a red star", "no")]  # the star and circle swap colours
+    assert [(i, p, t) for i, p, t, *_ in events(1, answers)] == [
+        (0, 0, caption), (0, 1, "Yes"), (3, 0, "a red circle, a green star and a red star"),
+        (4, 0, "a green circle, a red circle and a red star"), (4, 1, "no"),
+        (5, 0, "a green star, a red circle and a red star")]
+    # with --hold, a reordered answer continues the run it reorders; the event has the wording
+    # of the frame that completed it, and dates from the run's first frame
+    held = events(2, [("a cat and a dog", "x"), ("a dog and a cat", "x"), ("a dog, a bird", "x"),
+                      ("a bird and a dog", "x"), ("a cat and a dog", "x")])
+    assert [(i, p, t, prev, since) for i, p, t, prev, since, _ in held] == [
+        (1, 0, "a dog and a cat", None, 0.0), (1, 1, "x", None, 0.0),
+        (3, 0, "a bird and a dog", "a dog and a cat", 0.2)]
+
 def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
     log = tmp_path / "events.jsonl"
     assert main(["live", str(CLIP), "--duration", "6", "--question", "How many shapes are there?",
@@ -99,14 +120,18 @@ def test_a_snapshot_that_cannot_be_written_stops_the_run_but_keeps_the_change(tm
 
 def expected_changes(rows: list[dict], hold: int) -> list[tuple]:
     """What `video --changes --hold N` should keep of a full run's lines: written here afresh from
-    the definition (per source and prompt, N lines in a row, dated from the first)."""
+    the definition (per source and prompt, N lines in a row naming the same things in any order,
+    dated from the first)."""
+    def same(text):
+        return sorted(p.strip(" .") for p in text.lower().replace(" and ", ",").split(","))
+
     out, current, pending = [], {}, {}
     for r in rows:
         key, text = (r["source"], r.get("question") or r.get("caption")), r["text"].strip()
-        if current.get(key, (None,))[0] == text:
+        if key in current and same(current[key][0]) == same(text):
             pending.pop(key, None)
             continue
-        first, n = pending.get(key, (text, r["pts"], 0))[1:] if pending.get(key, (None,))[0] == text else (r["pts"], 0)
+        first, n = pending[key][1:] if key in pending and same(pending[key][0]) == same(text) else (r["pts"], 0)
         n += 1
         if n < hold:
             pending[key] = (text, first, n)

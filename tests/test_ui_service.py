@@ -417,14 +417,16 @@ def test_the_caption_log_has_a_line_per_run_of_identical_answers():
     from collections import deque
 
     log = deque(maxlen=3)
-    answers = ["a red circle"] * 50 + ["a blue star"] + ["a red circle"] * 2 + ["two circles"] * 3
+    # the same things named in another order continue a run, which takes the newest wording
+    answers = ["a red circle"] * 50 + ["a blue star"] + ["a red circle"] * 2 + ["two circles, a star"] * 2 \
+        + ["a star and two circles"]
     for i, text in enumerate(answers):
         extend_log(log, 1000.0 + i / 60, i / 60, i, text, 20.0 + i)
     assert [(x.text, x.frames, x.index) for x in log] == [("a blue star", 1, 50), ("a red circle", 2, 52),
-                                                          ("two circles", 3, 55)]
+                                                          ("a star and two circles", 3, 55)]
     assert log[-1].first_pts == 53 / 60 and log[-1].end_to_end_ms == 75.0  # the run's start, its last latency
     newest, _, oldest = log_text(list(log)).splitlines()
-    assert "two circles  (3 frames to t=0.92s)" in newest and "t=   0.88s" in newest
+    assert "a star and two circles  (3 frames to t=0.92s)" in newest and "t=   0.88s" in newest
     assert oldest.endswith("a blue star")  # one frame: no run
 
 
