@@ -327,6 +327,32 @@ class Service:
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return path
 
+    def export_shots(self, session: str, kind: str = "pull") -> Path:
+        """The change pictures of the session's live feed (or of the last one it stopped) at full
+        size, as a ZIP among the kept outputs: `change_NNNN_frame_I.jpg` each, and `changes.jsonl`
+        with a line per picture (its change number, UTC time, stream time, frame index, answers,
+        file name)."""
+        import zipfile
+        from datetime import datetime, timezone
+
+        with self._lock:
+            feeds = [f for f in (self._feeds.get((session, kind)), self._ended.get((session, kind))) if f]
+        shots = next((x for x in (f.snapshot().shots for f in feeds) if x), None)
+        if not shots:
+            raise UIError("no changes yet: start a live source first" if kind == "pull" else
+                          "no changes yet: start your camera first")
+        path = self.video_job_dir() / "live-changes.zip"
+        lines = []
+        with zipfile.ZipFile(path, "w") as z:
+            for shot in shots:
+                name = f"change_{shot.number:04d}_frame_{shot.index}.jpg"
+                z.writestr(name, shot.full)  # JPEG: stored, not compressed again
+                when = datetime.fromtimestamp(shot.wall, timezone.utc).isoformat(timespec="milliseconds")
+                lines.append(json.dumps({"number": shot.number, "time": when, "pts": round(shot.pts, 6),
+                                         "index": shot.index, "text": shot.text, "file": name}, ensure_ascii=False))
+            z.writestr("changes.jsonl", "\n".join(lines) + "\n", compress_type=zipfile.ZIP_DEFLATED)
+        return path
+
     def close_session(self, session: str) -> None:
         self.cancel_video(session)
         for kind in ("pull", "push"):

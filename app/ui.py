@@ -34,7 +34,9 @@ def build(service: Service, source: str | None = None):
     from pipelines.feed import EXPORT_LINES, SHOTS
 
     shots_label = (f"**Changes**: the frame where each new answer began (newest first, the last {SHOTS}; "
-                   "click one to save it)")
+                   "click one to save it as shown, or download them all at full size below)")
+    shots_button = "Download change pictures (ZIP, full size)"
+    shots_file_label = f"The last {SHOTS} change pictures, full size, with their answers (changes.jsonl)"
 
     samples = sample_videos()
     default_source = source or (DEFAULT_SAMPLE if DEFAULT_SAMPLE in samples else (samples[0] if samples else ""))
@@ -188,6 +190,11 @@ def build(service: Service, source: str | None = None):
             gr.Markdown(shots_label)
             shots = gr.HTML(shots_html([]), elem_id="vs-shots-box")
             with gr.Row():
+                shots_btn = gr.Button(shots_button, elem_id="vs-shots-zip", scale=1)
+                shots_file = gr.File(label=shots_file_label, elem_id="vs-shots-zip-file", scale=3)
+            shots_btn.click(download(service.export_shots, "pull"),
+                            None, shots_file, api_name="export_changes", concurrency_limit=None)
+            with gr.Row():
                 export_btn = gr.Button("Export captions (JSONL)", elem_id="vs-export", scale=1)
                 export_file = gr.File(label=f"Captions of this session (the last {EXPORT_LINES:,}, with timings)",
                                       elem_id="vs-export-file", scale=3)
@@ -237,6 +244,11 @@ def build(service: Service, source: str | None = None):
                               None, cam_rec_file, api_name=False, concurrency_limit=None)
             gr.Markdown(shots_label)
             cam_shots = gr.HTML(shots_html([]), elem_id="vs-cam-shots-box")
+            with gr.Row():
+                cam_shots_btn = gr.Button(shots_button, elem_id="vs-cam-shots-zip", scale=1)
+                cam_shots_file = gr.File(label=shots_file_label, elem_id="vs-cam-shots-zip-file", scale=3)
+            cam_shots_btn.click(download(service.export_shots, "push"),
+                                None, cam_shots_file, api_name=False, concurrency_limit=None)
             cam_shown = gr.State(None)  # the newest change picture the page shows (see _new_shots)
             cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record, cam_shown],
                        [cam_frame, cam_counters, cam_shots, cam_shown], stream_every=0.1, concurrency_limit=None,

@@ -33,9 +33,11 @@ from .sources import Frame
 CHART_STAGES = ("queue", "vision", "prefill", "decode")
 # Answers a feed keeps for an export: ~5 minutes at 35 captions a second, ~4 MB of JSON.
 EXPORT_LINES = 10_000
-# Pictures of the frames where the answers changed: a page's gallery of them stays ~200 KB.
+# Pictures of the frames where the answers changed: a page's gallery of them stays ~200 KB; the
+# full-size ones (for a download) ~1-6 MB a feed, 640x360 to 1080p.
 SHOTS = 16
 SHOT_WIDTH = 320
+SHOT_QUALITY = 90  # the full-size picture's: what `live --snapshots` saves
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ def extend_log(log: deque[LogLine], wall: float, pts: float, index: int, text: s
 
 @dataclass(frozen=True)
 class Shot:
-    """The frame where a run of identical answers began, as a JPEG at most SHOT_WIDTH wide."""
+    """The frame where a run of identical answers began, as a JPEG at most SHOT_WIDTH wide (for
+    the page) and at its own size (for a download)."""
 
     number: int  # 1 for the feed's first run of answers, counting on
     wall: float
@@ -75,14 +78,15 @@ class Shot:
     index: int
     text: str
     jpeg: bytes
+    full: bytes = b""
 
 
-def jpeg_bytes(rgb: np.ndarray, width: int, quality: int = 80) -> bytes:
-    """An RGB frame as a JPEG, scaled down to `width` if it is wider."""
+def jpeg_bytes(rgb: np.ndarray, width: int | None, quality: int = 80) -> bytes:
+    """An RGB frame as a JPEG, scaled down to `width` if it is wider (None: as it is)."""
     import cv2
 
     h, w = rgb.shape[:2]
-    if w > width:
+    if width is not None and w > width:
         rgb = cv2.resize(rgb, (width, max(1, round(h * width / w))), interpolation=cv2.INTER_AREA)
     ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(rgb[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, quality])
     if not ok:
@@ -188,9 +192,11 @@ class LiveFeed:
             self._latest = r
             if extend_log(self._log, now, r.frame.pts, r.frame.index, r.text, r.end_to_end_ms):
                 self._runs += 1
-                if self._shots.maxlen:  # encoded once per change (~1 ms) for every viewer of the feed
+                if self._shots.maxlen:  # encoded once per change for every viewer: ~2 ms at 640x360,
+                    # ~19 at 1080p, under the lock so that a snapshot's log and pictures agree
                     self._shots.append(Shot(self._runs, now, r.frame.pts, r.frame.index, r.text,
-                                            jpeg_bytes(r.frame.rgb, SHOT_WIDTH)))
+                                            jpeg_bytes(r.frame.rgb, SHOT_WIDTH),
+                                            jpeg_bytes(r.frame.rgb, None, SHOT_QUALITY)))
             self._records.extend(records)
             self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
                                               r.end_to_end_ms))

@@ -4,6 +4,7 @@ gradio_client and in Debian's headless Chromium with Playwright (no browser down
 Screenshots and the measured page update rates go to `.artifacts/` at the repository root.
 """
 
+import io
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / ".artifacts"
@@ -178,6 +180,18 @@ def test_live_tab_plays_the_sample_with_captions_chart_and_counters(server, clie
         rows = [json.loads(line) for line in Path(got.value.path()).read_text().splitlines()]
         assert len(rows) >= 10 and {int(r["index"]) for r in rows} >= {int(i) for i in indices}
         assert all(r["text"] and r["timings_ms"]["end_to_end"] > 0 for r in rows)
+        # the change pictures at full size, with their answers
+        page.click("#vs-shots-zip")
+        link = page.locator("#vs-shots-zip-file a[download]")
+        link.wait_for(timeout=30_000)
+        with page.expect_download() as got:
+            link.click()
+        import zipfile
+
+        with zipfile.ZipFile(got.value.path()) as z:
+            changes = [json.loads(line) for line in z.read("changes.jsonl").decode().splitlines()]
+            assert len(changes) >= 2 and [c["number"] for c in changes] == sorted(c["number"] for c in changes)
+            assert all(Image.open(io.BytesIO(z.read(c["file"]))).size == (640, 360) for c in changes)
         browser.close()
     engine_idle(client)  # stopped and closed: nothing left running for nobody
 
@@ -250,6 +264,16 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
         newest = page.locator("#vs-cam-shots-box figure.vs-shot").first
         newest.wait_for(timeout=30_000)
         assert newest.locator("figcaption").inner_text().startswith(caption.strip())
+        page.click("#vs-cam-shots-zip")  # at the camera's own size
+        link = page.locator("#vs-cam-shots-zip-file a[download]")
+        link.wait_for(timeout=30_000)
+        with page.expect_download() as got:
+            link.click()
+        import zipfile
+
+        with zipfile.ZipFile(got.value.path()) as z:
+            first = json.loads(z.read("changes.jsonl").decode().splitlines()[0])
+            assert Image.open(io.BytesIO(z.read(first["file"]))).size == (320, 240)
         # Record while the camera streams, untick to finish, download: the captioned frames
         index = "Number(document.querySelector('#vs-cam-frame #vs-frame').dataset.index)"
         page.locator("#vs-cam-record input").check()

@@ -3,6 +3,7 @@
 import io
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +108,22 @@ def test_a_live_feed_keeps_a_picture_of_each_change_of_its_answers(service):
         assert (shot.text, shot.pts) in runs
         assert Image.open(io.BytesIO(shot.jpeg)).size == (SHOT_WIDTH, SHOT_WIDTH * 360 // 640)
     assert all(a.text != b.text for a, b in zip(snap.shots, snap.shots[1:]))  # each is a change
+    # all of them at full size in one download, also after Stop, each with its answers and times
+    import zipfile
+
+    with zipfile.ZipFile(service.export_shots("tab-s")) as z:
+        rows = [json.loads(line) for line in z.read("changes.jsonl").decode().splitlines()]
+        ended = service._ended["tab-s", "pull"].snapshot().shots  # a result may have come after snap
+        assert [(r["number"], r["index"], r["pts"], r["text"]) for r in rows] \
+            == [(x.number, x.index, round(x.pts, 6), x.text) for x in ended]
+        assert sorted(z.namelist()) == sorted([r["file"] for r in rows] + ["changes.jsonl"])
+        for r, shot in zip(rows, ended):
+            full = Image.open(io.BytesIO(z.read(r["file"])))
+            assert full.format == "JPEG" and full.size == (640, 360)
+            assert abs(datetime.fromisoformat(r["time"]).timestamp() - shot.wall) < 0.001
     service.close_session("tab-s")
+    with pytest.raises(UIError, match="no changes yet"):
+        service.export_shots("tab-s")
 
 
 def test_a_feed_keeps_only_its_last_change_pictures(service):
