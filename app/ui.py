@@ -47,10 +47,13 @@ def build(service: Service, source: str | None = None):
             task = make_task(kind, question, ckind, ctext)
             feed = service.start_live(sid, upload or src, task, record=bool(record))
         except (UIError, VlmstreamError, OSError) as e:
-            for _ in range(2):  # again after the previous feed's loop has surely seen it was stopped
+            # Again for two seconds: the previous feed's loop may have passed its check that it
+            # still owns the page just before it was stopped, and its last frame must not land on
+            # the message (once it did, in a browser test on a loaded machine, after 0.25 s).
+            for _ in range(8):
                 yield frame_html(None, f"error: {e}"), counters_html({}, service.engine_stats(), False, str(e)), \
                     gr.skip(), gr.skip(), gr.skip()
-                time.sleep(3.0 / PAGE_HZ)
+                time.sleep(0.25)
             return
         version, next_at, slow_at, shown = -1, time.monotonic(), 0.0, None
         try:
@@ -191,19 +194,20 @@ def build(service: Service, source: str | None = None):
             shots = gr.HTML(shots_html([]), elem_id="vs-shots-box")
             with gr.Row():
                 shots_btn = gr.Button(shots_button, elem_id="vs-shots-zip", scale=1)
-                shots_file = gr.File(label=shots_file_label, elem_id="vs-shots-zip-file", scale=3)
+                shots_file = gr.File(label=shots_file_label, elem_id="vs-shots-zip-file", scale=3, elem_classes="vs-download")
             shots_btn.click(download(service.export_shots, "pull"),
                             None, shots_file, api_name="export_changes", concurrency_limit=None)
             with gr.Row():
                 export_btn = gr.Button("Export captions (JSONL)", elem_id="vs-export", scale=1)
                 export_file = gr.File(label=f"Captions of this session (the last {EXPORT_LINES:,}, with timings)",
-                                      elem_id="vs-export-file", scale=3)
+                                      elem_id="vs-export-file", scale=3, elem_classes="vs-download")
             export_btn.click(download(service.export_log, "pull"),
                              None, export_file, api_name="export_live", concurrency_limit=None)
             with gr.Row():
                 rec_btn = gr.Button("Download recording (MP4; ends a recording still running)",
                                     elem_id="vs-recording", scale=1)
-                rec_file = gr.File(label="Recording of this session", elem_id="vs-recording-file", scale=3)
+                rec_file = gr.File(label="Recording of this session", elem_id="vs-recording-file", scale=3,
+                                   elem_classes="vs-download")
             rec_btn.click(download(service.recording, "pull"),
                           None, rec_file, api_name="live_recording", concurrency_limit=None)
             live_inputs = [src, upload, kind, question, ckind, ctext, record]
@@ -230,7 +234,8 @@ def build(service: Service, source: str | None = None):
                 cam_ctext = gr.Textbox(label=CONSTRAINT_LABEL)
             with gr.Row():
                 cam_export = gr.Button("Export captions (JSONL)", scale=1)
-                cam_file = gr.File(label=f"Captions of your camera (the last {EXPORT_LINES:,}, with timings)", scale=3)
+                cam_file = gr.File(label=f"Captions of your camera (the last {EXPORT_LINES:,}, with timings)", scale=3,
+                                   elem_classes="vs-download")
             cam_export.click(download(service.export_log, "push"),
                              None, cam_file, api_name=False, concurrency_limit=None)
             with gr.Row():
@@ -239,14 +244,16 @@ def build(service: Service, source: str | None = None):
                                          elem_id="vs-cam-record", scale=1)
                 cam_rec_btn = gr.Button("Download recording (MP4; ends a recording still running)",
                                         elem_id="vs-cam-recording", scale=1)
-                cam_rec_file = gr.File(label="Recording of your camera", elem_id="vs-cam-recording-file", scale=2)
+                cam_rec_file = gr.File(label="Recording of your camera", elem_id="vs-cam-recording-file", scale=2,
+                                       elem_classes="vs-download")
             cam_rec_btn.click(download(service.recording, "push"),
                               None, cam_rec_file, api_name=False, concurrency_limit=None)
             gr.Markdown(shots_label)
             cam_shots = gr.HTML(shots_html([]), elem_id="vs-cam-shots-box")
             with gr.Row():
                 cam_shots_btn = gr.Button(shots_button, elem_id="vs-cam-shots-zip", scale=1)
-                cam_shots_file = gr.File(label=shots_file_label, elem_id="vs-cam-shots-zip-file", scale=3)
+                cam_shots_file = gr.File(label=shots_file_label, elem_id="vs-cam-shots-zip-file", scale=3,
+                                         elem_classes="vs-download")
             cam_shots_btn.click(download(service.export_shots, "push"),
                                 None, cam_shots_file, api_name=False, concurrency_limit=None)
             cam_shown = gr.State(None)  # the newest change picture the page shows (see _new_shots)
