@@ -119,9 +119,12 @@ class ImageRef:
 
 
 def as_rgb(rgb: Any) -> np.ndarray:
-    """A caller's image as a contiguous (H, W, 3) uint8 array (gray and RGBA converted)."""
+    """A caller's image as a contiguous (H, W, 3) uint8 array: grey ((H, W), (H, W, 1)), grey with
+    alpha ((H, W, 2)) and RGBA converted."""
     if not isinstance(rgb, np.ndarray):
         raise ImageError(f"expected an RGB image as a numpy array, got {type(rgb).__name__}")
+    if rgb.ndim == 3 and rgb.shape[2] in (1, 2):  # what OpenCV and PIL give for grey (and grey + alpha)
+        rgb = rgb[:, :, 0]
     if rgb.ndim == 2:
         rgb = np.repeat(rgb[:, :, None], 3, axis=2)
     elif rgb.ndim == 3 and rgb.shape[2] == 4:

@@ -168,6 +168,8 @@ def test_bad_input_leaves_the_engine_serving(small_folder, images):
             eng.submit(np.zeros((10, 10, 3), np.float32), caption="short")
         with pytest.raises(ImageError):
             eng.encode_image("not an image")
+        with pytest.raises(ImageError, match=r"\(H, W, 3\)"):
+            eng.submit(np.zeros((10, 10, 5), np.uint8), caption="short")
         with pytest.raises(RequestError):
             eng.submit(images[0], caption="short", params=SamplingParams(temperature=-1.0))
         assert good.result(timeout=30).finish_reason in ("stop", "length")
@@ -178,6 +180,18 @@ def test_bad_input_leaves_the_engine_serving(small_folder, images):
         eng.encode_image(images[0])
     _assert_clean(eng)
 
+
+def test_grey_and_alpha_arrays_are_read_as_the_rgb_they_show(small_folder, images):
+    """Arrays as OpenCV and PIL give them: grey (H, W) or (H, W, 1), grey + alpha, RGBA."""
+    grey = images[0][:, :, 1]
+    rgb = np.repeat(grey[:, :, None], 3, axis=2)
+    alpha = np.full_like(grey, 7)
+    with _engine(small_folder) as eng:
+        ask = lambda img: eng.submit(img, caption="short", params=GREEDY).result(timeout=30).token_ids  # noqa: E731
+        want = ask(rgb)
+        assert ask(grey) == ask(grey[:, :, None]) == ask(np.dstack([grey, alpha])) == want
+        assert ask(np.dstack([images[1], np.full(images[1].shape[:2], 7, np.uint8)])) == ask(images[1])
+    _assert_clean(eng)
 
 def test_close_with_cancel_finishes_every_handle(small_folder, images):
     eng = _engine(small_folder)
