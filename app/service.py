@@ -126,6 +126,7 @@ class Service:
         self._video_stops: dict[str, threading.Event] = {}  # session -> its running video job's stop flag
         self._recorders: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> its feed's Recorder
         self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
+        self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -196,14 +197,24 @@ class Service:
     def start_live(self, session: str, source: str, task: dict, record: bool = False) -> object:
         """Start (or restart) this session's live feed from a sample name, file path, URL or webcam
         index; with `record`, its completed frames are recorded (`recording()` gives the MP4)."""
+        source = (source or "").strip()
+        if not source:
+            raise UIError("choose a source")
+        # One Start of a session at a time: a double click runs two, and without this both stopped
+        # the old feed, both started one, and the feed installed first played on for nobody (its
+        # source round and round), with its recording on the same file as the other's. Per
+        # session, so that a slow network source delays no other viewer's Start.
+        with self._lock:
+            starting = self._starting.setdefault(session, threading.Lock())
+        with starting:
+            return self._start_live(session, source, task, record)
+
+    def _start_live(self, session: str, source: str, task: dict, record: bool) -> object:
         from pipelines.feed import LiveFeed
         from pipelines.recorder import Recorder
         from pipelines.sinks import file_label
         from pipelines.sources import open_live, parse_webcam
 
-        source = (source or "").strip()
-        if not source:
-            raise UIError("choose a source")
         self.stop_live(session)
         if source in sample_videos():
             source = str(SAMPLES_DIR / source)
@@ -363,6 +374,7 @@ class Service:
             self._drop_recording(session, kind)
         with self._lock:
             self._cam_record.pop(session, None)
+            self._starting.pop(session, None)
 
     # ---------------------------------------------------------------- one image, one video
     def caption_image(self, rgb: np.ndarray, task: dict | list[dict]) -> dict:

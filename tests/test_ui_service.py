@@ -126,6 +126,42 @@ def test_a_live_feed_keeps_a_picture_of_each_change_of_its_answers(service):
         service.export_shots("tab-s")
 
 
+def test_a_double_click_on_start_leaves_one_feed_and_its_recording(service):
+    """Two Starts of one session at once (the page runs both): one feed plays, Stop stops it, and
+    nothing keeps playing for nobody; the recording is the playing feed's, whole."""
+    import threading
+
+    import av
+
+    def feed_threads():
+        return sum(1 for t in threading.enumerate() if t.name == "vlmstream-feed" and t.is_alive())
+
+    before = feed_threads()
+    for _ in range(2):
+        gate = threading.Barrier(2)
+        errors = []
+
+        def start():
+            gate.wait()
+            try:
+                service.start_live("tab-dbl", "shapes_640x360_60fps.mp4", make_task("short"), record=True)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=start) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors and feed_threads() == before + 1
+        feed = service.feed("tab-dbl")
+        wait_for(lambda: feed.snapshot().counters["completed"] >= 5)
+        service.stop_live("tab-dbl")
+        wait_for(lambda: feed_threads() == before, timeout=15)
+        with av.open(str(service.recording("tab-dbl"))) as c:
+            assert sum(1 for _ in c.decode(video=0)) >= 5
+    service.close_session("tab-dbl")
+
 def test_a_feed_keeps_only_its_last_change_pictures(service):
     frames = [np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB")), np.zeros((120, 160, 3), np.uint8)]
     plain = SamplingParams(max_tokens=12)  # each frame's own answer, not one kept from the frame before
