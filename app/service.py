@@ -366,6 +366,11 @@ class Service:
 
     def close_session(self, session: str) -> None:
         self.cancel_video(session)
+        with self._lock:
+            starting = self._starting.get(session)
+        if starting is not None:  # a Start still opening its source would install its feed after us
+            with starting:
+                self.stop_live(session)
         for kind in ("pull", "push"):
             self.stop_live(session, kind)
             with self._lock:

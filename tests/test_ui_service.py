@@ -162,6 +162,30 @@ def test_a_double_click_on_start_leaves_one_feed_and_its_recording(service):
             assert sum(1 for _ in c.decode(video=0)) >= 5
     service.close_session("tab-dbl")
 
+def test_a_tab_closing_while_its_start_opens_the_source_leaves_no_feed(service, monkeypatch):
+    import threading
+
+    import pipelines.sources
+
+    opened = threading.Event()
+    real = pipelines.sources.open_live
+
+    def slow_open(source):  # a network source takes its time to answer
+        opened.set()
+        time.sleep(1.0)
+        return real(source)
+
+    monkeypatch.setattr(pipelines.sources, "open_live", slow_open)
+    before = sum(1 for t in threading.enumerate() if t.name == "vlmstream-feed")
+    start = threading.Thread(target=service.start_live, args=("tab-gone", "shapes_640x360_60fps.mp4",
+                                                              make_task("short")))
+    start.start()
+    assert opened.wait(30)
+    service.close_session("tab-gone")  # the page went away meanwhile
+    start.join(30)
+    assert service.feed("tab-gone") is None
+    wait_for(lambda: sum(1 for t in threading.enumerate() if t.name == "vlmstream-feed") == before, timeout=15)
+
 def test_a_feed_keeps_only_its_last_change_pictures(service):
     frames = [np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB")), np.zeros((120, 160, 3), np.uint8)]
     plain = SamplingParams(max_tokens=12)  # each frame's own answer, not one kept from the frame before
