@@ -123,6 +123,7 @@ class Service:
         self._history: deque = deque(maxlen=4096)  # engine stats snapshots behind the current rates
         self._scratch: Path | None = None  # this process's folder of video job outputs
         self._jobs: deque[Path] = deque()
+        self._writing: set[Path] = set()  # job folders a running video job still writes to
         self._video_stops: dict[str, threading.Event] = {}  # session -> its running video job's stop flag
         self._recorders: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> its feed's Recorder
         self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
@@ -402,14 +403,25 @@ class Service:
         """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths.
         Setting `stop` ends the job at its next frame with what is done ("cancelled": True). With
         `changes`, the rows and the JSONL hold only the answers that changed (`video --changes`)."""
+        if every_n < 1:
+            raise UIError("every n-th frame must be >= 1")
+        with self._lock:
+            self._writing.add(out_dir)
+        try:
+            return self._caption_video(path, task, out_dir, every_n, on_progress, stop, changes)
+        finally:
+            with self._lock:
+                self._writing.discard(out_dir)
+
+    def _caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int,
+                       on_progress: Callable[[int, int | None], None] | None, stop: threading.Event | None,
+                       changes: bool) -> dict:
         from pipelines.batch import BatchSummary, Sampling, caption_file
         from pipelines.changes import AnswerChanges, ChangedAnswersSink
         from pipelines.prompts import prompt_key, prompt_label
         from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
         from pipelines.sources import FileSource
 
-        if every_n < 1:
-            raise UIError("every n-th frame must be >= 1")
         out_dir.mkdir(parents=True, exist_ok=True)
         with FileSource(path) as src:  # its stream's fields cannot be read once it is closed (av >= 19)
             total, fps = src.frame_count, src.fps
@@ -483,12 +495,16 @@ class Service:
             return self._scratch
 
     def video_job_dir(self) -> Path:
-        """A new folder for one video job's outputs; the oldest beyond VIDEO_JOBS_KEPT are deleted."""
+        """A new folder for one video job's outputs (or an export); the oldest beyond
+        VIDEO_JOBS_KEPT are deleted, but never one that a running video job writes to: other
+        viewers' exports would otherwise pull a long job's folder from under it."""
         with self._lock:
             job = Path(tempfile.mkdtemp(prefix="video-", dir=self._scratch_dir()))
             self._jobs.append(job)
-            while len(self._jobs) > VIDEO_JOBS_KEPT:
-                shutil.rmtree(self._jobs.popleft(), ignore_errors=True)
+            idle = [j for j in self._jobs if j not in self._writing]
+            for old in idle[: max(0, len(self._jobs) - VIDEO_JOBS_KEPT)]:
+                self._jobs.remove(old)
+                shutil.rmtree(old, ignore_errors=True)
             return job
 
     def remove_outputs(self) -> None:

@@ -466,6 +466,29 @@ def test_video_job_outputs_are_bounded_and_removed_when_the_server_stops():
     s.remove_outputs()
 
 
+def test_other_viewers_exports_never_remove_a_running_video_jobs_folder(service):
+    """Each export takes a job folder and the oldest beyond VIDEO_JOBS_KEPT go; a long video job
+    must still find its folder when it writes its last frames."""
+    import av
+
+    from app.service import VIDEO_JOBS_KEPT
+
+    job = service.video_job_dir()
+    others = []
+
+    def on_progress(done, total):
+        if not others:  # while the job runs, more exports than the folders kept
+            others.extend(service.video_job_dir() for _ in range(VIDEO_JOBS_KEPT + 2))
+            assert job.exists() and not others[0].exists()
+
+    out = service.caption_video(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), make_task("short"), job, every_n=16,
+                                on_progress=on_progress)
+    assert out["frames"] == 30 and not out["cancelled"]
+    with av.open(out["paths"]["mp4"]) as c:
+        assert sum(1 for _ in c.decode(video=0)) == 30
+    service.video_job_dir()  # done: now it is the oldest, and goes like any other
+    assert not job.exists()
+
 def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
     service.engine()
     assert service.apply(Settings(max_tokens=12, pipelined=False)) == "settings applied"
