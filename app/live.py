@@ -121,9 +121,11 @@ def run(args: argparse.Namespace) -> int:
         never_read = [f for f in feeds if isinstance(f.exception, SourceError) and not f.session.frames_in]
         if never_read and len(never_read) == len(feeds):
             raise never_read[0].exception  # nothing was ever read: a plain error
+        some_came = any(f.session.frames_in for f in feeds)
         for feed, label in zip(feeds, labels):
-            # a stream that broke off, or never came (beside others that did, or within --duration)
-            problem = feed.error or (None if feed.session.frames_in else "no frames received")
+            # a stream that broke off, or never came beside others that did (when none came, the
+            # closing error says so, once)
+            problem = feed.error or (None if feed.session.frames_in or not some_came else "no frames received")
             if problem:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
         per_source = [f.snapshot().counters for f in feeds]

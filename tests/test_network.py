@@ -111,6 +111,7 @@ def test_live_cli_fails_when_no_stream_sends_anything(capsys, small_folder):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["frames_in"] == 0  # the figures still come, for a script
     assert captured.err.splitlines()[-1] == "vlmstream: error: no frames received within 1 s"
+    assert captured.err.count("no frames received") == 1  # said once, not as a warning first
 
 
 def test_missing_camera_is_a_clear_error(capsys):
