@@ -194,7 +194,8 @@ def build(service: Service, source: str | None = None):
             shots = gr.HTML(shots_html([]), elem_id="vs-shots-box")
             with gr.Row():
                 shots_btn = gr.Button(shots_button, elem_id="vs-shots-zip", scale=1)
-                shots_file = gr.File(label=shots_file_label, elem_id="vs-shots-zip-file", scale=3, elem_classes="vs-download")
+                shots_file = gr.File(label=shots_file_label, elem_id="vs-shots-zip-file", scale=3,
+                                     elem_classes="vs-download")
             shots_btn.click(download(service.export_shots, "pull"),
                             None, shots_file, api_name="export_changes", concurrency_limit=None)
             with gr.Row():

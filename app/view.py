@@ -150,7 +150,8 @@ def counters_html(counters: dict, engine: dict, running: bool, error: str | None
 
 
 CSS = """
-.vs-download .empty { min-height: 48px !important; height: 48px; }  /* a download box: one file link, no drop area */
+/* a download box holds one file link: no drop area */
+.vs-download .empty { min-height: 48px !important; height: 48px; }
 #vs-counters { display: flex; flex-wrap: wrap; gap: 6px; }
 .vs-counter { border: 1px solid #ddd; border-radius: 6px; padding: 4px 8px; min-width: 90px; }
 .vs-counter b { display: block; font-size: 1.15em; }

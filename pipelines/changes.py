@@ -58,8 +58,10 @@ class AnswerChanges:
         if hold < 1:
             raise ValueError("hold must be >= 1")
         self.hold = hold
-        self._current: dict[Hashable, tuple[str, float, tuple]] = {}  # key -> (answer, since pts, its answer_key)
-        self._pending: dict[Hashable, tuple[tuple, float, int]] = {}  # key -> (new answer's key, first pts, frames seen)
+        # key -> (answer, since pts, its answer_key)
+        self._current: dict[Hashable, tuple[str, float, tuple]] = {}
+        # key -> (the new answer's answer_key, first pts, frames seen)
+        self._pending: dict[Hashable, tuple[tuple, float, int]] = {}
         self.count = 0
 
     def observe(self, key: Hashable, text: str, pts: float) -> Change | None:
