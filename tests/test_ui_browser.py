@@ -113,6 +113,16 @@ def test_api_captions_a_video_with_downloads(client):
     assert len(table["data"]) >= 3 and {r[2] for r in table["data"]} <= {"yes", "no"}
 
 
+def download(page, button: str, box: str) -> Path:
+    """Click a download button; the file its box then links to, as the browser saved it."""
+    page.click(button)
+    link = page.locator(f"{box} a[download]")
+    link.wait_for(timeout=30_000)
+    with page.expect_download() as got:
+        link.click()
+    return Path(got.value.path())
+
+
 def launch(p, *args):
     if not CHROMIUM:
         pytest.skip("chromium is not installed (the README's test command installs it)")
@@ -172,23 +182,15 @@ def test_live_tab_plays_the_sample_with_captions_chart_and_counters(server, clie
         page.wait_for_function("document.querySelector('#vs-counters') && "
                                "document.querySelector('#vs-counters').innerText.includes('stopped')", timeout=30_000)
         # the session's captions, after Stop too, as a file the page links to
-        page.click("#vs-export")
-        link = page.locator("#vs-export-file a[download]")
-        link.wait_for(timeout=30_000)
-        with page.expect_download() as got:
-            link.click()
-        rows = [json.loads(line) for line in Path(got.value.path()).read_text().splitlines()]
+        got = download(page, "#vs-export", "#vs-export-file")
+        rows = [json.loads(line) for line in got.read_text().splitlines()]
         assert len(rows) >= 10 and {int(r["index"]) for r in rows} >= {int(i) for i in indices}
         assert all(r["text"] and r["timings_ms"]["end_to_end"] > 0 for r in rows)
         # the change pictures at full size, with their answers
-        page.click("#vs-shots-zip")
-        link = page.locator("#vs-shots-zip-file a[download]")
-        link.wait_for(timeout=30_000)
-        with page.expect_download() as got:
-            link.click()
+        got = download(page, "#vs-shots-zip", "#vs-shots-zip-file")
         import zipfile
 
-        with zipfile.ZipFile(got.value.path()) as z:
+        with zipfile.ZipFile(got) as z:
             changes = [json.loads(line) for line in z.read("changes.jsonl").decode().splitlines()]
             assert len(changes) >= 2 and [c["number"] for c in changes] == sorted(c["number"] for c in changes)
             assert all(Image.open(io.BytesIO(z.read(c["file"]))).size == (640, 360) for c in changes)
@@ -265,14 +267,10 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
         newest = page.locator("#vs-cam-shots-box figure.vs-shot").first
         newest.wait_for(timeout=30_000)
         assert newest.locator("figcaption").inner_text().startswith(caption.strip())
-        page.click("#vs-cam-shots-zip")  # at the camera's own size
-        link = page.locator("#vs-cam-shots-zip-file a[download]")
-        link.wait_for(timeout=30_000)
-        with page.expect_download() as got:
-            link.click()
+        got = download(page, "#vs-cam-shots-zip", "#vs-cam-shots-zip-file")  # at the camera's own size
         import zipfile
 
-        with zipfile.ZipFile(got.value.path()) as z:
+        with zipfile.ZipFile(got) as z:
             first = json.loads(z.read("changes.jsonl").decode().splitlines()[0])
             assert Image.open(io.BytesIO(z.read(first["file"]))).size == (320, 240)
         # Record while the camera streams, untick to finish, download: the captioned frames
@@ -282,14 +280,10 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
         page.wait_for_function(f"{index} >= {start + 10}", timeout=60_000)
         page.locator("#vs-cam-record input").uncheck()
         page.wait_for_function(f"{index} >= {start + 13}", timeout=60_000)  # a frame brought the untick
-        page.click("#vs-cam-recording")
-        link = page.locator("#vs-cam-recording-file a[download]")
-        link.wait_for(timeout=30_000)
-        with page.expect_download() as got:
-            link.click()
+        got = download(page, "#vs-cam-recording", "#vs-cam-recording-file")
         import av
 
-        with av.open(got.value.path()) as c:
+        with av.open(str(got)) as c:
             assert sum(1 for _ in c.decode(video=0)) >= 5
         ctx.close()
         browser.close()
