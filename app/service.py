@@ -334,7 +334,8 @@ class Service:
             feeds = [f for f in (self._feeds.get((session, kind)), self._ended.get((session, kind))) if f]
         lines = next((r for r in (f.records() for f in feeds) if r), None)
         if not lines:
-            raise UIError("nothing captioned yet: start a live source first")
+            raise UIError("nothing captioned yet: start a live source first" if kind == "pull" else
+                          "nothing captioned yet: start your camera first")
         path = self.video_job_dir() / "live-captions.jsonl"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return path
@@ -421,6 +422,7 @@ class Service:
         from pipelines.prompts import prompt_key, prompt_label
         from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
         from pipelines.sources import FileSource
+        from engine.errors import EngineClosedError
 
         out_dir.mkdir(parents=True, exist_ok=True)
         with FileSource(path) as src:  # its stream's fields cannot be read once it is closed (av >= 19)
@@ -462,6 +464,9 @@ class Service:
                          on_frame=on_frame, summary=summary, stop=stop)
         except KeyboardInterrupt:  # stopped: the outputs keep every frame finished so far
             cancelled = True
+        except EngineClosedError:  # Settings loaded another model meanwhile (or the server stops)
+            raise UIError(f"the engine was reloaded (Settings) after {summary.frames_captioned} frames: "
+                          "run the job again") from None
         finally:
             src.close()
             for sink in sinks:

@@ -228,8 +228,10 @@ def test_closing_a_tab_cancels_its_requests_and_leaves_other_tabs_running(servic
 
 
 def test_a_live_session_exports_its_captions_even_after_stop(service):
-    with pytest.raises(UIError, match="nothing captioned yet"):
+    with pytest.raises(UIError, match="nothing captioned yet: start a live source"):
         service.export_log("tab-e")
+    with pytest.raises(UIError, match="nothing captioned yet: start your camera"):
+        service.export_log("tab-e", "push")
     feed = service.start_live("tab-e", "cuts_640x360_30fps.mp4", make_task("short"))
     wait_for(lambda: feed.snapshot().counters["completed"] >= 5)
     service.stop_live("tab-e")
@@ -488,6 +490,30 @@ def test_other_viewers_exports_never_remove_a_running_video_jobs_folder(service)
         assert sum(1 for _ in c.decode(video=0)) == 30
     service.video_job_dir()  # done: now it is the oldest, and goes like any other
     assert not job.exists()
+
+def test_a_video_job_cut_short_by_a_model_reload_says_so(tmp_path):
+    import threading
+
+    s = Service(Settings(max_tokens=12, dtype="float32"))
+    try:
+        started, result = threading.Event(), {}
+
+        def job():
+            try:
+                s.caption_video(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), make_task("short"), tmp_path / "job",
+                                on_progress=lambda done, total: started.set())
+            except UIError as e:
+                result["error"] = str(e)
+
+        thread = threading.Thread(target=job)
+        thread.start()
+        assert started.wait(60)
+        assert s.apply(Settings(max_tokens=12, dtype="bfloat16")) == "engine reloaded"  # another viewer, Settings
+        thread.join(60)
+        assert "engine was reloaded" in result["error"] and "run the job again" in result["error"]
+    finally:
+        s.close()
+        s.remove_outputs()
 
 def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
     service.engine()
