@@ -73,6 +73,7 @@ def test_the_same_things_named_in_another_order_are_no_change():
         (1, 0, "a dog and a cat", None, 0.0), (1, 1, "x", None, 0.0),
         (3, 0, "a bird and a dog", "a dog and a cat", 0.2)]
 
+
 def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
     log = tmp_path / "events.jsonl"
     assert main(["live", str(CLIP), "--duration", "6", "--question", "How many shapes are there?",

@@ -193,6 +193,7 @@ def test_grey_and_alpha_arrays_are_read_as_the_rgb_they_show(small_folder, image
         assert ask(np.dstack([images[1], np.full(images[1].shape[:2], 7, np.uint8)])) == ask(images[1])
     _assert_clean(eng)
 
+
 def test_close_with_cancel_finishes_every_handle(small_folder, images):
     eng = _engine(small_folder)
     handles = [eng.submit(images[i % 4], caption="long", params=SamplingParams(max_tokens=200, ignore_eos=True))

@@ -162,6 +162,7 @@ def test_a_double_click_on_start_leaves_one_feed_and_its_recording(service):
             assert sum(1 for _ in c.decode(video=0)) >= 5
     service.close_session("tab-dbl")
 
+
 def test_a_tab_closing_while_its_start_opens_the_source_leaves_no_feed(service, monkeypatch):
     import threading
 
@@ -185,6 +186,7 @@ def test_a_tab_closing_while_its_start_opens_the_source_leaves_no_feed(service, 
     start.join(30)
     assert service.feed("tab-gone") is None
     wait_for(lambda: sum(1 for t in threading.enumerate() if t.name == "vlmstream-feed") == before, timeout=15)
+
 
 def test_a_feed_keeps_only_its_last_change_pictures(service):
     frames = [np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB")), np.zeros((120, 160, 3), np.uint8)]
@@ -491,6 +493,7 @@ def test_other_viewers_exports_never_remove_a_running_video_jobs_folder(service)
     service.video_job_dir()  # done: now it is the oldest, and goes like any other
     assert not job.exists()
 
+
 def test_a_video_job_cut_short_by_a_model_reload_says_so(tmp_path):
     import threading
 
@@ -514,6 +517,7 @@ def test_a_video_job_cut_short_by_a_model_reload_says_so(tmp_path):
     finally:
         s.close()
         s.remove_outputs()
+
 
 def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
     service.engine()
