@@ -519,6 +519,70 @@ def test_a_video_job_cut_short_by_a_model_reload_says_so(tmp_path):
         s.remove_outputs()
 
 
+def test_a_storm_of_viewers_leaves_nothing_running(tmp_path):
+    """Three viewers at once, each doing what a page can, at random (seeded), for a few seconds:
+    Start and Stop, camera frames of changing sizes and prompts, exports, recordings, video jobs
+    and their Cancel, settings, tabs closing. Every call ends with its answer or a UIError, and
+    once the tabs are closed no feed runs and every KV page is free. (Longer storms of this kind
+    found the double Start, the tab closed during a Start and the video folder removed under a
+    job.)"""
+    import random
+    import threading
+
+    s = Service(Settings(max_tokens=8))
+    tasks = [make_task("short"), make_task("question", "How many shapes are there?", "choices", "one,two,three,four")]
+    frames = [np.random.default_rng(i).integers(0, 255, (120 + 40 * i, 160 + 60 * i, 3), dtype=np.uint8)
+              for i in range(3)]
+    clip = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def viewer(seed: int) -> None:
+        rng = random.Random(seed)
+        calls = [
+            lambda t: s.start_live(t, rng.choice(sample_videos()), rng.choice(tasks), record=rng.random() < 0.3),
+            lambda t: s.stop_live(t, rng.choice(["pull", "push"])),
+            lambda t: s.push_frame(t, rng.choice(frames), rng.choice(tasks), record=rng.random() < 0.2),
+            lambda t: s.push_frame(t, rng.choice(frames), rng.choice(tasks)),
+            lambda t: s.export_log(t, rng.choice(["pull", "push"])),
+            lambda t: s.export_shots(t, rng.choice(["pull", "push"])),
+            lambda t: s.recording(t, rng.choice(["pull", "push"])),
+            lambda t: s.close_session(t),
+            lambda t: s.apply(Settings(max_tokens=8, pipelined=rng.random() < 0.7, sticky=rng.choice([0.0, 2.0]))),
+            lambda t: s.caption_video(clip, rng.choice(tasks), s.video_job_dir(), every_n=24, stop=s.video_stop(t)),
+            lambda t: s.cancel_video(t),
+        ]
+        while not stop.is_set():
+            try:
+                rng.choice(calls)(rng.choice(["tab-1", "tab-2"]))
+            except UIError:
+                pass
+            except Exception as e:  # noqa: BLE001 - any other is the failure this test looks for
+                failures.append(f"{type(e).__name__}: {e}")
+            time.sleep(rng.random() * 0.03)
+
+    def running() -> int:
+        return sum(1 for t in threading.enumerate() if t.name in ("vlmstream-feed", "vlmstream-live"))
+
+    before = running()
+    try:
+        viewers = [threading.Thread(target=viewer, args=(seed,)) for seed in range(3)]
+        for v in viewers:
+            v.start()
+        time.sleep(8.0)
+        stop.set()
+        for v in viewers:
+            v.join(60)
+        assert not any(v.is_alive() for v in viewers) and not failures, failures[:3]
+        for tab in ("tab-1", "tab-2"):
+            s.close_session(tab)
+        wait_for(lambda: running() == before, timeout=15)
+        wait_for(lambda: s.engine().stats().kv_pages_in_use == 0, timeout=15)
+    finally:
+        stop.set()
+        s.close()
+        s.remove_outputs()
+
 def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
     service.engine()
     assert service.apply(Settings(max_tokens=12, pipelined=False)) == "settings applied"
