@@ -10,6 +10,7 @@ through the same engine via the pipelines' public functions. Every user mistake 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -326,13 +327,16 @@ class Service:
         for feed in self._feeds.values():
             feed.session.set_max_inflight(share)
 
+    def _feeds_to_export(self, session: str, kind: str) -> list:
+        """The session's running feed of that kind, then the last one it stopped (either may be absent)."""
+        with self._lock:
+            return [f for f in (self._feeds.get((session, kind)), self._ended.get((session, kind))) if f]
+
     def export_log(self, session: str, kind: str = "pull") -> Path:
         """The captions of the session's live feed ("pull": a source, "push": its camera), or of
         the last one it stopped, as a JSONL file among the kept outputs: the last EXPORT_LINES
         answers, one `LiveResult.records` line each."""
-        with self._lock:
-            feeds = [f for f in (self._feeds.get((session, kind)), self._ended.get((session, kind))) if f]
-        lines = next((r for r in (f.records() for f in feeds) if r), None)
+        lines = next((r for r in (f.records() for f in self._feeds_to_export(session, kind)) if r), None)
         if not lines:
             raise UIError("nothing captioned yet: start a live source first" if kind == "pull" else
                           "nothing captioned yet: start your camera first")
@@ -348,9 +352,7 @@ class Service:
         import zipfile
         from datetime import datetime, timezone
 
-        with self._lock:
-            feeds = [f for f in (self._feeds.get((session, kind)), self._ended.get((session, kind))) if f]
-        shots = next((x for x in (f.snapshot().shots for f in feeds) if x), None)
+        shots = next((x for x in (f.snapshot().shots for f in self._feeds_to_export(session, kind)) if x), None)
         if not shots:
             raise UIError("no changes yet: start a live source first" if kind == "pull" else
                           "no changes yet: start your camera first")
@@ -369,14 +371,13 @@ class Service:
     def close_session(self, session: str) -> None:
         self.cancel_video(session)
         with self._lock:
-            starting = self._starting.get(session)
-        if starting is not None:  # a Start still opening its source would install its feed after us
-            with starting:
-                self.stop_live(session)
-        for kind in ("pull", "push"):
-            self.stop_live(session, kind)
-            with self._lock:
-                self._ended.pop((session, kind), None)
+            # a Start still opening its source would install its feed after us: wait for it
+            starting = self._starting.get(session) or contextlib.nullcontext()
+        with starting:
+            for kind in ("pull", "push"):
+                self.stop_live(session, kind)
+                with self._lock:
+                    self._ended.pop((session, kind), None)
         for kind in ("pull", "push"):
             self._drop_recording(session, kind)
         with self._lock:

@@ -68,8 +68,8 @@ class AnswerChanges:
         """The next answer for `key` (a prompt), from the frame at `pts`; the change it makes, if any
         (with this frame's wording of the new answer)."""
         text = text.strip()
-        same = answer_key(text)
         current = self._current.get(key)
+        same = current[2] if current is not None and current[0] == text else answer_key(text)  # mostly a repeat
         if current is not None and current[2] == same:
             self._pending.pop(key, None)  # a flicker that did not hold
             return None
