@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -160,6 +161,11 @@ class TokenizerConfig:
     start_ground_points_id: int = 7
     end_ground_id: int = 9
     templates: Templates = field(default_factory=Templates)
+    # (pattern, replacement) pairs that bring a reworded question to the form the model was
+    # trained on: the first pattern that fully matches the question (lower-cased, spaces
+    # collapsed, end punctuation dropped) gives the question asked. A small model trained on a
+    # fixed grammar (the embedded tiny one) needs them; real Moondream 2 has none.
+    question_rewrites: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,7 +191,7 @@ class ModelConfig:
                 f"({self.prefix_len} tokens)"
             )
         tok = self.tokenizer
-        ids = [getattr(tok, f.name) for f in dataclasses.fields(tok) if f.name != "templates"]
+        ids = [getattr(tok, f.name) for f in dataclasses.fields(tok) if f.name.endswith("_id")]
         ids += [i for t in tok.templates.caption.values() for i in t]
         for tmpl in (tok.templates.query, tok.templates.detect, tok.templates.point):
             ids += list(tmpl.prefix) + list(tmpl.suffix)
@@ -209,12 +215,14 @@ class ModelConfig:
         _reject_unknown(data, {"text", "vision", "region", "tokenizer"}, "config")
         tok = dict(_section(data, "tokenizer"))
         templates = tok.pop("templates", None)
+        rewrites = _rewrites(tok.pop("question_rewrites", []))
         return cls(
             text=_build(TextConfig, _section(data, "text"), "text"),
             vision=_build(VisionConfig, _section(data, "vision"), "vision"),
             region=_build(RegionConfig, _section(data, "region"), "region"),
             tokenizer=dataclasses.replace(
-                _build(TokenizerConfig, tok, "tokenizer"), templates=_templates(templates)
+                _build(TokenizerConfig, tok, "tokenizer"), templates=_templates(templates),
+                question_rewrites=rewrites,
             ),
         )
 
@@ -234,6 +242,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         t = self.tokenizer.templates
         tok = {f.name: getattr(self.tokenizer, f.name) for f in dataclasses.fields(self.tokenizer)}
+        tok["question_rewrites"] = [list(r) for r in self.tokenizer.question_rewrites]
         tok["templates"] = {
             "caption": {k: list(v) for k, v in t.caption.items()},
             **{
@@ -263,7 +272,7 @@ def _reject_unknown(data: Mapping[str, Any], known: set[str], where: str) -> Non
 
 
 def _build(cls: type, data: Mapping[str, Any], where: str):
-    names = {f.name for f in dataclasses.fields(cls) if f.name != "templates"}
+    names = {f.name for f in dataclasses.fields(cls) if f.name not in ("templates", "question_rewrites")}
     _reject_unknown(data, names, where)
     types = {f.name: f.type for f in dataclasses.fields(cls)}
     for key, value in data.items():
@@ -282,6 +291,22 @@ def _ids(value: Any, where: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
         raise ConfigError(f"{where} must be a list of token ids")
     return tuple(value)
+
+
+def _rewrites(data: Any) -> tuple[tuple[str, str], ...]:
+    where = "tokenizer.question_rewrites"
+    if not isinstance(data, list):
+        raise ConfigError(f"{where} must be a list of [pattern, replacement] pairs")
+    out = []
+    for i, pair in enumerate(data):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise ConfigError(f"{where}[{i}] must be a [pattern, replacement] pair of strings")
+        try:
+            re.compile(pair[0]).sub(pair[1], "")  # parses the replacement's group references too
+        except (re.error, IndexError) as e:  # IndexError: a replacement names a group the pattern lacks
+            raise ConfigError(f"{where}[{i}]: {e}") from None
+        out.append((pair[0], pair[1]))
+    return tuple(out)
 
 
 def _templates(data: Any) -> Templates:

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -19,8 +20,10 @@ def test_defaults_are_moondream2():
 
 
 def test_round_trip_and_wrapper(tmp_path):
-    c = ModelConfig.from_dict({"text": {"n_layers": 3}, "tokenizer": {"templates": {"query": {"suffix": [3]}}}})
+    c = ModelConfig.from_dict({"text": {"n_layers": 3}, "tokenizer": {
+        "templates": {"query": {"suffix": [3]}}, "question_rewrites": [["how many (?P<w>cats)", r"How many \g<w>?"]]}})
     assert c.text.n_layers == 3 and c.text.dim == 2048
+    assert c.tokenizer.question_rewrites == (("how many (?P<w>cats)", r"How many \g<w>?"),)
     assert ModelConfig.from_dict(c.to_dict()) == c
     (tmp_path / "config.json").write_text(json.dumps({"config": c.to_dict()}))
     assert read_config(tmp_path) == c
@@ -43,9 +46,13 @@ def test_absent_config_takes_defaults(tmp_path):
     ({"tokenizer": {"templates": {"query": {"prefix": "1 2"}}}}, "query.prefix"),
     ({"tokenizer": {"answer_id": 99999}}, "99999"),
     ({"vision": {"resample": "nearest"}}, "vision.resample"),
+    ({"tokenizer": {"question_rewrites": {"a": "b"}}}, "tokenizer.question_rewrites"),
+    ({"tokenizer": {"question_rewrites": [["a", "b", "c"]]}}, "question_rewrites[0]"),
+    ({"tokenizer": {"question_rewrites": [["a", "b"], ["(unclosed", "b"]]}}, "question_rewrites[1]"),
+    ({"tokenizer": {"question_rewrites": [["(?P<s>star)", r"\g<shape>"]]}}, "question_rewrites[0]"),
 ])
 def test_invalid_configs_name_the_field(data, needle):
-    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
         ModelConfig.from_dict(data)
 
 
