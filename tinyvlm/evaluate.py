@@ -60,6 +60,34 @@ def eval_questions(scene: Scene, rng: np.random.Generator) -> dict[str, tuple[st
     return out
 
 
+# Rewordings of each eval question (format fields: the trained question's shape s, colour c).
+REWORDINGS = {
+    "count": ("How many objects are there?", "how many shapes", "Count the shapes.",
+              "How many things do you see in the image?"),
+    "color": ("What colour is the {s}?", "What is the color of the {s}?", "which color is the {s}",
+              "What colour is that {s} in the picture?"),
+    "shape": ("What shape is the {c} thing?", "What is the shape of the {c} object?", "Which shape is {c}?",
+              "what shape is the {c} one"),
+    "yesno_shape": ("Do you see a {s}?", "Are there any {s}s?", "is there a {s}", "Can you see a {s} in the image?"),
+    "yesno_color_shape": ("Do you see a {c} {s}?", "Are there any {c} {s}s?", "is there a {c} {s}",
+                          "Can you see any {c} {s}s?"),
+    "position": ("Where's the {c} {s}?", "where is the {c} {s} located", "Where is the {c} {s} in the image?"),
+}
+_ASKED = {"count": re.compile(r"How many shapes are there\?"), "color": re.compile(r"What color is the (?P<s>\w+)\?"),
+          "shape": re.compile(r"What shape is the (?P<c>\w+) object\?"),
+          "yesno_shape": re.compile(r"Is there a (?P<s>\w+)\?"),
+          "yesno_color_shape": re.compile(r"Is there a (?P<c>\w+) (?P<s>\w+)\?"),
+          "position": re.compile(r"Where is the (?P<c>\w+) (?P<s>\w+)\?")}
+
+
+def reworded(questions: dict[str, tuple[str, str]], rng: np.random.Generator) -> tuple[str, str, str]:
+    """(kind, reworded question, exact answer) for one of `questions` (eval_questions' output)."""
+    kind = sorted(questions)[int(rng.integers(len(questions)))]
+    q, a = questions[kind]
+    forms = REWORDINGS[kind]
+    return kind, forms[int(rng.integers(len(forms)))].format(**_ASKED[kind].fullmatch(q).groupdict()), a
+
+
 def named(text: str) -> set[tuple[str, str]]:
     return set(_MENTION.findall(text.lower()))
 
@@ -81,8 +109,10 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
             scene = sample_scene(rng)
             ref = engine.encode_image(draw(scene))
             caps = {length: engine.submit(ref, caption=length, params=params) for length in ("short", "normal", "long")}
-            qs = {kind: (q, a, engine.submit(ref, question=q, params=params))
-                  for kind, (q, a) in eval_questions(scene, rng).items()}
+            asked = eval_questions(scene, rng)
+            qs = {kind: (q, a, engine.submit(ref, question=q, params=params)) for kind, (q, a) in asked.items()}
+            _, q, a = reworded(asked, np.random.default_rng([HELDOUT_SEED, i, 1]))
+            qs["reworded"] = (q, a, engine.submit(ref, question=q, params=params))
             ref.release()
             pending.append((scene, caps, qs))
             while len(pending) > 8 or (i == n - 1 and pending):  # bounded in flight, ordered

@@ -29,6 +29,7 @@ from engine.models.vision import sdpa
 from engine.models.weights import PREFIX, random_state_dict, save_weights
 
 from .data import PATCH_COLORS, PATCH_SHAPES, ItemStream
+from .language import QUESTION_REWRITES
 from .tokenizer import build_tokenizer, templates
 
 
@@ -44,7 +45,7 @@ def tiny_config(vocab_size: int, template_ids: dict) -> ModelConfig:
                    "max_crops": 8, "overlap_margin": 1, "resample": "bicubic", "tiling": "fill"},
         "region": {"dim": 192, "coord_feat_dim": 64, "coord_out_dim": 256, "size_feat_dim": 64,
                    "size_out_dim": 512, "inner_dim": 256},
-        "tokenizer": {"templates": template_ids},
+        "tokenizer": {"templates": template_ids, "question_rewrites": [list(r) for r in QUESTION_REWRITES]},
     })
 
 
