@@ -23,6 +23,7 @@ from app.prompt_args import prompt_tasks
 def run(args: argparse.Namespace) -> int:
     from engine.errors import ImageError
     from engine.models.loader import load_model
+    from engine.models.prompt import asked_question
     from engine.reference import ReferenceDecoder
     from engine.types import SamplingParams
     from pipelines.image_file import check_image, read_image
@@ -43,9 +44,12 @@ def run(args: argparse.Namespace) -> int:
         out.write(piece)
         out.flush()
 
+    # What the model was asked, where its config rewords the question (the tiny model's does).
+    asked = {} if "question" not in task else {"asked": asked_question(loaded.config, task["question"])}
+
     def record(result) -> dict:
         return {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-                "timings_ms": result.timings.as_dict(), "model": args.model, "device": str(loaded.device),
+                **asked, "timings_ms": result.timings.as_dict(), "model": args.model, "device": str(loaded.device),
                 "dtype": str(loaded.dtype).removeprefix("torch."), "seed": result.seed, "load_ms": round(load_ms, 3)}
 
     if one:

@@ -34,7 +34,14 @@ def test_json_output_on_the_sample_image(capsys):
     assert all(isinstance(t, int) for t in r["token_ids"]) and 0 not in r["token_ids"]
     assert len(r["token_ids"]) <= 8
     assert set(r["timings_ms"]) == {"preprocess", "vision", "prefill", "decode", "total"}
-    assert r["timings_ms"]["total"] > 0
+    assert r["timings_ms"]["total"] > 0 and "asked" not in r  # a caption is asked no question
+
+
+def test_a_reworded_question_says_what_the_model_was_asked(capsys):
+    r = run_json(capsys, SCENE, "--question", "what colour is the circle", "--max-tokens", "4")
+    assert r["asked"] == "What color is the circle?"
+    trained = run_json(capsys, SCENE, "--question", "What color is the circle?", "--max-tokens", "4")
+    assert r["token_ids"] == trained["token_ids"] and trained["asked"] == "What color is the circle?"
 
 
 def test_cli_equals_the_reference_decoder(capsys, small_folder):
