@@ -53,67 +53,6 @@ def sample_videos() -> list[str]:
     return sorted(p.name for p in SAMPLES_DIR.glob("*.mp4"))
 
 
-def make_task(kind: str, question: str = "", constraint_kind: str = "none",
-              constraint_text: str = "") -> dict | list[dict]:
-    """Keyword arguments for `Engine.submit`: kind 'short' | 'normal' | 'long' (a caption) or
-    'question', plus an optional constraint (see `make_constraint`). Several questions, one a
-    line, give one task each (asked together about every frame, the constraint on each). A
-    question may carry its own constraint after its question mark (`inline_constraint`), which
-    then replaces the form's for it."""
-    if kind == "question":
-        lines = [q.strip() for q in (question or "").splitlines() if q.strip()]
-        if not lines:
-            raise UIError("the question is empty")
-        tasks = [inline_constraint(q) for q in lines]
-        if len({t["question"] for t in tasks}) != len(tasks):
-            raise UIError("a question is asked twice")
-    elif kind in ("short", "normal", "long"):
-        tasks = [{"caption": kind}]
-    else:
-        raise UIError(f"unknown prompt {kind!r}")
-    constraint = make_constraint(constraint_kind, constraint_text or "")
-    if constraint is not None:
-        for t in tasks:
-            t.setdefault("constraint", constraint)
-    return tasks[0] if len(tasks) == 1 else tasks
-
-
-def inline_constraint(line: str) -> dict:
-    """One question line: `Is the door open? [yes, no]` (choices) or `How many people? /[0-9]+/`
-    (a regex) carry their own constraint after the question mark; any other line is the question
-    alone."""
-    for i, c in enumerate(line):
-        if c != "?":
-            continue
-        rest = line[i + 1:].strip()
-        if len(rest) >= 2 and (rest[0], rest[-1]) in (("[", "]"), ("/", "/")):
-            text = rest[1:-1]
-            return {"question": line[:i + 1].strip(),
-                    "constraint": make_constraint("choices" if rest[0] == "[" else "regex", text)}
-    return {"question": line}
-
-
-def make_constraint(kind: str, text: str):
-    """kind: 'none' | 'choices' (comma or newline separated) | 'regex' | 'json schema'."""
-    from engine import Choice, JsonSchema, Regex
-
-    if kind in ("none", "", None):
-        return None
-    if not text.strip():
-        raise UIError(f"the {kind} constraint is empty")
-    if kind == "choices":
-        options = [o.strip() for o in text.replace("\n", ",").split(",") if o.strip()]
-        return Choice(options)
-    if kind == "regex":
-        return Regex(text)
-    if kind == "json schema":
-        try:
-            return JsonSchema(json.loads(text))
-        except json.JSONDecodeError as e:
-            raise UIError(f"the JSON schema is not valid JSON: {e.msg} (line {e.lineno})") from None
-    raise UIError(f"unknown constraint kind {kind!r}")
-
-
 class Service:
     def __init__(self, settings: Settings = Settings()):
         self.settings = settings
@@ -418,67 +357,15 @@ class Service:
     def _caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int,
                        on_progress: Callable[[int, int | None], None] | None, stop: threading.Event | None,
                        changes: bool) -> dict:
-        from pipelines.batch import BatchSummary, Sampling, caption_file
-        from pipelines.changes import AnswerChanges, ChangedAnswersSink
-        from pipelines.prompts import prompt_key, prompt_label
-        from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
-        from pipelines.sources import FileSource
-        from engine.errors import EngineClosedError
+        from app.video_job import run_video_job
 
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with FileSource(path) as src:  # its stream's fields cannot be read once it is closed (av >= 19)
-            total, fps = src.frame_count, src.fps
-            first = next(src.frames(), None)
-        if first is None:
-            raise UIError("the video has no frames")
-        duration = every_n / (fps or 30.0)
-        paths = {"jsonl": out_dir / "captions.jsonl", "srt": out_dir / "captions.srt",
-                 "vtt": out_dir / "captions.vtt", "mp4": out_dir / "annotated.mp4"}
-        paths["jsonl"].unlink(missing_ok=True)
-        jsonl = JsonlSink(paths["jsonl"])
-        sinks = [ChangedAnswersSink(jsonl) if changes else jsonl, SubtitleSink(paths["srt"], "srt", duration),
-                 SubtitleSink(paths["vtt"], "vtt", duration),
-                 AnnotatedVideoSink(paths["mp4"], first.rgb.shape[1], first.rgb.shape[0])]
-        rows: list[dict] = []
-        several = isinstance(task, list)
-        tracker = AnswerChanges() if changes else None
-        answers = [0]
-
-        def on_frame(r) -> None:
-            asked = f"{prompt_label(r.prompt)}: " if several else ""
-            answers[0] += 1
-            if tracker is None:
-                rows.append({"index": r.index, "pts": r.pts, "text": asked + r.text.strip(),
-                             "ms": round(r.timings_ms.get("total", 0.0), 1)})
-            elif (c := tracker.observe(prompt_key(r.prompt), r.text, r.pts)) is not None:
-                was = "" if c.previous is None else f"  (was: {c.previous})"
-                rows.append({"index": r.index, "pts": r.pts, "text": asked + c.text + was,
-                             "ms": round(r.timings_ms.get("total", 0.0), 1)})
-            if on_progress:
-                on_progress(answers[0] // (len(task) if several else 1) * every_n, total)
-
-        summary = BatchSummary()
-        src = FileSource(path)
-        cancelled = False
         try:
-            caption_file(self.engine(), src, sinks, task, self.params(), Sampling(every_n=every_n),
-                         on_frame=on_frame, summary=summary, stop=stop)
-        except KeyboardInterrupt:  # stopped: the outputs keep every frame finished so far
-            cancelled = True
-        except EngineClosedError:  # Settings loaded another model meanwhile (or the server stops)
-            raise UIError(f"the engine was reloaded (Settings) after {summary.frames_captioned} frames: "
-                          "run the job again") from None
+            return run_video_job(self.engine(), self.params(), path, task, out_dir, every_n, on_progress, stop,
+                                 changes)
         finally:
-            src.close()
-            for sink in sinks:
-                sink.close()
             with self._lock:  # the job is over: a later Cancel has nothing to stop
                 for session in [k for k, v in self._video_stops.items() if v is stop]:
                     del self._video_stops[session]
-        speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
-        return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
-                "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
-                "x_real_time": round(speed, 2), "warnings": summary.errors, "cancelled": cancelled}
 
     def video_stop(self, session: str) -> threading.Event:
         """A new video job's stop flag for a session (Cancel, or the tab closing, sets it)."""

@@ -10,7 +10,8 @@ import argparse
 import os
 import time
 
-from app.service import RECORD_MAX_S, Service, Settings, UIError, make_task, sample_videos
+from app.service import RECORD_MAX_S, Service, Settings, UIError, sample_videos
+from app.task import make_task
 
 PAGE_HZ = 12.0  # frame + caption updates per second pushed to a watching page (at most)
 SLOW_HZ = 2.0  # chart, counters and log

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 import pipelines.live
-from app.service import SAMPLES_DIR, Service, make_task
+from app.service import SAMPLES_DIR, Service
+from app.task import make_task
 from engine.device import keep_freed_memory
 
 torch.set_num_threads(1)

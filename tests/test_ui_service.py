@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.service import SAMPLES_DIR, Service, Settings, UIError, make_constraint, make_task, sample_videos
+from app.service import SAMPLES_DIR, Service, Settings, UIError, sample_videos
+from app.task import make_constraint, make_task
 from app.view import chart_svg, counters_html, frame_html, log_text, shots_html
 from engine import Choice, JsonSchema, Regex, SamplingParams, VlmstreamError
 from pipelines.feed import SHOT_WIDTH, LatencyPoint, LiveFeed, Shot, extend_log

@@ -1,0 +1,77 @@
+"""One video file captioned for the web UI: the outputs a user downloads (JSONL, SRT, WebVTT,
+annotated MP4), the rows the page shows, and the job's figures. Errors a user can cause are UIError."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+from app.service import UIError
+
+
+def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
+                  on_progress: Callable[[int, int | None], None] | None = None,
+                  stop: threading.Event | None = None, changes: bool = False) -> dict:
+    """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns the rows
+    shown (index, pts, text, ms), the paths and the job's figures. Setting `stop` ends the job at
+    its next frame with what is done ("cancelled": True); with `changes`, the rows and the JSONL
+    hold only the answers that changed (`video --changes`)."""
+    from engine.errors import EngineClosedError
+    from pipelines.batch import BatchSummary, Sampling, caption_file
+    from pipelines.changes import AnswerChanges, ChangedAnswersSink
+    from pipelines.prompts import prompt_key, prompt_label
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
+    from pipelines.sources import FileSource
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with FileSource(path) as src:  # its stream's fields cannot be read once it is closed (av >= 19)
+        total, fps = src.frame_count, src.fps
+        first = next(src.frames(), None)
+    if first is None:
+        raise UIError("the video has no frames")
+    duration = every_n / (fps or 30.0)
+    paths = {"jsonl": out_dir / "captions.jsonl", "srt": out_dir / "captions.srt",
+             "vtt": out_dir / "captions.vtt", "mp4": out_dir / "annotated.mp4"}
+    paths["jsonl"].unlink(missing_ok=True)
+    jsonl = JsonlSink(paths["jsonl"])
+    sinks = [ChangedAnswersSink(jsonl) if changes else jsonl, SubtitleSink(paths["srt"], "srt", duration),
+             SubtitleSink(paths["vtt"], "vtt", duration),
+             AnnotatedVideoSink(paths["mp4"], first.rgb.shape[1], first.rgb.shape[0])]
+    rows: list[dict] = []
+    several = isinstance(task, list)
+    tracker = AnswerChanges() if changes else None
+    answers = [0]
+
+    def on_frame(r) -> None:
+        asked = f"{prompt_label(r.prompt)}: " if several else ""
+        answers[0] += 1
+        if tracker is None:
+            rows.append({"index": r.index, "pts": r.pts, "text": asked + r.text.strip(),
+                         "ms": round(r.timings_ms.get("total", 0.0), 1)})
+        elif (c := tracker.observe(prompt_key(r.prompt), r.text, r.pts)) is not None:
+            was = "" if c.previous is None else f"  (was: {c.previous})"
+            rows.append({"index": r.index, "pts": r.pts, "text": asked + c.text + was,
+                         "ms": round(r.timings_ms.get("total", 0.0), 1)})
+        if on_progress:
+            on_progress(answers[0] // (len(task) if several else 1) * every_n, total)
+
+    summary = BatchSummary()
+    src = FileSource(path)
+    cancelled = False
+    try:
+        caption_file(engine, src, sinks, task, params, Sampling(every_n=every_n),
+                     on_frame=on_frame, summary=summary, stop=stop)
+    except KeyboardInterrupt:  # stopped: the outputs keep every frame finished so far
+        cancelled = True
+    except EngineClosedError:  # Settings loaded another model meanwhile (or the server stops)
+        raise UIError(f"the engine was reloaded (Settings) after {summary.frames_captioned} frames: "
+                      "run the job again") from None
+    finally:
+        src.close()
+        for sink in sinks:
+            sink.close()
+    speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
+    return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
+            "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
+            "x_real_time": round(speed, 2), "warnings": summary.errors, "cancelled": cancelled}
