@@ -190,12 +190,20 @@ def test_a_run_continues_from_a_weights_folder_and_may_change_the_tiling(tmp_pat
     from engine.models.loader import TINY_DIR
     from tinyvlm.train import TrainConfig, train
 
-    cfg = TrainConfig(out=tmp_path / "c", init=TINY_DIR, steps=2, batch_size=2, warmup=1, processes=1,
+    from tinyvlm.language import QUESTION_REWRITES
+
+    before = tmp_path / "before"  # a folder written before configs carried question rewrites
+    shutil.copytree(TINY_DIR, before)
+    config = json.loads((before / "config.json").read_text())
+    del config["tokenizer"]["question_rewrites"]
+    (before / "config.json").write_text(json.dumps(config))
+    cfg = TrainConfig(out=tmp_path / "c", init=before, steps=2, batch_size=2, warmup=1, processes=1,
                       vision_share=0.0, lr=1e-6, first_item=10 ** 6, tiling="moondream")
     report = train(cfg, progress=False)
     rows = list(csv.DictReader(open(cfg.out / "loss.csv")))
     assert report["steps"] == 2 and all(float(r["loss"]) < 1.0 for r in rows)
-    assert load_model(str(cfg.out)).config.vision.tiling == "moondream"
+    continued = load_model(str(cfg.out)).config
+    assert continued.vision.tiling == "moondream" and continued.tokenizer.question_rewrites == QUESTION_REWRITES
 
     other = tmp_path / "other"
     shutil.copytree(TINY_DIR, other)

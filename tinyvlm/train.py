@@ -223,6 +223,7 @@ def _read_init(folder: Path, cfg: TrainConfig, tok: Tokenizer) -> dict[str, torc
     def layout(c: ModelConfig) -> dict:
         d = c.to_dict()
         d["vision"].pop("tiling")  # a run may change the tiling: the weights are the same shapes
+        d["tokenizer"].pop("question_rewrites")  # not weights (folders written before them have none)
         return d
 
     if layout(read_config(folder)) != layout(_config(tok, cfg)):
