@@ -26,7 +26,7 @@ def _question_rewrites() -> tuple[tuple[str, str], ...]:
     things = "(?:shapes|objects|things|items|figures)"
     thing = "(?: (?:object|thing|shape|one|item|figure))?"
     colour = "colou?r"
-    see = "(?:is there|are there|do you see|can you see|is there any)"
+    see = "(?:is there|are there|do you see|can you see)"
     some = "(?:a|an|any|some|one)"
     how_many = "How many shapes are there?"
     return (
