@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_sampling_args(img)
     img.add_argument("--json", action="store_true",
                      help="print one JSON object: text, token_ids, finish_reason, timings_ms, "
-                          "asked (the question as the model was asked it) (several images: "
+                          "asked (for a question: what the model was asked, {\"question\": ...} or {\"caption\": length}) (several images: "
                           "one a line, with an 'image' field)")
     img.set_defaults(func=_lazy("app.image"))
 

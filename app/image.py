@@ -23,7 +23,7 @@ from app.prompt_args import prompt_tasks
 def run(args: argparse.Namespace) -> int:
     from engine.errors import ImageError
     from engine.models.loader import load_model
-    from engine.models.prompt import asked_question
+    from engine.models.prompt import asked_prompt
     from engine.reference import ReferenceDecoder
     from engine.types import SamplingParams
     from pipelines.image_file import check_image, read_image
@@ -44,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
         out.write(piece)
         out.flush()
 
-    # What the model was asked, where its config rewords the question (the tiny model's does).
-    asked = {} if "question" not in task else {"asked": asked_question(loaded.config, task["question"])}
+    # What the model was asked, where its config rewords the question (the tiny model's does):
+    # {"question": ...}, or {"caption": length} for a question that asks for a description.
+    asked = {} if "question" not in task else {"asked": asked_prompt(loaded.config, task["question"])}
 
     def record(result) -> dict:
         return {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,

@@ -166,6 +166,9 @@ class TokenizerConfig:
     # collapsed, end punctuation dropped) gives the question asked. A small model trained on a
     # fixed grammar (the embedded tiny one) needs them; real Moondream 2 has none.
     question_rewrites: tuple[tuple[str, str], ...] = ()
+    # (pattern, caption length) pairs, matched the same way before the question rewrites: a
+    # question that asks for a description ("What do you see?") gets that caption.
+    caption_rewrites: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,14 +218,15 @@ class ModelConfig:
         _reject_unknown(data, {"text", "vision", "region", "tokenizer"}, "config")
         tok = dict(_section(data, "tokenizer"))
         templates = tok.pop("templates", None)
-        rewrites = _rewrites(tok.pop("question_rewrites", []))
+        rewrites = _rewrites(tok.pop("question_rewrites", []), "question_rewrites")
+        captions = _rewrites(tok.pop("caption_rewrites", []), "caption_rewrites", CAPTION_LENGTHS)
         return cls(
             text=_build(TextConfig, _section(data, "text"), "text"),
             vision=_build(VisionConfig, _section(data, "vision"), "vision"),
             region=_build(RegionConfig, _section(data, "region"), "region"),
             tokenizer=dataclasses.replace(
                 _build(TokenizerConfig, tok, "tokenizer"), templates=_templates(templates),
-                question_rewrites=rewrites,
+                question_rewrites=rewrites, caption_rewrites=captions,
             ),
         )
 
@@ -242,7 +246,8 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         t = self.tokenizer.templates
         tok = {f.name: getattr(self.tokenizer, f.name) for f in dataclasses.fields(self.tokenizer)}
-        tok["question_rewrites"] = [list(r) for r in self.tokenizer.question_rewrites]
+        for name in ("question_rewrites", "caption_rewrites"):
+            tok[name] = [list(r) for r in getattr(self.tokenizer, name)]
         tok["templates"] = {
             "caption": {k: list(v) for k, v in t.caption.items()},
             **{
@@ -272,7 +277,8 @@ def _reject_unknown(data: Mapping[str, Any], known: set[str], where: str) -> Non
 
 
 def _build(cls: type, data: Mapping[str, Any], where: str):
-    names = {f.name for f in dataclasses.fields(cls) if f.name not in ("templates", "question_rewrites")}
+    names = {f.name for f in dataclasses.fields(cls) if f.name not in ("templates", "question_rewrites",
+                                                                        "caption_rewrites")}
     _reject_unknown(data, names, where)
     types = {f.name: f.type for f in dataclasses.fields(cls)}
     for key, value in data.items():
@@ -293,16 +299,19 @@ def _ids(value: Any, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _rewrites(data: Any) -> tuple[tuple[str, str], ...]:
-    where = "tokenizer.question_rewrites"
+def _rewrites(data: Any, name: str, targets: tuple[str, ...] | None = None) -> tuple[tuple[str, str], ...]:
+    """[pattern, replacement] pairs; with `targets`, the replacement is one of them (not a template)."""
+    where = f"tokenizer.{name}"
     if not isinstance(data, list):
         raise ConfigError(f"{where} must be a list of [pattern, replacement] pairs")
     out = []
     for i, pair in enumerate(data):
         if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
             raise ConfigError(f"{where}[{i}] must be a [pattern, replacement] pair of strings")
+        if targets is not None and pair[1] not in targets:
+            raise ConfigError(f"{where}[{i}]: {pair[1]!r} is not one of {', '.join(targets)}")
         try:
-            re.compile(pair[0]).sub(pair[1], "")  # parses the replacement's group references too
+            re.compile(pair[0]).sub(pair[1] if targets is None else "", "")  # parses group references too
         except (re.error, IndexError) as e:  # IndexError: a replacement names a group the pattern lacks
             raise ConfigError(f"{where}[{i}]: {e}") from None
         out.append((pair[0], pair[1]))

@@ -39,9 +39,12 @@ def test_json_output_on_the_sample_image(capsys):
 
 def test_a_reworded_question_says_what_the_model_was_asked(capsys):
     r = run_json(capsys, SCENE, "--question", "what colour is the circle", "--max-tokens", "4")
-    assert r["asked"] == "What color is the circle?"
+    assert r["asked"] == {"question": "What color is the circle?"}
     trained = run_json(capsys, SCENE, "--question", "What color is the circle?", "--max-tokens", "4")
-    assert r["token_ids"] == trained["token_ids"] and trained["asked"] == "What color is the circle?"
+    assert r["token_ids"] == trained["token_ids"] and trained["asked"] == {"question": "What color is the circle?"}
+    seen = run_json(capsys, SCENE, "--question", "What do you see?", "--max-tokens", "40")
+    assert seen["asked"] == {"caption": "normal"}
+    assert seen["token_ids"] == run_json(capsys, SCENE, "--caption", "normal", "--max-tokens", "40")["token_ids"]
 
 
 def test_cli_equals_the_reference_decoder(capsys, small_folder):

@@ -24,6 +24,9 @@ def test_round_trip_and_wrapper(tmp_path):
         "templates": {"query": {"suffix": [3]}}, "question_rewrites": [["how many (?P<w>cats)", r"How many \g<w>?"]]}})
     assert c.text.n_layers == 3 and c.text.dim == 2048
     assert c.tokenizer.question_rewrites == (("how many (?P<w>cats)", r"How many \g<w>?"),)
+    c = ModelConfig.from_dict({**c.to_dict(), "tokenizer": {**c.to_dict()["tokenizer"],
+                                                            "caption_rewrites": [["describe it", "long"]]}})
+    assert c.tokenizer.caption_rewrites == (("describe it", "long"),)
     assert ModelConfig.from_dict(c.to_dict()) == c
     (tmp_path / "config.json").write_text(json.dumps({"config": c.to_dict()}))
     assert read_config(tmp_path) == c
@@ -50,6 +53,8 @@ def test_absent_config_takes_defaults(tmp_path):
     ({"tokenizer": {"question_rewrites": [["a", "b", "c"]]}}, "question_rewrites[0]"),
     ({"tokenizer": {"question_rewrites": [["a", "b"], ["(unclosed", "b"]]}}, "question_rewrites[1]"),
     ({"tokenizer": {"question_rewrites": [["(?P<s>star)", r"\g<shape>"]]}}, "question_rewrites[0]"),
+    ({"tokenizer": {"caption_rewrites": [["describe it", "medium"]]}}, "caption_rewrites[0]: 'medium'"),
+    ({"tokenizer": {"caption_rewrites": [["describe (it", "long"]]}}, "caption_rewrites[0]"),
 ])
 def test_invalid_configs_name_the_field(data, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):

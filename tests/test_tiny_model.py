@@ -10,11 +10,11 @@ import pytest
 
 from engine import Engine
 from engine.models.loader import TINY_DIR, load_model, read_config
-from engine.models.prompt import asked_question
+from engine.models.prompt import asked_prompt
 from engine.reference import ReferenceDecoder
 from engine.types import SamplingParams
 from tinyvlm.evaluate import REWORDINGS, eval_questions, evaluate, reworded
-from tinyvlm.language import QUESTION_REWRITES, questions
+from tinyvlm.language import CAPTION_REWRITES, QUESTION_REWRITES, questions
 from tinyvlm.world import render, sample_scene
 
 FLOORS = {
@@ -66,12 +66,13 @@ def test_accuracy_carries_over_to_a_second_renderer():
 
 def test_the_trained_questions_are_asked_as_they_are():
     config = read_config(TINY_DIR)
-    assert config.tokenizer.question_rewrites == QUESTION_REWRITES  # the shipped config is train-tiny's
+    tok = config.tokenizer  # the shipped config is train-tiny's
+    assert tok.question_rewrites == QUESTION_REWRITES and tok.caption_rewrites == CAPTION_REWRITES
     for i in range(300):
         rng = np.random.default_rng([5, i])
         scene = sample_scene(rng)
         for q, _ in questions(scene, rng, k=20) + list(eval_questions(scene, rng).values()):
-            assert asked_question(config, q) == q
+            assert asked_prompt(config, q) == {"question": q}
 
 
 @pytest.mark.parametrize("asked, trained", [
@@ -90,9 +91,20 @@ def test_the_trained_questions_are_asked_as_they_are():
     ("Is there a dog?", "Is there a dog?"),
     ("where is the CIRCLE", "where is the CIRCLE"),
     ("What shape is the red circle?", "What shape is the red circle?"),
+    ("What is this?", "What is this?"),
 ])
 def test_rewordings_reach_the_trained_forms(asked, trained):
-    assert asked_question(read_config(TINY_DIR), asked) == trained
+    assert asked_prompt(read_config(TINY_DIR), asked) == {"question": trained}
+
+
+@pytest.mark.parametrize("asked, length", [
+    ("What is in the image?", "normal"), ("Describe this picture.", "normal"), ("what do you see", "normal"),
+    ("What can you see in the frame?", "normal"), ("Give me a caption.", "normal"),
+    ("Describe the image in detail.", "long"), ("Describe the scene briefly", "short"),
+    ("What shapes are there?", "short"), ("Which objects do you see?", "short"),
+])
+def test_questions_that_ask_for_a_description_get_a_caption(asked, length):
+    assert asked_prompt(read_config(TINY_DIR), asked) == {"caption": length}
 
 
 def test_every_eval_rewording_reaches_its_trained_question():
@@ -103,7 +115,7 @@ def test_every_eval_rewording_reaches_its_trained_question():
         asked = eval_questions(sample_scene(rng), rng)
         kind, q, _ = reworded(asked, rng)
         seen.add(kind)
-        assert q != asked[kind][0] and asked_question(config, q) == asked[kind][0], (kind, q)
+        assert q != asked[kind][0] and asked_prompt(config, q) == {"question": asked[kind][0]}, (kind, q)
     assert seen == set(REWORDINGS)
 
 
@@ -116,7 +128,10 @@ def test_a_reworded_question_gets_the_trained_answer():
                  ("Where is the yellow triangle?", "Where's the yellow triangle located?")]
         outs = [(engine.submit(rgb, question=a).result(timeout=60), engine.submit(rgb, question=b).result(timeout=60))
                 for a, b in pairs]
+        described = engine.submit(rgb, question="What do you see?").result(timeout=60)
     assert [a.text for a, _ in outs] == ["yellow", "yes", "top center"]
     assert all(a.token_ids == b.token_ids for a, b in outs)
+    assert described.text == "a yellow triangle in the top center"  # the normal caption (test above)
     decoder = ReferenceDecoder(load_model("tiny"))
     assert decoder.generate(rgb, question="what colour is the triangle").text == "yellow"
+    assert decoder.generate(rgb, question="Describe the image.").text == "a yellow triangle in the top center"

@@ -190,12 +190,12 @@ def test_a_run_continues_from_a_weights_folder_and_may_change_the_tiling(tmp_pat
     from engine.models.loader import TINY_DIR
     from tinyvlm.train import TrainConfig, train
 
-    from tinyvlm.language import QUESTION_REWRITES
+    from tinyvlm.language import CAPTION_REWRITES, QUESTION_REWRITES
 
     before = tmp_path / "before"  # a folder written before configs carried question rewrites
     shutil.copytree(TINY_DIR, before)
     config = json.loads((before / "config.json").read_text())
-    del config["tokenizer"]["question_rewrites"]
+    del config["tokenizer"]["question_rewrites"], config["tokenizer"]["caption_rewrites"]
     (before / "config.json").write_text(json.dumps(config))
     cfg = TrainConfig(out=tmp_path / "c", init=before, steps=2, batch_size=2, warmup=1, processes=1,
                       vision_share=0.0, lr=1e-6, first_item=10 ** 6, tiling="moondream")
@@ -204,6 +204,7 @@ def test_a_run_continues_from_a_weights_folder_and_may_change_the_tiling(tmp_pat
     assert report["steps"] == 2 and all(float(r["loss"]) < 1.0 for r in rows)
     continued = load_model(str(cfg.out)).config
     assert continued.vision.tiling == "moondream" and continued.tokenizer.question_rewrites == QUESTION_REWRITES
+    assert continued.tokenizer.caption_rewrites == CAPTION_REWRITES
 
     other = tmp_path / "other"
     shutil.copytree(TINY_DIR, other)

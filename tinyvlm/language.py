@@ -51,6 +51,24 @@ def _question_rewrites() -> tuple[tuple[str, str], ...]:
 QUESTION_REWRITES = _question_rewrites()
 
 
+def _caption_rewrites() -> tuple[tuple[str, str], ...]:
+    """Questions that ask what the frame shows, answered by a caption (the model was trained on
+    none: "What is in the image?" got "top left", "Describe the image." got "yes")."""
+    image = "(?:the|this) (?:image|picture|photo|frame|scene|video)"
+    there = f"(?: (?:in|on) {image}| there)?"
+    return (
+        (f"(?:describe|caption) {image}(?: in (?:detail|full)| fully)", "long"),
+        (f"(?:describe|caption) {image}(?: briefly| in (?:short|brief|a few words))", "short"),
+        (f"(?:describe|caption) {image}|(?:give|write) (?:me )?a (?:caption|description)(?: of {image})?", "normal"),
+        (f"what(?: is|'s) (?:in|on) {image}|what (?:do|can) you see{there}|what(?: is|'s) (?:shown|visible)(?: in {image})?",
+         "normal"),
+        (f"(?:what|which) (?:shapes|objects|things) (?:are|do you see|can you see){there}", "short"),
+    )
+
+
+CAPTION_REWRITES = _caption_rewrites()
+
+
 def _join(parts: list[str]) -> str:
     if len(parts) == 1:
         return parts[0]

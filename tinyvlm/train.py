@@ -29,7 +29,7 @@ from engine.models.vision import sdpa
 from engine.models.weights import PREFIX, random_state_dict, save_weights
 
 from .data import PATCH_COLORS, PATCH_SHAPES, ItemStream
-from .language import QUESTION_REWRITES
+from .language import CAPTION_REWRITES, QUESTION_REWRITES
 from .tokenizer import build_tokenizer, templates
 
 
@@ -45,7 +45,8 @@ def tiny_config(vocab_size: int, template_ids: dict) -> ModelConfig:
                    "max_crops": 8, "overlap_margin": 1, "resample": "bicubic", "tiling": "fill"},
         "region": {"dim": 192, "coord_feat_dim": 64, "coord_out_dim": 256, "size_feat_dim": 64,
                    "size_out_dim": 512, "inner_dim": 256},
-        "tokenizer": {"templates": template_ids, "question_rewrites": [list(r) for r in QUESTION_REWRITES]},
+        "tokenizer": {"templates": template_ids, "question_rewrites": [list(r) for r in QUESTION_REWRITES],
+                      "caption_rewrites": [list(r) for r in CAPTION_REWRITES]},
     })
 
 
@@ -223,7 +224,8 @@ def _read_init(folder: Path, cfg: TrainConfig, tok: Tokenizer) -> dict[str, torc
     def layout(c: ModelConfig) -> dict:
         d = c.to_dict()
         d["vision"].pop("tiling")  # a run may change the tiling: the weights are the same shapes
-        d["tokenizer"].pop("question_rewrites")  # not weights (folders written before them have none)
+        for name in ("question_rewrites", "caption_rewrites"):  # not weights (older folders have none)
+            d["tokenizer"].pop(name)
         return d
 
     if layout(read_config(folder)) != layout(_config(tok, cfg)):

@@ -1,8 +1,9 @@
 """Prompt token ids for the supported tasks, from the config's templates.
 
 caption(length): the caption template. query(question): prefix + tokens(question) + suffix +
-suffix (the answer marker appears twice, as the released Moondream 2 was trained), the
-question first brought to the model's trained wording by its config's `question_rewrites`.
+suffix (the answer marker appears twice, as the released Moondream 2 was trained). A question
+first goes through the config's rewrites (`asked_prompt`): one that asks for a description may
+become a caption, another may be brought to the model's trained wording.
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ def prompt_ids(
 ) -> list[int]:
     if (caption is None) == (question is None):
         raise RequestError("give exactly one of caption (short|normal|long) or question")
+    if question is not None:
+        if not isinstance(question, str) or not question.strip():
+            raise RequestError("the question is empty")
+        asked = asked_prompt(config, question)
+        caption, question = asked.get("caption"), asked.get("question")
     templates = config.tokenizer.templates
     if caption is not None:
         if caption not in CAPTION_LENGTHS:
             raise RequestError(f"caption length must be one of {', '.join(CAPTION_LENGTHS)}, got {caption!r}")
         return list(templates.caption[caption])
-    if not isinstance(question, str) or not question.strip():
-        raise RequestError("the question is empty")
     q = templates.query
-    question = asked_question(config, question)
     ids = list(q.prefix) + tokenizer.encode(question) + list(q.suffix) + list(q.suffix)
     too_big = [i for i in ids if i >= config.text.vocab_size]
     if too_big:
@@ -38,18 +41,23 @@ def prompt_ids(
     return ids
 
 
-def asked_question(config: ModelConfig, question: str) -> str:
-    """The question the model is asked: the first of the config's rewrites that fully matches it
-    (in lower case, spaces collapsed, end punctuation dropped), else the question as given."""
-    rewrites = config.tokenizer.question_rewrites
-    if not rewrites:
-        return question
+def asked_prompt(config: ModelConfig, question: str) -> dict[str, str]:
+    """What the model is asked for a question: {"caption": length} where one of the config's
+    caption rewrites fully matches it, else {"question": the first question rewrite's form, or
+    the question as given}. Patterns match the question in lower case, spaces collapsed, end
+    punctuation dropped."""
+    tok = config.tokenizer
+    if not (tok.caption_rewrites or tok.question_rewrites):
+        return {"question": question}
     text = " ".join(question.split()).rstrip(" ?.!").lower()
-    for pattern, replacement in _compiled(rewrites):
+    for pattern, length in _compiled(tok.caption_rewrites):
+        if pattern.fullmatch(text):
+            return {"caption": length}
+    for pattern, replacement in _compiled(tok.question_rewrites):
         m = pattern.fullmatch(text)
         if m:
-            return m.expand(replacement)
-    return question
+            return {"question": m.expand(replacement)}
+    return {"question": question}
 
 
 @functools.lru_cache(maxsize=8)
