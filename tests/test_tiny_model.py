@@ -87,6 +87,7 @@ def test_the_trained_questions_are_asked_as_they_are():
     ("Can you see an orange square in the image?", "Is there a orange square?"),  # as trained: "a orange"
     ("Are there black stars?", "Is there a black star?"),
     ("Where's the green circle located?", "Where is the green circle?"),
+    ("What is the position of the green circle in the picture?", "Where is the green circle?"),
     # not the world's questions: asked as given, to the letter
     ("Is there a dog?", "Is there a dog?"),
     ("where is the CIRCLE", "where is the CIRCLE"),
@@ -102,6 +103,7 @@ def test_rewordings_reach_the_trained_forms(asked, trained):
     ("What can you see in the frame?", "normal"), ("Give me a caption.", "normal"),
     ("Describe the image in detail.", "long"), ("Describe the scene briefly", "short"),
     ("What shapes are there?", "short"), ("Which objects do you see?", "short"),
+    ("What colours are there in the image?", "short"), ("List all the shapes.", "short"),
 ])
 def test_questions_that_ask_for_a_description_get_a_caption(asked, length):
     assert asked_prompt(read_config(TINY_DIR), asked) == {"caption": length}

@@ -45,6 +45,7 @@ def _question_rewrites() -> tuple[tuple[str, str], ...]:
         (f"{see} {some} {s}s?{where}", r"Is there a \g<s>?"),
         (f"are there {s}s{where}", r"Is there a \g<s>?"),
         (f"where(?: is|'s) {the} {c} {s}(?: located| placed)?{where}", r"Where is the \g<c> \g<s>?"),
+        (f"what(?: is|'s) the (?:position|location|place) of {the} {c} {s}{where}", r"Where is the \g<c> \g<s>?"),
     )
 
 
@@ -55,14 +56,15 @@ def _caption_rewrites() -> tuple[tuple[str, str], ...]:
     """Questions that ask what the frame shows, answered by a caption (the model was trained on
     none: "What is in the image?" got "top left", "Describe the image." got "yes")."""
     image = "(?:the|this) (?:image|picture|photo|frame|scene|video)"
-    there = f"(?: (?:in|on) {image}| there)?"
+    there = f"(?: there)?(?: (?:in|on) {image})?"
     return (
         (f"(?:describe|caption) {image}(?: in (?:detail|full)| fully)", "long"),
         (f"(?:describe|caption) {image}(?: briefly| in (?:short|brief|a few words))", "short"),
         (f"(?:describe|caption) {image}|(?:give|write) (?:me )?a (?:caption|description)(?: of {image})?", "normal"),
         (f"what(?: is|'s) (?:in|on) {image}|what (?:do|can) you see{there}|what(?: is|'s) (?:shown|visible)(?: in {image})?",
          "normal"),
-        (f"(?:what|which) (?:shapes|objects|things) (?:are|do you see|can you see){there}", "short"),
+        (f"(?:what|which) (?:shapes|objects|things|colou?rs) (?:are|do you see|can you see){there}", "short"),
+        (f"(?:list|name) (?:the|all the|all) (?:shapes|objects|things|colou?rs){there}", "short"),
     )
 
 
