@@ -41,9 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     add_constraint_args(img)
     _add_sampling_args(img)
     img.add_argument("--json", action="store_true",
-                     help="print one JSON object: text, token_ids, finish_reason, timings_ms, "
-                          "asked (for a question: what the model was asked, {\"question\": ...} or {\"caption\": length}) (several images: "
-                          "one a line, with an 'image' field)")
+                     help="print one JSON object: text, token_ids, finish_reason, timings_ms, asked (for a "
+                          "question: what the model was asked, {\"question\": ...} or {\"caption\": length}) "
+                          "(several images: one a line, with an 'image' field)")
     img.set_defaults(func=_lazy("app.image"))
 
     vid = sub.add_parser("video", help="caption video files (or folders of them) frame by frame",

@@ -327,14 +327,21 @@ class Service:
     def caption_image(self, rgb: np.ndarray, task: dict | list[dict]) -> dict:
         from pipelines.prompts import INTERACTIVE, answers_text, ask
 
+        from engine.models.prompt import asked_prompt
+
         tasks = [task] if isinstance(task, dict) else task
-        outs = [h.result(timeout=300) for h in ask(self.engine(), rgb, tasks, self.params(), priority=INTERACTIVE)]
+        engine = self.engine()
+        outs = [h.result(timeout=300) for h in ask(engine, rgb, tasks, self.params(), priority=INTERACTIVE)]
+
+        def asked(t: dict) -> dict:  # what the model was asked, where its config rewords a question
+            return {"asked": asked_prompt(engine.model_config, t["question"])} if "question" in t else {}
+
         if isinstance(task, dict):
-            return {"text": outs[0].text.strip(), "finish_reason": outs[0].finish_reason,
+            return {"text": outs[0].text.strip(), **asked(task), "finish_reason": outs[0].finish_reason,
                     "timings_ms": outs[0].timings_ms}
         return {"text": answers_text(task, [o.text for o in outs]),
-                "answers": [{"question": t["question"], "text": o.text.strip(), "finish_reason": o.finish_reason,
-                             "timings_ms": o.timings_ms} for t, o in zip(task, outs)],
+                "answers": [{"question": t["question"], **asked(t), "text": o.text.strip(),
+                             "finish_reason": o.finish_reason, "timings_ms": o.timings_ms} for t, o in zip(task, outs)],
                 "finish_reason": "stop" if all(o.finish_reason == "stop" for o in outs) else "length",
                 "timings_ms": {k: max(o.timings_ms.get(k, 0.0) for o in outs) for k in outs[0].timings_ms}}
 

@@ -328,6 +328,14 @@ def test_several_questions_in_every_tab(service, tmp_path):
     alone = [service.caption_image(rgb, make_task("question", q))["text"] for q in questions.splitlines()]
     both = service.caption_image(rgb, make_task("question", questions))
     assert [a["text"] for a in both["answers"]] == alone
+    assert [a["asked"] for a in both["answers"]] == [{"question": q} for q in questions.splitlines()]
+    # the page shows what the model was asked: a reworded question, or a caption for "what do you see"
+    assert service.caption_image(rgb, make_task("question", "is there a star"))["asked"] == {
+        "question": "Is there a star?"}
+    seen = service.caption_image(rgb, make_task("question", "What do you see?"))
+    assert seen["asked"] == {"caption": "normal"}
+    assert seen["text"] == service.caption_image(rgb, make_task("normal"))["text"]
+    assert "asked" not in service.caption_image(rgb, make_task("short"))
     assert both["text"].splitlines() == [f"{q}: {a}" for q, a in zip(questions.splitlines(), alone)]
     feed = service.start_live("tab-q", "cuts_640x360_30fps.mp4", make_task("question", questions))
     try:
