@@ -16,7 +16,7 @@ NUMBERS = ("zero", "one", "two", "three", "four")
 
 def _question_rewrites() -> tuple[tuple[str, str], ...]:
     """Common rewordings of the question forms below, onto those forms (the model's config
-    carries them: `engine.models.prompt.asked_question`). The model was trained on the exact
+    carries them: `engine.models.prompt.asked_prompt`). The model was trained on the exact
     forms alone, and answered rewordings far worse (EVAL.md, twenty-second session: "What colour
     is the star?" 34 % right against 97 %, "Do you see a star?" 56 % against 89 %)."""
     s = "(?P<s>" + "|".join(SHAPES) + ")"
@@ -40,10 +40,8 @@ def _question_rewrites() -> tuple[tuple[str, str], ...]:
         (f"(?:what|which) shape is {the} {c}{thing}{where}", r"What shape is the \g<c> object?"),
         (f"what(?: is|'s) the shape of {the} {c}{thing}{where}", r"What shape is the \g<c> object?"),
         (f"(?:which shape is|what is {the}) {c}{thing}", r"What shape is the \g<c> object?"),
-        (f"{see} {some} {c} {s}s?{where}", r"Is there a \g<c> \g<s>?"),
-        (f"are there {c} {s}s{where}", r"Is there a \g<c> \g<s>?"),
-        (f"{see} {some} {s}s?{where}", r"Is there a \g<s>?"),
-        (f"are there {s}s{where}", r"Is there a \g<s>?"),
+        (f"(?:{see} {some} |are there ){c} {s}s?{where}", r"Is there a \g<c> \g<s>?"),
+        (f"(?:{see} {some} |are there ){s}s?{where}", r"Is there a \g<s>?"),
         (f"where(?: is|'s) {the} {c} {s}(?: located| placed)?{where}", r"Where is the \g<c> \g<s>?"),
         (f"what(?: is|'s) the (?:position|location|place) of {the} {c} {s}{where}", r"Where is the \g<c> \g<s>?"),
     )
