@@ -59,7 +59,9 @@ def test_answers_are_the_greedy_ones_whatever_the_draft(small_folder, expected, 
         handles = [eng.submit(IMAGES[i], caption="short", params=GREEDY, draft=draft) for i, _, draft in cases]
         for (i, kind, _), h in zip(cases, handles):
             assert h.result(timeout=60).token_ids == expected[i], (i, kind)
-        stats = eng.stats()
+    # After close: a result comes when its sequence is finalized, its pages go back (and the
+    # step's draft counts are added) a moment later, in the same commit (CI saw 4 pages once).
+    stats = eng.stats()
     assert stats.draft_accepted > 0 and stats.draft_proposed > stats.draft_accepted
     assert stats.kv_pages_in_use == 0
 
@@ -120,7 +122,7 @@ def test_a_live_session_drafts_with_the_latest_answer(small_folder, draft):
             while session.in_flight:
                 pass
         session.close()
-        stats = eng.stats()
+    stats = eng.stats()  # after close, as above
     assert len(answers) == 4 and all(a == answers[0] for a in answers)
     if draft:  # every frame after the first: the whole answer beside its first token
         assert stats.draft_accepted == 3 * (len(answers[0]) - 1)
