@@ -12,6 +12,7 @@ import numpy as np
 from .world import COLORS, SHAPES, Obj, Scene
 
 NUMBERS = ("zero", "one", "two", "three", "four")
+_IMAGE = "(?:the|this) (?:image|picture|photo|frame|scene|video)"  # what a question may call the frame
 
 
 def _question_rewrites() -> tuple[tuple[str, str], ...]:
@@ -22,7 +23,7 @@ def _question_rewrites() -> tuple[tuple[str, str], ...]:
     s = "(?P<s>" + "|".join(SHAPES) + ")"
     c = "(?P<c>" + "|".join(COLORS) + ")"
     the = "(?:the|that|this)"
-    where = "(?: (?:in|on) (?:the|this) (?:image|picture|photo|frame|scene|video))?"
+    where = f"(?: (?:in|on) {_IMAGE})?"
     things = "(?:shapes|objects|things|items|figures)"
     thing = "(?: (?:object|thing|shape|one|item|figure))?"
     colour = "colou?r"
@@ -53,7 +54,7 @@ QUESTION_REWRITES = _question_rewrites()
 def _caption_rewrites() -> tuple[tuple[str, str], ...]:
     """Questions that ask what the frame shows, answered by a caption (the model was trained on
     none: "What is in the image?" got "top left", "Describe the image." got "yes")."""
-    image = "(?:the|this) (?:image|picture|photo|frame|scene|video)"
+    image = _IMAGE
     there = f"(?: there)?(?: (?:in|on) {image})?"
     return (
         (f"(?:describe|caption) {image}(?: in (?:detail|full)| fully)", "long"),
