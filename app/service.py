@@ -64,7 +64,8 @@ class Service:
         self._scratch: Path | None = None  # this process's folder of video job outputs
         self._jobs: deque[Path] = deque()
         self._writing: set[Path] = set()  # job folders a running video job still writes to
-        self._video_stops: dict[str, threading.Event] = {}  # session -> its running video job's stop flag
+        # session -> the stop flags of its running video jobs (a tab, or an API client, may run several)
+        self._video_stops: dict[str, set[threading.Event]] = {}
         self._recorders: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> its feed's Recorder
         self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
@@ -351,41 +352,38 @@ class Service:
         """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths.
         Setting `stop` ends the job at its next frame with what is done ("cancelled": True). With
         `changes`, the rows and the JSONL hold only the answers that changed (`video --changes`)."""
-        if every_n < 1:
-            raise UIError("every n-th frame must be >= 1")
-        with self._lock:
-            self._writing.add(out_dir)
-        try:
-            return self._caption_video(path, task, out_dir, every_n, on_progress, stop, changes)
-        finally:
-            with self._lock:
-                self._writing.discard(out_dir)
-
-    def _caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int,
-                       on_progress: Callable[[int, int | None], None] | None, stop: threading.Event | None,
-                       changes: bool) -> dict:
         from app.video_job import run_video_job
 
         try:
+            if every_n < 1:
+                raise UIError("every n-th frame must be >= 1")
+            with self._lock:
+                self._writing.add(out_dir)
             return run_video_job(self.engine(), self.params(), path, task, out_dir, every_n, on_progress, stop,
                                  changes)
         finally:
-            with self._lock:  # the job is over: a later Cancel has nothing to stop
-                for session in [k for k, v in self._video_stops.items() if v is stop]:
-                    del self._video_stops[session]
+            with self._lock:  # the job is over: its folder may go, and a later Cancel has nothing of it to stop
+                self._writing.discard(out_dir)
+                for session, stops in list(self._video_stops.items()):
+                    stops.discard(stop)
+                    if not stops:
+                        del self._video_stops[session]
 
     def video_stop(self, session: str) -> threading.Event:
-        """A new video job's stop flag for a session (Cancel, or the tab closing, sets it)."""
+        """A new video job's stop flag for a session. Cancel, or the tab closing, sets the flags of
+        all the session's running jobs: a job started while another runs must not escape them."""
+        stop = threading.Event()
         with self._lock:
-            stop = self._video_stops[session] = threading.Event()
-            return stop
+            self._video_stops.setdefault(session, set()).add(stop)
+        return stop
 
-    def cancel_video(self, session: str) -> bool:
+    def cancel_video(self, session: str) -> int:
+        """Stop every running video job of a session; returns how many there were."""
         with self._lock:
-            stop = self._video_stops.pop(session, None)
-        if stop is not None:
+            stops = self._video_stops.pop(session, set())
+        for stop in stops:
             stop.set()
-        return stop is not None
+        return len(stops)
 
     def _scratch_dir(self) -> Path:
         """This process's folder of outputs (video jobs, recordings), removed when the server stops."""

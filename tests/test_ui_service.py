@@ -460,6 +460,36 @@ def test_a_video_job_stops_on_cancel_or_when_its_tab_closes_and_keeps_what_is_do
     assert not job.is_alive() and result["cancelled"] and result["frames"] < 480
 
 
+def test_cancel_stops_every_video_job_of_its_session_not_only_the_newest(service, tmp_path):
+    import threading
+
+    clip = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")
+    started = [threading.Event() for _ in range(3)]
+    results: list[dict] = [{}, {}, {}]
+
+    def job(i: int, session: str) -> threading.Thread:
+        t = threading.Thread(target=lambda: results[i].update(service.caption_video(
+            clip, make_task("short"), tmp_path / f"job{i}", on_progress=lambda d, n: started[i].set(),
+            stop=service.video_stop(session))))
+        t.start()
+        return t
+
+    jobs = [job(0, "tab-x"), job(1, "tab-x"), job(2, "tab-y")]  # two in one tab (or API client), one elsewhere
+    assert all(e.wait(60) for e in started)
+    assert service.cancel_video("tab-x") == 2
+    for t in jobs[:2]:
+        t.join(60)
+        assert not t.is_alive()
+    assert results[0]["cancelled"] and results[1]["cancelled"]
+    assert jobs[2].is_alive() or not results[2]["cancelled"]  # the other tab's job goes on
+    assert service.cancel_video("tab-y") in (0, 1)
+    jobs[2].join(60)
+    assert not jobs[2].is_alive() and service.cancel_video("tab-y") == 0
+    with pytest.raises(UIError):  # a job refused at once leaves no stop flag behind
+        service.caption_video(clip, make_task("short"), tmp_path / "bad", every_n=0, stop=service.video_stop("tab-z"))
+    assert service.cancel_video("tab-z") == 0
+
+
 def test_video_job_outputs_are_bounded_and_removed_when_the_server_stops():
     from app.service import VIDEO_JOBS_KEPT
 
