@@ -333,7 +333,7 @@ def _new_shots(shots: list, shown: float | None) -> tuple[list | None, float | N
 
 def run(args: argparse.Namespace) -> int:
     from app.cli import UsageError, realtime_dtype
-    from app.view import CSS
+    from app.view import CSS, HEAD_JS
 
     if not 0 < args.port < 65536:
         raise UsageError("--port must be within 1..65535")
@@ -348,8 +348,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
         demo = build(service, args.source)
-        demo.launch(server_name=args.host, server_port=args.port, css=CSS, ssr_mode=False, quiet=False,
-                    show_error=True)
+        demo.launch(server_name=args.host, server_port=args.port, css=CSS, head=HEAD_JS, ssr_mode=False,
+                    quiet=False, show_error=True)
     except KeyboardInterrupt:
         return 130
     finally:

@@ -58,7 +58,9 @@ def log_text(log: list[LogLine], n: int = 40) -> str:
 
 def shots_html(shots: list[Shot]) -> str:
     """The frames where the answers changed, newest first, each with its answers and when; a
-    click saves the picture (named by the frame's index)."""
+    click saves the picture (named by the frame's index). The picture is in the HTML once: the
+    link gets its address from the picture when clicked (HEAD_JS), so an update of the gallery
+    carries each JPEG once, not twice."""
     if not shots:
         return '<div id="vs-shots" data-count="0" class="vs-empty">no changes yet</div>'
     figures = []
@@ -67,7 +69,7 @@ def shots_html(shots: list[Shot]) -> str:
         clock = time.strftime("%H:%M:%S", time.localtime(shot.wall))
         text = html.escape(shot.text)
         figures.append(f'<figure class="vs-shot" data-number="{shot.number}" data-index="{shot.index}">'
-                       f'<a href="{uri}" download="frame_{shot.index}.jpg" title="save this frame">'
+                       f'<a class="vs-save" download="frame_{shot.index}.jpg" title="save this frame">'
                        f'<img src="{uri}" alt="{text}"/></a>'
                        f'<figcaption>{text}<br/><span class="vs-info">{clock}  t={shot.pts:.2f}s  '
                        f'#{shot.index}</span></figcaption></figure>')
@@ -149,6 +151,16 @@ def counters_html(counters: dict, engine: dict, running: bool, error: str | None
     return f'<div id="vs-counters">{body}</div>{err}'
 
 
+# A click on a change picture saves it: the link takes the picture's data URI just before the
+# browser follows it (capture phase), so the page holds each picture once.
+HEAD_JS = """<script>
+document.addEventListener("click", (e) => {
+  const a = e.target.closest && e.target.closest("a.vs-save");
+  const img = a && a.querySelector("img");
+  if (img) a.href = img.src;
+}, true);
+</script>"""
+
 CSS = """
 /* a download box holds one file link: no drop area */
 .vs-download .empty { min-height: 48px !important; height: 48px; }
@@ -163,5 +175,6 @@ CSS = """
 #vs-shots { display: flex; flex-wrap: wrap; gap: 8px; }
 .vs-shot { margin: 0; width: 200px; }
 .vs-shot img { width: 100%; display: block; border-radius: 4px; }
+.vs-save { cursor: pointer; }
 .vs-shot figcaption { font-size: 0.85em; white-space: pre-line; }
 """

@@ -174,6 +174,12 @@ def test_live_tab_plays_the_sample_with_captions_chart_and_counters(server, clie
         assert all(src.startswith("data:image/jpeg;base64,") for src in srcs)
         numbers = page.eval_on_selector_all("#vs-shots figure.vs-shot", "els => els.map(e => +e.dataset.number)")
         assert numbers == sorted(numbers, reverse=True)
+        # a click on a picture saves it, named by its frame (the page holds each picture once)
+        index = page.get_attribute("#vs-shots figure.vs-shot:last-child", "data-index")
+        with page.expect_download() as got:
+            page.click("#vs-shots figure.vs-shot:last-child img")
+        assert got.value.suggested_filename == f"frame_{index}.jpg"
+        assert Path(got.value.path()).read_bytes()[:2] == b"\xff\xd8"
         page.screenshot(path=str(ARTIFACTS / "ui_live_changes.png"), full_page=True)
         rate = bench_ui.page_rates(watched, seconds)
         (ARTIFACTS / "ui_rates.json").write_text(json.dumps(rate) + "\n")
