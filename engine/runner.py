@@ -79,6 +79,10 @@ class Runner:
         shape = (t.n_layers, (n_pages + (graphs is not None)) * page_size, t.n_kv_heads, t.head_dim)
         self.k = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
+        if self.scripted is not None:
+            from .scripted import held_in_cpp
+
+            self._held = held_in_cpp([self.k, self.v, *self._text_args[:2], *self._text_args[2], *self.vision_weights])
         self.draft_rows = draft_rows  # draft tokens per step at most (engine/scheduler.py)
         # Past the slots (and the graphs' padding slot): the inputs of rows the host feeds itself
         # (draft rows, and the next row of a sequence after a draft step), written each step.

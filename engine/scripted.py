@@ -183,6 +183,27 @@ def flat_weights(text: TextModel) -> List[torch.Tensor]:
     return out + [text.post_ln.weight, text.post_ln.bias, text.lm_head.weight, text.lm_head.bias]
 
 
+# Why the references below: a TorchScript call runs without the GIL, and when it drops its
+# reference to a tensor whose only other holder is Python, torch takes the GIL back to release
+# the tensor's Python object, once per tensor and call. With other threads running Python (the
+# engine, vision and reader threads), each of those waits its turn: in `video`, ~15 % of the
+# device thread's time. A tensor that some C++ object also holds is never in that state.
+def held_in_cpp(tensors: List[torch.Tensor]) -> object:
+    """A reference from C++ to each tensor (the weights, caches and rope tables every call takes)
+    for as long as the returned object lives."""
+    return torch._C.ScriptList(list(tensors))  # what torch.jit.script(list) makes, without its warning
+
+
+def _holding(fn: Callable) -> Callable:
+    """fn, holding a C++ reference to each tensor argument (a call's fresh inputs) until it returns."""
+    def call(*args):
+        held = torch._C.ScriptList([a for a in args if isinstance(a, torch.Tensor)])
+        out = fn(*args)
+        del held  # after the call, with the GIL
+        return out
+    return call
+
+
 @dataclass(frozen=True)
 class Scripted:
     decode: Callable  # decode_logits
@@ -202,8 +223,8 @@ def scripted() -> Optional[Scripted]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                _SCRIPTED = Scripted(torch.jit.script(decode_logits), torch.jit.script(text_hidden),
-                                     torch.jit.script(vision_encode))
+                _SCRIPTED = Scripted(_holding(torch.jit.script(decode_logits)),
+                                     _holding(torch.jit.script(text_hidden)), _holding(torch.jit.script(vision_encode)))
         except Exception as e:  # a torch without TorchScript, or one that cannot compile this
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             warnings.warn(f"TorchScript unavailable, decoding eagerly: {reason}")
@@ -236,5 +257,5 @@ def warm_up(fns: Scripted, text_args: tuple, vision_weights: List[torch.Tensor],
     _WARM.add(key)
 
 
-__all__ = ["Scripted", "decode_logits", "flat_vision_weights", "flat_weights", "scripted", "text_hidden",
+__all__ = ["Scripted", "decode_logits", "flat_vision_weights", "flat_weights", "held_in_cpp", "scripted", "text_hidden",
            "vision_encode", "warm_up"]
