@@ -116,6 +116,21 @@ class FileSource:
             self.error = f"{self.path}: decoding stopped after {index} frames: {_first_line(e)}"
         if index == 0 and self.error is None:
             self.error = f"{self.path}: no frame could be decoded"
+        announced = self._announced_frames()
+        if self.error is None and announced and index < announced * 0.9 and announced - index >= 3:
+            # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
+            self.error = (f"{self.path}: decoding ended after {index} of the {announced} frames its container "
+                          "announces (a truncated file?)")
+
+    def _announced_frames(self) -> int | None:
+        """The stream's frame count where the container lists it (MP4, MOV), else the duration's
+        worth of frames where the video is the container's only stream (MKV, WebM: an audio track
+        may run longer than the video)."""
+        if self._stream.frames:
+            return int(self._stream.frames)
+        if len(self._container.streams) == 1 and self._container.duration and self.fps:
+            return round(self._container.duration / 1_000_000 * self.fps)
+        return None
 
     def close(self) -> None:
         self._closed = True

@@ -129,13 +129,23 @@ def test_audio_only_file(tmp_path):
         FileSource(path)
 
 
-def test_truncated_file_yields_what_decodes(tmp_path):
+def test_truncated_file_yields_what_decodes_and_says_it_ended_early(tmp_path):
     path = write_video(tmp_path / "t.mkv", "mpeg4", n=40)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) * 2 // 3])
     with FileSource(path) as src:
         frames = list(src.frames())
     assert 5 < len(frames) < 40
+    assert f"after {len(frames)} of the 40 frames" in src.error and "truncated" in src.error
+    # an MP4 whose index comes first (as the samples are written) and whose data is cut off
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(sample.read_bytes()[:60_000])
+    with FileSource(cut) as src:
+        frames = list(src.frames())
+    assert 0 < len(frames) < 480 and f"after {len(frames)} of the 480 frames" in src.error
+    with FileSource(sample) as src:  # a whole file says nothing
+        assert sum(1 for _ in src.frames()) == 480 and src.error is None
 
 
 def _parse_subs(text: str) -> list[tuple[str, str, str]]:
