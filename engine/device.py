@@ -180,29 +180,43 @@ class Executor:
 
     def _work(self) -> None:
         torch.set_num_threads(1)
+        with torch.inference_mode():  # once for the thread: entering it costs Python time between steps
+            item = self._next()
+            while item is not None:
+                fn, pending, on_done = item
+                t0 = time.perf_counter()
+                result, error = None, None
+                try:
+                    result = fn()
+                except BaseException as e:  # the engine thread re-raises it at commit
+                    error = e
+                busy = time.perf_counter() - t0
+                # The next step is taken before this one is announced: the announcement wakes the
+                # engine thread, which then wants the GIL, and the worker should be back in
+                # torch (without the GIL) by the time it must give it up.
+                item = self._next(wait=False)
+                pending.busy_s = busy
+                with self._lock:
+                    self.busy_s += busy
+                pending._finish(result, error)
+                if on_done is not None:
+                    on_done()
+                if item is False:
+                    item = self._next()
+
+    def _next(self, wait: bool = True):
+        """The next job (None: stop); without `wait`, False when none is queued yet."""
+        if not wait:
+            try:
+                return self._jobs.get_nowait()
+            except queue.Empty:
+                return False
         while True:
             try:
-                item = self._jobs.get(timeout=0.1)
+                return self._jobs.get(timeout=0.1)
             except queue.Empty:
                 if self._stop.is_set():
-                    return
-                continue
-            if item is None:
-                return
-            fn, pending, on_done = item
-            t0 = time.perf_counter()
-            result, error = None, None
-            try:
-                with torch.inference_mode():
-                    result = fn()
-            except BaseException as e:  # the engine thread re-raises it at commit
-                error = e
-            pending.busy_s = time.perf_counter() - t0
-            with self._lock:
-                self.busy_s += pending.busy_s
-            pending._finish(result, error)
-            if on_done is not None:
-                on_done()
+                    return None
 
     def launch(self, fn: Callable[[], Any], timeout: float = 60.0,
                on_done: Callable[[], None] | None = None) -> Pending:
