@@ -47,6 +47,10 @@ class Settings:
     max_tokens: int = 32
     pipelined: bool = True
     sticky: float = 2.0  # answers keep the previous frame's (pipelines.live.LIVE_STICKY); 0 = off
+    # A new answer gets a picture in the live tabs' Changes once it has held this many frames in a
+    # row: at 60 fps a small object's shape read one way for a frame or two is a line of the log,
+    # not one of the 16 pictures.
+    hold: int = 3
 
 
 def sample_videos() -> list[str]:
@@ -91,8 +95,10 @@ class Service:
 
     def apply(self, settings: Settings) -> str:
         """Change settings; a new model or device stops every feed and reloads the engine."""
-        if settings.max_tokens < 1 or not 0.0 <= settings.temperature <= 2.0 or not 0.0 <= settings.sticky <= 10.0:
-            raise UIError("max tokens must be >= 1, temperature within 0..2 and steadiness within 0..10")
+        if (settings.max_tokens < 1 or not 0.0 <= settings.temperature <= 2.0 or not 0.0 <= settings.sticky <= 10.0
+                or not 1 <= settings.hold <= 600):
+            raise UIError("max tokens must be >= 1, temperature within 0..2, steadiness within 0..10 and "
+                          "frames a change holds within 1..600")
         with self._lock:
             old, self.settings = self.settings, settings
             reload = (old.model, old.device, old.dtype) != (settings.model, settings.device, settings.dtype)
@@ -170,7 +176,7 @@ class Service:
                                 max_seconds=RECORD_MAX_S)
         try:
             feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded,
-                            fps=LIVE_FPS, on_result=recorder.add if recorder else None)
+                            fps=LIVE_FPS, hold=self.settings.hold, on_result=recorder.add if recorder else None)
         except BaseException:
             if recorder is not None:
                 recorder.close()
@@ -236,7 +242,7 @@ class Service:
         with self._lock:
             feed = self._feeds.get(key)
             if feed is None or feed.task != task:  # a new prompt starts a new feed
-                new = LiveFeed(self.engine(), task, self.params())
+                new = LiveFeed(self.engine(), task, self.params(), hold=self.settings.hold)
                 if feed is not None:
                     new.on_result = feed.on_result  # a recording goes on across the change
                     self._ended[key] = feed

@@ -34,8 +34,9 @@ def build(service: Service, source: str | None = None):
     from engine import VlmstreamError
     from pipelines.feed import EXPORT_LINES, SHOTS
 
-    shots_label = (f"**Changes**: the frame where each new answer began (newest first, the last {SHOTS}; "
-                   "click one to save it as shown, or download them all at full size below)")
+    shots_label = (f"**Changes**: the frame where each new answer began, once it held a few frames (Settings) "
+                   f"(newest first, the last {SHOTS}; click one to save it as shown, or download them all at full "
+                   "size below)")
     shots_button = "Download change pictures (ZIP, full size)"
     shots_file_label = f"The last {SHOTS} change pictures, full size, with their answers (changes.jsonl)"
 
@@ -154,11 +155,12 @@ def build(service: Service, source: str | None = None):
     def cancel_video(request: gr.Request):
         service.cancel_video(request.session_hash)
 
-    def apply(model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky):
+    def apply(model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky, hold=Settings.hold):
         try:
             msg = service.apply(Settings(model=(model or "tiny").strip(), device=device, dtype=service.settings.dtype,
                                          temperature=float(temperature), max_tokens=int(max_tokens),
-                                         pipelined=bool(pipelined), sticky=float(sticky)))
+                                         pipelined=bool(pipelined), sticky=float(sticky),
+                                         hold=int(hold if hold is not None else Settings.hold)))
         except (UIError, VlmstreamError, OSError) as e:
             raise gr.Error(str(e)) from None
         return msg
@@ -309,10 +311,14 @@ def build(service: Service, source: str | None = None):
                                label="Steady answers (live and video): keep the last frame's answer unless the model "
                                      "prefers another by more than this (logits; 0 = every frame's own answer; "
                                      "greedy only)")
+            hold = gr.Number(s.hold, precision=0, minimum=1, maximum=600,
+                             label="Changes (live tabs): a new answer gets a picture once it has held this many "
+                                   "frames in a row (1 = every change; from the next Start)")
             sapply = gr.Button("Apply", variant="primary")
             sstatus = gr.Markdown()
             stats = gr.JSON(label="Engine")
-            sapply.click(apply, [model, device, temperature, max_tokens, pipelined, sticky], sstatus, api_name="apply_settings")
+            sapply.click(apply, [model, device, temperature, max_tokens, pipelined, sticky, hold], sstatus,
+                         api_name="apply_settings")
             gr.Timer(1.0).tick(service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
         def closed(request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
             service.close_session(request.session_hash)

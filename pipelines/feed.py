@@ -7,7 +7,8 @@ makes the latest frame win. Either way the feed keeps, under one lock: the newes
 the exact frame it describes, a caption log (a line per run of identical answers), per-frame
 stage latencies for the last `window_s` seconds, the session's counters, the last
 EXPORT_LINES answers as JSON lines (`records()`, for a download), and a small JPEG of the frame
-where each of the last SHOTS runs of answers began (what changed, and what it looked like).
+where each of the last SHOTS changes of the answers began (what changed, and what it looked
+like; a new answer counts once it has held `hold` frames).
 `snapshot()` copies all but the records for a viewer that polls; `version` grows with every
 result so a viewer can skip redraws when nothing changed.
 """
@@ -25,7 +26,7 @@ import numpy as np
 
 from engine import Engine, SamplingParams
 
-from .changes import answer_key
+from .changes import AnswerChanges, answer_key
 from .grabber import LatestFrameGrabber
 from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
 from .sources import Frame
@@ -72,7 +73,7 @@ class Shot:
     """The frame where a run of identical answers began, as a JPEG at most SHOT_WIDTH wide (for
     the page) and at its own size (for a download)."""
 
-    number: int  # 1 for the feed's first run of answers, counting on
+    number: int  # 1 for the feed's first answer, counting the changes on
     wall: float
     pts: float
     index: int
@@ -123,7 +124,9 @@ class LiveFeed:
                  frames: Callable[[], Iterator[Frame]] | None = None, realtime: bool = True, loop: bool = False,
                  fps: float = 60.0, max_inflight: int = DEFAULT_MAX_INFLIGHT, deadline_ms: float | None = None,
                  window_s: float = 30.0, log_size: int = 200, record_size: int = EXPORT_LINES,
-                 shots: int = SHOTS, on_result: Callable[[LiveResult], None] | None = None):
+                 shots: int = SHOTS, hold: int = 1, on_result: Callable[[LiveResult], None] | None = None):
+        """hold: a new answer gets a picture once it has come this many frames in a row (as
+        `live --changes --hold`): a one-frame misreading is a line of the log, not a change."""
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -132,7 +135,8 @@ class LiveFeed:
         self._log: deque[LogLine] = deque(maxlen=log_size)
         self._records: deque[str] = deque(maxlen=record_size)  # JSON lines, for an export
         self._shots: deque[Shot] = deque(maxlen=shots)
-        self._runs = 0
+        self._changes = AnswerChanges(hold)
+        self._run_start: LiveResult | None = None  # the first frame of the log's newest run
         self._latency: deque[LatencyPoint] = deque()
         self.error: str | None = None  # one line for a page; `exception` is what was raised
         self.exception: Exception | None = None
@@ -191,12 +195,14 @@ class LiveFeed:
         with self._lock:
             self._latest = r
             if extend_log(self._log, now, r.frame.pts, r.frame.index, r.text, r.end_to_end_ms):
-                self._runs += 1
-                if self._shots.maxlen:  # encoded once per change for every viewer: ~2 ms at 640x360,
-                    # ~19 at 1080p, under the lock so that a snapshot's log and pictures agree
-                    self._shots.append(Shot(self._runs, now, r.frame.pts, r.frame.index, r.text,
-                                            jpeg_bytes(r.frame.rgb, SHOT_WIDTH),
-                                            jpeg_bytes(r.frame.rgb, None, SHOT_QUALITY)))
+                self._run_start = r
+            # A change that holds dates from the first of its frames, which began the log's newest
+            # run (both follow answer_key, frame by frame).
+            if self._shots.maxlen and self._changes.observe(0, r.text, r.frame.pts) is not None:
+                first = self._run_start.frame  # encoded once per change for every viewer: ~2 ms at
+                # 640x360, ~19 at 1080p, under the lock so that a snapshot's log and pictures agree
+                self._shots.append(Shot(self._changes.count, now, first.pts, first.index, self._run_start.text,
+                                        jpeg_bytes(first.rgb, SHOT_WIDTH), jpeg_bytes(first.rgb, None, SHOT_QUALITY)))
             self._records.extend(records)
             self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
                                               r.end_to_end_ms))

@@ -101,12 +101,12 @@ def test_a_live_feed_keeps_a_picture_of_each_change_of_its_answers(service):
         snap = wait_for(lambda: len((s := feed.snapshot()).shots) >= 3 and s)
     finally:
         service.stop_live("tab-s")
-    runs = {(line.text, line.first_pts) for line in snap.log}
+    runs = {(line.text, line.first_pts): line.frames for line in snap.log}
     numbers = [shot.number for shot in snap.shots]
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # every change, in order
-    assert numbers[-1] == len(snap.log)  # the newest change is the log's newest run (it holds 200)
-    for shot in snap.shots:  # the frame where a run of identical answers began, with those answers
-        assert (shot.text, shot.pts) in runs
+    assert len(snap.log) >= numbers[-1]  # a run that did not hold is in the log, not a change
+    for shot in snap.shots:  # the frame where a run of identical answers began, with those answers,
+        assert runs[shot.text, shot.pts] >= Settings().hold  # once it held
         assert Image.open(io.BytesIO(shot.jpeg)).size == (SHOT_WIDTH, SHOT_WIDTH * 360 // 640)
     assert all(a.text != b.text for a, b in zip(snap.shots, snap.shots[1:]))  # each is a change
     # all of them at full size in one download, also after Stop, each with its answers and times
@@ -202,6 +202,19 @@ def test_a_feed_keeps_only_its_last_change_pictures(service):
         assert [s.number for s in snap.shots] == [5, 6] and [s.index for s in snap.shots] == [4, 5]
     finally:
         feed.close()
+    # with a hold, an answer that comes one frame only is in the log but gets no picture; one that
+    # holds gets the picture of its first frame
+    steady = LiveFeed(service.engine(), make_task("short"), plain, hold=2)
+    try:
+        for i, k in enumerate([0, 0, 1, 0, 0, 1, 1]):
+            steady.push(frames[k])
+            wait_for(lambda i=i: steady.snapshot().counters["completed"] == i + 1)
+        snap = steady.snapshot()
+        assert [line.frames for line in snap.log] == [2, 1, 2, 2]
+        assert [(s.number, s.index) for s in snap.shots] == [(1, 0), (2, 5)]
+        assert snap.shots[1].text == snap.log[-1].text != snap.shots[0].text
+    finally:
+        steady.close()
     none = LiveFeed(service.engine(), make_task("short"), plain, shots=0)  # the CLI's: none kept
     none.push(frames[0])
     wait_for(lambda: none.snapshot().counters["completed"] == 1)
@@ -638,6 +651,9 @@ def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
         service.apply(Settings(max_tokens=0))
     with pytest.raises(UIError, match="steadiness"):
         service.apply(Settings(max_tokens=12, sticky=-1.0))
+    with pytest.raises(UIError, match="frames a change holds"):
+        service.apply(Settings(max_tokens=12, hold=0))
+    assert service.settings.hold == Settings.hold  # a refused change leaves the settings as they were
     # live answers are sticky by default; sampled ones cannot be
     assert service.params().sticky == Settings.sticky > 0
     service.apply(Settings(max_tokens=12, temperature=0.5))
