@@ -17,6 +17,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -99,6 +100,19 @@ def frame_rate(engine: Engine, n_frames: int, size: tuple[int, int], inflight: i
             "tokens_per_frame": statistics.mean(len(o.token_ids) for o in outs)}
 
 
+def cpu_name() -> str:
+    """The CPU's model name, with the vector and matrix instructions that tell apart the machine
+    kinds BENCHMARKS.md compares (the same model name has come with and without bf16)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux
+        return platform.processor() or platform.machine()
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    kinds = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({', '.join(kinds)})" if kinds else name
+
+
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict:
     engine_cfg = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype,
                               max_batch_size=max(cfg.streams), cpu_script=cfg.cpu_script,
@@ -148,6 +162,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
         "min_seconds": cfg.min_seconds,
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpu": cpu_name(),
+        "gpu": torch.cuda.get_device_name(engine.loaded.device) if engine.loaded.device.type == "cuda" else None,
         "cpu_threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d"),
         "results": results,
@@ -156,7 +172,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
 
 
 def format_table(report: dict) -> str:
-    lines = [f"model={report['model']} device={report['device']} dtype={report['dtype']} "
+    lines = [f"{report['gpu'] or report['cpu']}, torch {report['torch']}",
+             f"model={report['model']} device={report['device']} dtype={report['dtype']} "
              f"decode={report['decode']} vision_thread={report.get('vision_thread', False)} "
              f"tokens/request={report['tokens_per_request']} runs per mode>={report['repeats']} "
              f"and >={report['min_seconds']:g} s (medians; ratio: median of paired runs; decode tok/s)",

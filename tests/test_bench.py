@@ -20,6 +20,8 @@ def test_bench_json_report(capsys, small_folder):
         assert r["ratio"] == statistics.median(r["pair_ratios"])
     assert report["frame_rate"]["frames"] == 6 and report["frame_rate"]["frames_per_s"] > 0
     assert report["decode"] == "torchscript"  # the CPU default
+    # which machine made the figures: the CPU's name and its bf16 instructions, no GPU here
+    assert report["cpu"] and report["gpu"] is None
 
 
 def test_bench_can_decode_eagerly_for_comparison(capsys, small_folder):
