@@ -102,7 +102,7 @@ def frame_rate(engine: Engine, n_frames: int, size: tuple[int, int], inflight: i
 
 def cpu_name() -> str:
     """The CPU's model name, with the vector and matrix instructions that tell apart the machine
-    kinds BENCHMARKS.md compares (the same model name has come with and without bf16)."""
+    kinds BENCHMARKS.md compares."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:  # not Linux
