@@ -59,7 +59,8 @@ class Runner:
                 t = loaded.config.text
                 self.vision_weights = flat_vision_weights(loaded.model.vision)
                 # The arguments every text call shares, after its inputs and the KV cache.
-                self._text_args = (*loaded.model.text.rope_tables(loaded.device), flat_weights(loaded.model.text),
+                rope, text_weights = loaded.model.text.rope_tables(loaded.device), flat_weights(loaded.model.text)
+                self._text_args = (*rope, text_weights,
                                    t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim, t.rot_dim, page_size, MIN_GEMM_ROWS)
                 warm_up(self.scripted, self._text_args, self.vision_weights, loaded.model.vision.cfg, t,
                         page_size, loaded.dtype, exact_attention(loaded))
@@ -82,7 +83,7 @@ class Runner:
         if self.scripted is not None:
             from .scripted import held_in_cpp
 
-            self._held = held_in_cpp([self.k, self.v, *self._text_args[:2], *self._text_args[2], *self.vision_weights])
+            self._held = held_in_cpp([self.k, self.v, *rope, *text_weights, *self.vision_weights])
         self.draft_rows = draft_rows  # draft tokens per step at most (engine/scheduler.py)
         # Past the slots (and the graphs' padding slot): the inputs of rows the host feeds itself
         # (draft rows, and the next row of a sequence after a draft step), written each step.

@@ -123,14 +123,12 @@ class FileSource:
                           "announces (a truncated file?)")
 
     def _announced_frames(self) -> int | None:
-        """The stream's frame count where the container lists it (MP4, MOV), else the duration's
-        worth of frames where the video is the container's only stream (MKV, WebM: an audio track
-        may run longer than the video)."""
-        if self._stream.frames:
-            return int(self._stream.frames)
-        if len(self._container.streams) == 1 and self._container.duration and self.fps:
-            return round(self._container.duration / 1_000_000 * self.fps)
-        return None
+        """`frame_count`, where it is evidence enough of a cut-off file: the container's own count
+        (MP4, MOV), or the duration's worth where the video is its only stream (MKV, WebM: an audio
+        track may run longer than the video)."""
+        if not self._stream.frames and len(self._container.streams) > 1:
+            return None
+        return self.frame_count
 
     def close(self) -> None:
         self._closed = True
