@@ -288,7 +288,7 @@ def _batch_drafts(device: torch.device) -> dict:
 def _bench(model: str, device: torch.device) -> dict:
     streams = (1, 4) if ARGS.quick else (1, 8, 32)
     cfg = BenchConfig(model=model, device=str(device), streams=streams, tokens=8 if ARGS.quick else 64,
-                      repeats=1 if ARGS.quick else 3, frames=0)
+                      repeats=1 if ARGS.quick else 3, frames=0, min_seconds=0.0 if ARGS.quick else 3.0)
     report = run_bench(cfg)
     rows = {}
     for row in report["results"]:

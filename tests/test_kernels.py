@@ -99,7 +99,8 @@ def test_fused_sampling_matches_reference(kernels, constrained):
     seed = _seed()
     g = torch.Generator().manual_seed(seed)
     mod = kernels["sampling"]
-    R, V = 24, 203  # not a multiple of the block: the tail is masked
+    R, V = 12, 203  # not a multiple of the block: the tail is masked (12 rows in 2 blocks: the interpreter
+    # takes 2 s a launch, against 11 s for 24 rows in 4 blocks)
     logits = torch.randn(R, V, generator=g) * torch.rand(R, 1, generator=g) * 6
     logits[3, 10:20] = logits[3, 10]  # ties
     allowed = (torch.rand(R, V, generator=g) > 0.6).to(torch.uint8) if constrained else None
@@ -116,7 +117,7 @@ def test_fused_sampling_matches_reference(kernels, constrained):
     top_p[4:8] = 1.0
     u = torch.rand(R, generator=g)
     out = torch.full((R,), -1, dtype=torch.int64)
-    got = mod.sample_triton(logits, allowed, sup, 3, temp, top_p, u, block=64, out=out)
+    got = mod.sample_triton(logits, allowed, sup, 3, temp, top_p, u, block=128, out=out)
     want = mod.sample_reference(logits, allowed, sup, 3, temp, top_p, u)
     assert (got >= 0).all(), f"unwritten rows (seed {seed})"
     assert torch.equal(got[:4], want[:4]), f"greedy rows differ (seed {seed})"
@@ -126,7 +127,7 @@ def test_fused_sampling_matches_reference(kernels, constrained):
     for r in range(R):
         ok = _acceptable(mod, logits[r], None if allowed is None else allowed[r], sup[r], temp[r], top_p[r], u[r])
         assert int(got[r]) in ok, f"row {r}: kernel {int(got[r])}, reference {ok} (seed {seed})"
-    assert torch.equal(mod.sample_triton(logits, allowed, sup, 3, temp, top_p, u, block=64), got)  # deterministic
+    assert torch.equal(mod.sample_triton(logits, allowed, sup, 3, temp, top_p, u, block=128), got)  # deterministic
 
 
 def test_engine_with_kernels_gives_the_tokens_of_the_torch_path(kernels):
