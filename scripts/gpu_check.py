@@ -172,7 +172,7 @@ def _run_requests(cfg: EngineConfig, n: int, tokens: int) -> list[list[int]]:
 
 
 def engine_parity(device: torch.device) -> dict:
-    n, tokens = (3, 4) if ARGS.quick else (16, 32)
+    n, tokens = (2, 3) if ARGS.quick else (16, 32)
     base = dict(model="tiny", device=str(device))
     off = _run_requests(EngineConfig(**base, triton_kernels=False), n, tokens)
     on = _run_requests(EngineConfig(**base, triton_kernels=True), n, tokens)
