@@ -25,9 +25,11 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    if (args.fps <= 0 or args.max_inflight is not None and args.max_inflight < 1
-            or args.duration is not None and args.duration <= 0):
-        raise UsageError("--fps and --duration must be > 0, --max-inflight >= 1")
+    inf = float("inf")
+    if (not 0 < args.fps < inf or args.max_inflight is not None and args.max_inflight < 1  # NaN fails too
+            or args.duration is not None and not 0 < args.duration < inf
+            or args.deadline_ms is not None and not 0 < args.deadline_ms < inf):
+        raise UsageError("--fps, --duration and --deadline-ms must be finite numbers > 0, --max-inflight >= 1")
     sticky = sticky_arg(args)
     check_changes_args(args)
     snapshots = Path(args.snapshots) if args.snapshots else None

@@ -13,8 +13,8 @@ from app.cli import UsageError
 def run(args: argparse.Namespace) -> int:
     from tinyvlm.train import TrainConfig, train
 
-    if min(args.steps, args.batch_size, args.threads, args.processes) < 1 or args.lr <= 0:
-        raise UsageError("--steps, --batch-size, --threads, --processes and --lr must be positive")
+    if min(args.steps, args.batch_size, args.threads, args.processes) < 1:
+        raise UsageError("--steps, --batch-size, --threads and --processes must be positive")
     kw = {} if args.out is None else {"out": Path(args.out)}
     try:
         cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,

@@ -26,8 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
     from pipelines.sources import FileSource, SourceError
 
-    if args.fps is not None and args.fps <= 0 or args.every_n is not None and args.every_n < 1:
-        raise UsageError("--fps must be > 0 and --every-n >= 1")
+    if args.fps is not None and not 0 < args.fps < float("inf") or args.every_n is not None and args.every_n < 1:
+        raise UsageError("--fps must be a finite number > 0 and --every-n >= 1")  # NaN fails too
     tasks = prompt_tasks(args)
     one_prompt = tasks[0] if len(tasks) == 1 else None  # what a JSONL line without a prompt answered
     out_dir, ann_dir = folder_arg(args.output), folder_arg(args.annotate)

@@ -45,6 +45,14 @@ class Sampling:
     fps: float | None = None
     every_n: int | None = None
 
+    def __post_init__(self):
+        # NaN and infinity too: an infinite rate made the picker's next time never pass a frame (a hang)
+        if self.fps is not None and not 0 < self.fps < float("inf"):
+            raise ValueError(f"fps must be a finite number > 0, got {self.fps}")
+        if self.every_n is not None and (isinstance(self.every_n, bool) or not isinstance(self.every_n, int)
+                                         or self.every_n < 1):
+            raise ValueError(f"every_n must be an integer >= 1, got {self.every_n!r}")
+
     def select(self, frames: Iterable[Frame]) -> Iterator[Frame]:
         pick = self.picker()
         return (f for f in frames if pick(f.index, f.pts))

@@ -127,6 +127,8 @@ class LiveFeed:
                  shots: int = SHOTS, hold: int = 1, on_result: Callable[[LiveResult], None] | None = None):
         """hold: a new answer gets a picture once it has come this many frames in a row (as
         `live --changes --hold`): a one-frame misreading is a line of the log, not a change."""
+        if not 0 < fps < float("inf"):  # NaN too
+            raise ValueError(f"fps must be a finite number > 0, got {fps}")
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -89,6 +89,8 @@ class LiveSession:
                  on_result: Callable[[LiveResult], None] | None = None):
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
+        if deadline_ms is not None and not 0 < deadline_ms < float("inf"):  # NaN too
+            raise ValueError(f"deadline_ms must be a finite number > 0 or None, got {deadline_ms}")
         self.tasks = [task] if isinstance(task, dict) else list(task)
         if not self.tasks:
             raise ValueError("a live session needs at least one prompt")

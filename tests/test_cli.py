@@ -192,6 +192,50 @@ def test_train_tiny_rejects_bad_settings_before_starting(capsys, tmp_path):
     assert "cannot create the output folder" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["live", "{clip}", "--fps", "nan"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--fps", "inf"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--duration", "nan"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--deadline-ms", "0"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--deadline-ms", "-1"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--deadline-ms", "nan"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
+    (["video", "{clip}", "--fps", "inf"], "--fps must be a finite number > 0"),
+    (["video", "{clip}", "--fps", "nan"], "--fps must be a finite number > 0"),
+    (["train-tiny", "--out", "{tmp}", "--max-minutes", "nan"], "time budget"),
+    (["train-tiny", "--out", "{tmp}", "--max-minutes", "-1"], "time budget"),
+    (["train-tiny", "--out", "{tmp}", "--lr", "nan"], "learning rate"),
+])
+def test_rates_durations_and_budgets_that_are_not_finite_positive_numbers(argv, needle, capsys, tmp_path):
+    """Each was taken before: `video --fps inf` hung, `video --fps nan` was a traceback, a live
+    deadline of 0 or less captioned nothing and exited 0, `--fps nan` and `--duration nan` ran,
+    and a NaN or negative training budget trained all 30000 steps."""
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    out = tmp_path / "run"
+    assert main([a.format(clip=clip, tmp=out) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+    assert not out.exists()  # nothing started
+
+
+def test_the_pipelines_reject_them_too():
+    from pipelines.batch import Sampling
+    from pipelines.feed import LiveFeed
+    from pipelines.live import LiveSession
+
+    for fps in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="fps must be a finite number > 0"):
+            Sampling(fps=fps)
+        with pytest.raises(ValueError, match="fps must be a finite number > 0"):
+            LiveFeed(None, {"caption": "short"}, SamplingParams(), fps=fps)
+    for deadline in (0.0, -5.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="deadline_ms must be a finite number > 0"):
+            LiveSession(None, {"caption": "short"}, deadline_ms=deadline)
+    for n in (0, 2.5, True):
+        with pytest.raises(ValueError, match="every_n must be an integer >= 1"):
+            Sampling(every_n=n)
+    assert Sampling(fps=2.0).fps == 2.0 and Sampling(every_n=3).every_n == 3
+
+
 def test_several_images_and_folders_answer_one_line_each(capsys, tmp_path, small_folder):
     folder = tmp_path / "photos"
     (folder / "sub").mkdir(parents=True)

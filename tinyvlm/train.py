@@ -92,6 +92,11 @@ class TrainConfig:
     def __post_init__(self):
         if self.processes < 1 or self.batch_size % self.processes:
             raise ValueError(f"batch size {self.batch_size} does not split over {self.processes} processes")
+        # NaN and infinity too: a NaN budget never ran out (every step ran), a negative one neither
+        if not 0.0 < self.max_minutes < float("inf"):
+            raise ValueError(f"the time budget must be a finite number of minutes > 0, not {self.max_minutes}")
+        if not 0.0 < self.lr < float("inf"):
+            raise ValueError(f"the learning rate must be a finite number > 0, not {self.lr}")
         if not 0.0 <= self.vision_share < 1.0:
             raise ValueError(f"the vision-only share must be in [0, 1), not {self.vision_share}")
         if self.first_item < 0:
