@@ -154,7 +154,6 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
                     ref.release()
             staged.clear()
 
-    last_pts = 0.0
     decoded_before = summary.frames_decoded  # a summary may span several files
     try:
         # Sticky answers look for scene cuts in every frame, recorded or not (as a full run would).
@@ -167,7 +166,6 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             summary.frames_decoded = decoded_before + source.decoded
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
-            last_pts = frame.pts
             items = [done.get((frame.source_id, frame.index, prompt_key(t))) if done else None for t in tasks]
             if last is None:
                 submit(frame, items, frame.rgb)
@@ -196,7 +194,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
     finally:
         summary.frames_decoded = decoded_before + source.decoded
         summary.seconds += time.perf_counter() - t0
-        summary.video_seconds += last_pts
+        summary.video_seconds += source.seconds
         summary.files += 1
         if source.error:
             summary.errors.append(source.error)

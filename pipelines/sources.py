@@ -47,6 +47,7 @@ class FileSource:
         self.source_id = source_id or str(path)
         self.error: str | None = None
         self.decoded = 0  # frames decoded by the last frames() so far
+        self.seconds = 0.0  # the video time they cover: first frame's start to last frame's end
         self._closed = False
         if not self.path.exists():
             if "://" in str(path):  # Path() would print it as "http:/host/..."
@@ -98,12 +99,18 @@ class FileSource:
         only replays its answer. `decoded` counts them all."""
         import av
 
-        index = 0
-        self.decoded = 0
+        index, first = 0, None
+        self.decoded, self.seconds = 0, 0.0
+        fps = self.fps
         try:
             for frame in self._container.decode(self._stream):
-                pts = float(frame.time) if frame.time is not None else (index / self.fps if self.fps else 0.0)
+                pts = float(frame.time) if frame.time is not None else (index / fps if fps else 0.0)
                 self.decoded = index + 1
+                # Up to the end of the last frame: its start alone made a one-frame video 0 s long
+                # (and "0.0x real time"), and every video a frame short.
+                first = pts if first is None else first
+                shown = float(frame.duration * frame.time_base) if frame.duration and frame.time_base else None
+                self.seconds = max(self.seconds, pts - first + (shown or (1.0 / fps if fps else 0.0)))
                 if pick is None or pick(index, pts):
                     if need_rgb is not None and not need_rgb(index):
                         yield Frame(self.source_id, index, pts, None)

@@ -181,6 +181,8 @@ def test_batch_in_order_and_resume(tmp_path, small_folder):
             sink.close()
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert [r["index"] for r in rows] == list(range(0, 20, 2)) and summary.frames_captioned == 10
+        # the video's 2 s (20 frames at 10 fps), though the last frame processed starts at 1.8 s
+        assert summary.video_seconds == pytest.approx(2.0)
         assert all(set(r) >= {"source", "index", "pts", "text", "token_ids", "timings_ms"} for r in rows)
         # an interrupted run: keep the first 4 lines, resume the rest
         out.write_text("\n".join(out.read_text().splitlines()[:4]) + "\n{\"broken")
