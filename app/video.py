@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             return summary
         name = Path(path).name
         sinks: list = [shared] if shared else []
-        bar = None if overall else tqdm(total=src.frame_count, desc=name, unit="frame", position=i,
+        bar = None if overall is not None else tqdm(total=src.frame_count, desc=name, unit="frame", position=i,
                                         leave=True, file=sys.stderr)
         shown = 0
         on_terminal = out is None and not out_dir and not to_stdout
@@ -113,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
         def show(r) -> None:
             nonlocal shown
             with print_lock:
-                (bar or overall).update(max(0, summary.frames_decoded - shown))
+                # `is None`, not truth: a bar without a total (the container gives no frame count)
+                # has no truth value in tqdm, and asking raised TypeError
+                (overall if bar is None else bar).update(max(0, summary.frames_decoded - shown))
                 shown = max(shown, summary.frames_decoded)
                 if on_terminal:
                     prefix = f"{name}  " if len(paths) > 1 else ""
@@ -153,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             write_failed.set()
             summary.errors.append(f"{path}: cannot write its results: {e}")
         finally:
-            if bar:
+            if bar is not None:
                 with print_lock:
                     bar.update(max(0, summary.frames_decoded - shown))  # frames after the last one picked
                 bar.close()
@@ -192,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
                 stop.set()
                 summaries += [f.result() for f in futures if not f.cancelled()]
         wall_s = time.perf_counter() - t0
-    if overall:
+    if overall is not None:
         overall.close()
     if shared:
         shared.close()

@@ -149,8 +149,9 @@ class FileSource:
 
 
 # What `vlmstream video FOLDER` picks up (any case); anything else in a folder is left alone.
+# Raw H.264 / H.265 too: what many IP cameras and recorders export.
 VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".mpg",
-                              ".mpeg", ".flv", ".wmv", ".3gp", ".ogv"})
+                              ".mpeg", ".flv", ".wmv", ".3gp", ".ogv", ".h264", ".264", ".h265", ".265", ".hevc"})
 
 
 def video_files(folder: str | Path) -> list[Path]:

@@ -270,6 +270,26 @@ def test_several_files_at_once_into_one_jsonl(tmp_path, small_folder):
     assert main(["video", str(a), str(a)]) == 2
 
 
+def test_videos_whose_container_gives_no_frame_count(tmp_path, small_folder, capsys):
+    """A raw H.264 stream (an IP camera's export) announces no frame count, so its progress bar
+    has no total: asking such a bar for its truth value raised TypeError in tqdm after the first
+    answer, alone or in a folder of more files than run side by side (one bar over all)."""
+    raw = write_video(tmp_path / "cam.h264", "libx264", n=5)
+    from pipelines.sources import FileSource
+
+    with FileSource(raw) as src:
+        assert src.frame_count is None
+    out = tmp_path / "one.jsonl"
+    assert main(["video", str(raw), "--model", str(small_folder), "--max-tokens", "2", "-o", str(out)]) == 0
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == list(range(5))
+    for i in range(4):
+        write_video(tmp_path / f"clip{i}.mp4", "libx264", n=3)
+    out = tmp_path / "all.jsonl"
+    assert main(["video", str(tmp_path), "--model", str(small_folder), "--max-tokens", "2", "-o", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 5 + 4 * 3  # the folder scan picks .h264 files up too
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_a_folder_is_every_video_under_it(tmp_path, small_folder, capsys):
     root = tmp_path / "clips"
     (root / "day2").mkdir(parents=True)
