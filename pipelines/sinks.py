@@ -166,7 +166,10 @@ def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
     """A copy of the frame with its caption (one line per answer) and a line of info drawn in a
     band at the bottom."""
     h, w = rgb.shape[:2]
-    band = max(18, h // 14)
+    # At most half the frame: a band taller than a small frame (under 36 rows) left no room for
+    # the caption and the drawing failed (a 16x16 video). Text that small is unreadable, but the
+    # frame is still written.
+    band = max(1, min(max(18, h // 14), h // 2))
     lines = tuple(line[:200] for line in text.strip().splitlines()[: max(1, h // band - 2)]) or ("",)
     top = h - (len(lines) + 1) * band
     img = np.array(rgb)  # a writable copy
@@ -180,7 +183,7 @@ def _band(lines: tuple[str, ...], width: int, band: int, colour: tuple[int, int,
     from PIL import Image, ImageDraw
 
     img = Image.new("RGB", (width, band * len(lines)))
-    draw, font = ImageDraw.Draw(img), _font(int(band * 0.7))
+    draw, font = ImageDraw.Draw(img), _font(max(1, int(band * 0.7)))
     for i, line in enumerate(lines):
         draw.text((6, i * band + 2), line, fill=colour, font=font)
     out = np.asarray(img)

@@ -83,9 +83,9 @@ def _annotate_reference(rgb, text, info):
     img = Image.fromarray(np.ascontiguousarray(rgb))
     draw = ImageDraw.Draw(img)
     w, h = img.size
-    lines = [line[:200] for line in text.strip().splitlines()][: max(1, h // max(18, h // 14) - 2)] or [""]
-    band = max(18, h // 14)
-    font = _font(int(band * 0.7))
+    band = max(1, min(max(18, h // 14), h // 2))  # at most half a small frame
+    lines = [line[:200] for line in text.strip().splitlines()][: max(1, h // band - 2)] or [""]
+    font = _font(max(1, int(band * 0.7)))
     top = h - (len(lines) + 1) * band
     draw.rectangle((0, top, w, h), fill=(0, 0, 0))
     for i, line in enumerate(lines):
@@ -94,7 +94,7 @@ def _annotate_reference(rgb, text, info):
     return np.asarray(img)
 
 
-@pytest.mark.parametrize("size", [(360, 640), (120, 160), (1080, 1920), (20, 30)])
+@pytest.mark.parametrize("size", [(360, 640), (120, 160), (1080, 1920), (20, 30), (16, 16), (35, 48)])
 def test_annotated_frames_are_drawn_as_before_with_cached_captions(size):
     rng = np.random.default_rng(size[0])
     texts = ["a red circle and a small blue star", "", "one\ntwo\nthree\n" + "x" * 300,
