@@ -173,7 +173,9 @@ def files_under(folder: str | Path, extensions: frozenset[str]) -> list[Path]:
 
 
 def _first_line(e: Exception) -> str:
-    text = str(e).strip()
+    # FFmpeg's and the OS's own words ("Server returned 404 Not Found"), without the "[Errno N]"
+    # and the file name that str() adds: every message here names the source already.
+    text = (getattr(e, "strerror", None) or str(e)).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
 
@@ -236,7 +238,12 @@ class StreamSource:
             try:
                 container = self._open()
             except (av.FFmpegError, OSError) as e:
-                if time.perf_counter() - last_ok > self.max_wait or not self.reconnect:
+                # A client error (404, 401, 403...) from a stream that never sent a frame is a wrong
+                # URL or password, not an outage: said at once, not after max_wait of retries (the
+                # live CLI's --duration often ended first, and the reason was never shown).
+                refused = (index == 0 and isinstance(e, av.HTTPClientError)
+                           and not isinstance(e, av.HTTPTooManyRequestsError))
+                if refused or time.perf_counter() - last_ok > self.max_wait or not self.reconnect:
                     raise SourceError(f"cannot read {self.display}: {self._clean(e)}") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 4.0)

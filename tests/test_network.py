@@ -158,8 +158,11 @@ def _serve(root: Path):
     import functools
     import http.server
 
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a, **k: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # not on the test's stderr
+            pass
+
+    handler = functools.partial(Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -183,6 +186,24 @@ def test_a_stream_given_to_the_video_command_is_a_clear_error(tmp_path, capsys):
     assert main(["video", "rtsp://admin:hunter2@127.0.0.1:9/live", "-o", str(tmp_path / "out.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "is a stream, not a file" in err and "vlmstream live" in err and "hunter2" not in err
+
+
+def test_a_url_the_server_does_not_have_fails_at_once(tmp_path, capsys, small_folder):
+    """A 404 before any frame is a wrong URL: it used to be retried for 30 s, and `live --duration 3`
+    ended first with "no frames received", never saying why."""
+    server = _serve(tmp_path)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/cam/missing.mp4"
+        t0 = time.time()
+        with pytest.raises(SourceError, match="404"):
+            next(StreamSource(url).frames())
+        assert time.time() - t0 < 5
+        assert main(["live", url, "--model", str(small_folder), "--duration", "20"]) == 2
+        assert time.time() - t0 < 20
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert "404 Not Found" in err and err.count("\n") == 1
 
 
 def test_http_source_reads_a_served_clip():
