@@ -205,11 +205,13 @@ class StreamSource:
     network gone), it is reopened with exponential backoff; if nothing can be read for
     `max_wait` seconds, `frames()` raises a SourceError. Presentation times are seconds since the
     source started (stream timestamps restart when a sender does). Credentials never appear in
-    messages.
+    messages. A recording (a stream that says how long it lasts) is read once, at its own pace
+    unless `pace` is False.
     """
 
     def __init__(self, url: str, source_id: str | None = None, open_timeout: float = 5.0,
-                 read_timeout: float = 3.0, max_wait: float | None = None, reconnect: bool = True):
+                 read_timeout: float = 3.0, max_wait: float | None = None, reconnect: bool = True,
+                 pace: bool = True):
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         self.url, self.display = url, redact(url)
         if scheme not in STREAM_SCHEMES:
@@ -217,7 +219,7 @@ class StreamSource:
                               f"(use one of {', '.join(STREAM_SCHEMES)})")
         self.source_id = source_id or self.display
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
-        self.max_wait, self.reconnect = STREAM_MAX_WAIT_S if max_wait is None else max_wait, reconnect
+        self.max_wait, self.reconnect, self.pace = STREAM_MAX_WAIT_S if max_wait is None else max_wait, reconnect, pace
         self.error: str | None = None
         self.reconnects = 0
         self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
@@ -248,19 +250,35 @@ class StreamSource:
                 time.sleep(delay)
                 delay = min(delay * 2, 4.0)
                 continue
+            ended = False
             try:
                 if not container.streams.video:
                     raise SourceError(f"{self.display} has no video stream")
+                # A recording served over the network (a file over HTTP, a finished HLS playlist)
+                # says how long it lasts; a live stream does not. A recording plays at its own pace,
+                # as a file does in `live`, not as fast as it downloads (a 25 fps clip went by at
+                # 60), and its end ends the source instead of being reopened from the start.
+                recording = bool(container.duration)
+                clock = None  # (wall time, frame time) that the pacing counts from
                 for frame in container.decode(container.streams.video[0]):
+                    if recording and self.pace and frame.time is not None:
+                        now = time.perf_counter()
+                        clock = clock or (now, frame.time)
+                        ahead = (frame.time - clock[1]) - (now - clock[0])
+                        if ahead > 2.0:  # a jump in the timestamps: count from here
+                            clock = (now, frame.time)
+                        elif ahead > 0:
+                            time.sleep(ahead)
                     last_ok, delay = time.perf_counter(), 0.25
                     rgb = _rotate(frame.to_ndarray(format="rgb24"), getattr(frame, "rotation", 0) or 0)
                     yield Frame(self.source_id, index, last_ok - t0, rgb)
                     index += 1
+                ended = recording
             except (av.FFmpegError, OSError) as e:
                 self.error = f"{self.display}: {self._clean(e)}"
             finally:
                 container.close()
-            if not self.reconnect:
+            if not self.reconnect or ended:
                 return
             self.reconnects += 1
 

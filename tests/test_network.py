@@ -175,7 +175,7 @@ def test_hls_playlist_is_read_segment_after_segment(tmp_path):
     assert len(list(tmp_path.glob("*.ts"))) >= 4  # the 16 s clip in several segments
     server = _serve(tmp_path)
     try:
-        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", reconnect=False)
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", reconnect=False, pace=False)
         frames = list(src.frames())
     finally:
         server.shutdown()
@@ -210,8 +210,27 @@ def test_http_source_reads_a_served_clip():
     server = _serve(Path(__file__).resolve().parents[1] / "sample_videos")
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/cuts_640x360_30fps.mp4"
-        src = StreamSource(url, reconnect=False)
+        src = StreamSource(url, reconnect=False, pace=False)
         frames = list(src.frames())
     finally:
         server.shutdown()
     assert len(frames) == 480 and frames[0].rgb.shape == (360, 640, 3)
+
+
+def test_a_recording_served_over_http_plays_at_its_own_pace_once(tmp_path):
+    """A file over HTTP is a recording: it used to be read as fast as it downloaded (a 25 fps clip
+    went by at 60 frames a second in `live`) and reopened from its start at its end, forever."""
+    clip = tmp_path / "clip.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=20", "-t", "1.5",
+                    "-c:v", "libx264", "-pix_fmt", "yuv420p", str(clip)], check=True)
+    server = _serve(tmp_path)
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/clip.mp4")  # reconnects, as live's do
+        t0 = time.time()
+        frames = list(src.frames())  # ends: a recording is read once
+        took = time.time() - t0
+    finally:
+        server.shutdown()
+    assert len(frames) == 30 and src.reconnects == 0
+    assert 1.3 < took < 6  # 30 frames at 20 fps: 1.45 s of video
+    assert frames[-1].pts - frames[0].pts > 1.3
