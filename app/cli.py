@@ -24,7 +24,13 @@ EXIT_USAGE = 2
 
 
 def _parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
     p = argparse.ArgumentParser(prog="vlmstream", description="Real-time video understanding with a VLM.")
+    try:
+        p.add_argument("--version", action="version", version=f"vlmstream {version('vlmstream')}")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        pass
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     img = sub.add_parser("image", help="caption or ask a question about images",

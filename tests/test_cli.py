@@ -120,6 +120,14 @@ def test_console_script_exit_codes(tmp_path):
     assert json.loads(ok.stdout)["finish_reason"] in ("stop", "length")
 
 
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"vlmstream {version('vlmstream')}\n"
+
+
 def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(tmp_path):
     """The first second or two of every command loads torch; a Ctrl-C there (a user who typed
     the wrong file) must end like any other interruption."""
