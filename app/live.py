@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -85,10 +86,13 @@ def run(args: argparse.Namespace) -> int:
                     log.flush()
                 except OSError as e:  # disk full, a closed pipe: the run stops and says so
                     write_error.append((args.output, e))
-            if not args.json and log is not sys.stdout:
+            if not args.json and log is not sys.stdout and not write_error:
                 prefix = f"{label}  " if several else ""
-                for line in lines:
-                    print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {line}", flush=True)
+                try:
+                    for line in lines:
+                        print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {line}", flush=True)
+                except BrokenPipeError as e:  # piped into a reader that has had enough (`head`): stop
+                    write_error.append(("standard output", e))
 
     interrupted = False
     config = EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
@@ -141,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     if log is not None and log is not sys.stdout:
         log.close()
     if write_error:
-        if isinstance(write_error[0][1], BrokenPipeError):  # e.g. piped into `head`
+        if isinstance(write_error[0][1], BrokenPipeError):  # e.g. piped into `head`: stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
             return 0
         what, e = write_error[0]
         print(f"vlmstream: error: cannot write {what}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)

@@ -120,6 +120,28 @@ def test_console_script_exit_codes(tmp_path):
     assert json.loads(ok.stdout)["finish_reason"] in ("stop", "length")
 
 
+@pytest.mark.parametrize("argv", [["live", "{clip}", "--duration", "30"], ["live", "{clip}", "--duration", "30", "-o", "-"],
+                                  ["video", "{clip}", "-o", "-"]])
+def test_a_reader_that_stops_reading_stops_the_run_quietly(argv):
+    """`vlmstream live CLIP | head -2`: the terminal lines of live once met the closed pipe with a
+    traceback in a worker thread, and the run went on to its end dropping every frame."""
+    import time
+
+    exe = Path(sys.executable).with_name("vlmstream")
+    if not exe.exists():
+        pytest.skip("the console script is not installed")
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    p = subprocess.Popen([str(exe), *[a.format(clip=clip) for a in argv]], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = [p.stdout.readline() for _ in range(2)]
+    p.stdout.close()  # as `head -2` does
+    t0 = time.time()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and all(lines)
+    assert time.time() - t0 < 15  # well before the 30 s run or the 16 s clip would end
+    assert "Traceback" not in err and "Exception" not in err, err
+
+
 def test_version(capsys):
     from importlib.metadata import version
 
