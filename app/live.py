@@ -168,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
         for label, s in zip(labels, per_source):
             print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames captioned, "
                   f"{s['achieved_fps']:.1f} fps, {s['cancelled_stale']} stale cancelled, "
-                  f"{s['dropped']} dropped, p50 {s['latency_ms'].get('end_to_end', {}).get('p50', 0):.1f} ms",
+                  + (f"{s['cancelled_deadline']} past the deadline, " if args.deadline_ms else "")
+                  + f"{s['dropped']} dropped, p50 {s['latency_ms'].get('end_to_end', {}).get('p50', 0):.1f} ms",
                   file=sys.stderr)
     if interrupted:
         return 130

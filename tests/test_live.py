@@ -1,6 +1,7 @@
 """Live-session semantics on a slow fake device: stale cancellation, intake drops, deadlines."""
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -173,6 +174,16 @@ def test_live_cli_logs_to_stdout_and_appends_to_a_file(small_folder, tmp_path, c
         assert main(cmd + bad) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1
+
+
+def test_live_cli_says_how_many_frames_missed_the_deadline(small_folder, capsys):
+    from app.cli import main
+
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    assert main(["live", str(sample), "--model", str(small_folder), "--duration", "1", "--deadline-ms", "0.01"]) == 0
+    err = capsys.readouterr().err  # every frame is cancelled: the line says where they went
+    m = re.search(r"(\d+) of (\d+) frames captioned, .* (\d+) past the deadline, ", err)
+    assert m and m[1] == "0" and int(m[3]) > 5, err
 
 
 def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path, capsys):
