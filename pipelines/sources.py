@@ -109,7 +109,8 @@ class FileSource:
                 # Up to the end of the last frame: its start alone made a one-frame video 0 s long
                 # (and "0.0x real time"), and every video a frame short.
                 first = pts if first is None else first
-                shown = float(frame.duration * frame.time_base) if frame.duration and frame.time_base else None
+                ticks = getattr(frame, "duration", None)  # not on every PyAV the package accepts
+                shown = float(ticks * frame.time_base) if ticks and frame.time_base else None
                 self.seconds = max(self.seconds, pts - first + (shown or (1.0 / fps if fps else 0.0)))
                 if pick is None or pick(index, pts):
                     if need_rgb is not None and not need_rgb(index):
