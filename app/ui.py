@@ -22,6 +22,15 @@ CONSTRAINTS = ["none", "choices", "regex", "json schema"]
 VIDEO_TABLE_ROWS = 5000  # a page holds this many; the downloads hold every answer
 
 
+def video_file_types() -> list[str]:
+    """What the upload fields accept: Gradio's "video" goes by MIME type, which rejected files
+    FFmpeg reads (.ts, .mts/.m2ts from camcorders, .3gp, raw .h264): every extension `video`
+    takes in a folder is named too."""
+    from pipelines.sources import VIDEO_EXTENSIONS
+
+    return ["video", *sorted(VIDEO_EXTENSIONS)]
+
+
 QUESTION_LABEL = ("Question (several: one a line, all asked about every frame; a line's own constraint after its "
                   "question mark: [yes, no] or /regex/)")
 CONSTRAINT_LABEL = "Choices (comma separated), regex or JSON schema"
@@ -173,7 +182,7 @@ def build(service: Service, source: str | None = None):
             with gr.Row():
                 src = gr.Dropdown(samples + ["webcam:0"], value=default_source, allow_custom_value=True, scale=3,
                                   label="Source: a sample, a webcam index on the server, a URL or a path")
-                upload = gr.File(label="...or a video file to play live", file_types=["video"], type="filepath",
+                upload = gr.File(label="...or a video file to play live", file_types=video_file_types(), type="filepath",
                                  scale=2)
             with gr.Row():
                 kind = gr.Radio(PROMPTS, value="short", label="Prompt")
@@ -266,7 +275,7 @@ def build(service: Service, source: str | None = None):
                        show_progress="hidden", api_name=False)
         with gr.Tab("Video file"):
             with gr.Row():
-                vfile = gr.File(label="Video", file_types=["video"], type="filepath", elem_id="vs-video-file")
+                vfile = gr.File(label="Video", file_types=video_file_types(), type="filepath", elem_id="vs-video-file")
                 with gr.Column():
                     vkind = gr.Radio(PROMPTS, value="short", label="Prompt")
                     vquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)

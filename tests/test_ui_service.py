@@ -34,6 +34,18 @@ def wait_for(pred, timeout=60.0):
     raise AssertionError("condition not met in time")
 
 
+def test_the_upload_fields_take_every_video_the_cli_reads():
+    from gradio_client.utils import is_valid_file
+
+    from app.ui import video_file_types
+    from pipelines.sources import VIDEO_EXTENSIONS
+
+    # through Gradio's own check: "video" alone turned away .ts, .mts, .m2ts, .3gp and raw .h264
+    assert all(is_valid_file(f"clip{ext}", video_file_types()) for ext in VIDEO_EXTENSIONS)
+    assert all(is_valid_file(f"CLIP{ext.upper()}", video_file_types()) for ext in VIDEO_EXTENSIONS)
+    assert not is_valid_file("notes.txt", video_file_types())
+
+
 def test_tasks_and_constraints_from_form_fields():
     assert make_task("normal") == {"caption": "normal"}
     assert make_task("question", " How many shapes are there? ") == {"question": "How many shapes are there?"}
