@@ -1,6 +1,7 @@
 """Network streams over loopback: reading, reconnecting after the sender restarts, bounded waits."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -204,6 +205,48 @@ def test_a_url_the_server_does_not_have_fails_at_once(tmp_path, capsys, small_fo
         server.shutdown()
     err = capsys.readouterr().err
     assert "404 Not Found" in err and err.count("\n") == 1
+
+
+def _refusing_rtsp_server(status: str) -> socket.socket:
+    """An RTSP server that answers every request with `status` (as a camera does to a wrong password)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def handle(conn: socket.socket) -> None:
+        buf = b""
+        with conn:
+            while data := conn.recv(4096):
+                buf += data
+                while b"\r\n\r\n" in buf:
+                    request, buf = buf.split(b"\r\n\r\n", 1)
+                    cseq = re.search(rb"CSeq: *(\d+)", request)
+                    conn.sendall(f"RTSP/1.0 {status}\r\nCSeq: {int(cseq[1]) if cseq else 1}\r\n"
+                                 'WWW-Authenticate: Basic realm="camera"\r\n\r\n'.encode())
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+def test_a_camera_that_refuses_the_password_fails_at_once(capsys, small_folder):
+    srv = _refusing_rtsp_server("401 Unauthorized")
+    try:
+        url = f"rtsp://admin:hunter2@127.0.0.1:{srv.getsockname()[1]}/stream1"
+        t0 = time.time()
+        assert main(["live", url, "--model", str(small_folder), "--duration", "20"]) == 2
+        assert time.time() - t0 < 20
+    finally:
+        srv.close()
+    err = capsys.readouterr().err
+    assert "401 Unauthorized" in err and "hunter2" not in err and err.count("\n") == 1, err
 
 
 def test_http_source_reads_a_served_clip():
