@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         name = Path(path).name
         sinks: list = [shared] if shared else []
         bar = None if overall is not None else tqdm(total=src.frame_count, desc=name, unit="frame", position=i,
-                                        leave=True, file=sys.stderr)
+                                                    leave=True, file=sys.stderr)
         shown = 0
         on_terminal = out is None and not out_dir and not to_stdout
         changed = AnswerChanges(args.hold or 1) if args.changes and on_terminal else None
