@@ -34,8 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     img = sub.add_parser("image", help="caption or ask a question about images",
-                         description="Caption images or answer a question about them (the reference decoder, "
-                                     "one image after the other).")
+                         description="Caption images or answer a question about them (one image: the reference "
+                                     "decoder, word by word; several: the engine, answers in order).")
     img.add_argument("image", nargs="+", metavar="IMAGE|FOLDER",
                      help="image files (any format Pillow reads), or folders: every image under them; one image "
                           "prints its answer as it comes, several a line each (\"IMAGE: answer\")")
