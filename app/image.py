@@ -21,8 +21,8 @@ from pathlib import Path
 from app.errors import UsageError
 from app.prompt_args import prompt_tasks
 
-# Enough to fill the engine's batches, few enough that a folder of large photos does not sit in
-# memory as decoded frames.
+# Enough to fill the engine's batches. A waiting image holds its crops, not its pixels (a few MB
+# at most with Moondream 2's), so a folder of large photos stays small in memory.
 IMAGES_IN_FLIGHT = 16
 
 
