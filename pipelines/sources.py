@@ -244,8 +244,8 @@ class StreamSource:
                 # A client error (404, 401, 403...) from a stream that never sent a frame is a wrong
                 # URL or password, not an outage: said at once, not after max_wait of retries (the
                 # live CLI's --duration often ended first, and the reason was never shown).
-                refused = (index == 0 and isinstance(e, av.HTTPClientError)
-                           and not isinstance(e, av.HTTPTooManyRequestsError))
+                refused = (index == 0 and isinstance(e, av.HTTPClientError)  # 429 is "later", not "no"
+                           and not isinstance(e, getattr(av, "HTTPTooManyRequestsError", ())))
                 if refused or time.perf_counter() - last_ok > self.max_wait or not self.reconnect:
                     raise SourceError(f"cannot read {self.display}: {self._clean(e)}") from None
                 time.sleep(delay)
