@@ -28,7 +28,6 @@ IMAGES_IN_FLIGHT = 16
 
 def run(args: argparse.Namespace) -> int:
     from engine.models.loader import load_model
-    from engine.models.prompt import asked_prompt
     from engine.reference import ReferenceDecoder
     from engine.types import SamplingParams
     from pipelines.image_file import check_image, read_image
@@ -51,9 +50,7 @@ def run(args: argparse.Namespace) -> int:
         out.write(piece)
         out.flush()
 
-    # What the model was asked, where its config rewords the question (the tiny model's does):
-    # {"question": ...}, or {"caption": length} for a question that asks for a description.
-    asked = {} if "question" not in task else {"asked": asked_prompt(loaded.config, task["question"])}
+    asked = _asked(loaded.config, task)
 
     result = decoder.generate(rgb, params=params, on_text=None if args.json else on_text, **task)
     if args.json:
@@ -61,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
     out.write("\n")
     out.flush()
     return 0
+
+
+def _asked(config, task: dict) -> dict:
+    """What the model was asked, where its config rewords the question (the tiny model's does):
+    {"question": ...}, or {"caption": length} for a question that asks for a description."""
+    from engine.models.prompt import asked_prompt
+
+    return {} if "question" not in task else {"asked": asked_prompt(config, task["question"])}
 
 
 def _record(args: argparse.Namespace, result, asked: dict, loaded, load_ms: float) -> dict:
@@ -77,7 +82,6 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict) ->
 
     from engine import Engine, EngineConfig
     from engine.errors import ImageError
-    from engine.models.prompt import asked_prompt
     from pipelines.image_file import read_image
 
     out = sys.stdout
@@ -85,7 +89,7 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict) ->
     t0 = time.perf_counter()
     with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype)) as engine:
         load_ms = (time.perf_counter() - t0) * 1000.0
-        asked = {} if "question" not in task else {"asked": asked_prompt(engine.loaded.config, task["question"])}
+        asked = _asked(engine.loaded.config, task)
         bar = tqdm(total=len(paths), desc="images", unit="image", file=sys.stderr)
         pending: deque = deque()  # (path, its request or why it could not be read), in order
 

@@ -101,7 +101,7 @@ class FileSource:
 
         index, first = 0, None
         self.decoded, self.seconds = 0, 0.0
-        fps = self.fps
+        fps, time_base = self.fps, float(self._stream.time_base or 0)
         try:
             for frame in self._container.decode(self._stream):
                 pts = float(frame.time) if frame.time is not None else (index / fps if fps else 0.0)
@@ -110,7 +110,7 @@ class FileSource:
                 # (and "0.0x real time"), and every video a frame short.
                 first = pts if first is None else first
                 ticks = getattr(frame, "duration", None)  # not on every PyAV the package accepts
-                shown = float(ticks * frame.time_base) if ticks and frame.time_base else None
+                shown = ticks * time_base if ticks and time_base else None
                 self.seconds = max(self.seconds, pts - first + (shown or (1.0 / fps if fps else 0.0)))
                 if pick is None or pick(index, pts):
                     if need_rgb is not None and not need_rgb(index):
