@@ -4,9 +4,11 @@ A step runs, in this order on the device: vision encoding of the step's images (
 one batch; on CPU the vision thread has done it already, engine/vision_stage.py) and their
 bidirectional prefix prefill; prompt prefill chunks; one batched decode
 forward; then sampling of every row that produces a token (first tokens of finished prefills,
-decode rows). Sampled tokens are scattered into `last_token[slot]` on the device, where the next
-step's decode reads them without a host round trip, and copied into the host buffer of the
-step's ping-pong slot. A slot is reused only after its step was committed.
+decode rows). On CPU with TorchScript the prefixes, chunks and decode rows are one call
+(`scripted.step_forward`), with the same results. Sampled tokens are scattered into
+`last_token[slot]` on the device, where the next step's decode reads them without a host round
+trip, and copied into the host buffer of the step's ping-pong slot. A slot is reused only after
+its step was committed.
 
 KV lives in pages: `k`/`v` are (n_layers, n_pages * page_size, n_kv_heads, head_dim); position p
 of a sequence is at flat index page_table[p // page_size] * page_size + p % page_size.
@@ -22,7 +24,7 @@ import torch
 
 from .device import Executor, Pending
 from .models.loader import LoadedModel
-from .models.text import KV_ALIGN, MIN_GEMM_ROWS, attention
+from .models.text import KV_ALIGN, attention
 from .models.tiling import crops_to_tensor
 from .reference import exact_attention
 from .sampler import advance_constraints, apply_constraints, constraint_mask, sample, step_uniform, stick, suppress
@@ -61,7 +63,8 @@ class Runner:
                 # The arguments every text call shares, after its inputs and the KV cache.
                 rope, text_weights = loaded.model.text.rope_tables(loaded.device), flat_weights(loaded.model.text)
                 self._text_args = (*rope, text_weights,
-                                   t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim, t.rot_dim, page_size, MIN_GEMM_ROWS)
+                                   t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim, t.rot_dim, page_size,
+                                   loaded.model.text.min_rows, loaded.model.text.min_rows_ff)
                 warm_up(self.scripted, self._text_args, self.vision_weights, loaded.model.vision.cfg, t,
                         page_size, loaded.dtype, exact_attention(loaded))
         self.kernels = None
@@ -165,15 +168,53 @@ class Runner:
         h = text(text.embed(self.last_token[slots_B])[:, None], pos_B[:, None], attend)
         return text.logits(h[:, -1])
 
-    def _scripted_decode(self, slots_B, pos_B1, write_B, pages_BP, mask_B11L) -> torch.Tensor:
-        return self.scripted.decode(self.last_token[slots_B], pos_B1, write_B, pages_BP, mask_B11L, self.k, self.v,
-                                    *self._text_args)
-
     def _hidden(self, x_BTC, pos_BT, write, pages_BP, mask) -> torch.Tensor:
-        """TextModel.forward over the paged cache: through TorchScript where it is on."""
-        if self.scripted is None:
-            return self.model.text(x_BTC, pos_BT, self._attend(write, pages_BP, mask))
-        return self.scripted.hidden(x_BTC, pos_BT, write, pages_BP, mask, self.k, self.v, *self._text_args, self.exact)
+        """TextModel.forward over the paged cache (the eager path; TorchScript runs `_fused`)."""
+        return self.model.text(x_BTC, pos_BT, self._attend(write, pages_BP, mask))
+
+    def _fused(self, x_prefix: torch.Tensor, ids: torch.Tensor, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """scripted.step_forward over this runner's cache and weights; inputs: `_fused_inputs`."""
+        return self.scripted.step(x_prefix, ids, *inputs, self.k, self.v, *self._text_args, self.exact)
+
+    def _fused_inputs(self, images: list, prefills: list, decode: tuple | None) -> tuple:
+        """What step_forward takes besides its rows' inputs: positions, KV slots, the prefix pages
+        copied into prompts' own pages, each group's shape, pages and mask, the rows that sample."""
+        P, ps = self.config.prefix_len, self.page_size
+        pos, write, shapes, pages, masks, sample, copies = [], [], [], [], [], [], []
+        n = 0
+        if images:
+            gather = self._to(np.stack([g for _, _, _, g, _ in images]))
+            L = gather.shape[1] * ps
+            pos.append(torch.arange(P).repeat(len(images)))
+            write.append(self._to(np.concatenate([w for _, _, w, _, _ in images])))
+            shapes.append([len(images), P])
+            pages.append(gather)
+            masks.append((torch.arange(L) < P).expand(P, L)[None, None])
+            n += len(images) * P
+        for ids, positions, w, gather, mask, cows, last in prefills:
+            b, t = ids.shape
+            pos.append(positions.reshape(-1))
+            write.append(w)
+            shapes.append([b, t])
+            pages.append(gather)
+            masks.append(mask)
+            if last is not None:
+                sample.append(n + last * t + t - 1)
+            # The positions of the prefix's partial last page, which `copy_page` would copy.
+            copies += [(src * ps + j, dst * ps + j) for src, dst in cows for j in range(P % ps)]
+            n += b * t
+        if decode is not None:
+            slots_d, pos_d, w, gather, mask = decode
+            pos.append(pos_d.reshape(-1))
+            write.append(w)
+            shapes.append([len(slots_d), 1])
+            pages.append(gather)
+            masks.append(mask)
+            sample.append(n + torch.arange(len(slots_d)))
+        copy = self._to(np.array(copies, dtype=np.int64).reshape(-1, 2).T)
+        none = torch.zeros(0, dtype=torch.int64)
+        return (torch.cat(pos), torch.cat(write), copy[0], copy[1], shapes, pages, masks,
+                torch.cat(sample) if sample else none)
 
     def _to(self, x: np.ndarray | list, dtype=torch.int64) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), dtype=dtype).to(self.device, non_blocking=True)
@@ -291,8 +332,23 @@ class Runner:
             for automaton, idx in groups.values()
         ]
         busy: dict[str, float] = {}
+        # One TorchScript call for the step's text forwards (CPU); decode graphs (CUDA, or
+        # static graphs in tests) keep their own call.
+        fused = self._fused_inputs(images, prefills, decode) if self.scripted is not None and self.graphs is None else None
 
-        def run() -> StepResult:
+        def run_fused() -> list[torch.Tensor]:
+            t0 = time.perf_counter()
+            x = self._prefix_embeds(images).flatten(0, 1) if images else self.k.new_zeros(0, cfg.text.dim)
+            busy["images"] = (time.perf_counter() - t0) * 1000.0  # the vision encoder's, where the step runs it
+            t0 = time.perf_counter()
+            if fed is not None:
+                self.last_token[self._fed_base:self._fed_base + fed.shape[0]] = fed
+            ids = [p[0].reshape(-1) for p in prefills] + ([self.last_token[decode[0]]] if decode is not None else [])
+            _, step_logits = self._fused(x, torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64), fused)
+            busy["text"] = (time.perf_counter() - t0) * 1000.0
+            return [step_logits]
+
+        def run_separate() -> list[torch.Tensor]:
             logits = []
             if images:
                 t0 = time.perf_counter()
@@ -316,15 +372,18 @@ class Runner:
             if decode is not None:
                 slots_d, pos, write, gather, mask = decode
                 text = self.model.text
-                if self.scripted is not None:
-                    logits.append(self._scripted_decode(slots_d, pos, write, gather, mask))
+                if self.kernels:
+                    attend = self._attend_kernels(write, gather, pos[:, 0] + 1)
                 else:
-                    if self.kernels:
-                        attend = self._attend_kernels(write, gather, pos[:, 0] + 1)
-                    else:
-                        attend = self._attend(write, gather, mask)
-                    h = text(text.embed(self.last_token[slots_d])[:, None], pos, attend)
-                    logits.append(text.logits(h[:, -1]))
+                    attend = self._attend(write, gather, mask)
+                h = text(text.embed(self.last_token[slots_d])[:, None], pos, attend)
+                logits.append(text.logits(h[:, -1]))
+            busy["decode"] = (time.perf_counter() - t0) * 1000.0
+            return logits
+
+        def run() -> StepResult:
+            logits = run_fused() if fused is not None else run_separate()
+            t0 = time.perf_counter()
             if rows:
                 slots_r, temp, top_p, u, not_first = sampling
                 all_logits = torch.cat(logits)
@@ -344,7 +403,7 @@ class Runner:
                 advance_constraints(tokens, masked, self.fsm_state)
                 self.last_token[slots_r] = tokens
                 self.executor.to_host(tokens, slot.tokens[: len(rows)])
-            busy["decode"] = (time.perf_counter() - t0) * 1000.0
+            busy["sample"] = (time.perf_counter() - t0) * 1000.0
             return StepResult(rows, slot.tokens[: len(rows)], busy)
 
         return self.executor.launch(run), slot
@@ -363,8 +422,9 @@ class Runner:
             return self.scripted.vision(crops, self.vision_weights, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
         return self.model.vision.encode(crops)
 
-    def _encode_images(self, images: list) -> None:
-        model, cfg = self.model, self.config
+    def _prefix_embeds(self, images: list) -> torch.Tensor:
+        """The images' prefix embeddings (n_img, P, C): the vision stage's, or encoded here."""
+        model = self.model
         todo = [c for c, _, _, _, e in images if e is None]  # not encoded by the vision stage
         feats = self._vision_features(crops_to_tensor(np.concatenate(todo), self.device, model.dtype)) if todo else None
         prefixes, start = [], 0
@@ -373,8 +433,12 @@ class Runner:
                 embeds = model.prefix_embeddings(model.vision.project(feats[start:start + len(c)], tiling))[0]
                 start += len(c)
             prefixes.append(embeds)
-        x = torch.stack(prefixes)  # (n_img, P, C)
-        P, n = cfg.prefix_len, len(images)
+        return torch.stack(prefixes)
+
+    def _encode_images(self, images: list) -> None:
+        """The images' prefixes through the decoder, into their pages (the eager path)."""
+        x = self._prefix_embeds(images)  # (n_img, P, C)
+        P, n = self.config.prefix_len, len(images)
         write = torch.as_tensor(np.concatenate([w for _, _, w, _, _ in images])).to(self.device)  # (n_img * P,)
         pages = torch.as_tensor(np.stack([g for _, _, _, g, _ in images])).to(self.device)  # (n_img, L / ps)
         L = pages.shape[1] * self.page_size

@@ -8,12 +8,13 @@ with the forward instead of overlapping it (pipelined steps ran ~0.4-0.8 ms slow
 ones on an AVX2 CPU, thirteenth session). TorchScript's interpreter runs a whole call without the
 GIL and with less per-operator overhead. It runs the same kernels, so logits, hidden states, KV
 writes and image features are bit-identical to the eager path (tested), which the reference
-decoder still uses;
-no fusion is involved (TorchScript does not fuse on CPU). A decode step is one call
-(`decode_logits`); prompt chunks and image prefixes go through `text_hidden`, whose multi-token
-attention is the exact fp64 one where the eager path's is; the vision encoder is one call per
-step's crops (`vision_encode`). The projection (tile stitching, pooling) stays eager. Measured on
-an AVX2 CPU: decode 1.4-1.9x faster, the live image path 17.2 -> 14.7 ms a frame (BENCHMARKS.md).
+decoder still uses; no fusion is involved (TorchScript does not fuse on CPU). A step's text work is one call
+(`step_forward`: image prefixes, prompt chunks and decode rows together, linears over all rows,
+attention per group; the multi-token attention is the exact fp64 one where the eager path's is);
+the vision encoder is one call per step's crops (`vision_encode`). The projection (tile
+stitching, pooling) stays eager. Measured on an AVX2 CPU: decode 1.4-1.9x faster, the live image
+path 17.2 -> 14.7 ms a frame (BENCHMARKS.md); one call per step instead of one per kind of row:
+a live frame's step ~35 % shorter on the AMX kind (BENCHMARKS.md, twenty-fifth session).
 
 `torch.jit.script` is deprecated in recent torch; it is used here only behind
 `EngineConfig.cpu_script`, and where scripting fails the engine falls back to eager.
@@ -22,7 +23,7 @@ torch.compile is not a substitute: its fused kernels round differently from the 
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -81,44 +82,64 @@ def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return torch.matmul(torch.softmax(scores, dim=-1), vd).to(q.dtype)
 
 
-def text_hidden(x: torch.Tensor, pos_BT: torch.Tensor, write: torch.Tensor, pages_BP: torch.Tensor,
-                mask: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cos_table: torch.Tensor,
-                sin_table: torch.Tensor, weights: List[torch.Tensor], n_layers: int, n_heads: int,
-                n_kv_heads: int, head_dim: int, rot_dim: int, page_size: int, min_rows: int,
-                exact: bool) -> torch.Tensor:
-    """`TextModel.forward(x, pos, Runner._attend(write, pages, mask))`: hidden states (B, T, C) of
-    inputs x (B, T, C) at positions pos_BT; writes their k/v into the paged cache at `write`.
+def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
+                 copy_src: torch.Tensor, copy_dst: torch.Tensor, shapes: List[List[int]],
+                 pages: List[torch.Tensor], masks: List[torch.Tensor], sample_rows: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, cos_table: torch.Tensor,
+                 sin_table: torch.Tensor, weights: List[torch.Tensor], n_layers: int, n_heads: int,
+                 n_kv_heads: int, head_dim: int, rot_dim: int, page_size: int, min_rows: int,
+                 min_rows_ff: int, exact: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A step's text forwards in one call: hidden states (N, C) of its N rows, and the logits of
+    the rows in sample_rows.
 
-    weights: `flat_weights(text)`: wte, then per layer ln w/b, qkv w/b, proj w/b, fc1 w/b, fc2 w/b,
-    then post_ln w/b, lm_head w/b.
+    The rows are groups, in order, each `TextModel.forward(x, pos, Runner._attend(write, pages,
+    mask))` over a (b, t) batch of its own (`shapes[g]`, `pages[g]`, `masks[g]`): image prefixes,
+    prompt chunks, decode rows. Their inputs: x_prefix (N0, C) for the first N0 rows, the
+    embeddings of `ids` for the rest. Linears run over all rows at once (a row's result does not
+    depend on the others: `TextModel.min_rows`, `min_rows_ff`), attention per group, exactly as
+    one call per group would: one call instead of three spares a live frame's step two-thirds
+    of the per-operator overhead. Each layer writes every row's k/v before any row attends, then copies
+    the cache slots copy_src to copy_dst (an image prefix's last, partial page into a prompt's
+    own first page: the prefix may be computed in the same call).
     """
-    b, t, dim = x.shape
-    cos, sin = cos_table[pos_BT].unsqueeze(2), sin_table[pos_BT].unsqueeze(2)
-    n, flat = pages_BP.shape[0], pages_BP.reshape(-1)
+    x = torch.cat([x_prefix, F.embedding(ids, weights[0])])
+    rows, dim = x.shape[0], x.shape[1]
+    cos, sin = cos_table[pos].unsqueeze(1), sin_table[pos].unsqueeze(1)
+    flats = [p.reshape(-1) for p in pages]
     for i in range(n_layers):
         w = weights[1 + 10 * i: 11 + 10 * i]
         h = F.layer_norm(x, [dim], w[0], w[1], 1e-5)
-        h2 = h.reshape(-1, dim)
-        rows = h2.shape[0]
-        hp = _rows(h2, min_rows)
-        qkv = F.linear(hp, w[2], w[3])[:rows].reshape(b, t, -1).view(b, t, n_heads + 2 * n_kv_heads, head_dim)
-        qk = _rotate(qkv[:, :, : n_heads + n_kv_heads], cos, sin, rot_dim)
-        q, k = qk[:, :, :n_heads].transpose(1, 2), qk[:, :, n_heads:].transpose(1, 2)
-        v = qkv[:, :, n_heads + n_kv_heads:].transpose(1, 2)
+        hp = _rows(h, min_rows)
+        qkv = F.linear(hp, w[2], w[3])[:rows].view(rows, n_heads + 2 * n_kv_heads, head_dim)
+        qk = _rotate(qkv[:, : n_heads + n_kv_heads], cos, sin, rot_dim)
         kc, vc = k_cache[i], v_cache[i]
-        kc.index_copy_(0, write, k.transpose(1, 2).reshape(b * t, n_kv_heads, head_dim))
-        vc.index_copy_(0, write, v.transpose(1, 2).reshape(b * t, n_kv_heads, head_dim))
-        keys = kc.view(-1, page_size, n_kv_heads, head_dim).index_select(0, flat).view(n, -1, n_kv_heads, head_dim).transpose(1, 2)
-        values = vc.view(-1, page_size, n_kv_heads, head_dim).index_select(0, flat).view(n, -1, n_kv_heads, head_dim).transpose(1, 2)
-        if exact and t > 1:
-            a = _exact(q, keys, values, mask)
-        else:
-            a = _sdpa(q, keys, values, mask)
-        a2 = a.transpose(1, 2).reshape(b, t, dim).reshape(-1, dim)
-        proj = F.linear(_rows(a2, min_rows), w[4], w[5])[:rows].reshape(b, t, -1)
-        mlp = F.linear(_gelu_tanh(F.linear(hp, w[6], w[7])), w[8], w[9])[:rows].reshape(b, t, -1)
+        kc.index_copy_(0, write, qk[:, n_heads:])
+        vc.index_copy_(0, write, qkv[:, n_heads + n_kv_heads:])
+        if copy_src.shape[0] > 0:
+            kc.index_copy_(0, copy_dst, kc.index_select(0, copy_src))
+            vc.index_copy_(0, copy_dst, vc.index_select(0, copy_src))
+        kp = kc.view(-1, page_size, n_kv_heads, head_dim)
+        vp = vc.view(-1, page_size, n_kv_heads, head_dim)
+        outs: List[torch.Tensor] = []
+        start = 0
+        for g in range(len(shapes)):
+            b, t = shapes[g][0], shapes[g][1]
+            q = qk[start:start + b * t, :n_heads].reshape(b, t, n_heads, head_dim).transpose(1, 2)
+            keys = kp.index_select(0, flats[g]).view(b, -1, n_kv_heads, head_dim).transpose(1, 2)
+            values = vp.index_select(0, flats[g]).view(b, -1, n_kv_heads, head_dim).transpose(1, 2)
+            if exact and t > 1:
+                a = _exact(q, keys, values, masks[g])
+            else:
+                a = _sdpa(q, keys, values, masks[g])
+            outs.append(a.transpose(1, 2).reshape(b * t, dim))
+            start += b * t
+        a2 = outs[0] if len(outs) == 1 else torch.cat(outs)
+        proj = F.linear(_rows(a2, min_rows), w[4], w[5])[:rows]
+        mlp = F.linear(_rows(_gelu_tanh(F.linear(hp, w[6], w[7])), min_rows_ff), w[8], w[9])[:rows]
         x = x + proj + mlp
-    return x
+    if sample_rows.shape[0] == 0:  # e.g. a step of image prefixes alone
+        return x, x.new_zeros([0, weights[-1].shape[0]])
+    return x, logits(x.index_select(0, sample_rows), weights, n_layers, min_rows)
 
 
 def logits(h_BC: torch.Tensor, weights: List[torch.Tensor], n_layers: int, min_rows: int) -> torch.Tensor:
@@ -127,18 +148,6 @@ def logits(h_BC: torch.Tensor, weights: List[torch.Tensor], n_layers: int, min_r
     hl = F.layer_norm(h_BC, [h_BC.shape[-1]], w[0], w[1], 1e-5)
     rows = hl.shape[0]
     return F.linear(_rows(hl, min_rows), w[2], w[3])[:rows].reshape(rows, -1)
-
-
-def decode_logits(ids_B: torch.Tensor, pos_B1: torch.Tensor, write_B: torch.Tensor, pages_BP: torch.Tensor,
-                  mask_B11L: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  cos_table: torch.Tensor, sin_table: torch.Tensor, weights: List[torch.Tensor],
-                  n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, rot_dim: int,
-                  page_size: int, min_rows: int) -> torch.Tensor:
-    """Logits (B, vocab) of one decode token per row (ids_B), in one call."""
-    x = F.embedding(ids_B, weights[0])[:, None]
-    h = text_hidden(x, pos_B1, write_B, pages_BP, mask_B11L, k_cache, v_cache, cos_table, sin_table, weights,
-                    n_layers, n_heads, n_kv_heads, head_dim, rot_dim, page_size, min_rows, False)
-    return logits(h[:, -1], weights, n_layers, min_rows)
 
 
 def vision_encode(crops_BCHW: torch.Tensor, weights: List[torch.Tensor], n_layers: int, n_heads: int,
@@ -206,8 +215,7 @@ def _holding(fn: Callable) -> Callable:
 
 @dataclass(frozen=True)
 class Scripted:
-    decode: Callable  # decode_logits
-    hidden: Callable  # text_hidden, for prefills (prompt chunks, image prefixes)
+    step: Callable  # step_forward
     vision: Callable  # vision_encode
 
 
@@ -223,8 +231,7 @@ def scripted() -> Optional[Scripted]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                _SCRIPTED = Scripted(_holding(torch.jit.script(decode_logits)),
-                                     _holding(torch.jit.script(text_hidden)), _holding(torch.jit.script(vision_encode)))
+                _SCRIPTED = Scripted(_holding(torch.jit.script(step_forward)), _holding(torch.jit.script(vision_encode)))
         except Exception as e:  # a torch without TorchScript, or one that cannot compile this
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             warnings.warn(f"TorchScript unavailable, decoding eagerly: {reason}")
@@ -244,18 +251,21 @@ def warm_up(fns: Scripted, text_args: tuple, vision_weights: List[torch.Tensor],
         return
     shape = (tc.n_layers, 2 * page_size, tc.n_kv_heads, tc.head_dim)
     k, v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    none, one, empty = torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.zeros(0, tc.dim, dtype=dtype)
     with torch.inference_mode():
         for b in (1, 2, 3):
-            ids, pos = torch.zeros(b, dtype=torch.int64), torch.zeros(b, 1, dtype=torch.int64)
-            pages, write = torch.zeros(b, 1, dtype=torch.int64), torch.zeros(b, dtype=torch.int64)
-            fns.decode(ids, pos, write, pages, torch.ones(b, 1, 1, page_size, dtype=torch.bool), k, v, *text_args)
-            x = torch.zeros(b, 2, tc.dim, dtype=dtype)
-            fns.hidden(x, pos.expand(b, 2), write.repeat(2), pages, torch.ones(b, 1, 2, page_size, dtype=torch.bool),
-                       k, v, *text_args, exact)
+            pos, pages = torch.zeros(b, dtype=torch.int64), torch.zeros(b, 1, dtype=torch.int64)
+            causal, full = torch.ones(b, 1, 1, page_size, dtype=torch.bool), torch.ones(1, 1, 2, page_size, dtype=torch.bool)
+            # decode rows alone; a prefix with a prompt and decode rows
+            fns.step(empty, pos, pos, pos, none, none, [[b, 1]], [pages], [causal], torch.arange(b), k, v, *text_args,
+                     exact)
+            fns.step(torch.zeros(2 * b, tc.dim, dtype=dtype), pos, torch.zeros(3 * b, dtype=torch.int64),
+                     torch.zeros(3 * b, dtype=torch.int64), one, one, [[b, 2], [b, 1]], [pages, pages],
+                     [full, causal], torch.arange(b), k, v, *text_args, exact)
             fns.vision(torch.zeros(b, vc.in_channels, vc.crop_size, vc.crop_size, dtype=dtype), vision_weights,
                        vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
     _WARM.add(key)
 
 
-__all__ = ["Scripted", "decode_logits", "flat_vision_weights", "flat_weights", "held_in_cpp", "scripted", "text_hidden",
+__all__ = ["Scripted", "flat_vision_weights", "flat_weights", "held_in_cpp", "scripted", "step_forward",
            "vision_encode", "warm_up"]

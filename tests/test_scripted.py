@@ -1,4 +1,4 @@
-"""The TorchScript decode forward (CPU): bit-identical to the eager step, and a safe fallback."""
+"""The TorchScript step forward (CPU): bit-identical to the eager step, and a safe fallback."""
 
 import numpy as np
 import pytest
@@ -10,6 +10,24 @@ from engine.device import script_mode
 from engine.errors import ConfigError
 from engine.models.loader import load_model
 from engine.runner import Runner
+
+
+NONE = torch.zeros(0, dtype=torch.int64)
+
+
+def fused_decode(runner: Runner, slots, pos, write, pages, mask) -> torch.Tensor:
+    """The logits of decode rows alone through the one-call step forward."""
+    b = len(slots)
+    empty = runner.k.new_zeros(0, runner.config.text.dim)
+    inputs = (pos.reshape(-1), write, NONE, NONE, [[b, 1]], [pages], [mask], torch.arange(b))
+    return runner._fused(empty, runner.last_token[slots], inputs)[1]
+
+
+def fused_hidden(runner: Runner, x, pos, write, pages, mask) -> torch.Tensor:
+    """The hidden states of one prefill group (given its inputs) through the one-call step forward."""
+    b, t, c = x.shape
+    inputs = (pos.reshape(-1), write, NONE, NONE, [[b, t]], [pages], [mask], NONE)
+    return runner._fused(x.reshape(-1, c), NONE, inputs)[0].view(b, t, c)
 
 
 def _step_inputs(runner: Runner, b: int, rng: np.random.Generator):
@@ -43,7 +61,7 @@ def test_scripted_decode_is_bit_identical_to_the_eager_step(gqa, dtype, small_fo
             eager, k_eager, v_eager = text.logits(h[:, -1]), runner.k.clone(), runner.v.clone()
             runner.k.copy_(k0)
             runner.v.copy_(v0)
-            got = runner._scripted_decode(slots, pos, write, pages, mask)
+            got = fused_decode(runner, slots, pos, write, pages, mask)
             assert got.dtype == eager.dtype and torch.equal(got, eager), b
             assert torch.equal(runner.k, k_eager) and torch.equal(runner.v, v_eager)  # same KV writes
             assert not torch.equal(runner.k, k0)  # and there were some
@@ -76,7 +94,7 @@ def test_scripted_prefill_is_bit_identical_to_the_eager_one(gqa, dtype, small_fo
             k_eager, v_eager = runner.k.clone(), runner.v.clone()
             runner.k.copy_(k0)
             runner.v.copy_(v0)
-            got = runner._hidden(x, pos, write, pages, mask)
+            got = fused_hidden(runner, x, pos, write, pages, mask)
             assert torch.equal(got, eager), (b, t)
             assert torch.equal(runner.k, k_eager) and torch.equal(runner.v, v_eager)
 
@@ -137,13 +155,73 @@ def test_warm_up_runs_on_a_scratch_cache_once(monkeypatch, small_folder):
     real = scripted.scripted()
 
     def spy(fn):
-        return lambda *a: calls.append(a[6].data_ptr()) or fn(*a)  # a[6]: the cache of keys
+        return lambda *a: calls.append(a[10]) or fn(*a)  # a[10]: the cache of keys, kept alive
 
     monkeypatch.setattr(scripted, "_WARM", set())
-    monkeypatch.setattr(scripted, "_SCRIPTED", scripted.Scripted(spy(real.decode), spy(real.hidden), real.vision))
+    monkeypatch.setattr(scripted, "_SCRIPTED", scripted.Scripted(spy(real.step), real.vision))
     loaded = load_model(small_folder)
     runner = Runner(loaded, n_pages=8, page_size=16, max_batch=4, executor=None, script=True)
-    assert len(calls) == 6 and runner.k.data_ptr() not in calls  # never the engine's own cache
+    assert len(calls) == 6 and runner.k.data_ptr() not in [c.data_ptr() for c in calls]  # never the engine's own cache
     assert not runner.k.any() and not runner.v.any()
     Runner(loaded, n_pages=8, page_size=16, max_batch=4, executor=None, script=True)
     assert len(calls) == 6  # once per process and model shape
+
+
+@pytest.mark.parametrize("model", ["tiny", "small", "gqa"])
+def test_a_whole_step_in_one_call_matches_the_separate_eager_forwards(model, small_folder, gqa_folder):
+    """Image prefixes, the prompts on them (whose first page copies the prefix's partial last
+    page) and another sequence's decode rows: the same logits and KV, bit for bit (fp32)."""
+    loaded = load_model({"tiny": "tiny", "small": small_folder, "gqa": gqa_folder}[model], dtype=torch.float32)
+    runner = Runner(loaded, n_pages=64, page_size=16, max_batch=8, executor=None, script=True)
+    text, cfg, ps = loaded.model.text, loaded.config, 16
+    P, C, vocab = cfg.prefix_len, cfg.text.dim, cfg.text.vocab_size
+    assert P % ps, "the test needs a partial last prefix page"
+    rng = np.random.default_rng(11)
+    free = list(rng.permutation(64))
+    n_img, t, n_dec = 2, 5, 6
+    img_pages = [[free.pop() for _ in range(-(-P // ps))] for _ in range(n_img)]
+    # Each prompt's table: its image's full pages, then its own (the first holds the prefix's tail).
+    tables = [p[:P // ps] + [free.pop() for _ in range(2)] for p in img_pages]
+    dec_table = img_pages[0][:P // ps] + [free.pop() for _ in range(2)]
+    at = lambda table, positions: np.array([table[p // ps] * ps + p % ps for p in positions])  # noqa: E731
+    x = torch.randn(n_img, P, C)
+    ids = torch.as_tensor(rng.integers(10, vocab, size=(n_img, t)))
+    ppos = np.arange(P, P + t)[None].repeat(n_img, 0)
+    dpos = np.arange(P + 1, P + 1 + n_dec)  # a sequence checking draft tokens, one row each
+    dids = torch.as_tensor(rng.integers(10, vocab, size=n_dec))
+    Lp, Lt, Ld = -(-P // ps) * ps, 2 * ps + P // ps * ps, len(dec_table) * ps
+    img_mask = (torch.arange(Lp) < P).expand(P, Lp)[None, None]
+    prompt_mask = torch.as_tensor(np.arange(Lt)[None, None] <= ppos[:, :, None])[:, None]
+    dec_mask = (torch.arange(Ld)[None] <= torch.as_tensor(dpos)[:, None])[:, None, None]
+    img_write = np.concatenate([at(p, range(P)) for p in img_pages])
+    prompt_write = np.concatenate([at(tab, ppos[0]) for tab in tables])
+    with torch.inference_mode():
+        runner.k.copy_(torch.randn(runner.k.shape))
+        runner.v.copy_(torch.randn(runner.v.shape))
+        k0, v0 = runner.k.clone(), runner.v.clone()
+
+        runner._hidden(x, torch.arange(P).expand(n_img, P), torch.as_tensor(img_write), torch.tensor(img_pages), img_mask)
+        for p, tab in zip(img_pages, tables):
+            runner.copy_page(p[P // ps], tab[P // ps])
+        h = runner._hidden(text.embed(ids), torch.as_tensor(ppos), torch.as_tensor(prompt_write), torch.tensor(tables),
+                           prompt_mask)
+        h_dec = runner._hidden(text.embed(dids)[:, None], torch.as_tensor(dpos)[:, None],
+                               torch.as_tensor(at(dec_table, dpos)), torch.tensor([dec_table] * n_dec), dec_mask)
+        eager = torch.cat([text.logits(h[:, -1]), text.logits(h_dec[:, -1])])
+        k_eager, v_eager = runner.k.clone(), runner.v.clone()
+
+        runner.k.copy_(k0)
+        runner.v.copy_(v0)
+        copies = np.array([(p[P // ps] * ps + j, tab[P // ps] * ps + j) for p, tab in zip(img_pages, tables)
+                           for j in range(P % ps)])
+        inputs = (torch.as_tensor(np.concatenate([np.tile(np.arange(P), n_img), ppos.reshape(-1), dpos])),
+                  torch.as_tensor(np.concatenate([img_write, prompt_write, at(dec_table, dpos)])),
+                  torch.as_tensor(copies[:, 0]), torch.as_tensor(copies[:, 1]), [[n_img, P], [n_img, t], [n_dec, 1]],
+                  [torch.tensor(img_pages), torch.tensor(tables), torch.tensor([dec_table] * n_dec)],
+                  [img_mask, prompt_mask, dec_mask],
+                  torch.as_tensor([n_img * P + t - 1, n_img * P + 2 * t - 1, *range(n_img * (P + t), n_img * (P + t) + n_dec)]))
+        _, got = runner._fused(x.reshape(-1, C), torch.cat([ids.reshape(-1), dids]), inputs)
+    assert torch.equal(got, eager)
+    read = np.concatenate([at(p, range(P)) for p in img_pages] + [at(tab, range(P + t)) for tab in tables]
+                          + [at(dec_table, range(P + 1 + n_dec))])
+    assert torch.equal(runner.k[:, read], k_eager[:, read]) and torch.equal(runner.v[:, read], v_eager[:, read])

@@ -25,6 +25,7 @@ from ..device import resolve_device, resolve_dtype
 from ..errors import ConfigError, ModelLoadError
 from .checkpoint import FLOAT_DTYPES, Checkpoint
 from .moondream import MoondreamModel
+from .text import gemm_min_rows
 from .tokenizer import Tokenizer
 from .weights import PREFIX, expected_shapes
 
@@ -115,6 +116,7 @@ def _assemble(config: ModelConfig, state: dict, tokenizer: Tokenizer, path: Path
         model = MoondreamModel(config)
     model.load_state_dict(state, assign=True, strict=True)
     model.eval().requires_grad_(False)
+    model.text.min_rows, model.text.min_rows_ff = gemm_min_rows(config.text, model.text.wte.dtype, model.text.wte.device)
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=path, name=name)
 
 

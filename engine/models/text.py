@@ -7,7 +7,11 @@ the attention output. Parameter names follow the checkpoint keys under `model.te
 
 Batch invariance (fp32 on CPU): a row's result must not depend on which other rows share its
 batch, or the engine could not match the reference decoder token for token. CPU GEMMs change
-kernels below 4 rows, so linears see at least `MIN_GEMM_ROWS` rows (zero rows are padded in).
+kernels (and rounding) below some number of rows, so linears see at least that many rows (zero
+rows are padded in). The number depends on the CPU and the GEMM's input width: 4 on the AMD
+EPYCs this was first measured on; on an Intel Xeon with AMX, 9 for inputs `dim` wide and 16 for
+the MLP's second linear (`ff_dim` wide). `gemm_min_rows` measures both for the model's own
+shapes when the model is loaded (`TextModel.min_rows`, `min_rows_ff`).
 Single-query attention (decode) through SDPA is invariant to batch and to the padded key length
 as long as that length is a multiple of `KV_ALIGN`; multi-query attention (prefill) is not, so
 with `exact=True` it reduces in fp64, whose fp32 result does not depend on shapes.
@@ -15,6 +19,7 @@ with `exact=True` it reduces in fp64, whose fp32 result does not depend on shape
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -22,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import TextConfig
-from .vision import MLP, sdpa
+from .vision import MLP, gelu_tanh, sdpa
 
 # attend(layer, q_BHTD, k_BKTD, v_BKTD) -> out_BHTD
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -32,14 +37,45 @@ MIN_GEMM_ROWS = 4
 KV_ALIGN = 16
 
 
-def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """fn over the last dim of x, with at least MIN_GEMM_ROWS rows so the GEMM kernel is fixed."""
+def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, min_rows: int) -> torch.Tensor:
+    """fn over the last dim of x, with at least min_rows rows so the GEMM kernel is fixed."""
     lead, c = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, c)
     n = x2.shape[0]
-    if n < MIN_GEMM_ROWS:
-        x2 = torch.cat([x2, x2.new_zeros(MIN_GEMM_ROWS - n, c)])
+    if n < min_rows:
+        x2 = torch.cat([x2, x2.new_zeros(min_rows - n, c)])
     return fn(x2)[:n].reshape(*lead, -1)
+
+
+# Row counts probed, and the count whose result the others are held to.
+_PROBE_ROWS = (*range(1, 21), 24, 32, 48, 64, 128)
+_PROBE_REF = 256
+
+
+def gemm_min_rows(cfg: TextConfig, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
+    """The fewest rows from which this CPU's fp32 GEMMs give every row the same result whatever
+    the number of rows: for the linears whose inputs are `dim` wide (qkv, proj, fc1, lm_head),
+    and for fc2 (`ff_dim` wide). MIN_GEMM_ROWS where no exactness is promised (other dtypes,
+    GPUs)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return MIN_GEMM_ROWS, MIN_GEMM_ROWS
+    narrow = ((cfg.qkv_dim, cfg.dim), (cfg.dim, cfg.dim), (cfg.ff_dim, cfg.dim), (cfg.vocab_size, cfg.dim))
+    return _probe_min_rows(narrow), _probe_min_rows(((cfg.dim, cfg.ff_dim),))
+
+
+@lru_cache(maxsize=None)
+def _probe_min_rows(shapes: tuple[tuple[int, int], ...]) -> int:
+    need = MIN_GEMM_ROWS
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for n_out, n_in in shapes:
+            w, b = torch.randn(n_out, n_in, generator=g), torch.randn(n_out, generator=g)
+            x = torch.randn(_PROBE_REF, n_in, generator=g)
+            ref = F.linear(x, w, b)
+            for m in _PROBE_ROWS:
+                if not torch.equal(F.linear(x[:m], w, b), ref[:m]):
+                    need = max(need, m + 1)
+    return need
 
 
 def attention(q_BHTD: torch.Tensor, k_BKLD: torch.Tensor, v_BKLD: torch.Tensor,
@@ -80,6 +116,8 @@ class TextModel(nn.Module):
         self.post_ln = nn.LayerNorm(cfg.dim, eps=1e-5)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size)
         self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Rows every linear sees at least (dim-wide inputs; fc2's): the loader measures them.
+        self.min_rows = self.min_rows_ff = MIN_GEMM_ROWS
 
     def rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape (max_context, rot_dim / 2), fp32, cached per device."""
@@ -115,16 +153,19 @@ class TextModel(nn.Module):
         cos, sin = cos[pos_BT].unsqueeze(2), sin[pos_BT].unsqueeze(2)  # (B, T, 1, rot/2)
         for i, block in enumerate(self.blocks):
             h = block.ln(x_BTC)
-            qkv = rows_invariant(block.attn.qkv, h).view(b, t, h_q + 2 * h_kv, cfg.head_dim)
+            qkv = rows_invariant(block.attn.qkv, h, self.min_rows).view(b, t, h_q + 2 * h_kv, cfg.head_dim)
             qk = self.rotate(qkv[:, :, : h_q + h_kv], cos, sin)  # q and k heads in one pass
             q, k = qk[:, :, :h_q].transpose(1, 2), qk[:, :, h_q:].transpose(1, 2)
             v = qkv[:, :, h_q + h_kv :].transpose(1, 2)
             a = attend(i, q, k, v).transpose(1, 2).reshape(b, t, cfg.dim)
-            x_BTC = x_BTC + rows_invariant(block.attn.proj, a) + rows_invariant(block.mlp, h)
+            x_BTC = x_BTC + rows_invariant(block.attn.proj, a, self.min_rows) + rows_invariant(lambda x: self._mlp(block.mlp, x), h, self.min_rows)
         return x_BTC
 
+    def _mlp(self, mlp: MLP, x2: torch.Tensor) -> torch.Tensor:
+        return rows_invariant(mlp.fc2, gelu_tanh(mlp.fc1(x2)), self.min_rows_ff)
+
     def logits(self, h_BC: torch.Tensor) -> torch.Tensor:
-        return rows_invariant(self.lm_head, self.post_ln(h_BC))
+        return rows_invariant(self.lm_head, self.post_ln(h_BC), self.min_rows)
 
 
 def attention_mask(q_pos_T: torch.Tensor, kv_len: int, prefix_len: int) -> torch.Tensor:
