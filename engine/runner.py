@@ -64,7 +64,8 @@ class Runner:
                 rope, text_weights = loaded.model.text.rope_tables(loaded.device), flat_weights(loaded.model.text)
                 self._text_args = (*rope, text_weights,
                                    t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim, t.rot_dim, page_size,
-                                   loaded.model.text.min_rows, loaded.model.text.min_rows_ff)
+                                   loaded.model.text.min_rows, loaded.model.text.min_rows_ff,
+                                   loaded.model.text.row_buckets)
                 warm_up(self.scripted, self._text_args, self.vision_weights, loaded.model.vision.cfg, t,
                         page_size, loaded.dtype, exact_attention(loaded))
         self.kernels = None

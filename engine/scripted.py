@@ -28,14 +28,15 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .models.text import TextModel
+from .models.text import TextModel, padded_rows
 from .models.vision import VisionModel
 
 
-def _rows(x2: torch.Tensor, min_rows: int) -> torch.Tensor:
+def _rows(x2: torch.Tensor, min_rows: int, bucket: bool) -> torch.Tensor:
     n = x2.shape[0]
-    if n < min_rows:
-        x2 = torch.cat([x2, x2.new_zeros([min_rows - n, x2.shape[1]])])
+    rows = padded_rows(n, min_rows, bucket)
+    if rows > n:
+        x2 = torch.cat([x2, x2.new_zeros([rows - n, x2.shape[1]])])
     return x2
 
 
@@ -88,7 +89,7 @@ def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, w
                  k_cache: torch.Tensor, v_cache: torch.Tensor, cos_table: torch.Tensor,
                  sin_table: torch.Tensor, weights: List[torch.Tensor], n_layers: int, n_heads: int,
                  n_kv_heads: int, head_dim: int, rot_dim: int, page_size: int, min_rows: int,
-                 min_rows_ff: int, exact: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                 min_rows_ff: int, buckets: bool, exact: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """A step's text forwards in one call: hidden states (N, C) of its N rows, and the logits of
     the rows in sample_rows.
 
@@ -96,7 +97,7 @@ def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, w
     mask))` over a (b, t) batch of its own (`shapes[g]`, `pages[g]`, `masks[g]`): image prefixes,
     prompt chunks, decode rows. Their inputs: x_prefix (N0, C) for the first N0 rows, the
     embeddings of `ids` for the rest. Linears run over all rows at once (a row's result does not
-    depend on the others: `TextModel.min_rows`, `min_rows_ff`), attention per group, exactly as
+    depend on the others: `TextModel.min_rows`, `min_rows_ff`; `row_buckets`), attention per group, exactly as
     one call per group would: one call instead of three spares a live frame's step two-thirds
     of the per-operator overhead. Each layer writes every row's k/v before any row attends, then copies
     the cache slots copy_src to copy_dst (an image prefix's last, partial page into a prompt's
@@ -109,7 +110,7 @@ def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, w
     for i in range(n_layers):
         w = weights[1 + 10 * i: 11 + 10 * i]
         h = F.layer_norm(x, [dim], w[0], w[1], 1e-5)
-        hp = _rows(h, min_rows)
+        hp = _rows(h, min_rows, buckets)
         qkv = F.linear(hp, w[2], w[3])[:rows].view(rows, n_heads + 2 * n_kv_heads, head_dim)
         qk = _rotate(qkv[:, : n_heads + n_kv_heads], cos, sin, rot_dim)
         kc, vc = k_cache[i], v_cache[i]
@@ -134,20 +135,20 @@ def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, w
             outs.append(a.transpose(1, 2).reshape(b * t, dim))
             start += b * t
         a2 = outs[0] if len(outs) == 1 else torch.cat(outs)
-        proj = F.linear(_rows(a2, min_rows), w[4], w[5])[:rows]
-        mlp = F.linear(_rows(_gelu_tanh(F.linear(hp, w[6], w[7])), min_rows_ff), w[8], w[9])[:rows]
+        proj = F.linear(_rows(a2, min_rows, buckets), w[4], w[5])[:rows]
+        mlp = F.linear(_rows(_gelu_tanh(F.linear(hp, w[6], w[7])), min_rows_ff, buckets), w[8], w[9])[:rows]
         x = x + proj + mlp
     if sample_rows.shape[0] == 0:  # e.g. a step of image prefixes alone
         return x, x.new_zeros([0, weights[-1].shape[0]])
-    return x, logits(x.index_select(0, sample_rows), weights, n_layers, min_rows)
+    return x, logits(x.index_select(0, sample_rows), weights, n_layers, min_rows, buckets)
 
 
-def logits(h_BC: torch.Tensor, weights: List[torch.Tensor], n_layers: int, min_rows: int) -> torch.Tensor:
-    """`TextModel.logits`: post_ln and lm_head, at least min_rows rows through the GEMM."""
+def logits(h_BC: torch.Tensor, weights: List[torch.Tensor], n_layers: int, min_rows: int, buckets: bool) -> torch.Tensor:
+    """`TextModel.logits`: post_ln and lm_head, over `padded_rows` rows through the GEMM."""
     w = weights[1 + 10 * n_layers:]
     hl = F.layer_norm(h_BC, [h_BC.shape[-1]], w[0], w[1], 1e-5)
     rows = hl.shape[0]
-    return F.linear(_rows(hl, min_rows), w[2], w[3])[:rows].reshape(rows, -1)
+    return F.linear(_rows(hl, min_rows, buckets), w[2], w[3])[:rows].reshape(rows, -1)
 
 
 def vision_encode(crops_BCHW: torch.Tensor, weights: List[torch.Tensor], n_layers: int, n_heads: int,

@@ -58,3 +58,16 @@ def test_the_measured_row_counts_make_the_models_gemms_row_invariant():
             padded = torch.cat([x[:n], x.new_zeros(max(m - n, 0), x.shape[1])])
             assert torch.equal(F.linear(padded, lin.weight, lin.bias)[:n], full[:n]), n
     assert gemm_min_rows(cfg, torch.bfloat16, torch.device("cpu")) == (4, 4)  # no exactness promised there
+
+
+def test_bf16_rows_come_in_few_sizes_and_fp32_rows_are_not_bucketed():
+    from engine.models.text import padded_rows
+
+    sizes = [padded_rows(n, 4, True) for n in range(1, 2049)]
+    assert all(s >= n for n, s in zip(range(1, 2049), sizes))
+    assert all(s <= max(n + 7, n * 1.125) for n, s in zip(range(1, 2049), sizes))  # at most 1/8 more
+    assert sizes == sorted(sizes) and len(set(sizes)) <= 50  # multiples of 8, then 8 sizes per doubling
+    assert [padded_rows(n, 4, True) for n in sizes] == sizes  # a padded count stays as it is
+    assert [padded_rows(n, 9, False) for n in (1, 9, 99)] == [9, 9, 99]
+    assert load_model("tiny", dtype=torch.bfloat16).model.text.row_buckets
+    assert not load_model("tiny", dtype=torch.float32).model.text.row_buckets  # exact: MKL, no kernel cache

@@ -116,7 +116,9 @@ def _assemble(config: ModelConfig, state: dict, tokenizer: Tokenizer, path: Path
         model = MoondreamModel(config)
     model.load_state_dict(state, assign=True, strict=True)
     model.eval().requires_grad_(False)
-    model.text.min_rows, model.text.min_rows_ff = gemm_min_rows(config.text, model.text.wte.dtype, model.text.wte.device)
+    dtype, device = model.text.wte.dtype, model.text.wte.device
+    model.text.min_rows, model.text.min_rows_ff = gemm_min_rows(config.text, dtype, device)
+    model.text.row_buckets = device.type == "cpu" and dtype != torch.float32  # oneDNN's kernels (text.padded_rows)
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=path, name=name)
 
 

@@ -37,13 +37,36 @@ MIN_GEMM_ROWS = 4
 KV_ALIGN = 16
 
 
-def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, min_rows: int) -> torch.Tensor:
-    """fn over the last dim of x, with at least min_rows rows so the GEMM kernel is fixed."""
+def padded_rows(n: int, min_rows: int, bucket: bool) -> int:
+    """The rows a linear runs over for n real rows: at least min_rows; with `bucket`, n rounded up
+    to a multiple of 8, and from 128 rows on to one of 8 sizes per doubling (128, 144, ..., 256,
+    288, ...: at most 1/8 more).
+
+    Why buckets (bf16 on CPU): oneDNN builds a kernel for every new shape of a bf16 matmul, ~1.3
+    ms the first time, and keeps it in its cache of up to 1024 kernels with ~0.75 MB of memory
+    each. A live stream's steps come in dozens of row counts (draft rows vary), so a run kept
+    stalling on new shapes and its memory grew by ~100 MB in 16 minutes (BENCHMARKS.md).
+    TorchScript compiles this function too (scripted.py).
+    """
+    if n < min_rows:
+        n = min_rows
+    if not bucket:
+        return n
+    g = 8
+    while g * 16 <= n:
+        g *= 2
+    return (n + g - 1) // g * g
+
+
+def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, min_rows: int,
+                   bucket: bool = False) -> torch.Tensor:
+    """fn over the last dim of x, over `padded_rows` rows so the GEMM kernel is fixed."""
     lead, c = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, c)
     n = x2.shape[0]
-    if n < min_rows:
-        x2 = torch.cat([x2, x2.new_zeros(min_rows - n, c)])
+    rows = padded_rows(n, min_rows, bucket)
+    if rows > n:
+        x2 = torch.cat([x2, x2.new_zeros(rows - n, c)])
     return fn(x2)[:n].reshape(*lead, -1)
 
 
@@ -118,6 +141,7 @@ class TextModel(nn.Module):
         self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         # Rows every linear sees at least (dim-wide inputs; fc2's): the loader measures them.
         self.min_rows = self.min_rows_ff = MIN_GEMM_ROWS
+        self.row_buckets = False  # `padded_rows`; the loader turns it on for bf16/fp16 on CPU
 
     def rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape (max_context, rot_dim / 2), fp32, cached per device."""
@@ -153,19 +177,20 @@ class TextModel(nn.Module):
         cos, sin = cos[pos_BT].unsqueeze(2), sin[pos_BT].unsqueeze(2)  # (B, T, 1, rot/2)
         for i, block in enumerate(self.blocks):
             h = block.ln(x_BTC)
-            qkv = rows_invariant(block.attn.qkv, h, self.min_rows).view(b, t, h_q + 2 * h_kv, cfg.head_dim)
+            qkv = rows_invariant(block.attn.qkv, h, self.min_rows, self.row_buckets).view(b, t, h_q + 2 * h_kv, cfg.head_dim)
             qk = self.rotate(qkv[:, :, : h_q + h_kv], cos, sin)  # q and k heads in one pass
             q, k = qk[:, :, :h_q].transpose(1, 2), qk[:, :, h_q:].transpose(1, 2)
             v = qkv[:, :, h_q + h_kv :].transpose(1, 2)
             a = attend(i, q, k, v).transpose(1, 2).reshape(b, t, cfg.dim)
-            x_BTC = x_BTC + rows_invariant(block.attn.proj, a, self.min_rows) + rows_invariant(lambda x: self._mlp(block.mlp, x), h, self.min_rows)
+            x_BTC = (x_BTC + rows_invariant(block.attn.proj, a, self.min_rows, self.row_buckets)
+                     + rows_invariant(lambda x: self._mlp(block.mlp, x), h, self.min_rows, self.row_buckets))
         return x_BTC
 
     def _mlp(self, mlp: MLP, x2: torch.Tensor) -> torch.Tensor:
-        return rows_invariant(mlp.fc2, gelu_tanh(mlp.fc1(x2)), self.min_rows_ff)
+        return rows_invariant(mlp.fc2, gelu_tanh(mlp.fc1(x2)), self.min_rows_ff, self.row_buckets)
 
     def logits(self, h_BC: torch.Tensor) -> torch.Tensor:
-        return rows_invariant(self.lm_head, self.post_ln(h_BC), self.min_rows)
+        return rows_invariant(self.lm_head, self.post_ln(h_BC), self.min_rows, self.row_buckets)
 
 
 def attention_mask(q_pos_T: torch.Tensor, kv_len: int, prefix_len: int) -> torch.Tensor:
