@@ -162,6 +162,31 @@ def test_bicubic_resample_is_pils_antialiased_bicubic(size):
     assert not np.array_equal(crops, overlap_crops(rgb, dataclasses.replace(tiny, resample="lanczos"))[0])
 
 
+@pytest.mark.parametrize("size", [(640, 360), (160, 120), (1280, 720)])
+def test_bicubic_crops_are_torchs_interpolate_to_the_level(size):
+    # The crops are written in place by the kernel F.interpolate runs; the values the shipped
+    # weights were measured with must not move by one level.
+    import torch.nn.functional as F
+
+    from tinyvlm import world
+
+    cfg = VisionConfig(enc_dim=96, enc_n_heads=2, crop_size=126, max_crops=8, overlap_margin=1,
+                       proj_out_dim=192, resample="bicubic", tiling="fill")
+    rgb = world.render(world.sample_scene(np.random.default_rng(4), *size))
+    crops, (rows, cols) = overlap_crops(rgb, cfg)
+    x = torch.from_numpy(rgb).permute(2, 0, 1)[None]
+    c, window = 126, 126 - 28
+
+    def resized(h, w):
+        return F.interpolate(x, size=(h, w), mode="bicubic", antialias=True)[0].permute(1, 2, 0).numpy()
+
+    assert np.array_equal(crops[0], resized(c, c))
+    big = resized(rows * window + 28, cols * window + 28)
+    for i in range(rows):
+        for j in range(cols):
+            assert np.array_equal(crops[1 + i * cols + j], big[i * window:i * window + c, j * window:j * window + c])
+
+
 @pytest.mark.parametrize("tiling", [(1, 1), (1, 3), (2, 2), (3, 2), (4, 1)])
 @pytest.mark.parametrize("grid, margin", [(27, 4), (8, 1), (6, 2)])
 def test_reconstruction_of_tiles(tiling, grid, margin):
