@@ -335,7 +335,9 @@ class Runner:
         busy: dict[str, float] = {}
         # One TorchScript call for the step's text forwards (CPU); decode graphs (CUDA, or
         # static graphs in tests) keep their own call.
-        fused = self._fused_inputs(images, prefills, decode) if self.scripted is not None and self.graphs is None else None
+        fused = None
+        if self.scripted is not None and self.graphs is None:
+            fused = self._fused_inputs(images, prefills, decode)
 
         def run_fused() -> list[torch.Tensor]:
             t0 = time.perf_counter()

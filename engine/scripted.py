@@ -8,13 +8,13 @@ with the forward instead of overlapping it (pipelined steps ran ~0.4-0.8 ms slow
 ones on an AVX2 CPU, thirteenth session). TorchScript's interpreter runs a whole call without the
 GIL and with less per-operator overhead. It runs the same kernels, so logits, hidden states, KV
 writes and image features are bit-identical to the eager path (tested), which the reference
-decoder still uses; no fusion is involved (TorchScript does not fuse on CPU). A step's text work is one call
-(`step_forward`: image prefixes, prompt chunks and decode rows together, linears over all rows,
-attention per group; the multi-token attention is the exact fp64 one where the eager path's is);
-the vision encoder is one call per step's crops (`vision_encode`). The projection (tile
-stitching, pooling) stays eager. Measured on an AVX2 CPU: decode 1.4-1.9x faster, the live image
-path 17.2 -> 14.7 ms a frame (BENCHMARKS.md); one call per step instead of one per kind of row:
-a live frame's step ~35 % shorter on the AMX kind (BENCHMARKS.md, twenty-fifth session).
+decoder still uses; no fusion is involved (TorchScript does not fuse on CPU). A step's text
+work is one call (`step_forward`: image prefixes, prompt chunks and decode rows together,
+linears over all rows, attention per group; the multi-token attention is the exact fp64 one
+where the eager path's is); the vision encoder is one call per step's crops (`vision_encode`).
+The projection (tile stitching, pooling) stays eager. Measured on an AVX2 CPU: decode 1.4-1.9x
+faster, the live image path 17.2 -> 14.7 ms a frame; one call per step instead of one per kind
+of row: a live frame's device step a third shorter on the AMX kind (BENCHMARKS.md).
 
 `torch.jit.script` is deprecated in recent torch; it is used here only behind
 `EngineConfig.cpu_script`, and where scripting fails the engine falls back to eager.
@@ -97,11 +97,14 @@ def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, w
     mask))` over a (b, t) batch of its own (`shapes[g]`, `pages[g]`, `masks[g]`): image prefixes,
     prompt chunks, decode rows. Their inputs: x_prefix (N0, C) for the first N0 rows, the
     embeddings of `ids` for the rest. Linears run over all rows at once (a row's result does not
-    depend on the others: `TextModel.min_rows`, `min_rows_ff`; `row_buckets`), attention per group, exactly as
-    one call per group would: one call instead of three spares a live frame's step two-thirds
-    of the per-operator overhead. Each layer writes every row's k/v before any row attends, then copies
-    the cache slots copy_src to copy_dst (an image prefix's last, partial page into a prompt's
-    own first page: the prefix may be computed in the same call).
+    depend on the others: `TextModel.min_rows`, `min_rows_ff`; `row_buckets`), attention per
+    group, exactly as one call per group would: one call instead of three spares a live frame's
+    step two-thirds of the per-operator overhead. Each layer writes every row's k/v before any
+    row attends, then copies the cache slots copy_src to copy_dst (an image prefix's last,
+    partial page into a prompt's own first page: the prefix may be computed in the same call).
+
+    weights: `flat_weights(text)`: wte, then per layer ln w/b, qkv w/b, proj w/b, fc1 w/b, fc2 w/b,
+    then post_ln w/b, lm_head w/b.
     """
     x = torch.cat([x_prefix, F.embedding(ids, weights[0])])
     rows, dim = x.shape[0], x.shape[1]
@@ -143,7 +146,8 @@ def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, w
     return x, logits(x.index_select(0, sample_rows), weights, n_layers, min_rows, buckets)
 
 
-def logits(h_BC: torch.Tensor, weights: List[torch.Tensor], n_layers: int, min_rows: int, buckets: bool) -> torch.Tensor:
+def logits(h_BC: torch.Tensor, weights: List[torch.Tensor], n_layers: int, min_rows: int,
+           buckets: bool) -> torch.Tensor:
     """`TextModel.logits`: post_ln and lm_head, over `padded_rows` rows through the GEMM."""
     w = weights[1 + 10 * n_layers:]
     hl = F.layer_norm(h_BC, [h_BC.shape[-1]], w[0], w[1], 1e-5)
@@ -232,7 +236,8 @@ def scripted() -> Optional[Scripted]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                _SCRIPTED = Scripted(_holding(torch.jit.script(step_forward)), _holding(torch.jit.script(vision_encode)))
+                _SCRIPTED = Scripted(_holding(torch.jit.script(step_forward)),
+                                     _holding(torch.jit.script(vision_encode)))
         except Exception as e:  # a torch without TorchScript, or one that cannot compile this
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             warnings.warn(f"TorchScript unavailable, decoding eagerly: {reason}")
@@ -252,11 +257,13 @@ def warm_up(fns: Scripted, text_args: tuple, vision_weights: List[torch.Tensor],
         return
     shape = (tc.n_layers, 2 * page_size, tc.n_kv_heads, tc.head_dim)
     k, v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
-    none, one, empty = torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.zeros(0, tc.dim, dtype=dtype)
+    none, one = torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    empty = torch.zeros(0, tc.dim, dtype=dtype)
     with torch.inference_mode():
         for b in (1, 2, 3):
             pos, pages = torch.zeros(b, dtype=torch.int64), torch.zeros(b, 1, dtype=torch.int64)
-            causal, full = torch.ones(b, 1, 1, page_size, dtype=torch.bool), torch.ones(1, 1, 2, page_size, dtype=torch.bool)
+            causal = torch.ones(b, 1, 1, page_size, dtype=torch.bool)
+            full = torch.ones(1, 1, 2, page_size, dtype=torch.bool)
             # decode rows alone; a prefix with a prompt and decode rows
             fns.step(empty, pos, pos, pos, none, none, [[b, 1]], [pages], [causal], torch.arange(b), k, v, *text_args,
                      exact)

@@ -200,7 +200,8 @@ def test_a_whole_step_in_one_call_matches_the_separate_eager_forwards(model, sma
         runner.v.copy_(torch.randn(runner.v.shape))
         k0, v0 = runner.k.clone(), runner.v.clone()
 
-        runner._hidden(x, torch.arange(P).expand(n_img, P), torch.as_tensor(img_write), torch.tensor(img_pages), img_mask)
+        runner._hidden(x, torch.arange(P).expand(n_img, P), torch.as_tensor(img_write), torch.tensor(img_pages),
+                       img_mask)
         for p, tab in zip(img_pages, tables):
             runner.copy_page(p[P // ps], tab[P // ps])
         h = runner._hidden(text.embed(ids), torch.as_tensor(ppos), torch.as_tensor(prompt_write), torch.tensor(tables),
@@ -219,7 +220,8 @@ def test_a_whole_step_in_one_call_matches_the_separate_eager_forwards(model, sma
                   torch.as_tensor(copies[:, 0]), torch.as_tensor(copies[:, 1]), [[n_img, P], [n_img, t], [n_dec, 1]],
                   [torch.tensor(img_pages), torch.tensor(tables), torch.tensor([dec_table] * n_dec)],
                   [img_mask, prompt_mask, dec_mask],
-                  torch.as_tensor([n_img * P + t - 1, n_img * P + 2 * t - 1, *range(n_img * (P + t), n_img * (P + t) + n_dec)]))
+                  torch.as_tensor([n_img * P + t - 1, n_img * P + 2 * t - 1,
+                                   *range(n_img * (P + t), n_img * (P + t) + n_dec)]))
         _, got = runner._fused(x.reshape(-1, C), torch.cat([ids.reshape(-1), dids]), inputs)
     assert torch.equal(got, eager)
     read = np.concatenate([at(p, range(P)) for p in img_pages] + [at(tab, range(P + t)) for tab in tables]

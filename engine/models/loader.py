@@ -118,7 +118,8 @@ def _assemble(config: ModelConfig, state: dict, tokenizer: Tokenizer, path: Path
     model.eval().requires_grad_(False)
     dtype, device = model.text.wte.dtype, model.text.wte.device
     model.text.min_rows, model.text.min_rows_ff = gemm_min_rows(config.text, dtype, device)
-    model.text.row_buckets = device.type == "cpu" and dtype != torch.float32  # oneDNN's kernels (text.padded_rows)
+    # bf16/fp16 matmuls on CPU go through oneDNN, which keeps a kernel per shape (text.padded_rows)
+    model.text.row_buckets = device.type == "cpu" and dtype != torch.float32
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=path, name=name)
 
 

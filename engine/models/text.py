@@ -177,7 +177,8 @@ class TextModel(nn.Module):
         cos, sin = cos[pos_BT].unsqueeze(2), sin[pos_BT].unsqueeze(2)  # (B, T, 1, rot/2)
         for i, block in enumerate(self.blocks):
             h = block.ln(x_BTC)
-            qkv = rows_invariant(block.attn.qkv, h, self.min_rows, self.row_buckets).view(b, t, h_q + 2 * h_kv, cfg.head_dim)
+            qkv = rows_invariant(block.attn.qkv, h, self.min_rows, self.row_buckets)
+            qkv = qkv.view(b, t, h_q + 2 * h_kv, cfg.head_dim)
             qk = self.rotate(qkv[:, :, : h_q + h_kv], cos, sin)  # q and k heads in one pass
             q, k = qk[:, :, :h_q].transpose(1, 2), qk[:, :, h_q:].transpose(1, 2)
             v = qkv[:, :, h_q + h_kv :].transpose(1, 2)
