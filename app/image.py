@@ -5,9 +5,10 @@ answer as it is generated (or one JSON object with --json: the form the model's 
 checks read). Several images, or a folder of them, go through the engine, `IMAGES_IN_FLIGHT` at
 a time (its batches and its vision thread: 2.5x the images a second of one after the other on
 two CPU cores, the same answers), and print one line per image in order, "IMAGE: answer" (or one
-JSON object per line, with an "image" field), with a progress bar on stderr. Named images are checked before the model loads (exit 2);
-an image found in a folder that is not readable is skipped with a warning; one that fails to
-decode mid-run gets a warning (and a JSON line with "error") while the others go on.
+JSON object per line, with an "image" field), with a progress bar on stderr. Named images are
+checked before the model loads (exit 2); an image found in a folder that is not readable is
+skipped with a warning; one that fails to decode mid-run gets a warning (and a JSON line with
+"error") while the others go on.
 """
 
 from __future__ import annotations

@@ -184,13 +184,12 @@ class Runner:
         pos, write, shapes, pages, masks, sample, copies = [], [], [], [], [], [], []
         n = 0
         if images:
-            gather = self._to(np.stack([g for _, _, _, g, _ in images]))
-            L = gather.shape[1] * ps
-            pos.append(torch.arange(P).repeat(len(images)))
-            write.append(self._to(np.concatenate([w for _, _, w, _, _ in images])))
+            positions, w, gather, mask = self._prefix_inputs(images)
+            pos.append(positions.reshape(-1))
+            write.append(w)
             shapes.append([len(images), P])
             pages.append(gather)
-            masks.append((torch.arange(L) < P).expand(P, L)[None, None])
+            masks.append(mask)
             n += len(images) * P
         for ids, positions, w, gather, mask, cows, last in prefills:
             b, t = ids.shape
@@ -344,8 +343,6 @@ class Runner:
             x = self._prefix_embeds(images).flatten(0, 1) if images else self.k.new_zeros(0, cfg.text.dim)
             busy["images"] = (time.perf_counter() - t0) * 1000.0  # the vision encoder's, where the step runs it
             t0 = time.perf_counter()
-            if fed is not None:
-                self.last_token[self._fed_base:self._fed_base + fed.shape[0]] = fed
             ids = [p[0].reshape(-1) for p in prefills] + ([self.last_token[decode[0]]] if decode is not None else [])
             _, step_logits = self._fused(x, torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64), fused)
             busy["text"] = (time.perf_counter() - t0) * 1000.0
@@ -367,8 +364,6 @@ class Runner:
                     logits.append(text.logits(h[last, -1]))
             busy["prefill"] = (time.perf_counter() - t0) * 1000.0
             t0 = time.perf_counter()
-            if fed is not None:
-                self.last_token[self._fed_base:self._fed_base + fed.shape[0]] = fed
             if graph_decode is not None:
                 n, packed, b = graph_decode
                 logits.append(self.graphs.run(n, packed)[:b])
@@ -385,6 +380,8 @@ class Runner:
             return logits
 
         def run() -> StepResult:
+            if fed is not None:  # the host-known inputs of draft rows (no prefill reads these slots)
+                self.last_token[self._fed_base:self._fed_base + fed.shape[0]] = fed
             logits = run_fused() if fused is not None else run_separate()
             t0 = time.perf_counter()
             if rows:
@@ -438,16 +435,19 @@ class Runner:
             prefixes.append(embeds)
         return torch.stack(prefixes)
 
-    def _encode_images(self, images: list) -> None:
-        """The images' prefixes through the decoder, into their pages (the eager path)."""
-        x = self._prefix_embeds(images)  # (n_img, P, C)
-        P, n = self.config.prefix_len, len(images)
-        write = torch.as_tensor(np.concatenate([w for _, _, w, _, _ in images])).to(self.device)  # (n_img * P,)
-        pages = torch.as_tensor(np.stack([g for _, _, _, g, _ in images])).to(self.device)  # (n_img, L / ps)
+    def _prefix_inputs(self, images: list) -> tuple[torch.Tensor, ...]:
+        """Positions (n_img, P), KV slots (n_img * P,), pages (n_img, L / ps) and the bidirectional
+        mask of the images' prefixes."""
+        P = self.config.prefix_len
+        write = self._to(np.concatenate([w for _, _, w, _, _ in images]))
+        pages = self._to(np.stack([g for _, _, _, g, _ in images]))
         L = pages.shape[1] * self.page_size
         mask = (torch.arange(L, device=self.device) < P).expand(P, L)[None, None]
-        positions = torch.arange(P, device=self.device).expand(n, P)
-        self._hidden(x, positions, write, pages, mask)
+        return torch.arange(P, device=self.device).expand(len(images), P), write, pages, mask
+
+    def _encode_images(self, images: list) -> None:
+        """The images' prefixes through the decoder, into their pages (the eager path)."""
+        self._hidden(self._prefix_embeds(images), *self._prefix_inputs(images))
 
 
 def _at(tail: tuple[int, ...], j: int) -> int:
