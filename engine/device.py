@@ -132,6 +132,7 @@ class Pending:
         self._result: Any = None
         self._error: BaseException | None = None
         self._cuda_event: Any = None
+        self._keep: Any = None  # CUDA: the step function, and through it its inputs, until it is done
         self.busy_s = 0.0
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
@@ -144,6 +145,7 @@ class Pending:
     def wait(self, timeout: float | None = None) -> Any:
         if self._cuda_event is not None:
             self._cuda_event.synchronize()  # this step's copies only, never the whole device
+            self._keep = None
         elif not self._done.wait(timeout):
             raise TimeoutError("device step did not finish in time")
         if self._error is not None:
@@ -231,6 +233,11 @@ class Executor:
                 result = fn()
                 end.record()
             pending._cuda_event = self._copy_event(end)
+            # The step's inputs were allocated on the caller's stream, and freed memory goes back
+            # to that stream's pool: the next step's inputs, copied there while this step still
+            # runs on the compute stream, could take it. Keeping the function keeps them alive
+            # until the step is done.
+            pending._keep = fn
             pending._finish(result)
             self._cuda_pending.append((start, end))
             return pending
@@ -246,6 +253,8 @@ class Executor:
             self.copy.wait_stream(self.compute)
             with torch.cuda.stream(self.copy):
                 dst.copy_(src, non_blocking=True)
+            # src belongs to the compute stream's pool: not to be reused before this copy is done.
+            src.record_stream(self.copy)
         else:
             dst.copy_(src)
 

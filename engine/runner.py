@@ -25,7 +25,7 @@ import torch
 from .device import Executor, Pending
 from .models.loader import LoadedModel
 from .models.text import KV_ALIGN, attention
-from .models.tiling import crops_to_tensor
+from .models.tiling import crops_to_tensor, normalize_crops, stage_crops
 from .reference import exact_attention
 from .sampler import advance_constraints, apply_constraints, constraint_mask, sample, step_uniform, stick, suppress
 from .scheduler import StepPlan
@@ -232,6 +232,10 @@ class Runner:
         for img in plan.images:
             images.append((img.crops, img.tiling, self.kv_slots(img.pages)[:P],
                            _padded(img.pages, _aligned(P, ps) // ps), img.embeds))
+        # The crops of images the vision stage has not encoded, copied here, before the step: on
+        # CUDA a copy inside the step would queue on the compute stream behind the step in flight.
+        todo = [c for c, _, _, _, e in images if e is None]
+        crops = stage_crops(np.concatenate(todo), self.device) if todo else None
 
         # Chunks of equal length and key span run as one batched forward (one sequence has at most
         # one chunk per step, so batching never reorders a sequence's own chunks): a step admitting
@@ -340,7 +344,7 @@ class Runner:
 
         def run_fused() -> list[torch.Tensor]:
             t0 = time.perf_counter()
-            x = self._prefix_embeds(images).flatten(0, 1) if images else self.k.new_zeros(0, cfg.text.dim)
+            x = self._prefix_embeds(images, crops).flatten(0, 1) if images else self.k.new_zeros(0, cfg.text.dim)
             busy["images"] = (time.perf_counter() - t0) * 1000.0  # the vision encoder's, where the step runs it
             t0 = time.perf_counter()
             ids = [p[0].reshape(-1) for p in prefills] + ([self.last_token[decode[0]]] if decode is not None else [])
@@ -352,7 +356,7 @@ class Runner:
             logits = []
             if images:
                 t0 = time.perf_counter()
-                self._encode_images(images)
+                self._encode_images(images, crops)
                 busy["images"] = (time.perf_counter() - t0) * 1000.0
             t0 = time.perf_counter()
             for ids, pos, write, gather, mask, cows, last in prefills:
@@ -422,11 +426,11 @@ class Runner:
             return self.scripted.vision(crops, self.vision_weights, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
         return self.model.vision.encode(crops)
 
-    def _prefix_embeds(self, images: list) -> torch.Tensor:
-        """The images' prefix embeddings (n_img, P, C): the vision stage's, or encoded here."""
+    def _prefix_embeds(self, images: list, crops: torch.Tensor | None) -> torch.Tensor:
+        """The images' prefix embeddings (n_img, P, C): the vision stage's, or encoded here from
+        `crops` (uint8, on the device: those of the images without embeddings, in order)."""
         model = self.model
-        todo = [c for c, _, _, _, e in images if e is None]  # not encoded by the vision stage
-        feats = self._vision_features(crops_to_tensor(np.concatenate(todo), self.device, model.dtype)) if todo else None
+        feats = self._vision_features(normalize_crops(crops, model.dtype)) if crops is not None else None
         prefixes, start = [], 0
         for c, tiling, _, _, embeds in images:
             if embeds is None:
@@ -445,9 +449,9 @@ class Runner:
         mask = (torch.arange(L, device=self.device) < P).expand(P, L)[None, None]
         return torch.arange(P, device=self.device).expand(len(images), P), write, pages, mask
 
-    def _encode_images(self, images: list) -> None:
+    def _encode_images(self, images: list, crops: torch.Tensor | None) -> None:
         """The images' prefixes through the decoder, into their pages (the eager path)."""
-        self._hidden(self._prefix_embeds(images), *self._prefix_inputs(images))
+        self._hidden(self._prefix_embeds(images, crops), *self._prefix_inputs(images))
 
 
 def _at(tail: tuple[int, ...], j: int) -> int:

@@ -72,6 +72,36 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class _SyncWatch:
+    """Counts the synchronising CUDA calls made while active (torch's sync debug mode), by the
+    line of Python that made them. A step that waits for the device on the engine thread loses
+    pipelining without any error (a blocking copy inside a step waits for the step before it);
+    the engine itself only waits on a step's own event, which this mode does not count."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.counts = device, {}
+
+    def __enter__(self) -> "_SyncWatch":
+        if self.device.type == "cuda":
+            import warnings
+
+            self._catch = warnings.catch_warnings(record=True)
+            self._log = self._catch.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type != "cuda" or not hasattr(self, "_log"):  # never entered
+            return
+        torch.cuda.set_sync_debug_mode("default")
+        self._catch.__exit__(*exc)
+        for w in self._log:
+            if "synchroniz" in str(w.message):
+                where = f"{Path(w.filename).name}:{w.lineno}"
+                self.counts[where] = self.counts.get(where, 0) + 1
+
+
 def _time_ms(fn, device: torch.device, n: int = 10) -> float:
     fn()
     _sync(device)
@@ -318,14 +348,16 @@ def single_query(device: torch.device) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     totals, firsts = [], []
     with Engine(EngineConfig(model=FULL, device=str(device))) as engine:
-        for i in range(n + 3):
-            out = engine.submit(image, question="What is in the image?", params=params).result(timeout=120)
-            if i >= 3:  # warm-up: allocator, kernels
+        for _ in range(3):  # warm-up: allocator, kernels, graph captures
+            engine.submit(image, question="What is in the image?", params=params).result(timeout=120)
+        with _SyncWatch(device) as watch:
+            for _ in range(n):
+                out = engine.submit(image, question="What is in the image?", params=params).result(timeout=120)
                 totals.append(out.timings_ms["total"])
                 firsts.append(out.timings_ms["first_token"])
     q = lambda xs, p: round(float(np.percentile(xs, p)), 2)  # noqa: E731
     return {"model": FULL, "n": n, "answer_tokens": 3, "total_ms": {"p50": q(totals, 50), "p99": q(totals, 99)},
-            "ttft_ms": {"p50": q(firsts, 50), "p99": q(firsts, 99)}}
+            "ttft_ms": {"p50": q(firsts, 50), "p99": q(firsts, 99)}, "host_syncs": watch.counts}
 
 
 def live(device: torch.device) -> dict:
@@ -340,10 +372,14 @@ def live(device: torch.device) -> dict:
                               max_inflight=6)
         t0 = time.perf_counter()
         i = 0
+        watch = _SyncWatch(device)
         while time.perf_counter() - t0 < seconds:
+            if i == fps // 2:  # after half a second: graphs are captured (captures synchronise)
+                watch.__enter__()
             session.offer(Frame("synthetic", i, i / fps, frames[i % len(frames)]))
             i += 1
             time.sleep(max(0.0, t0 + i / fps - time.perf_counter()))
+        watch.__exit__(None, None, None)
         session.close()
         stats = session.stats()
         # Every result is in, but a cancelled (stale) frame's pages go back only when the step that
@@ -355,7 +391,7 @@ def live(device: torch.device) -> dict:
     e2e = stats["latency_ms"].get("end_to_end", {})
     return {"model": FULL, "seconds": seconds, "offered_fps": fps, "achieved_fps": round(stats["achieved_fps"], 2),
             "end_to_end_ms": e2e, "dropped": stats["dropped"], "cancelled_stale": stats["cancelled_stale"],
-            "kv_pages_in_use_after": pages}
+            "kv_pages_in_use_after": pages, "host_syncs": watch.counts}
 
 
 def floor(device: torch.device, results: dict) -> dict:
@@ -435,6 +471,8 @@ def table(r: dict) -> str:
         ("single query p50 ms", get("single_query", "total_ms", "p50"), "<= 30"),
         ("live 60 fps: achieved", get("live", "achieved_fps"), ">= 57"),
         ("live 60 fps: e2e p50 ms", get("live", "end_to_end_ms", "p50"), "<= 40"),
+        ("host syncs (single query, live)", sum(get("single_query", "host_syncs", default={}).values())
+         + sum(get("live", "host_syncs", default={}).values()), "0"),
         ("decode step / bandwidth floor", get("floor", "step_over_floor"), "<= 1.5"),
     ]
     errors = [f"{k}: {v['error']}" for k, v in r.items() if isinstance(v, dict) and "error" in v]

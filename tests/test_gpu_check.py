@@ -43,6 +43,7 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     assert all(row["identical_tokens"] for row in r["bench_tiny"]["streams"].values())
     assert r["single_query"]["total_ms"]["p50"] > 0
     assert r["live"]["achieved_fps"] > 0 and r["live"]["kv_pages_in_use_after"] == 0
+    assert r["live"]["host_syncs"] == {} and r["single_query"]["host_syncs"] == {}  # counted on CUDA only
     assert r["floor"]["step_over_floor"] > 0
     assert "decode step / bandwidth floor" in proc.stdout  # the table comes last
 

@@ -135,8 +135,25 @@ def overlap_crops(rgb_HW3: np.ndarray, cfg: VisionConfig) -> tuple[np.ndarray, t
 
 def crops_to_tensor(crops_NCC3: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """uint8 crops -> (N, 3, C, C) normalised to [-1, 1] as (x / 255 - 0.5) / 0.5."""
-    x = torch.from_numpy(np.ascontiguousarray(crops_NCC3)).to(device)
-    x = x.permute(0, 3, 1, 2).to(dtype)
+    return normalize_crops(stage_crops(crops_NCC3, device), dtype)
+
+
+def stage_crops(crops_NCC3: np.ndarray, device: torch.device) -> torch.Tensor:
+    """uint8 crops as a tensor on `device`, the copy queued on the current stream.
+
+    On CUDA the copy goes through pinned memory and does not wait: a blocking copy synchronises
+    its stream, and on the engine's compute stream that would make the host wait for the step
+    before it (no pipelining for any step that encodes an image). On CPU it shares the array.
+    """
+    x = torch.from_numpy(np.ascontiguousarray(crops_NCC3))
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
+def normalize_crops(crops_NCC3: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 crops (N, C, C, 3), any device -> (N, 3, C, C) of `dtype` in [-1, 1]."""
+    x = crops_NCC3.permute(0, 3, 1, 2).to(dtype)
     return x.div_(255.0).sub_(0.5).div_(0.5)
 
 
