@@ -57,3 +57,31 @@ def test_gpu_check_says_when_there_is_no_gpu(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "x.json")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no CUDA device" in proc.stderr
+
+
+def test_sync_watch_names_the_project_line_and_sets_captures_apart(monkeypatch):
+    """What the GPU run's "host syncs" row rests on, minus CUDA itself: a synchronising call is
+    counted at the innermost line of this project that led to it, other warnings are ignored,
+    and graph captures do not count against the steps."""
+    import importlib.util
+
+    import torch
+
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--device", "cpu", "--quick"])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+
+    watch = gpu_check._SyncWatch(torch.device("cuda"))  # never entered: only its bookkeeping runs
+
+    def engine_code():  # stands for the project line that made a blocking copy
+        watch._record("called a synchronizing CUDA operation", UserWarning, "torch/cuda/__init__.py", 1)
+
+    engine_code()
+    engine_code()
+    watch._record("some other warning", UserWarning, "x.py", 1)
+    line = engine_code.__code__.co_firstlineno + 1
+    assert watch.counts == {f"test_gpu_check.py:{line}": 2}
+    watch.counts["capture graphs.py:10"] = 3
+    assert gpu_check._SyncWatch.steps(watch.counts) == 2
