@@ -177,14 +177,15 @@ class Runner:
         """scripted.step_forward over this runner's cache and weights; inputs: `_fused_inputs`."""
         return self.scripted.step(x_prefix, ids, *inputs, self.k, self.v, *self._text_args, self.exact)
 
-    def _fused_inputs(self, images: list, prefills: list, decode: tuple | None) -> tuple:
+    def _fused_inputs(self, images: list, prefix: tuple | None, prefills: list, decode: tuple | None) -> tuple:
         """What step_forward takes besides its rows' inputs: positions, KV slots, the prefix pages
-        copied into prompts' own pages, each group's shape, pages and mask, the rows that sample."""
+        copied into prompts' own pages, each group's shape, pages and mask, the rows that sample.
+        prefix: `_prefix_inputs(images)`."""
         P, ps = self.config.prefix_len, self.page_size
         pos, write, shapes, pages, masks, sample, copies = [], [], [], [], [], [], []
         n = 0
         if images:
-            positions, w, gather, mask = self._prefix_inputs(images)
+            positions, w, gather, mask = prefix
             pos.append(positions.reshape(-1))
             write.append(w)
             shapes.append([len(images), P])
@@ -232,10 +233,12 @@ class Runner:
         for img in plan.images:
             images.append((img.crops, img.tiling, self.kv_slots(img.pages)[:P],
                            _padded(img.pages, _aligned(P, ps) // ps), img.embeds))
-        # The crops of images the vision stage has not encoded, copied here, before the step: on
-        # CUDA a copy inside the step would queue on the compute stream behind the step in flight.
+        # The step's inputs are copied to the device here, before the step (the crops of images
+        # the vision stage has not encoded, the prefixes' slots, pages and mask): on CUDA a copy
+        # inside the step would queue on the compute stream behind the step in flight.
         todo = [c for c, _, _, _, e in images if e is None]
         crops = stage_crops(np.concatenate(todo), self.device) if todo else None
+        prefix = self._prefix_inputs(images) if images else None
 
         # Chunks of equal length and key span run as one batched forward (one sequence has at most
         # one chunk per step, so batching never reorders a sequence's own chunks): a step admitting
@@ -340,7 +343,7 @@ class Runner:
         # static graphs in tests) keep their own call.
         fused = None
         if self.scripted is not None and self.graphs is None:
-            fused = self._fused_inputs(images, prefills, decode)
+            fused = self._fused_inputs(images, prefix, prefills, decode)
 
         def run_fused() -> list[torch.Tensor]:
             t0 = time.perf_counter()
@@ -356,7 +359,7 @@ class Runner:
             logits = []
             if images:
                 t0 = time.perf_counter()
-                self._encode_images(images, crops)
+                self._encode_images(images, crops, prefix)
                 busy["images"] = (time.perf_counter() - t0) * 1000.0
             t0 = time.perf_counter()
             for ids, pos, write, gather, mask, cows, last in prefills:
@@ -449,9 +452,10 @@ class Runner:
         mask = (torch.arange(L, device=self.device) < P).expand(P, L)[None, None]
         return torch.arange(P, device=self.device).expand(len(images), P), write, pages, mask
 
-    def _encode_images(self, images: list, crops: torch.Tensor | None) -> None:
-        """The images' prefixes through the decoder, into their pages (the eager path)."""
-        self._hidden(self._prefix_embeds(images, crops), *self._prefix_inputs(images))
+    def _encode_images(self, images: list, crops: torch.Tensor | None, prefix: tuple) -> None:
+        """The images' prefixes through the decoder, into their pages (the eager path); prefix:
+        `_prefix_inputs(images)`."""
+        self._hidden(self._prefix_embeds(images, crops), *prefix)
 
 
 def _at(tail: tuple[int, ...], j: int) -> int:
