@@ -102,17 +102,17 @@ def run(args: argparse.Namespace) -> int:
     with Engine(config) as engine:
         check_constraints(engine, tasks)  # before any frame is asked
         # warm-up: the first step pays one-time costs a live stream should not see
-        frames, recorded = opened[0]
-        warm = next(frames()).rgb if recorded else np.zeros((240, 320, 3), np.uint8)
+        first = opened[0]  # a file's first frame warms up (a stream's would cost another connection)
+        warm = next(first.frames()).rgb if first.paced else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
         recorders.update((label, Recorder(path)) for label, path in zip(labels, recordings or []))
         # One engine for every source: their frames share its batches (continuous batching).
-        feeds = [LiveFeed(engine, tasks, params, frames, realtime=recorded,
-                          loop=args.duration is not None and recorded, fps=args.fps,
+        feeds = [LiveFeed(engine, tasks, params, live.frames, realtime=live.paced,
+                          loop=args.duration is not None and live.loops, fps=args.fps,
                           max_inflight=inflight, deadline_ms=args.deadline_ms,
                           record_size=0, shots=0,  # the page's keepsakes: -o and --snapshots write them here
                           on_result=lambda r, label=label: show(label, r))
-                 for (frames, recorded), label in zip(opened, labels)]
+                 for live, label in zip(opened, labels)]
         t0 = time.perf_counter()
         try:
             while (any(f.running for f in feeds) and not write_error

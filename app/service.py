@@ -168,14 +168,14 @@ class Service:
             source = str(SAMPLES_DIR / source)
         if parse_webcam(source) is None and "://" not in source and not Path(source).is_file():
             raise UIError(f"no such file: {source}")
-        frames, recorded = open_live(source)  # a recording plays as if live, round and round
+        live = open_live(source)  # a recording (a file, or one over the network) plays as if live, round and round
         recorder = None
         if record:
             self._drop_recording(session, "pull")
             recorder = Recorder(self._scratch_dir() / f"live-{file_label(session) or 'session'}.mp4",
                                 max_seconds=RECORD_MAX_S)
         try:
-            feed = LiveFeed(self.engine(), task, self.params(), frames, realtime=recorded, loop=recorded,
+            feed = LiveFeed(self.engine(), task, self.params(), live.frames, realtime=live.paced, loop=live.loops,
                             fps=LIVE_FPS, hold=self.settings.hold, on_result=recorder.add if recorder else None)
         except BaseException:
             if recorder is not None:

@@ -338,18 +338,29 @@ def parse_webcam(source: str) -> int | None:
     return index
 
 
-def open_live(source: str) -> tuple[Callable[[], Iterator[Frame]], bool]:
+@dataclass(frozen=True)
+class LiveSource:
+    """A source opened for watching live (`open_live`)."""
+
+    frames: Callable[[], Iterator[Frame]]  # a fresh iterator of its frames at each call
+    paced: bool  # its frames come as fast as they decode: the grabber paces them by their times (a file)
+    loops: bool  # it can be played again from its start when it ends (a file, or a recording over the network)
+
+
+def open_live(source: str) -> LiveSource:
     """A source to watch live, by name: webcam:N, a stream URL, or a video file.
 
-    Returns a function giving a fresh iterator of its frames, and whether the source is a
-    recording (to be paced at its own speed, and loopable) rather than already real time. The
-    source is checked now (camera present, URL scheme, file readable), so a mistake fails here.
+    The source is checked now (camera present, URL scheme, file readable), so a mistake fails
+    here. A recording served over the network paces itself (StreamSource) and ends; called
+    again, its frames start over, as a file's do. A live stream never ends that way (it
+    reconnects), so looping it changes nothing; a camera is not looped (an unplugged one
+    would be asked again and again).
     """
     camera = parse_webcam(source)
     if camera is not None:
-        return WebcamSource(camera).frames, False
+        return LiveSource(WebcamSource(camera).frames, paced=False, loops=False)
     if "://" in source:
-        return StreamSource(source).frames, False  # checks the scheme; redacts credentials
+        return LiveSource(StreamSource(source).frames, paced=False, loops=True)  # checks the scheme; redacts credentials
     FileSource(source).close()
 
     def frames() -> Iterator[Frame]:
@@ -359,4 +370,4 @@ def open_live(source: str) -> tuple[Callable[[], Iterator[Frame]], bool]:
         finally:
             src.close()
 
-    return frames, True
+    return LiveSource(frames, paced=True, loops=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from pipelines.sources import SourceError, StreamSource, redact
+from pipelines.sources import SourceError, StreamSource, open_live, redact
 
 SENDER = Path(__file__).with_name("stream_sender.py")
 
@@ -277,3 +277,26 @@ def test_a_recording_served_over_http_plays_at_its_own_pace_once(tmp_path):
     assert len(frames) == 30 and src.reconnects == 0
     assert 1.3 < took < 6  # 30 frames at 20 fps: 1.45 s of video
     assert frames[-1].pts - frames[0].pts > 1.3
+
+
+def test_live_plays_a_recording_over_http_round_and_round_for_its_duration(tmp_path, capsys, small_folder):
+    """As it does a file: `live URL --duration 4` on a 1.5 s clip over HTTP stopped after 1.5 s
+    (and the web UI's feed of it ended where a file's starts over)."""
+    clip = tmp_path / "clip.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=20", "-t", "1.5",
+                    "-c:v", "libx264", "-pix_fmt", "yuv420p", str(clip)], check=True)
+    server = _serve(tmp_path)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/clip.mp4"
+        live = open_live(url)
+        assert live.loops and not live.paced  # StreamSource paces a recording itself
+        assert open_live(str(clip)).paced and open_live(str(clip)).loops
+        t0 = time.time()
+        rc = main(["live", url, "--model", str(small_folder), "--duration", "4", "--json", "--max-tokens", "2"])
+        took = time.time() - t0
+    finally:
+        server.shutdown()
+    assert rc == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["frames_in"] > 40 and stats["kv_pages_in_use_after"] == 0  # the clip has 30 frames
+    assert took > 3.5
