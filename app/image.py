@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from app.cli import image_dtype
 from app.errors import UsageError
 from app.prompt_args import prompt_tasks
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if not one:
         return _several(args, paths, params, task)
     t0 = time.perf_counter()
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    loaded = load_model(args.model, device=args.device, dtype=image_dtype(args.model, args.device, args.dtype))
     load_ms = (time.perf_counter() - t0) * 1000.0
     decoder = ReferenceDecoder(loaded)
     out = sys.stdout
@@ -88,7 +89,8 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict) ->
     out = sys.stdout
     done = failed = 0
     t0 = time.perf_counter()
-    with Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype)) as engine:
+    with Engine(EngineConfig(model=args.model, device=args.device,
+                             dtype=image_dtype(args.model, args.device, args.dtype))) as engine:
         load_ms = (time.perf_counter() - t0) * 1000.0
         asked = _asked(engine.loaded.config, task)
         bar = tqdm(total=len(paths), desc="images", unit="image", file=sys.stderr)
