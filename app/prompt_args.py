@@ -64,7 +64,7 @@ def add_constraint_args(p: argparse.ArgumentParser, several: bool = False) -> No
 def prompt_tasks(args: argparse.Namespace, default_caption: str = "short") -> list[dict]:
     """The prompts as `Engine.submit` keywords ({"caption": kind} or {"question": text}, with a
     "constraint" where one was given), in the order given; every one is asked about every frame."""
-    questions = args.question or []
+    questions = [] if args.question is None else args.question  # '' is a question, and an empty one
     if isinstance(questions, str):  # image: one question
         questions = [questions]
     if any(not q.strip() for q in questions):

@@ -81,6 +81,7 @@ def test_converted_images_are_accepted(capsys, tmp_path):
     ([str(SCENE), "--top-p", "0"], "top_p"),
     ([str(SCENE), "--max-tokens", "0"], "max_tokens"),
     ([str(SCENE), "--question", "   "], "question is empty"),
+    ([str(SCENE), "--question", ""], "question is empty"),  # was taken for no question: a caption came back
     ([str(SCENE), "--seed", "-3"], "seed"),
 ])
 def test_user_mistakes_exit_2_with_one_line(capsys, args, needle):
