@@ -307,6 +307,22 @@ def print_report(report: dict, as_json: bool, table) -> None:
         print(table(report))
 
 
+# Arguments that name an image, video, source, output, model or folder. Given empty (an unset
+# shell variable), one must not quietly mean "none" or "this folder": `video ""` captioned every
+# video under the working folder, `image --question ""` a caption.
+_NAMES = {"image": "IMAGE", "files": "FILE", "sources": "SOURCE", "output": "-o", "annotate": "--annotate",
+          "snapshots": "--snapshots", "model": "--model", "source": "--source", "out": "--out", "init": "--init",
+          "device": "--device"}
+
+
+def check_not_empty(args: argparse.Namespace) -> None:
+    for dest, flag in _NAMES.items():
+        value = getattr(args, dest, None)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and not str(v).strip():
+                raise UsageError(f"{flag} is empty")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -314,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     keep_freed_memory()
     try:
+        check_not_empty(args)
         return args.func(args)
     except VlmstreamError as e:
         print(f"vlmstream: error: {e}", file=sys.stderr)

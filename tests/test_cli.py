@@ -91,6 +91,22 @@ def test_user_mistakes_exit_2_with_one_line(capsys, args, needle):
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["video", ""], "FILE"), (["image", ""], "IMAGE"), (["image", str(SCENE), " "], "IMAGE"), (["live", ""], "SOURCE"),
+    (["video", str(SCENE), "-o", ""], "-o"), (["live", str(SCENE), "--annotate", ""], "--annotate"),
+    (["image", str(SCENE), "--model", ""], "--model"), (["ui", "--source", ""], "--source"),
+    (["train-tiny", "--out", ""], "--out"),
+])
+def test_an_empty_name_is_a_mistake_not_this_folder(capsys, tmp_path, monkeypatch, argv, flag):
+    """An unset shell variable (`vlmstream video "$CLIP"`) read as "." captioned every video under
+    the working folder; an empty -o or --annotate was taken for none."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "clip.mp4").write_bytes((ROOT / "sample_videos" / "cuts_640x360_30fps.mp4").read_bytes())
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"vlmstream: error: {flag} is empty\n" and captured.out == ""
+
+
 def test_cuda_without_cuda(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
