@@ -53,6 +53,13 @@ def test_missing_folder(tmp_path):
         load_model(tmp_path / "nope")
 
 
+def test_an_empty_model_name_is_not_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for spec in ("", "  "):
+        with pytest.raises(ModelLoadError, match="the model is empty"):
+            load_model(spec)
+
+
 def test_file_instead_of_folder(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ModelLoadError, match="is a file"):

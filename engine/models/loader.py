@@ -52,6 +52,8 @@ class LoadedModel:
 def resolve_model_dir(spec: str | Path) -> Path:
     if str(spec) == "tiny":
         return TINY_DIR
+    if isinstance(spec, str) and not spec.strip():  # Path("") is the working folder
+        raise ModelLoadError("the model is empty: give 'tiny' or a model folder")
     path = Path(spec).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model folder not found: {path}")
