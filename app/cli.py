@@ -255,7 +255,7 @@ def realtime_dtype(device: str, dtype: str | None) -> str | None:
 def image_dtype(model: str, device: str, dtype: str | None) -> str | None:
     """`vlmstream image`'s dtype when none is given. The tiny model keeps fp32 on CPU (its
     held-out figures, EVAL.md); a Moondream 2 folder runs as its checkpoint is stored, in bf16,
-    where the CPU computes it natively: with the full-size layout on the AMX kind, 3x faster
+    where the CPU computes it natively: with the full-size layout on the AMX kind, 4-5x faster
     than fp32 and half the memory (BENCHMARKS.md)."""
     from engine.models.loader import TINY_DIR
 

@@ -216,7 +216,7 @@ def test_realtime_commands_pick_bf16_only_on_cpus_that_compute_it_natively(monke
 
 def test_image_runs_moondream_folders_in_bf16_where_the_cpu_computes_it(monkeypatch, capsys, small_folder):
     """A Moondream 2 checkpoint is stored in bf16: loaded as fp32 on CPU it took twice the memory
-    and 3x the time (BENCHMARKS.md). The tiny model keeps fp32, in which its accuracy is measured."""
+    and 4-5x the time (BENCHMARKS.md). The tiny model keeps fp32, in which its accuracy is measured."""
     import engine.device as device
     from engine.models.loader import TINY_DIR
 
