@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import sysconfig
 import tempfile
 import threading
 from collections import deque
@@ -22,7 +24,25 @@ from typing import Callable
 
 import numpy as np
 
-SAMPLES_DIR = Path(__file__).resolve().parent.parent / "sample_videos"
+
+def samples_dir() -> Path:
+    """The bundled sample videos: the source tree's, else where an install from a wheel put them
+    (pyproject's data-files: the environment's share/ folder, or the user's with pip --user)."""
+    tree = Path(__file__).resolve().parent.parent / "sample_videos"
+    if tree.is_dir():
+        return tree
+    for scheme in (None, f"{os.name}_user"):
+        try:
+            data = sysconfig.get_path("data", scheme) if scheme else sysconfig.get_path("data")
+        except KeyError:  # no such install scheme here
+            continue
+        installed = Path(data) / "share" / "vlmstream" / "sample_videos"
+        if installed.is_dir():
+            return installed
+    return tree  # none anywhere: the UI opens without a sample
+
+
+SAMPLES_DIR = samples_dir()
 LIVE_FPS = 60.0
 RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about this long
 # A video job's outputs stay on disk until this many newer jobs have run (Gradio serves its own
