@@ -8,7 +8,6 @@ any thread, and idempotent. An `ImageRef` keeps an image prefix alive for furthe
 
 from __future__ import annotations
 
-import queue
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -21,14 +20,14 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .sequence import Image
 
-_END = object()
-
-
 class RequestHandle:
     def __init__(self, engine: "Engine", request_id: int):
         self._engine = engine
         self.id = request_id
-        self._deltas: queue.Queue = queue.Queue()  # bounded by max_tokens: one delta per token at most
+        # Every delta, kept: each stream() reads them from the start (bounded by max_tokens).
+        self._deltas: list[str] = []
+        self._ended = False
+        self._cond = threading.Condition()
         self._done = threading.Event()
         self._output: RequestOutput | None = None
         self._cancel_sent = False
@@ -37,14 +36,18 @@ class RequestHandle:
 
     # engine side
     def _emit(self, delta: str) -> None:
-        self._deltas.put(delta)
+        with self._cond:
+            self._deltas.append(delta)
+            self._cond.notify_all()
 
     def _finish(self, output: RequestOutput) -> None:
         self._output = output
         with self._cb_lock:
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
-        self._deltas.put(_END)
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
         for fn in callbacks:
             fn(self)
 
@@ -68,15 +71,22 @@ class RequestHandle:
         return self._output
 
     def stream(self, timeout: float | None = None) -> Iterator[str]:
-        """Text deltas (whole words) as they are committed; ends when the request finishes."""
+        """Text deltas (whole words) as they are committed; ends when the request finishes.
+
+        Each call streams from the first word: a second reader, or a call after the request
+        finished, gets the whole text (a second call used to wait forever for words the first
+        had taken). timeout: the longest wait for the next word.
+        """
+        i = 0
         while True:
-            try:
-                item = self._deltas.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"no text from request {self.id} for {timeout} s") from None
-            if item is _END:
+            with self._cond:
+                if not self._cond.wait_for(lambda: i < len(self._deltas) or self._ended, timeout):
+                    raise TimeoutError(f"no text from request {self.id} for {timeout} s")
+                words, ended = self._deltas[i:], self._ended
+            i += len(words)
+            yield from words
+            if ended:  # nothing is emitted after the end: `words` held the rest
                 return
-            yield item
 
     def cancel(self) -> None:
         if self._cancel_sent or self._done.is_set():

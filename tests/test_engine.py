@@ -103,6 +103,29 @@ def test_stream_yields_the_text_in_words(small_folder, images):
     assert out.timings_ms["total"] >= out.timings_ms["first_token"] > 0
 
 
+def test_every_stream_reads_the_whole_text_even_after_the_end(small_folder, images):
+    """A second stream() (another reader, or one after the request finished) waited forever: the
+    first had taken the words."""
+    import threading
+
+    with _engine(small_folder) as eng:
+        h = eng.submit(images[0], caption="long", params=SamplingParams(max_tokens=20))
+        readers = [[] for _ in range(3)]
+        threads = [threading.Thread(target=lambda r=r: r.extend(h.stream(timeout=30))) for r in readers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        out = h.result(timeout=1)
+        late = list(h.stream(timeout=5))
+        cancelled = eng.submit(images[1], caption="long")
+        cancelled.cancel()
+        assert cancelled.result(timeout=30).finish_reason in ("cancelled", "stop", "length")
+        assert "".join(cancelled.stream(timeout=5)) == cancelled.result().text
+    assert out.text and all("".join(r) == out.text for r in readers) and "".join(late) == out.text
+    _assert_clean(eng)
+
+
 def test_known_stops_cost_no_extra_step(small_folder, images):
     for depth in (1, 2):
         with _engine(small_folder, depth) as eng:
