@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .sequence import Image
 
+
 class RequestHandle:
     def __init__(self, engine: "Engine", request_id: int):
         self._engine = engine
@@ -74,8 +75,7 @@ class RequestHandle:
         """Text deltas (whole words) as they are committed; ends when the request finishes.
 
         Each call streams from the first word: a second reader, or a call after the request
-        finished, gets the whole text (a second call used to wait forever for words the first
-        had taken). timeout: the longest wait for the next word.
+        finished, gets the whole text. timeout: the longest wait for the next word.
         """
         i = 0
         while True:
