@@ -126,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
                          "or URL (default: the 60 fps sample)")
     ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    ui.add_argument("--ssl-certfile", metavar="FILE",
+                    help="serve HTTPS with this certificate (PEM), with --ssl-keyfile: a browser lets a page "
+                         "use its camera (the Browser webcam tab) only over HTTPS, or from this machine")
+    ui.add_argument("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM, unencrypted)")
     _add_model_args(ui, realtime=True)
     ui.set_defaults(func=_lazy('app.ui'))
 
@@ -312,7 +316,7 @@ def print_report(report: dict, as_json: bool, table) -> None:
 # video under the working folder, `image --question ""` a caption.
 _NAMES = {"image": "IMAGE", "files": "FILE", "sources": "SOURCE", "output": "-o", "annotate": "--annotate",
           "snapshots": "--snapshots", "model": "--model", "source": "--source", "out": "--out", "init": "--init",
-          "device": "--device"}
+          "device": "--device", "ssl_certfile": "--ssl-certfile", "ssl_keyfile": "--ssl-keyfile"}
 
 
 def check_not_empty(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ Gradio and the engine load when `build` or `run` is called.
 import argparse
 import os
 import time
+from pathlib import Path
 
 from app.service import RECORD_MAX_S, Service, Settings, UIError, sample_videos
 from app.task import make_task
@@ -234,6 +235,11 @@ def build(service: Service, source: str | None = None):
                 demo.load(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
                           api_name=False)
         with gr.Tab("Browser webcam"):
+            # Shown only where the browser withholds the camera (HEAD_JS marks such pages).
+            gr.HTML('<div class="vs-error">This page was opened over plain HTTP from another machine, and '
+                    'browsers give the camera only to pages served over HTTPS (or from localhost): start '
+                    'the UI with --ssl-certfile and --ssl-keyfile (README) and open it with https://.</div>',
+                    elem_id="vs-cam-insecure")
             with gr.Row():
                 cam = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Your camera",
                                elem_id="vs-cam")
@@ -354,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--port must be within 1..65535")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no network calls from this machine
     _check_listen(args.host, args.port)  # a port in use is one line, before the model loads
+    tls = _check_tls(args.ssl_certfile, args.ssl_keyfile)
     if args.source and args.source not in sample_videos():
         from pipelines.sources import open_live
 
@@ -363,8 +370,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
         demo = build(service, args.source)
+        # ssl_verify=False: Gradio's own request to the new server must accept a self-signed
+        # certificate (the usual one on a LAN); browsers make their own choice.
         demo.launch(server_name=args.host, server_port=args.port, css=CSS, head=HEAD_JS, ssr_mode=False,
-                    quiet=False, show_error=True)
+                    quiet=False, show_error=True, **tls, ssl_verify=not tls)
     except KeyboardInterrupt:
         return 130
     finally:
@@ -372,6 +381,27 @@ def run(args: argparse.Namespace) -> int:
         service.remove_outputs()
     return 0
 
+
+def _check_tls(certfile: str | None, keyfile: str | None) -> dict:
+    """Gradio's launch arguments for HTTPS, checked now: a missing or unusable certificate is one
+    line before the model loads, not a traceback from the server's start."""
+    import ssl
+
+    from app.cli import UsageError
+
+    if certfile is None and keyfile is None:
+        return {}
+    if certfile is None or keyfile is None:
+        raise UsageError("--ssl-certfile and --ssl-keyfile go together")
+    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+        if not Path(path).is_file():
+            raise UsageError(f"{flag}: no such file: {path}")
+    try:  # an empty password: an encrypted key fails here instead of asking on the terminal
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile, password=b"")
+    except (ssl.SSLError, OSError) as e:
+        raise UsageError(f"cannot serve HTTPS with {certfile} and {keyfile} (an unencrypted PEM key and "
+                         f"its certificate): {e.strerror or e}") from None
+    return {"ssl_certfile": certfile, "ssl_keyfile": keyfile}
 
 
 def _check_listen(host: str, port: int) -> None:

@@ -154,6 +154,9 @@ def counters_html(counters: dict, engine: dict, running: bool, error: str | None
 # A click on a change picture saves it: the link takes the picture's data URI just before the
 # browser follows it (capture phase), so the page holds each picture once.
 HEAD_JS = """<script>
+// Browsers give a page the camera only in a secure context (HTTPS, or localhost): say so on
+// the Browser webcam tab instead of leaving its camera button to fail silently.
+if (!window.isSecureContext) document.documentElement.classList.add("vs-insecure");
 document.addEventListener("click", (e) => {
   const a = e.target.closest && e.target.closest("a.vs-save");
   const img = a && a.querySelector("img");
@@ -177,4 +180,7 @@ CSS = """
 .vs-shot img { width: 100%; display: block; border-radius: 4px; }
 .vs-save { cursor: pointer; }
 .vs-shot figcaption { font-size: 0.85em; white-space: pre-line; }
+#vs-cam-insecure { display: none; }
+/* !important: Gradio scopes the rule above under its container, which outranks this one */
+.vs-insecure #vs-cam-insecure { display: block !important; }
 """

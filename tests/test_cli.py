@@ -107,6 +107,30 @@ def test_an_empty_name_is_a_mistake_not_this_folder(capsys, tmp_path, monkeypatc
     assert captured.err == f"vlmstream: error: {flag} is empty\n" and captured.out == ""
 
 
+def test_ui_https_mistakes_are_one_line_before_the_model_loads(capsys, tmp_path):
+    openssl = shutil.which("openssl")
+    if not openssl:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
+    import socket
+
+    with socket.socket() as sock:  # a free port: the port is checked first
+        sock.bind(("127.0.0.1", 0))
+        port = ["--port", str(sock.getsockname()[1])]
+    locked = tmp_path / "locked.pem"  # an encrypted key: an error, not a pass phrase prompt on the terminal
+    subprocess.run([openssl, "genrsa", "-aes256", "-passout", "pass:secret", "-out", str(locked), "2048"],
+                   check=True, capture_output=True, timeout=60)
+    for args, needle in [(["--ssl-certfile", str(cert)], "--ssl-certfile and --ssl-keyfile go together"),
+                         (["--ssl-certfile", str(tmp_path / "no.pem"), "--ssl-keyfile", str(key)], "no such file"),
+                         (["--ssl-certfile", str(key), "--ssl-keyfile", str(cert)], "cannot serve HTTPS with"),
+                         (["--ssl-certfile", str(cert), "--ssl-keyfile", str(locked)], "cannot serve HTTPS with")]:
+        assert main(["ui", *port, *args, "--model", "/no/such/model"]) == 2  # said before the model's error
+        err = capsys.readouterr().err
+        assert err.startswith("vlmstream: error: ") and needle in err and err.count("\n") == 1, err
+
+
 def test_cuda_without_cuda(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -4,11 +4,13 @@ gradio_client and in Debian's headless Chromium with Playwright (no browser down
 Screenshots and the measured page update rates go to `.artifacts/` at the repository root.
 """
 
+import contextlib
 import io
 import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -34,32 +36,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def running_ui(*args: str, scheme: str = "http", log_name: str = "ui_server.log"):
+    """`vlmstream ui` started as a user starts it; yields its URL once it answers."""
     port = free_port()
     exe = Path(sys.executable).with_name("vlmstream")
     ARTIFACTS.mkdir(exist_ok=True)
-    log = open(ARTIFACTS / "ui_server.log", "w")
-    p = subprocess.Popen([str(exe), "ui", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+    log = open(ARTIFACTS / log_name, "w")
+    p = subprocess.Popen([str(exe), "ui", "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}/"
+    url = f"{scheme}://127.0.0.1:{port}/"
+    tls = ssl.create_default_context()
+    tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE  # a self-signed certificate
     deadline = time.time() + 180
     while True:
         try:
-            urllib.request.urlopen(url, timeout=2).read()
+            urllib.request.urlopen(url, timeout=2, context=tls).read()
             break
         except OSError:
             if p.poll() is not None or time.time() > deadline:
                 p.kill()
-                pytest.fail(f"vlmstream ui did not start: {(ARTIFACTS / 'ui_server.log').read_text()[-2000:]}")
+                pytest.fail(f"vlmstream ui did not start: {(ARTIFACTS / log_name).read_text()[-2000:]}")
             time.sleep(0.5)
-    yield url
-    p.terminate()
     try:
-        p.wait(30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    log.close()
+        yield url
+    finally:
+        p.terminate()
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_ui() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +232,47 @@ def test_a_bad_url_is_a_message_in_the_page(server):
         assert "gopher" in page.inner_text("#vs-frame")
         page.get_by_role("tab", name="Image").click()  # the UI is still alive
         browser.close()
+
+
+def test_the_webcam_tab_says_when_the_browser_withholds_the_camera(server):
+    """Browsers give the camera only to secure pages (HTTPS, or localhost): opened from another
+    machine over plain HTTP, the webcam tab's button failed without a word."""
+    port = server.rstrip("/").rsplit(":", 1)[1]
+    with playwright_api.sync_playwright() as p:
+        # Another machine's view of this server: a name that is not localhost, mapped to it.
+        browser = launch(p, "--host-resolver-rules=MAP vlmstream.test 127.0.0.1")
+        for url, secure in ((server, True), (f"http://vlmstream.test:{port}/", False)):
+            page = browser.new_page()
+            page.goto(url)
+            page.get_by_role("tab", name="Browser webcam").click()
+            page.get_by_text("Click to Access Webcam").wait_for(timeout=30_000)
+            assert page.evaluate("window.isSecureContext") is secure
+            hint = page.locator("#vs-cam-insecure")
+            assert hint.is_visible() is not secure
+            if not secure:
+                assert "--ssl-certfile" in hint.inner_text()
+            page.close()
+        browser.close()
+
+
+def test_ui_serves_https_with_a_certificate(tmp_path):
+    openssl = shutil.which("openssl")
+    if not openssl:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
+    with running_ui("--ssl-certfile", str(cert), "--ssl-keyfile", str(key), scheme="https",
+                    log_name="ui_server_https.log") as url:
+        with playwright_api.sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_context(ignore_https_errors=True).new_page()
+            page.goto(url)
+            page.wait_for_selector("#vs-caption", timeout=120_000)  # the sample plays, over HTTPS
+            page.get_by_role("tab", name="Browser webcam").click()
+            page.get_by_text("Click to Access Webcam").wait_for(timeout=30_000)
+            assert page.evaluate("window.isSecureContext") and not page.locator("#vs-cam-insecure").is_visible()
+            browser.close()
 
 
 def write_y4m(path: Path, frames: list[np.ndarray], fps: int = 15) -> None:
