@@ -130,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="serve HTTPS with this certificate (PEM), with --ssl-keyfile: a browser lets a page "
                          "use its camera (the Browser webcam tab) only over HTTPS, or from this machine")
     ui.add_argument("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM, unencrypted)")
+    ui.add_argument("--auth-file", metavar="FILE",
+                    help="ask for a user name and password: FILE has one 'user:password' a line (the page can "
+                         "play any file or URL the server reaches, so share it on a network only with this)")
     _add_model_args(ui, realtime=True)
     ui.set_defaults(func=_lazy('app.ui'))
 
@@ -316,7 +319,8 @@ def print_report(report: dict, as_json: bool, table) -> None:
 # video under the working folder, `image --question ""` a caption.
 _NAMES = {"image": "IMAGE", "files": "FILE", "sources": "SOURCE", "output": "-o", "annotate": "--annotate",
           "snapshots": "--snapshots", "model": "--model", "source": "--source", "out": "--out", "init": "--init",
-          "device": "--device", "ssl_certfile": "--ssl-certfile", "ssl_keyfile": "--ssl-keyfile"}
+          "device": "--device", "ssl_certfile": "--ssl-certfile", "ssl_keyfile": "--ssl-keyfile",
+          "auth_file": "--auth-file"}
 
 
 def check_not_empty(args: argparse.Namespace) -> None:

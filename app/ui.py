@@ -8,6 +8,7 @@ Gradio and the engine load when `build` or `run` is called.
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -361,6 +362,10 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no network calls from this machine
     _check_listen(args.host, args.port)  # a port in use is one line, before the model loads
     tls = _check_tls(args.ssl_certfile, args.ssl_keyfile)
+    auth = _read_auth(args.auth_file) if args.auth_file else None
+    if auth is None and not _loopback(args.host):
+        print(f"vlmstream: warning: the UI on {args.host} asks no password, and its page plays any file or URL "
+              "this server reaches (--auth-file)", file=sys.stderr)
     if args.source and args.source not in sample_videos():
         from pipelines.sources import open_live
 
@@ -373,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
         # ssl_verify=False: Gradio's own request to the new server must accept a self-signed
         # certificate (the usual one on a LAN); browsers make their own choice.
         demo.launch(server_name=args.host, server_port=args.port, css=CSS, head=HEAD_JS, ssr_mode=False,
-                    quiet=False, show_error=True, **tls, ssl_verify=not tls)
+                    quiet=False, show_error=True, **tls, ssl_verify=not tls, auth=auth,
+                    auth_message="vlmstream" if auth else None)
     except KeyboardInterrupt:
         return 130
     finally:
@@ -402,6 +408,40 @@ def _check_tls(certfile: str | None, keyfile: str | None) -> dict:
         raise UsageError(f"cannot serve HTTPS with {certfile} and {keyfile} (an unencrypted PEM key and "
                          f"its certificate): {e.strerror or e}") from None
     return {"ssl_certfile": certfile, "ssl_keyfile": keyfile}
+
+
+def _read_auth(path: str) -> list[tuple[str, str]]:
+    """The (user, password) pairs of an --auth-file: one 'user:password' a line; blank lines and
+    lines starting with # are skipped."""
+    from app.cli import UsageError
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--auth-file: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    pairs = []
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, password = line.partition(":")
+        if not sep or not user or not password:
+            raise UsageError(f"--auth-file {path}, line {n}: expected user:password")
+        pairs.append((user, password))
+    if not pairs:
+        raise UsageError(f"--auth-file {path} has no user:password line")
+    return pairs
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+    import socket
+
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback
+                   for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
+    except (socket.gaierror, ValueError):
+        return False
 
 
 def _check_listen(host: str, port: int) -> None:

@@ -131,6 +131,33 @@ def test_ui_https_mistakes_are_one_line_before_the_model_loads(capsys, tmp_path)
         assert err.startswith("vlmstream: error: ") and needle in err and err.count("\n") == 1, err
 
 
+def test_ui_auth_file_mistakes_and_the_warning_for_a_ui_on_the_network(capsys, tmp_path):
+    import socket
+
+    from app import ui
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    (tmp_path / "bad.txt").write_text("alice\n")
+    (tmp_path / "empty.txt").write_text("# nobody\n\n")
+    for name, needle in [("bad.txt", "line 1: expected user:password"), ("empty.txt", "has no user:password line"),
+                         ("missing.txt", "cannot read")]:
+        assert main(["ui", "--port", port, "--auth-file", str(tmp_path / name), "--model", "/no/such/model"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vlmstream: error: --auth-file") and needle in err and err.count("\n") == 1, err
+    (tmp_path / "users.txt").write_text("# who may watch\nalice:wonder:land\n\nbob:pw\n")
+    assert ui._read_auth(str(tmp_path / "users.txt")) == [("alice", "wonder:land"), ("bob", "pw")]
+    assert ui._loopback("127.0.0.1") and ui._loopback("localhost") and ui._loopback("::1")
+    assert not ui._loopback("0.0.0.0") and not ui._loopback("no.such.host.invalid")
+    # Listening beyond this machine without a password: said, before anything loads.
+    assert main(["ui", "--host", "0.0.0.0", "--port", port, "--model", "/no/such/model"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("vlmstream: warning: the UI on 0.0.0.0 asks no password") and "--auth-file" in err[0]
+    assert main(["ui", "--port", port, "--model", "/no/such/model"]) == 2
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_cuda_without_cuda(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

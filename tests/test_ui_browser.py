@@ -255,19 +255,32 @@ def test_the_webcam_tab_says_when_the_browser_withholds_the_camera(server):
         browser.close()
 
 
-def test_ui_serves_https_with_a_certificate(tmp_path):
+def test_ui_serves_https_and_asks_a_password(tmp_path):
+    """What sharing the UI on a network takes: HTTPS (the camera, above) and a password (its page
+    plays any file or URL the server reaches)."""
+    from gradio_client import Client
+
     openssl = shutil.which("openssl")
     if not openssl:
         pytest.skip("openssl is not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert, key, users = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "users.txt"
     subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
                     "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
-    with running_ui("--ssl-certfile", str(cert), "--ssl-keyfile", str(key), scheme="https",
-                    log_name="ui_server_https.log") as url:
+    users.write_text("# who may watch\nalice:wonder land\n")
+    with running_ui("--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--auth-file", str(users),
+                    scheme="https", log_name="ui_server_https.log") as url:
+        with pytest.raises(Exception, match="login|credentials"):
+            Client(url, verbose=False, ssl_verify=False)
+        stats = Client(url, auth=("alice", "wonder land"), verbose=False, ssl_verify=False).predict(
+            api_name="/engine_stats")
+        assert stats["kv_pages_total"] > 0
         with playwright_api.sync_playwright() as p:
             browser = launch(p)
             page = browser.new_context(ignore_https_errors=True).new_page()
             page.goto(url)
+            page.get_by_label("username").fill("alice")
+            page.get_by_label("password").fill("wonder land")
+            page.get_by_role("button", name="Login").click()
             page.wait_for_selector("#vs-caption", timeout=120_000)  # the sample plays, over HTTPS
             page.get_by_role("tab", name="Browser webcam").click()
             page.get_by_text("Click to Access Webcam").wait_for(timeout=30_000)
