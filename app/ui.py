@@ -10,7 +10,6 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 from app.service import RECORD_MAX_S, Service, Settings, UIError, sample_videos
 from app.task import make_task
@@ -355,15 +354,16 @@ def _new_shots(shots: list, shown: float | None) -> tuple[list | None, float | N
 
 def run(args: argparse.Namespace) -> int:
     from app.cli import UsageError, realtime_dtype
+    from app.listen import check_port, loopback, read_auth, tls_arguments
     from app.view import CSS, HEAD_JS
 
     if not 0 < args.port < 65536:
         raise UsageError("--port must be within 1..65535")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no network calls from this machine
-    _check_listen(args.host, args.port)  # a port in use is one line, before the model loads
-    tls = _check_tls(args.ssl_certfile, args.ssl_keyfile)
-    auth = _read_auth(args.auth_file) if args.auth_file else None
-    if auth is None and not _loopback(args.host):
+    check_port(args.host, args.port)  # a port in use is one line, before the model loads
+    tls = tls_arguments(args.ssl_certfile, args.ssl_keyfile)
+    auth = read_auth(args.auth_file) if args.auth_file else None
+    if auth is None and not loopback(args.host):
         print(f"vlmstream: warning: the UI on {args.host} asks no password, and its page plays any file or URL "
               "this server reaches (--auth-file)", file=sys.stderr)
     if args.source and args.source not in sample_videos():
@@ -386,77 +386,3 @@ def run(args: argparse.Namespace) -> int:
         service.close()
         service.remove_outputs()
     return 0
-
-
-def _check_tls(certfile: str | None, keyfile: str | None) -> dict:
-    """Gradio's launch arguments for HTTPS, checked now: a missing or unusable certificate is one
-    line before the model loads, not a traceback from the server's start."""
-    import ssl
-
-    from app.cli import UsageError
-
-    if certfile is None and keyfile is None:
-        return {}
-    if certfile is None or keyfile is None:
-        raise UsageError("--ssl-certfile and --ssl-keyfile go together")
-    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
-        if not Path(path).is_file():
-            raise UsageError(f"{flag}: no such file: {path}")
-    try:  # an empty password: an encrypted key fails here instead of asking on the terminal
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile, password=b"")
-    except (ssl.SSLError, OSError) as e:
-        raise UsageError(f"cannot serve HTTPS with {certfile} and {keyfile} (an unencrypted PEM key and "
-                         f"its certificate): {e.strerror or e}") from None
-    return {"ssl_certfile": certfile, "ssl_keyfile": keyfile}
-
-
-def _read_auth(path: str) -> list[tuple[str, str]]:
-    """The (user, password) pairs of an --auth-file: one 'user:password' a line; blank lines and
-    lines starting with # are skipped."""
-    from app.cli import UsageError
-
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--auth-file: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    pairs = []
-    for n, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        user, sep, password = line.partition(":")
-        if not sep or not user or not password:
-            raise UsageError(f"--auth-file {path}, line {n}: expected user:password")
-        pairs.append((user, password))
-    if not pairs:
-        raise UsageError(f"--auth-file {path} has no user:password line")
-    return pairs
-
-
-def _loopback(host: str) -> bool:
-    import ipaddress
-    import socket
-
-    try:
-        return all(ipaddress.ip_address(info[4][0]).is_loopback
-                   for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
-    except (socket.gaierror, ValueError):
-        return False
-
-
-def _check_listen(host: str, port: int) -> None:
-    import socket
-
-    from app.cli import UsageError
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as e:
-        raise UsageError(f"--host {host}: {e.strerror}") from None
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
-        try:
-            s.bind(addr)
-        except OSError as e:
-            raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e} (choose another --port)") from None

@@ -134,7 +134,7 @@ def test_ui_https_mistakes_are_one_line_before_the_model_loads(capsys, tmp_path)
 def test_ui_auth_file_mistakes_and_the_warning_for_a_ui_on_the_network(capsys, tmp_path):
     import socket
 
-    from app import ui
+    from app import listen
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -147,9 +147,9 @@ def test_ui_auth_file_mistakes_and_the_warning_for_a_ui_on_the_network(capsys, t
         err = capsys.readouterr().err
         assert err.startswith("vlmstream: error: --auth-file") and needle in err and err.count("\n") == 1, err
     (tmp_path / "users.txt").write_text("# who may watch\nalice:wonder:land\n\nbob:pw\n")
-    assert ui._read_auth(str(tmp_path / "users.txt")) == [("alice", "wonder:land"), ("bob", "pw")]
-    assert ui._loopback("127.0.0.1") and ui._loopback("localhost") and ui._loopback("::1")
-    assert not ui._loopback("0.0.0.0") and not ui._loopback("no.such.host.invalid")
+    assert listen.read_auth(str(tmp_path / "users.txt")) == [("alice", "wonder:land"), ("bob", "pw")]
+    assert listen.loopback("127.0.0.1") and listen.loopback("localhost") and listen.loopback("::1")
+    assert not listen.loopback("0.0.0.0") and not listen.loopback("no.such.host.invalid")
     # Listening beyond this machine without a password: said, before anything loads.
     assert main(["ui", "--host", "0.0.0.0", "--port", port, "--model", "/no/such/model"]) == 2
     err = capsys.readouterr().err.splitlines()
