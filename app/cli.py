@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     img.add_argument("image", nargs="+", metavar="IMAGE|FOLDER",
                      help="image files (any format Pillow reads), or folders: every image under them; one image "
                           "prints its answer as it comes, several a line each (\"IMAGE: answer\")")
-    _add_model_args(img, default="float32 for the tiny model on cpu, else " + _NATIVE_BF16)
+    _add_model_args(img, "float32 for the tiny model on cpu, else " + _NATIVE_BF16)
     task = img.add_mutually_exclusive_group()
     task.add_argument("--caption", choices=["short", "normal", "long"],
                       help="caption length (default: normal, unless --question is given)")
@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     vid.add_argument("--resume", action="store_true",
                      help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
                           "without it, outputs are written afresh")
-    _add_model_args(vid, realtime=True)
+    _add_model_args(vid, _NATIVE_BF16)
     vid.add_argument("--max-tokens", type=int, default=64, metavar="N", help="answer length limit (default 64)")
     vid.add_argument("--no-vision-thread", action="store_true",
                      help="CPU: encode frames in the device thread's steps instead of a thread of their own "
@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("--no-vision-thread", action="store_true",
                       help="CPU: encode frames in the device thread's steps instead of a thread of their own "
                            "(same answers, for comparison)")
-    _add_model_args(live, realtime=True)
+    _add_model_args(live, _NATIVE_BF16)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
     _add_changes_args(live, "print (and log) an answer only when it changes, with the answer it replaced: "
                             "events instead of every frame", "frames", "log")
@@ -133,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     ui.add_argument("--auth-file", metavar="FILE",
                     help="ask for a user name and password: FILE has one 'user:password' a line (the page can "
                          "play any file or URL the server reaches, so share it on a network only with this)")
-    _add_model_args(ui, realtime=True)
+    _add_model_args(ui, _NATIVE_BF16)
     ui.set_defaults(func=_lazy('app.ui'))
 
     bench = sub.add_parser("bench", help="decode throughput: pipelined vs blocking",
@@ -238,11 +238,11 @@ def check_changes_args(args: argparse.Namespace) -> None:
 _NATIVE_BF16 = "bfloat16 on cuda and on CPUs with bf16 matrix instructions (AVX512-BF16, AMX), else float32"
 
 
-def _add_model_args(p: argparse.ArgumentParser, realtime: bool = False, default: str | None = None) -> None:
+def _add_model_args(p: argparse.ArgumentParser, default: str = "float32 on cpu, bfloat16 on cuda") -> None:
+    """--model, --device, and --dtype with `default` as the help's account of what no --dtype means."""
     p.add_argument("--model", default="tiny", metavar="tiny|DIR",
                    help="'tiny' (embedded default) or a local Moondream 2 folder (default: tiny)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    default = default or (_NATIVE_BF16 if realtime else "float32 on cpu, bfloat16 on cuda")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help=f"weights and activations (default: {default})")
 

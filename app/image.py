@@ -40,10 +40,11 @@ def run(args: argparse.Namespace) -> int:
     paths, one = _inputs(args.image, check_image)
     rgb = read_image(paths[0]) if one else None  # the single image's every error is a usage error
 
+    dtype = image_dtype(args.model, args.device, args.dtype)
     if not one:
-        return _several(args, paths, params, task)
+        return _several(args, paths, params, task, dtype)
     t0 = time.perf_counter()
-    loaded = load_model(args.model, device=args.device, dtype=image_dtype(args.model, args.device, args.dtype))
+    loaded = load_model(args.model, device=args.device, dtype=dtype)
     load_ms = (time.perf_counter() - t0) * 1000.0
     decoder = ReferenceDecoder(loaded)
     out = sys.stdout
@@ -76,7 +77,7 @@ def _record(args: argparse.Namespace, result, asked: dict, loaded, load_ms: floa
             "dtype": str(loaded.dtype).removeprefix("torch."), "seed": result.seed, "load_ms": round(load_ms, 3)}
 
 
-def _several(args: argparse.Namespace, paths: list[Path], params, task: dict) -> int:
+def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dtype: str | None) -> int:
     """Each image through the engine, answers written in the images' order."""
     from collections import deque
 
@@ -89,8 +90,7 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict) ->
     out = sys.stdout
     done = failed = 0
     t0 = time.perf_counter()
-    with Engine(EngineConfig(model=args.model, device=args.device,
-                             dtype=image_dtype(args.model, args.device, args.dtype))) as engine:
+    with Engine(EngineConfig(model=args.model, device=args.device, dtype=dtype)) as engine:
         load_ms = (time.perf_counter() - t0) * 1000.0
         asked = _asked(engine.loaded.config, task)
         bar = tqdm(total=len(paths), desc="images", unit="image", file=sys.stderr)

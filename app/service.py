@@ -31,12 +31,11 @@ def samples_dir() -> Path:
     tree = Path(__file__).resolve().parent.parent / "sample_videos"
     if tree.is_dir():
         return tree
-    for scheme in (None, f"{os.name}_user"):
+    for scheme in (sysconfig.get_default_scheme(), f"{os.name}_user"):
         try:
-            data = sysconfig.get_path("data", scheme) if scheme else sysconfig.get_path("data")
+            installed = Path(sysconfig.get_path("data", scheme)) / "share" / "vlmstream" / "sample_videos"
         except KeyError:  # no such install scheme here
             continue
-        installed = Path(data) / "share" / "vlmstream" / "sample_videos"
         if installed.is_dir():
             return installed
     return tree  # none anywhere: the UI opens without a sample
