@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.cli import main
@@ -300,3 +301,17 @@ def test_live_plays_a_recording_over_http_round_and_round_for_its_duration(tmp_p
     stats = json.loads(capsys.readouterr().out)
     assert stats["frames_in"] > 40 and stats["kv_pages_in_use_after"] == 0  # the clip has 30 frames
     assert took > 3.5
+
+
+def test_a_stream_with_non_square_pixels_is_shown_at_the_display_shape(tmp_path):
+    from test_pipelines import _anamorphic
+
+    path, drawn = _anamorphic(tmp_path, 4, (320, 360), "2/1")
+    server = _serve(tmp_path)
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/{path.name}", reconnect=False, pace=False)
+        first = next(src.frames()).rgb
+    finally:
+        server.shutdown()
+    assert first.shape == drawn.shape == (360, 640, 3)
+    assert np.abs(first.astype(int) - drawn.astype(int)).mean() < 4.0

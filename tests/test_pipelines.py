@@ -529,3 +529,34 @@ def test_rotation_metadata_is_applied_as_ffmpeg_does(tmp_path, degrees):
     upright = np.asarray(Image.open(png).convert("RGB"))
     assert first.shape == upright.shape == ((64, 48, 3) if degrees % 180 else (48, 64, 3))
     assert np.abs(first.astype(int) - upright.astype(int)).mean() < 1.0
+
+
+def _anamorphic(tmp_path: Path, scene_seed: int, stored: tuple[int, int], sar: str) -> tuple[Path, np.ndarray]:
+    """A world scene drawn at 640x360, squeezed by ffmpeg to `stored` pixels that a player shows
+    at 640x360 again (sample aspect ratio `sar`), and the scene as drawn."""
+    import shutil
+    import subprocess
+
+    from tinyvlm.world import render, sample_scene
+
+    ffmpeg = shutil.which("ffmpeg")
+    assert ffmpeg, "ffmpeg is missing: the README's test command installs it"
+    drawn = render(sample_scene(np.random.default_rng([77, scene_seed]), 640, 360))
+    raw, out = tmp_path / "drawn.rgb", tmp_path / f"anamorphic_{stored[0]}x{stored[1]}.mp4"
+    raw.write_bytes(drawn.tobytes())
+    subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", "640x360",
+                    "-i", str(raw), "-vf", f"scale={stored[0]}:{stored[1]},setsar={sar}", "-c:v", "libx264",
+                    "-crf", "12", "-pix_fmt", "yuv444p", str(out)], check=True)
+    return out, drawn
+
+
+@pytest.mark.parametrize("stored, sar", [((320, 360), "2/1"), ((640, 180), "1/2")])
+def test_non_square_pixels_are_shown_at_the_display_shape(tmp_path, stored, sar):
+    """DVD, DV and broadcast video store non-square pixels: a frame read as stored squeezed every
+    shape (circles became ellipses) and moved nothing into the right third where a player shows it."""
+    path, drawn = _anamorphic(tmp_path, 3, stored, sar)
+    with FileSource(path) as s:
+        first = next(s.frames()).rgb
+    assert first.shape == drawn.shape == (360, 640, 3)
+    # the scene as drawn, up to what the squeeze (half the pixels along one axis) and the codec lost
+    assert np.abs(first.astype(int) - drawn.astype(int)).mean() < 4.0
