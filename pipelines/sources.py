@@ -57,6 +57,13 @@ def _shown(frame, sample_aspect) -> np.ndarray:
     return _rotate(rgb, getattr(frame, "rotation", 0) or 0)
 
 
+def _main_video(container):
+    """The video stream a player would show: FFmpeg's choice (the most frames, the default
+    disposition), not the first. A Matroska file with a cover picture first gave one frame of
+    the cover and no word about the film."""
+    return container.streams.best("video") or container.streams.video[0]
+
+
 class FileSource:
     """A video file read with PyAV: whatever FFmpeg decodes."""
 
@@ -84,7 +91,7 @@ class FileSource:
         if not self._container.streams.video:
             self._container.close()
             raise SourceError(f"{self.path} has no video stream")
-        self._stream = self._container.streams.video[0]
+        self._stream = _main_video(self._container)
         if threads:
             self._stream.thread_type = "AUTO"  # frame + slice threads: batch work wants throughput
 
@@ -281,7 +288,7 @@ class StreamSource:
                 # 60), and its end ends the source instead of being reopened from the start.
                 recording = bool(container.duration)
                 clock = None  # (wall time, frame time) that the pacing counts from
-                stream = container.streams.video[0]
+                stream = _main_video(container)
                 for frame in container.decode(stream):
                     if recording and self.pace and frame.time is not None:
                         now = time.perf_counter()

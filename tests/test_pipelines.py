@@ -560,3 +560,29 @@ def test_non_square_pixels_are_shown_at_the_display_shape(tmp_path, stored, sar)
     assert first.shape == drawn.shape == (360, 640, 3)
     # the scene as drawn, up to what the squeeze (half the pixels along one axis) and the codec lost
     assert np.abs(first.astype(int) - drawn.astype(int)).mean() < 4.0
+
+
+def test_the_film_is_read_not_a_cover_picture_before_it(tmp_path):
+    """A Matroska file may hold a cover picture (one JPEG frame) as its first video stream."""
+    import av
+
+    film = write_video(tmp_path / "film.mp4", "libx264", n=12, size=(64, 48))
+    path = tmp_path / "with_cover.mkv"
+    with av.open(str(film)) as src, av.open(str(path), "w") as out:
+        cover = out.add_stream("mjpeg", rate=1)
+        cover.width, cover.height, cover.pix_fmt = 32, 32, "yuvj420p"
+        video = out.add_stream_from_template(src.streams.video[0])
+        for packet in cover.encode(av.VideoFrame.from_ndarray(np.full((32, 32, 3), 200, np.uint8), format="rgb24")):
+            out.mux(packet)
+        for packet in cover.encode():
+            out.mux(packet)
+        for packet in src.demux(src.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = video
+                out.mux(packet)
+    with av.open(str(path)) as c:
+        assert [s.codec_context.name for s in c.streams.video] == ["mjpeg", "h264"]
+    with FileSource(path) as s:
+        frames = list(s.frames())
+        assert (s.fps, s.frame_count) == (10.0, 12)
+    assert len(frames) == 12 and frames[0].rgb.shape == (48, 64, 3) and s.error is None
