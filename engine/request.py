@@ -130,9 +130,15 @@ class ImageRef:
 
 def as_rgb(rgb: Any) -> np.ndarray:
     """A caller's image as a contiguous (H, W, 3) uint8 array: grey ((H, W), (H, W, 1)), grey with
-    alpha ((H, W, 2)) and RGBA converted."""
+    alpha ((H, W, 2)) and RGBA converted; a Pillow image (what Moondream's own API takes) too."""
     if not isinstance(rgb, np.ndarray):
-        raise ImageError(f"expected an RGB image as a numpy array, got {type(rgb).__name__}")
+        from PIL import Image as PILImage
+
+        if not isinstance(rgb, PILImage.Image):
+            raise ImageError(f"expected an RGB image as a numpy array or a Pillow image, got {type(rgb).__name__}")
+        if 0 in rgb.size:
+            raise ImageError(f"the image is empty ({rgb.size[0]}x{rgb.size[1]})")
+        rgb = pil_to_rgb(rgb)
     if rgb.ndim == 3 and rgb.shape[2] in (1, 2):  # what OpenCV and PIL give for grey (and grey + alpha)
         rgb = rgb[:, :, 0]
     if rgb.ndim == 2:
@@ -146,3 +152,33 @@ def as_rgb(rgb: Any) -> np.ndarray:
     if rgb.shape[0] == 0 or rgb.shape[1] == 0:
         raise ImageError(f"the image is empty ({rgb.shape[1]}x{rgb.shape[0]})")
     return np.ascontiguousarray(rgb)
+
+
+_WIDE_INT_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
+
+
+def pil_to_rgb(img: Any) -> np.ndarray:
+    """A Pillow image as an (H, W, 3) uint8 RGB array, upright by its EXIF orientation (a phone's
+    photo held sideways), with grey, palette, alpha, CMYK, 16-bit and float images converted
+    (alpha dropped, as Moondream's reference preprocessing does)."""
+    from PIL import ImageOps
+
+    try:
+        img = ImageOps.exif_transpose(img)  # a copy without the tag: applying it twice is once
+    except Exception:  # a broken EXIF block must not cost the image
+        pass
+    mode = img.mode
+    if mode in _WIDE_INT_MODES:
+        wide = np.asarray(img).astype(np.int64)
+        gray = ((np.clip(wide, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8)
+        return np.repeat(gray[:, :, None], 3, axis=2)
+    if mode == "F":
+        f = np.nan_to_num(np.asarray(img, dtype=np.float64))
+        scale = 255.0 if f.max(initial=0.0) <= 1.0 else 1.0
+        gray = np.clip(np.rint(f * scale), 0, 255).astype(np.uint8)
+        return np.repeat(gray[:, :, None], 3, axis=2)
+    if mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    return np.asarray(img, dtype=np.uint8).copy()

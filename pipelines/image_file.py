@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from engine.errors import ImageError
-
-_WIDE_INT_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
+from engine.request import pil_to_rgb
 
 
 # What `vlmstream image FOLDER` picks up (any case).
@@ -35,11 +34,7 @@ def read_image(path: str | Path) -> np.ndarray:
     """(H, W, 3) uint8 RGB array of the image's first frame."""
     with _opened(Path(path), "decoded") as img:
         img.load()
-        try:
-            img = ImageOps.exif_transpose(img)
-        except Exception:  # a broken EXIF block must not cost the image
-            pass
-        return to_rgb(img)
+        return pil_to_rgb(img)
 
 
 @contextmanager
@@ -62,21 +57,3 @@ def _opened(path: Path, verb: str) -> Iterator[Image.Image]:
         raise ImageError(f"{path} is too large to decode safely: {e}") from None
     except (OSError, ValueError, SyntaxError) as e:
         raise ImageError(f"{path} could not be {verb}: {e}") from None
-
-
-def to_rgb(img: Image.Image) -> np.ndarray:
-    mode = img.mode
-    if mode in _WIDE_INT_MODES:
-        wide = np.asarray(img).astype(np.int64)
-        gray = ((np.clip(wide, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8)
-        return np.repeat(gray[:, :, None], 3, axis=2)
-    if mode == "F":
-        f = np.nan_to_num(np.asarray(img, dtype=np.float64))
-        scale = 255.0 if f.max(initial=0.0) <= 1.0 else 1.0
-        gray = np.clip(np.rint(f * scale), 0, 255).astype(np.uint8)
-        return np.repeat(gray[:, :, None], 3, axis=2)
-    if mode == "P" and "transparency" in img.info:
-        img = img.convert("RGBA")
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    return np.asarray(img, dtype=np.uint8).copy()

@@ -238,6 +238,30 @@ def test_grey_and_alpha_arrays_are_read_as_the_rgb_they_show(small_folder, image
     _assert_clean(eng)
 
 
+def test_pillow_images_are_read_upright_as_the_rgb_they_show(small_folder, images, tmp_path):
+    """Moondream's own API takes Pillow images: a caller coming from it passes one, often straight
+    from Image.open (a phone photo with an EXIF orientation, a palette GIF, a 16-bit PNG)."""
+    from PIL import Image
+
+    stored = Image.fromarray(np.ascontiguousarray(np.rot90(images[2], k=1)))  # turned a quarter left
+    exif = stored.getexif()
+    exif[0x0112] = 6  # "turn it a quarter right to show it"
+    stored.save(tmp_path / "phone.png", exif=exif)
+    sideways = Image.open(tmp_path / "phone.png")
+    grey16 = Image.fromarray(images[0][:, :, 1].astype(np.uint16) * 257)
+    with _engine(small_folder) as eng:
+        ask = lambda img: eng.submit(img, caption="short", params=GREEDY).result(timeout=30).token_ids  # noqa: E731
+        assert ask(Image.fromarray(images[1])) == ask(images[1])
+        assert ask(Image.fromarray(images[1]).convert("RGBA")) == ask(images[1])
+        assert ask(sideways) == ask(images[2])
+        assert ask(grey16) == ask(np.repeat(images[0][:, :, 1:2], 3, axis=2))
+        with pytest.raises(ImageError, match="empty"):
+            eng.submit(Image.new("RGB", (0, 5)), caption="short")
+        with pytest.raises(ImageError, match="numpy array or a Pillow image, got list"):
+            eng.submit([[0, 0, 0]], caption="short")
+    _assert_clean(eng)
+
+
 def test_close_with_cancel_finishes_every_handle(small_folder, images):
     eng = _engine(small_folder)
     handles = [eng.submit(images[i % 4], caption="long", params=SamplingParams(max_tokens=200, ignore_eos=True))
