@@ -143,7 +143,7 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool]:
     for name in names:
         p = Path(name)
         if not p.is_dir():
-            check(p)  # a named image must be there and be an image: exit 2 before anything runs
+            check(name)  # a named image must be there and be an image: exit 2 before anything runs
             paths.append(p)
             continue
         found = files_under(p, IMAGE_EXTENSIONS)

@@ -26,20 +26,23 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", 
 def check_image(path: str | Path) -> None:
     """Cheap checks before a run (the file exists and its header is an image Pillow reads),
     so a mistyped name among many fails at once; decoding may still fail later."""
-    with _opened(Path(path), "read"):
+    with _opened(path, "read"):
         pass
 
 
 def read_image(path: str | Path) -> np.ndarray:
     """(H, W, 3) uint8 RGB array of the image's first frame."""
-    with _opened(Path(path), "decoded") as img:
+    with _opened(path, "decoded") as img:
         img.load()
         return pil_to_rgb(img)
 
 
 @contextmanager
-def _opened(path: Path, verb: str) -> Iterator[Image.Image]:
+def _opened(name: str | Path, verb: str) -> Iterator[Image.Image]:
     """The image opened by Pillow; every way that fails is one ImageError ("could not be <verb>")."""
+    path = Path(name)
+    if not path.exists() and "://" in str(name):  # Path() would print it as "http:/host/..."
+        raise ImageError(f"{name} is a URL: images are read from files (download it first)")
     if not path.exists():
         raise ImageError(f"image not found: {path}")
     if path.is_dir():
