@@ -90,8 +90,9 @@ def _parser() -> argparse.ArgumentParser:
                                       "or a file played in real time (looped to --duration); several sources "
                                       "share one engine, each with its own latest-frame-wins session.")
     live.add_argument("sources", nargs="+", metavar="SOURCE",
-                      help="a video file (played in real time), webcam:N, or a stream URL: rtsp, udp, "
-                           "http(s)/HLS, rtmp, srt; several sources share one engine")
+                      help="a video file (played in real time), webcam:N (or /dev/videoN), a stream URL: "
+                           "rtsp, udp, http(s)/HLS, rtmp, srt, or - for a stream piped in (rpicam-vid -t 0 -o - | "
+                           "vlmstream live -); several sources share one engine")
     add_prompt_args(live, " (a frame completes with all its answers)")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")

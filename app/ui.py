@@ -366,6 +366,8 @@ def run(args: argparse.Namespace) -> int:
     if auth is None and not loopback(args.host):
         print(f"vlmstream: warning: the UI on {args.host} asks no password, and its page plays any file or URL "
               "this server reaches (--auth-file)", file=sys.stderr)
+    if args.source == "-":
+        raise UsageError("--source -: the web UI does not read standard input (`vlmstream live -` does)")
     if args.source and args.source not in sample_videos():
         from pipelines.sources import open_live
 

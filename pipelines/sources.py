@@ -82,6 +82,12 @@ class FileSource:
             raise SourceError(f"video not found: {self.path}")
         if self.path.is_dir():
             raise SourceError(f"{self.path} is a folder, not a video")
+        if self.path.is_char_device() or self.path.is_block_device():
+            raise SourceError(f"{self.path} is a device, not a video file (a camera is webcam:N or /dev/videoN, "
+                              "read by `vlmstream live`)")
+        if self.path.is_fifo():  # opening it would wait for a writer with no time limit
+            raise SourceError(f"{self.path} is a named pipe: `vlmstream live -` reads a stream piped in "
+                              f"(vlmstream live - < {self.path})")
         if self.path.stat().st_size == 0:
             raise SourceError(f"{self.path} is empty (0 bytes)")
         try:
@@ -224,6 +230,7 @@ def redact(url: str) -> str:
 
 
 STREAM_MAX_WAIT_S = 30.0  # a stream that sends nothing (and cannot be reopened) this long is an error
+STDIN = "-"  # the live source name of standard input: a stream piped in
 
 
 class StreamSource:
@@ -242,7 +249,12 @@ class StreamSource:
                  pace: bool = True):
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         self.url, self.display = url, redact(url)
-        if scheme not in STREAM_SCHEMES:
+        if url == STDIN:
+            # A program's output piped in (rpicam-vid, ffmpeg, gst-launch): FFmpeg's pipe protocol.
+            # It cannot be opened twice, and the program may take seconds to start its camera.
+            self.url, self.display, scheme = "pipe:0", "standard input", "pipe"
+            reconnect, open_timeout, read_timeout = False, STREAM_MAX_WAIT_S, STREAM_MAX_WAIT_S
+        elif scheme not in STREAM_SCHEMES:
             raise SourceError(f"unsupported URL scheme {scheme!r} in {self.display} "
                               f"(use one of {', '.join(STREAM_SCHEMES)})")
         self.source_id = source_id or self.display
@@ -354,9 +366,14 @@ class WebcamSource:
 
 
 def parse_webcam(source: str) -> int | None:
-    """The camera index of 'webcam:N', None for anything else; a bad N is a SourceError."""
+    """The camera index of 'webcam:N' or of a Linux camera device (/dev/videoN, or a link to one such
+    as /dev/v4l/by-id/usb-...-video-index0), None for anything else; a bad N is a SourceError."""
+    import os
+    import re
+
     if not source.startswith("webcam:"):
-        return None
+        device = re.fullmatch(r"/dev/video(\d+)", os.path.realpath(source)) if "://" not in source else None
+        return int(device.group(1)) if device else None
     try:
         index = int(source.removeprefix("webcam:"))
     except ValueError:
@@ -389,6 +406,12 @@ def open_live(source: str) -> LiveSource:
         return LiveSource(WebcamSource(camera).frames, paced=False, loops=False)
     if "://" in source:
         return LiveSource(StreamSource(source).frames, paced=False, loops=True)  # checks the scheme; redacts credentials
+    if source == STDIN:
+        import sys
+
+        if sys.stdin is None or sys.stdin.isatty():
+            raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
+        return LiveSource(StreamSource(source).frames, paced=False, loops=False)
     FileSource(source).close()
 
     def frames() -> Iterator[Frame]:

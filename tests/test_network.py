@@ -1,6 +1,7 @@
 """Network streams over loopback: reading, reconnecting after the sender restarts, bounded waits."""
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -315,3 +316,52 @@ def test_a_stream_with_non_square_pixels_is_shown_at_the_display_shape(tmp_path)
         server.shutdown()
     assert first.shape == drawn.shape == (360, 640, 3)
     assert np.abs(first.astype(int) - drawn.astype(int)).mean() < 4.0
+
+
+def test_live_reads_a_stream_piped_into_standard_input(small_folder, tmp_path):
+    """`rpicam-vid -t 0 -o - | vlmstream live -`: a camera a program of its own drives. The run
+    ends when the pipe does, with every frame's answer logged."""
+    exe = Path(sys.executable).with_name("vlmstream")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "shapes_640x360_60fps.mp4"
+    log = tmp_path / "log.jsonl"
+    sender = subprocess.Popen(["ffmpeg", "-loglevel", "error", "-re", "-i", str(clip), "-t", "3", "-c", "copy",
+                               "-f", "mpegts", "-"], stdout=subprocess.PIPE)
+    try:
+        run = subprocess.run(cmd + ["live", "-", "--model", str(small_folder), "--json", "--max-tokens", "4",
+                                    "-o", str(log)], stdin=sender.stdout, capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        sender.stdout.close()
+        sender.wait(30)
+    assert run.returncode == 0, run.stderr
+    stats = json.loads(run.stdout)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert stats["completed"] > 10 and len(rows) == stats["completed"] and stats["kv_pages_in_use_after"] == 0
+    assert {r["source"] for r in rows} == {"standard input"} and all(r["token_ids"] for r in rows)
+
+
+def test_standard_input_devices_and_named_pipes_are_named_for_what_they_are(tmp_path, monkeypatch, capsys):
+    import os
+
+    from pipelines.sources import FileSource, parse_webcam
+
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    with pytest.raises(SourceError, match=r"nothing is piped into standard input"):
+        open_live("-")
+    assert (parse_webcam("/dev/video3"), parse_webcam("/dev/null"), parse_webcam("webcam:2")) == (3, None, 2)
+    (tmp_path / "by-id").symlink_to("/dev/video7")  # as udev's /dev/v4l/by-id/usb-...-video-index0
+    assert parse_webcam(str(tmp_path / "by-id")) == 7
+    fifo = tmp_path / "cam.pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(SourceError, match=r"is a named pipe: `vlmstream live -` reads a stream piped in"):
+        FileSource(fifo)  # opening it would wait for a writer for ever
+    with pytest.raises(SourceError, match=r"/dev/null is a device, not a video file"):
+        FileSource("/dev/null")  # was "is empty (0 bytes)"
+    assert main(["video", "/dev/null"]) == 2 and main(["ui", "--source", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "device, not a video file" in err and "the web UI does not read standard input" in err
