@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from app.errors import UsageError
+from app.launcher import sigterm_as_interrupt, stopped_code
 from app.prompt_args import add_constraint_args, add_prompt_args
 from pipelines.live import LIVE_STICKY
 from engine.errors import VlmstreamError
@@ -338,17 +339,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.device import keep_freed_memory
 
     keep_freed_memory()
-    try:
-        check_not_empty(args)
-        return args.func(args)
-    except VlmstreamError as e:
-        print(f"vlmstream: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("vlmstream: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # e.g. piped into `head`
-        return 0
+    with sigterm_as_interrupt() as term:  # `kill`, `timeout`, systemd: ended as Ctrl-C ends it
+        try:
+            check_not_empty(args)
+            code = args.func(args)
+        except VlmstreamError as e:
+            print(f"vlmstream: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print("vlmstream: " + ("terminated" if term else "interrupted"), file=sys.stderr)
+            return stopped_code(term)
+        except BrokenPipeError:  # e.g. piped into `head`
+            return 0
+    # A command that finished its outputs after the signal says 130; the shell's code for SIGTERM is 143
+    return stopped_code(term) if term and code == 130 else code
 
 
 if __name__ == "__main__":

@@ -1,16 +1,52 @@
 """The `vlmstream` console script. It imports nothing heavy itself, so that a Ctrl-C while torch
 and the rest load (the first second or two of every command) ends as any other interruption
-does: one line and exit code 130, not a traceback through torch's imports."""
+does: one line and exit code 130, not a traceback through torch's imports.
+
+SIGTERM (kill, timeout, systemd or docker stopping a job) ends a command as Ctrl-C does, with
+exit code 143: the outputs keep every result so far and are closed properly. Without it an
+annotated MP4 was left without its index (unplayable) and a live log's last lines unwritten."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """Within the block a SIGTERM raises KeyboardInterrupt in the main thread, once (a second one
+    while the outputs are being closed waits for them). Yields a list that holds the signal
+    once it came. Elsewhere than the main thread (where signals cannot be caught) it does nothing."""
+    got: list[int] = []
+
+    def handler(signum, frame) -> None:
+        if not got:
+            got.append(signum)
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stopped_code(term: list[int]) -> int:
+    """The exit code of a run stopped by Ctrl-C (130) or SIGTERM (143), as shells report them."""
+    return 128 + (signal.SIGTERM if term else signal.SIGINT)
 
 
 def entry() -> None:
-    try:
-        from app.cli import main
-    except KeyboardInterrupt:
-        print("vlmstream: interrupted", file=sys.stderr)
-        sys.exit(130)
+    with sigterm_as_interrupt() as term:
+        try:
+            from app.cli import main
+        except KeyboardInterrupt:
+            print("vlmstream: " + ("terminated" if term else "interrupted"), file=sys.stderr)
+            sys.exit(stopped_code(term))
     sys.exit(main())

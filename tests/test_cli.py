@@ -250,6 +250,39 @@ def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(tmp_path):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [["video", "{clip}"], ["live", "{clip}", "--duration", "60"]])
+def test_sigterm_ends_a_run_as_ctrl_c_does_with_every_output_whole(tmp_path, small_folder, command):
+    """`kill`, `timeout`, systemd and docker stop a job with SIGTERM: the annotated MP4 was left
+    without its index (unplayable) and the run's summary unsaid."""
+    import signal
+    import time
+
+    import av
+
+    exe = Path(sys.executable).with_name("vlmstream")
+    if not exe.exists():
+        pytest.skip("the console script is not installed")
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    log, video = tmp_path / "log.jsonl", tmp_path / "annotated.mp4"
+    argv = [a.format(clip=clip) for a in command] + ["--model", str(small_folder), "--max-tokens", "3",
+                                                     "-o", str(log), "--annotate", str(video)]
+    p = subprocess.Popen([str(exe), *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None and \
+            (not log.exists() or log.read_text().count("\n") < 20):
+        time.sleep(0.05)
+    assert p.poll() is None, "the run ended before it was stopped"
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and "Traceback" not in err, err
+    assert "frames captioned" in err.strip().splitlines()[-1], err  # the run's summary, as after Ctrl-C
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    with av.open(str(video)) as c:
+        recorded = sum(1 for _ in c.decode(video=0))
+    assert 20 <= len(logged) < 480 and recorded >= len(logged) * 0.8, (len(logged), recorded)
+
+
 def test_realtime_commands_pick_bf16_only_on_cpus_that_compute_it_natively(monkeypatch):
     import engine.device as device
     from app.cli import realtime_dtype
