@@ -7,7 +7,8 @@ Encoding runs on a thread of its own behind a bounded queue, so the session neve
 a frame that finds the queue full is left out of the recording and counted (`skipped`), as are
 frames captured more than `max_seconds` after the first (`full` then says so). An error
 (a full disk) ends the recording and is kept in `error` for the caller; `close()` finishes the
-file (what was written plays).
+file (what was written plays). The MP4 is fragmented: if the process dies before `close()`, all but
+the last second or so still plays.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class Recorder:
                     break
                 rgb, text, info, seconds = item
                 if sink is None:
-                    sink = AnnotatedVideoSink(self.path, rgb.shape[1], rgb.shape[0])
+                    # fragmented: a recording the process never got to finish (killed, power lost) still plays
+                    sink = AnnotatedVideoSink(self.path, rgb.shape[1], rgb.shape[0], fragmented=True)
                 sink.write_image(rgb, text, info, seconds)
                 self.written += 1
         except Exception as e:  # the disk filled, the folder went away: the session goes on without

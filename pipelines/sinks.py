@@ -214,18 +214,27 @@ class AnnotatedVideoSink:
 
     needs_rgb = True  # it draws on the frames (the other sinks write text only)
 
-    def __init__(self, path: str | Path, width: int, height: int):
+    def __init__(self, path: str | Path, width: int, height: int, fragmented: bool = False):
+        """fragmented: an MP4 that plays up to its last second or so however the process ends
+        (killed, out of memory, power lost), for open-ended recordings; otherwise the index goes
+        first (it is written at the end), which players and browsers start from soonest."""
         import av
 
         self._av = av
         self.width, self.height = width - width % 2, height - height % 2  # yuv420p wants even sizes
-        self._container = av.open(str(path), mode="w", options={"movflags": "+faststart"})
+        # A fragment a second, keyframe or not (decoding starts from the first one anyway), each
+        # handed to the OS as it is cut.
+        options = ({"movflags": "+empty_moov+default_base_moof", "frag_duration": "1000000", "flush_packets": "1"}
+                   if fragmented else {"movflags": "+faststart"})
+        self._container = av.open(str(path), mode="w", options=options)
         self._stream = self._container.add_stream("libx264", rate=1000)
         self._stream.width, self._stream.height, self._stream.pix_fmt = self.width, self.height, "yuv420p"
         self._stream.time_base = __import__("fractions").Fraction(1, 1000)
         # One encoder thread: x264's own threads cost more CPU in all (3.6 against 2.2 ms a 640x360
         # frame here), taken from the engine's cores, beside which this sink always runs.
         self._stream.options = {"crf": "23", "preset": "veryfast", "threads": "1"}
+        if fragmented:  # no B-frames: a fragmented file has no edit list to start its reordered frames at 0 s
+            self._stream.options["bf"] = "0"
         self._last_pts = -1
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
@@ -240,12 +249,28 @@ class AnnotatedVideoSink:
 
     def write_image(self, rgb: np.ndarray, text: str, info: str, seconds: float) -> None:
         """One frame with `text` and `info` drawn, shown from `seconds` on (until the next one)."""
-        img = annotate(rgb[: self.height, : self.width], text, info)
+        img = annotate(self._fit(rgb), text, info)
         frame = self._av.VideoFrame.from_ndarray(img, format="rgb24")
         pts = max(int(round(seconds * 1000)), self._last_pts + 1)  # strictly increasing
         frame.pts, self._last_pts = pts, pts
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
+
+    def _fit(self, rgb: np.ndarray) -> np.ndarray:
+        """The frame at the video's size: a stream can change resolution on the way (an HLS
+        rendition, a camera switching streams), and such frames were cropped to the first one's
+        size. Scaled whole to fit, with black bars where the shape differs."""
+        h, w = rgb.shape[:2]
+        if h - h % 2 == self.height and w - w % 2 == self.width:
+            return rgb[: self.height, : self.width]
+        import cv2
+
+        scale = min(self.width / w, self.height / h)
+        fw, fh = max(1, round(w * scale)), max(1, round(h * scale))
+        out = np.zeros((self.height, self.width, 3), np.uint8)
+        top, left = (self.height - fh) // 2, (self.width - fw) // 2
+        out[top: top + fh, left: left + fw] = cv2.resize(rgb, (fw, fh), interpolation=cv2.INTER_AREA)
+        return out
 
     def close(self) -> None:
         for packet in self._stream.encode():

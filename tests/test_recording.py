@@ -123,3 +123,64 @@ def test_a_recording_keeps_its_first_max_seconds_and_ignores_frames_after_close(
     times, _ = _decoded(tmp_path / "r.mp4")
     assert rec.full and rec.written == len(times) == 11 and rec.skipped == 29
     assert times == [round(i / 10, 3) for i in range(11)]
+
+
+_KILLED_RECORDER = """
+import sys, time
+import numpy as np
+from engine.types import RequestOutput
+from pipelines.live import LiveResult
+from pipelines.recorder import Recorder
+from pipelines.sources import Frame
+
+rec = Recorder(sys.argv[1])
+for i in range(int(sys.argv[2])):  # 20 frames a second of capture time
+    rgb = np.full((120, 160, 3), (i * 7) % 256, np.uint8)
+    rec.add(LiveResult(Frame("cam", i, i / 20, rgb, captured_at=100.0 + i / 20), [RequestOutput("yes", [], "stop")],
+                       20.0, [{"caption": "short"}]))
+while rec.written < int(sys.argv[2]):
+    time.sleep(0.01)
+time.sleep(0.5)  # the muxer has had its chance to write what it had
+print("written", flush=True)
+time.sleep(60)  # killed here, before close(): a crash, the OOM killer, a power cut
+"""
+
+
+def test_a_recording_whose_process_was_killed_still_plays(tmp_path):
+    """`live --annotate` runs for hours; a process killed before it closed its recording (SIGKILL,
+    the OOM killer, a power cut) used to leave an MP4 without its index: nothing of it played."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "rec.mp4"
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_RECORDER, str(path), "100"], stdout=subprocess.PIPE,
+                         text=True, cwd=Path(__file__).resolve().parents[1], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert p.stdout.readline().strip() == "written"
+    finally:
+        p.kill()
+        p.wait(30)
+    times, frames = _decoded(path)
+    # all but the fragment still open (a second of capture time, and what the encoder held back)
+    assert 60 <= len(times) < 100 and times == [round(i / 20, 3) for i in range(len(times))]
+    assert abs(int(frames[50][10, 10, 0]) - (50 * 7) % 256) < 8  # each frame is its own picture
+
+
+def test_frames_of_another_size_are_fitted_whole_not_cropped(tmp_path):
+    """A stream that changes resolution on the way (an HLS rendition, a camera switching streams):
+    later frames were cropped to the first one's size (a quarter of a doubled frame shown)."""
+    from pipelines.sinks import AnnotatedVideoSink
+
+    sink = AnnotatedVideoSink(tmp_path / "a.mp4", 160, 120)
+    first = np.full((120, 160, 3), 60, np.uint8)
+    doubled = np.zeros((240, 320, 3), np.uint8)
+    doubled[:120, 160:] = 250  # its top right quarter: outside a crop to the first frame's size
+    wide = np.full((120, 320, 3), 200, np.uint8)  # another shape: scaled to fit, bars above and below
+    for i, rgb in enumerate([first, doubled, wide]):
+        sink.write_image(rgb, "", "", float(i))
+    sink.close()
+    _, frames = _decoded(tmp_path / "a.mp4")
+    assert [f.shape for f in frames] == [(120, 160, 3)] * 3
+    assert frames[1][10:50, 100:150].mean() > 200 and frames[1][10:50, 10:60].mean() < 30  # the whole frame, halved
+    assert frames[2][5:25, 40:120].mean() < 30 and frames[2][40:55, 40:120].mean() > 170  # 160x60 between bars
