@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
                                       "share one engine, each with its own latest-frame-wins session.")
     live.add_argument("sources", nargs="+", metavar="SOURCE",
                       help="a video file (played in real time), webcam:N (or /dev/videoN), a stream URL: "
-                           "rtsp, udp, http(s)/HLS, rtmp, srt, or - for a stream piped in (rpicam-vid -t 0 -o - | "
+                           "rtsp, udp, http(s)/HLS, rtmp, or - for a stream piped in (rpicam-vid -t 0 -o - | "
                            "vlmstream live -); several sources share one engine")
     add_prompt_args(live, " (a frame completes with all its answers)")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")

@@ -365,3 +365,39 @@ def test_standard_input_devices_and_named_pipes_are_named_for_what_they_are(tmp_
     assert main(["video", "/dev/null"]) == 2 and main(["ui", "--source", "-"]) == 2
     err = capsys.readouterr().err
     assert "device, not a video file" in err and "the web UI does not read standard input" in err
+
+
+def test_an_rtmp_stream_starts_without_probing_for_five_seconds():
+    """FFmpeg probes FLV for its whole analyzeduration (5 s by default) before the first frame."""
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    url = f"rtmp://127.0.0.1:{_port()}/live/cam"
+    server = subprocess.Popen(["ffmpeg", "-loglevel", "quiet", "-re", "-i", str(clip), "-t", "8", "-c", "copy",
+                               "-f", "flv", "-listen", "1", url])
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # until the server listens
+            try:
+                src = StreamSource(url, reconnect=False)
+                t0 = time.monotonic()
+                first = next(src.frames())
+                break
+            except SourceError:
+                assert time.monotonic() < deadline, "the RTMP server never listened"
+                time.sleep(0.2)
+        assert first.rgb.shape == (360, 640, 3) and time.monotonic() - t0 < 4.0
+    finally:
+        server.kill()
+        server.wait(30)
+
+
+def test_a_protocol_this_ffmpeg_lacks_is_said_at_once_with_a_way_round(monkeypatch):
+    import av
+
+    def no_srt(self):
+        raise av.ProtocolNotFoundError(-1330794744, "Protocol not found", self.url)
+
+    monkeypatch.setattr(StreamSource, "_open", no_srt)
+    t0 = time.monotonic()
+    with pytest.raises(SourceError, match=r"reads no srt:// streams; pipe it in .* \| vlmstream live -"):
+        list(StreamSource("srt://127.0.0.1:9000").frames())  # reconnecting, as live does
+    assert time.monotonic() - t0 < 1.0  # not after the 30 s of retries an outage gets
