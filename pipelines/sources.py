@@ -1,4 +1,4 @@
-"""Frame sources: video files (PyAV) for now.
+"""Frame sources: video files and network streams or a pipe (PyAV), cameras (OpenCV).
 
 A source yields `Frame`s in decode order with presentation times from the container (variable
 frame rates keep their real timestamps), as a player shows them: rotation metadata applied and
@@ -41,10 +41,10 @@ def _rotate(rgb: np.ndarray, degrees: int) -> np.ndarray:
 def _shown(frame, sample_aspect) -> np.ndarray:
     """The frame's RGB pixels as a player shows them. Non-square pixels (a sample aspect ratio
     other than 1: DVD, DV, HDV, broadcast TV) are stretched to the display shape, in the same
-    swscale pass as the colour conversion: a 720x576 16:9 PAL frame read as stored squeezed every
-    circle to an ellipse, and the tiny model named all of a scene's objects in 65 % of squeezed
-    frames against 83 % of the same frames unsqueezed. Stretching (never shrinking) keeps every
-    stored pixel's detail. Then the display rotation."""
+    swscale pass as the colour conversion. Read as stored, a 16:9 PAL frame (720x576) squeezes every
+    circle to an ellipse: of 60 scenes stored at half their width, the tiny model named all the
+    objects of 65 % against 83 % unsqueezed. Stretching (never shrinking) keeps every stored
+    pixel's detail. Then the display rotation."""
     width, height = frame.width, frame.height
     if sample_aspect and sample_aspect != 1:
         if sample_aspect > 1:
