@@ -135,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
             if problem:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
         per_source = [f.snapshot().counters for f in feeds]
+        for live, s in zip(opened, per_source):
+            if live.stream is not None:  # how the network (or the pipe) held up
+                s["stream"] = {"reconnects": live.stream.reconnects, "damaged_packets": live.stream.damaged}
         for label, s in zip(labels, per_source):
             if label in recorders:  # after the feeds: their last frames are in
                 rec = recorders[label]

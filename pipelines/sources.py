@@ -426,6 +426,7 @@ class LiveSource:
     frames: Callable[[], Iterator[Frame]]  # a fresh iterator of its frames at each call
     paced: bool  # its frames come as fast as they decode: the grabber paces them by their times (a file)
     loops: bool  # it can be played again from its start when it ends (a file, or a recording over the network)
+    stream: StreamSource | None = None  # a network stream or a pipe: its reconnections and damaged packets
 
 
 def open_live(source: str) -> LiveSource:
@@ -441,13 +442,15 @@ def open_live(source: str) -> LiveSource:
     if camera is not None:
         return LiveSource(WebcamSource(camera).frames, paced=False, loops=False)
     if "://" in source:
-        return LiveSource(StreamSource(source).frames, paced=False, loops=True)  # checks the scheme; redacts credentials
+        stream = StreamSource(source)  # checks the scheme; redacts credentials
+        return LiveSource(stream.frames, paced=False, loops=True, stream=stream)
     if source == STDIN:
         import sys
 
         if sys.stdin is None or sys.stdin.isatty():
             raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
-        return LiveSource(StreamSource(source).frames, paced=False, loops=False)
+        stream = StreamSource(source)
+        return LiveSource(stream.frames, paced=False, loops=False, stream=stream)
     FileSource(source).close()
 
     def frames() -> Iterator[Frame]:

@@ -84,6 +84,7 @@ def test_live_cli_on_a_udp_stream(capsys, small_folder, tmp_path):
     assert rc == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["completed"] > 10 and stats["kv_pages_in_use_after"] == 0
+    assert stats["stream"]["reconnects"] == 0 and stats["stream"]["damaged_packets"] >= 0  # how the network held
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) == stats["completed"]  # every captioned frame, nothing else
     assert [r["index"] for r in rows] == sorted({r["index"] for r in rows})  # frame order, no repeats
@@ -338,6 +339,7 @@ def test_live_reads_a_stream_piped_into_standard_input(small_folder, tmp_path):
     stats = json.loads(run.stdout)
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert stats["completed"] > 10 and len(rows) == stats["completed"] and stats["kv_pages_in_use_after"] == 0
+    assert stats["stream"] == {"reconnects": 0, "damaged_packets": 0}
     assert {r["source"] for r in rows} == {"standard input"} and all(r["token_ids"] for r in rows)
 
 
