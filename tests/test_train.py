@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -241,3 +242,47 @@ def test_bf16_autocast_follows_the_cpu(tmp_path, monkeypatch):
         with pytest.raises(Seen) as seen:
             tt.train(tt.TrainConfig(out=tmp_path / str(native), steps=1, batch_size=2, processes=1), progress=False)
         assert seen.value.args == (native,)
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = {int(k) for k in (task / "children").read_text().split()}
+            except OSError:  # gone meanwhile
+                continue
+            todo += list(kids - found)
+            found |= kids
+    return found
+
+
+def test_sigterm_stops_two_training_processes_at_once(tmp_path):
+    """`kill` (or systemd) stops the command's own process only: the other training process then
+    waited on it at its next step for the group's two-minute timeout, and the command with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys; from app.launcher import sigterm_as_interrupt; from tinyvlm.train import TrainConfig, train\n"
+            "with sigterm_as_interrupt():\n"
+            "    try: train(TrainConfig(out=sys.argv[1], steps=100000, batch_size=4, warmup=1, processes=2,"
+            " max_minutes=10), progress=False)\n"
+            "    except KeyboardInterrupt: sys.exit(143)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "loss.csv").exists():  # the first step is done: both processes are in the loop
+        assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()[-2000:] if p.poll() else "no step"
+        time.sleep(0.2)
+    family = _descendants(p.pid)
+    assert family, "the second training process is missing"
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=200)
+    assert p.returncode == 143 and time.monotonic() - t0 < 30, err[-2000:]
+    time.sleep(0.5)
+    assert not [pid for pid in family if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]], "a process was left running"

@@ -199,8 +199,14 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
         p.start()
     try:
         report = _train(cfg, 0, progress, port, init)
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM) or failed: the others would wait on this process at their
+        # next step until the group's timeout, two minutes, and the command with them.
+        for p in others:
+            p.terminate()
+        raise
     finally:
-        for p in others:  # after a failure the others leave at the gloo timeout
+        for p in others:
             p.join(timeout=_GROUP_TIMEOUT_S + 30)
             if p.is_alive():
                 p.terminate()
