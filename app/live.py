@@ -135,9 +135,18 @@ def run(args: argparse.Namespace) -> int:
             if problem:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
         per_source = [f.snapshot().counters for f in feeds]
-        for live, s in zip(opened, per_source):
-            if live.stream is not None:  # how the network (or the pipe) held up
-                s["stream"] = {"reconnects": live.stream.reconnects, "damaged_packets": live.stream.damaged}
+        for live, s, label in zip(opened, per_source, labels):
+            st = live.stream
+            if st is None:
+                continue
+            # how the network (or the pipe) held up, and whether decoding kept pace with it
+            s["stream"] = {"reconnects": st.reconnects, "damaged_packets": st.damaged,
+                           "catch_ups": st.catch_ups, "max_late_s": round(st.max_late, 3)}
+            if st.catch_ups:
+                print(f"vlmstream: warning: {label + ': ' if several else ''}decoding fell behind the stream "
+                      f"({st.max_late:.1f} s at most) and skipped ahead to its newest keyframe {st.catch_ups} "
+                      "times: a lower resolution or frame rate (a camera's substream) would keep up",
+                      file=sys.stderr)
         for label, s in zip(labels, per_source):
             if label in recorders:  # after the feeds: their last frames are in
                 rec = recorders[label]

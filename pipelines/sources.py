@@ -18,6 +18,8 @@ import numpy as np
 
 from engine.errors import VlmstreamError
 
+from .catch_up import CatchUp
+
 
 class SourceError(VlmstreamError):
     """A source cannot be opened or read (missing, not a video, no video stream...)."""
@@ -57,7 +59,8 @@ def _shown(frame, sample_aspect) -> np.ndarray:
     return _rotate(rgb, getattr(frame, "rotation", 0) or 0)
 
 
-def _decoded(container, stream, on_damage: Callable[[], None]) -> Iterator:
+def _decoded(container, stream, on_damage: Callable[[], None],
+             before_packet: Callable[[], None] | None = None) -> Iterator:
     """The stream's frames, packet by packet, skipping the packets the decoder rejects (damaged
     data: a bad sector, a lost datagram, a stream joined between keyframes), as FFmpeg's own tools
     do. `container.decode` ended at the first: a file with 20 KB damaged in its middle gave 180 of
@@ -65,6 +68,8 @@ def _decoded(container, stream, on_damage: Callable[[], None]) -> Iterator:
     import av
 
     for packet in container.demux(stream):
+        if before_packet is not None:
+            before_packet()
         try:
             frames = packet.decode()
         except av.InvalidDataError:
@@ -285,7 +290,8 @@ class StreamSource:
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.max_wait, self.reconnect, self.pace = STREAM_MAX_WAIT_S if max_wait is None else max_wait, reconnect, pace
         self.error: str | None = None
-        self.reconnects = self.damaged = 0
+        self.reconnects = self.damaged = self.catch_ups = 0
+        self.max_late = 0.0  # seconds the decoding fell behind a live stream at most (see CatchUp)
         self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
         if scheme.startswith("rtsp"):
             self._options["rtsp_transport"] = "tcp"
@@ -334,7 +340,14 @@ class StreamSource:
                 recording = bool(container.duration)
                 clock = None  # (wall time, frame time) that the pacing counts from
                 stream = _main_video(container)
-                for frame in _decoded(container, stream, self._damage):
+                # A live stream faster than this machine decodes: keyframes only until caught up
+                guard = None if recording else CatchUp(stream.codec_context)
+                before = None if guard is None else (lambda: guard.packet(time.perf_counter()))
+                catch_ups = self.catch_ups
+                for frame in _decoded(container, stream, self._damage, before):
+                    if guard is not None:
+                        guard.frame(frame.time, time.perf_counter())
+                        self.catch_ups, self.max_late = catch_ups + guard.catch_ups, max(self.max_late, guard.max_late)
                     if recording and self.pace and frame.time is not None:
                         now = time.perf_counter()
                         clock = clock or (now, frame.time)

@@ -1,0 +1,66 @@
+"""Keeping a live stream's decoding in real time.
+
+A stream that sends more than this machine decodes beside the model (4K at 60 fps on two cores)
+falls further behind with every frame: over TCP the backlog grows without bound, over UDP up to
+the receive buffer (seconds of video), and every caption then describes a moment long gone while
+the latency figures, counted from when a frame was decoded, look fine. `CatchUp` watches how late
+each decoded frame comes against the stream's own clock and, once one is more than `CATCH_UP_S`
+late, has the decoder skip all but keyframes (it then only parses) until the stream's edge is
+reached. Frames are lost either way; this way the frames decoded are recent ones.
+
+How late a frame is: wall time minus its stream time, against the least such offset seen (the
+stream's edge). The least offset may creep up by `DRIFT` a second, so a camera's clock that runs
+slower than this one never adds up to lateness; a backlog grows a hundred times faster.
+"""
+
+from __future__ import annotations
+
+CATCH_UP_S = 1.0  # later than this: decode keyframes only
+CAUGHT_UP_S = 0.25  # back within this: decode every frame again
+JUMP_S = 10.0  # later than this all at once: the timestamps jumped (a discontinuity), not a backlog
+GIVE_UP_S = 5.0  # keyframes only for this long without catching up: take where it is as the edge
+DRIFT = 0.001  # seconds a second the edge may creep (clocks differ by far less: ~0.0001)
+
+
+class CatchUp:
+    def __init__(self, codec_context):
+        self._codec = codec_context
+        self._edge: float | None = None  # least (wall time - stream time) seen, creeping by DRIFT
+        self._last_wall: float | None = None
+        self._since: float | None = None  # when skipping began; None while decoding every frame
+        self.late = self.max_late = 0.0  # seconds: the last decoded frame's, and the most of any
+        self.catch_ups = 0  # times it skipped ahead
+
+    @property
+    def skipping(self) -> bool:
+        return self._since is not None
+
+    def frame(self, stream_time: float | None, now: float) -> None:
+        """A frame was decoded at wall time `now` (perf_counter seconds)."""
+        if stream_time is None:
+            return
+        offset = now - stream_time
+        if self._edge is not None and self._last_wall is not None:
+            self._edge += DRIFT * (now - self._last_wall)
+        self._last_wall = now
+        if self._edge is None or offset < self._edge or offset - self._edge > JUMP_S:
+            self._edge = offset
+        self.late = offset - self._edge
+        self.max_late = max(self.max_late, self.late)
+        if not self.skipping and self.late > CATCH_UP_S:
+            self._codec.skip_frame = "NONKEY"
+            self._since = now
+            self.catch_ups += 1
+        elif self.skipping and self.late < CAUGHT_UP_S:
+            self._resume()
+
+    def packet(self, now: float) -> None:
+        """Before each packet: a stream with no keyframe to come (or a lateness that skipping does
+        not cure) must not leave the decoder skipping for good."""
+        if self.skipping and now - self._since > GIVE_UP_S:
+            self._edge = None  # the next frame is the edge
+            self._resume()
+
+    def _resume(self) -> None:
+        self._codec.skip_frame = "DEFAULT"
+        self._since = None

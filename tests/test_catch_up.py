@@ -1,0 +1,68 @@
+"""A live stream decoded slower than it comes: keyframes only until caught up (pipelines/catch_up.py)."""
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from pipelines.catch_up import CATCH_UP_S, GIVE_UP_S, CatchUp
+from pipelines.sources import StreamSource
+
+CLIP = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+
+
+class Codec:
+    skip_frame = "DEFAULT"
+
+
+def test_a_backlog_skips_to_keyframes_until_the_edge_then_decodes_all_again():
+    codec = Codec()
+    guard = CatchUp(codec)
+    for i in range(30):  # in time: each frame decoded as it comes
+        guard.frame(i / 30, 100.0 + i / 30)
+    assert codec.skip_frame == "DEFAULT" and guard.late < 1e-6
+    for i in range(30, 120):  # decoded at 20 fps of a 30 fps stream: half a second later each second
+        guard.frame(i / 30, 100.0 + 1.0 + (i - 30) / 20)
+        # a second late after 60 frames (late by a sixtieth of a second a frame)
+        assert codec.skip_frame == ("NONKEY" if guard.late > CATCH_UP_S else "DEFAULT")
+    assert codec.skip_frame == "NONKEY" and guard.catch_ups == 1 and guard.max_late > CATCH_UP_S
+    guard.frame(6.0, 106.05)  # a keyframe at the edge again
+    assert codec.skip_frame == "DEFAULT" and guard.late < 0.1
+
+
+def test_a_slow_camera_clock_a_timestamp_jump_and_a_stream_without_keyframes_do_not_stall_decoding():
+    codec = Codec()
+    guard = CatchUp(codec)
+    for i in range(30 * 3600):  # an hour of a camera clock 0.05 % slow against this one
+        guard.frame(i / 30 * 0.9995, 100.0 + i / 30)
+    assert codec.skip_frame == "DEFAULT" and guard.catch_ups == 0
+    guard.frame(-500.0, 100.0 + 3600.1)  # the timestamps restart (a discontinuity): a new edge
+    guard.frame(-499.9, 100.0 + 3600.2)
+    assert codec.skip_frame == "DEFAULT" and guard.late < 0.01
+    guard.frame(-499.8, 100.0 + 3602.0)  # late: keyframes only...
+    assert codec.skip_frame == "NONKEY"
+    guard.packet(100.0 + 3602.0 + GIVE_UP_S + 0.1)  # ...but none comes: everything again
+    assert codec.skip_frame == "DEFAULT"
+
+
+def test_a_live_stream_consumed_too_slowly_stays_recent():
+    """What a 4K camera at 60 fps does to two cores beside the model: decoding fell 6 s behind in
+    12 s, and kept falling, over UDP; over TCP without bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"udp://127.0.0.1:{s.getsockname()[1]}"
+    sender = subprocess.Popen(["ffmpeg", "-loglevel", "quiet", "-re", "-i", str(CLIP), "-t", "10", "-c:v", "libx264",
+                               "-preset", "ultrafast", "-g", "10", "-f", "mpegts", url + "?pkt_size=1316"])
+    try:
+        src = StreamSource(url, reconnect=False, pace=False)
+        frames, t0 = 0, time.monotonic()
+        for _ in src.frames():
+            frames += 1
+            time.sleep(0.08)  # a consumer at 12 frames a second of a 30 fps stream
+            if time.monotonic() - t0 > 7:
+                break
+    finally:
+        sender.kill()
+        sender.wait(30)
+    assert frames > 30 and src.catch_ups >= 1
+    assert src.max_late < CATCH_UP_S + 1.0  # a keyframe's worth past the threshold at most (3 s without)
