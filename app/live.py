@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         check_constraints(engine, tasks)  # before any frame is asked
         # warm-up: the first step pays one-time costs a live stream should not see
         first = opened[0]  # a file's first frame warms up (a stream's would cost another connection)
-        warm = next(first.frames()).rgb if first.paced else np.zeros((240, 320, 3), np.uint8)
+        warm = next(first.frames()).load().rgb if first.paced else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
         recorders.update((label, Recorder(path)) for label, path in zip(labels, recordings or []))
         # One engine for every source: their frames share its batches (continuous batching).

@@ -180,7 +180,7 @@ class LiveFeed:
                 if now < next_t:
                     continue  # the source is faster than the feed's fps
                 next_t = max(next_t + 1.0 / self.fps, now - 1.0 / self.fps)
-                self.session.offer(frame)
+                self.session.offer(frame.load())  # converted only now: frames passed over never are
         except Exception as e:  # a source that failed (unreachable stream, unreadable file)
             self.exception = e
             self.error = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -46,7 +46,7 @@ class LatestFrameGrabber:
                         delay = t0 + pts - time.perf_counter()
                         if delay > 0 and self._stop.wait(delay):
                             return
-                    frame = Frame(f.source_id, seq, pts, f.rgb)
+                    frame = Frame(f.source_id, seq, pts, f.rgb, convert=f.convert)
                     seq += 1
                     with self._cond:
                         if self._latest is not None and self._latest.index > self._taken_index:
@@ -67,7 +67,8 @@ class LatestFrameGrabber:
                 self._cond.notify_all()
 
     def get(self, timeout: float = 5.0) -> Frame | None:
-        """The newest frame not yet taken; None once the source has ended (or on timeout)."""
+        """The newest frame not yet taken; None once the source has ended (or on timeout). Its
+        pixels may be left for the taker to convert (`Frame.load`)."""
         deadline = time.perf_counter() + timeout
         with self._cond:
             while True:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -32,6 +33,15 @@ class Frame:
     pts: float  # presentation time in seconds
     rgb: np.ndarray | None = field(repr=False)  # (H, W, 3) uint8; None: not converted (see FileSource.frames)
     captured_at: float = field(default_factory=time.perf_counter)
+    # A live source's frame comes unconverted (rgb None) with this to convert it: a frame a slower
+    # consumer never takes costs no conversion (23 ms a 4K frame)
+    convert: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    def load(self) -> "Frame":
+        """The frame with its pixels converted, if they were left for later (`convert`)."""
+        if self.rgb is None and self.convert is not None:
+            self.rgb, self.convert = self.convert(), None
+        return self
 
 
 def _rotate(rgb: np.ndarray, degrees: int) -> np.ndarray:
@@ -146,12 +156,13 @@ class FileSource:
         return None
 
     def frames(self, pick: Callable[[int, float], bool] | None = None,
-               need_rgb: Callable[[int], bool] | None = None) -> Iterator[Frame]:
+               need_rgb: Callable[[int], bool] | None = None, lazy: bool = False) -> Iterator[Frame]:
         """Every decoded frame in order, or those `pick(index, pts)` accepts: the others are
         decoded (later frames may depend on them) but never converted to RGB, which costs more
         than decoding (1.6 of 2.7 ms a 1280x720 H.264 frame). A picked frame for which
         `need_rgb(index)` is False comes without its pixels (`rgb` None): a resumed run that
-        only replays its answer. `decoded` counts them all."""
+        only replays its answer. `decoded` counts them all. lazy: frames come with `convert`
+        instead of their pixels (`Frame.load`), for a consumer that keeps only some."""
         import av
 
         index, first = 0, None
@@ -177,7 +188,10 @@ class FileSource:
                     else:
                         # The decoder's value, not the header's: broadcasts switch between 4:3 and 16:9
                         aspect = self._stream.codec_context.sample_aspect_ratio
-                        yield Frame(self.source_id, index, pts, _shown(frame, aspect))
+                        if lazy:
+                            yield Frame(self.source_id, index, pts, None, convert=partial(_shown, frame, aspect))
+                        else:
+                            yield Frame(self.source_id, index, pts, _shown(frame, aspect))
                 index += 1
         except (av.FFmpegError, OSError, ValueError) as e:
             self.error = f"{self.path}: decoding stopped after {index} frames: {_first_line(e)}"
@@ -275,7 +289,7 @@ class StreamSource:
 
     def __init__(self, url: str, source_id: str | None = None, open_timeout: float = 5.0,
                  read_timeout: float = 3.0, max_wait: float | None = None, reconnect: bool = True,
-                 pace: bool = True):
+                 pace: bool = True, lazy: bool = False):
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         self.url, self.display = url, redact(url)
         if url == STDIN:
@@ -289,6 +303,7 @@ class StreamSource:
         self.source_id = source_id or self.display
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.max_wait, self.reconnect, self.pace = STREAM_MAX_WAIT_S if max_wait is None else max_wait, reconnect, pace
+        self.lazy = lazy  # frames come with `convert` instead of their pixels (see Frame.load)
         self.error: str | None = None
         self.reconnects = self.damaged = self.catch_ups = 0
         self.max_late = 0.0  # seconds the decoding fell behind a live stream at most (see CatchUp)
@@ -357,8 +372,11 @@ class StreamSource:
                         elif ahead > 0:
                             time.sleep(ahead)
                     last_ok, delay = time.perf_counter(), 0.25
-                    rgb = _shown(frame, stream.codec_context.sample_aspect_ratio)
-                    yield Frame(self.source_id, index, last_ok - t0, rgb)
+                    pixels = partial(_shown, frame, stream.codec_context.sample_aspect_ratio)
+                    if self.lazy:
+                        yield Frame(self.source_id, index, last_ok - t0, None, convert=pixels)
+                    else:
+                        yield Frame(self.source_id, index, last_ok - t0, pixels())
                     index += 1
                 ended = recording
             except (av.FFmpegError, OSError) as e:
@@ -454,22 +472,23 @@ def open_live(source: str) -> LiveSource:
     camera = parse_webcam(source)
     if camera is not None:
         return LiveSource(WebcamSource(camera).frames, paced=False, loops=False)
+    # Frames come unconverted: the grabber keeps the newest, and the feed converts the ones it takes.
     if "://" in source:
-        stream = StreamSource(source)  # checks the scheme; redacts credentials
+        stream = StreamSource(source, lazy=True)  # checks the scheme; redacts credentials
         return LiveSource(stream.frames, paced=False, loops=True, stream=stream)
     if source == STDIN:
         import sys
 
         if sys.stdin is None or sys.stdin.isatty():
             raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
-        stream = StreamSource(source)
+        stream = StreamSource(source, lazy=True)
         return LiveSource(stream.frames, paced=False, loops=False, stream=stream)
     FileSource(source).close()
 
     def frames() -> Iterator[Frame]:
         src = FileSource(source, threads=False)
         try:
-            yield from src.frames()
+            yield from src.frames(lazy=True)
         finally:
             src.close()
 

@@ -140,6 +140,28 @@ def test_grabber_keeps_only_the_latest_frame():
     g.close()
 
 
+def test_a_live_source_converts_only_the_frames_its_consumer_takes(monkeypatch):
+    """The grabber keeps the newest frame; a consumer slower than the source (a slow model, 4K)
+    used to pay the colour conversion of every frame it never took (23 ms a 4K frame)."""
+    import av
+
+    from pipelines.sources import open_live
+
+    converted = []
+    real = av.VideoFrame.to_ndarray
+    monkeypatch.setattr(av.VideoFrame, "to_ndarray", lambda self, **kw: converted.append(1) or real(self, **kw))
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    g = LatestFrameGrabber(open_live(str(clip)).frames, realtime=False)  # as fast as it decodes
+    taken = []
+    try:
+        while (f := g.get(timeout=2)) is not None:  # None: the clip has ended and its last frame was taken
+            taken.append(f.load())
+            time.sleep(0.02)
+    finally:
+        g.close()
+    assert g.overwritten > 100 and len(converted) == len(taken) and all(f.rgb.shape == (360, 640, 3) for f in taken)
+
+
 def test_grabber_paces_in_real_time_and_loops():
     frames = [Frame("f", i, i / 50, np.zeros((2, 2, 3), np.uint8)) for i in range(10)]  # 0.2 s at 50 fps
     g = LatestFrameGrabber(lambda: iter(frames), realtime=True, loop=True)
