@@ -51,7 +51,7 @@ def test_a_live_stream_consumed_too_slowly_stays_recent():
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         url = f"udp://127.0.0.1:{s.getsockname()[1]}"
-    sender = subprocess.Popen(["ffmpeg", "-loglevel", "quiet", "-re", "-i", str(CLIP), "-t", "10", "-c:v", "libx264",
+    sender = subprocess.Popen(["ffmpeg", "-loglevel", "quiet", "-re", "-i", str(CLIP), "-t", "6", "-c:v", "libx264",
                                "-preset", "ultrafast", "-g", "10", "-f", "mpegts", url + "?pkt_size=1316"])
     try:
         src = StreamSource(url, reconnect=False, pace=False)
@@ -59,10 +59,10 @@ def test_a_live_stream_consumed_too_slowly_stays_recent():
         for _ in src.frames():
             frames += 1
             time.sleep(0.08)  # a consumer at 12 frames a second of a 30 fps stream
-            if time.monotonic() - t0 > 7:
+            if time.monotonic() - t0 > 4.5:  # a second late after ~2 s, without the catch-up 2.7 s at the end
                 break
     finally:
         sender.kill()
         sender.wait(30)
-    assert frames > 30 and src.catch_ups >= 1
-    assert src.max_late < CATCH_UP_S + 1.0  # a keyframe's worth past the threshold at most (3 s without)
+    assert frames > 20 and src.catch_ups >= 1
+    assert src.max_late < CATCH_UP_S + 1.0  # a keyframe's worth past the threshold at most

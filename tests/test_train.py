@@ -274,11 +274,21 @@ def test_sigterm_stops_two_training_processes_at_once(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
-    while not (tmp_path / "loss.csv").exists():  # the first step is done: both processes are in the loop
-        assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()[-2000:] if p.poll() else "no step"
-        time.sleep(0.2)
+
+    def spawned() -> bool:  # the second training process has started (it then waits on the first)
+        for pid in _descendants(p.pid):
+            try:
+                if b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                pass
+        return False
+
+    while not spawned():
+        assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()[-2000:] if p.poll() else "no spawn"
+        time.sleep(0.1)
+    time.sleep(1.0)  # into its start-up: the group's rendezvous, or a step
     family = _descendants(p.pid)
-    assert family, "the second training process is missing"
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=200)
