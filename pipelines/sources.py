@@ -256,7 +256,12 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "udp", "rtp", "tcp", "srt", "http", "https")
+STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
+# Streams pushed as they are shot, with the sender's clock in their timestamps: the ones whose
+# lateness says whether decoding keeps up (CatchUp). Not HTTP (HLS comes a segment of seconds at a
+# time, each frame of it "late" by up to its length) nor a pipe (raw H.264 carries no clock, and
+# a pipe that is not read holds its writer back).
+CLOCKED_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt")
 
 
 def redact(url: str) -> str:
@@ -304,6 +309,7 @@ class StreamSource:
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.max_wait, self.reconnect, self.pace = STREAM_MAX_WAIT_S if max_wait is None else max_wait, reconnect, pace
         self.lazy = lazy  # frames come with `convert` instead of their pixels (see Frame.load)
+        self._clocked = scheme in CLOCKED_SCHEMES
         self.error: str | None = None
         self.reconnects = self.damaged = self.catch_ups = 0
         self.max_late = 0.0  # seconds the decoding fell behind a live stream at most (see CatchUp)
@@ -356,7 +362,7 @@ class StreamSource:
                 clock = None  # (wall time, frame time) that the pacing counts from
                 stream = _main_video(container)
                 # A live stream faster than this machine decodes: keyframes only until caught up
-                guard = None if recording else CatchUp(stream.codec_context)
+                guard = CatchUp(stream.codec_context) if self._clocked and not recording else None
                 before = None if guard is None else (lambda: guard.packet(time.perf_counter()))
                 catch_ups = self.catch_ups
                 for frame in _decoded(container, stream, self._damage, before):

@@ -66,3 +66,13 @@ def test_a_live_stream_consumed_too_slowly_stays_recent():
         sender.wait(30)
     assert frames > 20 and src.catch_ups >= 1
     assert src.max_late < CATCH_UP_S + 1.0  # a keyframe's worth past the threshold at most
+
+
+def test_only_streams_pushed_with_their_clock_are_watched():
+    """HLS comes a segment (seconds) at a time: its frames look late by up to a segment, and
+    skipping them would leave keyframes only. A pipe's raw H.264 has no clock."""
+    watched = {url: StreamSource(url)._clocked for url in ("rtsp://cam/1", "rtmp://h/live", "udp://127.0.0.1:5000",
+                                                          "http://h/live.m3u8", "https://h/cam.mjpg")}
+    assert watched == {"rtsp://cam/1": True, "rtmp://h/live": True, "udp://127.0.0.1:5000": True,
+                       "http://h/live.m3u8": False, "https://h/cam.mjpg": False}
+    assert StreamSource("-")._clocked is False
