@@ -30,7 +30,8 @@ from engine import Engine, SamplingParams
 from .cuts import CutDetector
 from .prompts import ask, prompt_key, prompt_of
 from .sinks import FrameResult
-from .sources import FileSource, Frame
+from .frame import Frame
+from .sources import FileSource
 
 # Video time per group of frames with sticky answers (8 frames at 30 fps): long enough to keep
 # the engine batching, short enough that a draft still holds the scene. On the 30 fps samples, 8

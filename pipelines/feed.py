@@ -29,7 +29,7 @@ from engine import Engine, SamplingParams
 from .changes import AnswerChanges, answer_key
 from .grabber import LatestFrameGrabber
 from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
-from .sources import Frame
+from .frame import Frame
 
 CHART_STAGES = ("queue", "vision", "prefill", "decode")
 # Answers a feed keeps for an export: ~5 minutes at 35 captions a second, ~4 MB of JSON.

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from .sources import Frame
+from .frame import Frame
 
 
 class LatestFrameGrabber:

@@ -23,7 +23,7 @@ from engine import Engine, RequestOutput, SamplingParams
 from .cuts import CutDetector
 from .prompts import INTERACTIVE, answers_text, ask, prompt_of
 from .sinks import FrameResult
-from .sources import Frame
+from .frame import Frame
 
 LATENCY_WINDOW = 36_000  # ten minutes at 60 fps
 # Frames in flight for a live stream (CLI, web UI): with drafts, 4 sustain the frame rate 6 did

@@ -402,9 +402,9 @@ def test_browser_camera_frames_are_pushed_and_the_latest_wins(service):
 
 
 def test_bad_sources_are_one_line_errors(service, tmp_path, monkeypatch):
-    import pipelines.sources
+    import pipelines.stream
 
-    monkeypatch.setattr(pipelines.sources, "STREAM_MAX_WAIT_S", 3.0)  # the stream below gives up sooner
+    monkeypatch.setattr(pipelines.stream, "STREAM_MAX_WAIT_S", 3.0)  # the stream below gives up sooner
     junk = tmp_path / "junk.mp4"
     junk.write_bytes(b"not a video at all" * 100)
     for source, kind in [("", UIError), (str(tmp_path / "missing.mp4"), UIError), (str(junk), VlmstreamError),

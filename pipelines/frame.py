@@ -1,0 +1,94 @@
+"""What every frame source yields (`Frame`), how it fails (`SourceError`), and the decoding they
+share: packets the decoder rejects are skipped, the stream a player would show is the one read,
+and pixels come as a player shows them (display rotation applied, non-square pixels stretched).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from engine.errors import VlmstreamError
+
+
+class SourceError(VlmstreamError):
+    """A source cannot be opened or read (missing, not a video, no video stream...)."""
+
+
+@dataclass
+class Frame:
+    source_id: str
+    index: int  # position in the source's decode order (every decoded frame counts)
+    pts: float  # presentation time in seconds
+    rgb: np.ndarray | None = field(repr=False)  # (H, W, 3) uint8; None: not converted (see FileSource.frames)
+    captured_at: float = field(default_factory=time.perf_counter)
+    # A live source's frame comes unconverted (rgb None) with this to convert it: a frame a slower
+    # consumer never takes costs no conversion (23 ms a 4K frame)
+    convert: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    def load(self) -> "Frame":
+        """The frame with its pixels converted, if they were left for later (`convert`)."""
+        if self.rgb is None and self.convert is not None:
+            self.rgb, self.convert = self.convert(), None
+        return self
+
+
+def rotate(rgb: np.ndarray, degrees: int) -> np.ndarray:
+    """Apply a display rotation (counter-clockwise degrees, as FFmpeg's display matrix gives)."""
+    turns = (int(round(degrees / 90)) % 4)
+    return np.ascontiguousarray(np.rot90(rgb, k=turns)) if turns else rgb
+
+
+def as_shown(frame, sample_aspect) -> np.ndarray:
+    """The frame's RGB pixels as a player shows them. Non-square pixels (a sample aspect ratio
+    other than 1: DVD, DV, HDV, broadcast TV) are stretched to the display shape, in the same
+    swscale pass as the colour conversion. Read as stored, a 16:9 PAL frame (720x576) squeezes every
+    circle to an ellipse: of 60 scenes stored at half their width, the tiny model named all the
+    objects of 65 % against 83 % unsqueezed. Stretching (never shrinking) keeps every stored
+    pixel's detail. Then the display rotation."""
+    width, height = frame.width, frame.height
+    if sample_aspect and sample_aspect != 1:
+        if sample_aspect > 1:
+            width = max(2, round(width * sample_aspect / 2) * 2)
+        else:
+            height = max(2, round(height / sample_aspect / 2) * 2)
+        rgb = frame.to_ndarray(format="rgb24", width=width, height=height)
+    else:
+        rgb = frame.to_ndarray(format="rgb24")
+    return rotate(rgb, getattr(frame, "rotation", 0) or 0)
+
+
+def decoded(container, stream, on_damage: Callable[[], None],
+            before_packet: Callable[[], None] | None = None) -> Iterator:
+    """The stream's frames, packet by packet, skipping the packets the decoder rejects (damaged
+    data: a bad sector, a lost datagram, a stream joined between keyframes), as FFmpeg's own tools
+    do. `container.decode` ended at the first: a file with 20 KB damaged in its middle gave 180 of
+    its 329 decodable frames."""
+    import av
+
+    for packet in container.demux(stream):
+        if before_packet is not None:
+            before_packet()
+        try:
+            frames = packet.decode()
+        except av.InvalidDataError:
+            on_damage()
+            continue
+        yield from frames
+
+
+def main_video(container):
+    """The video stream a player would show: FFmpeg's choice (the most frames, the default
+    disposition), not the first. A Matroska file with a cover picture first gave one frame of
+    the cover and no word about the film."""
+    return container.streams.best("video") or container.streams.video[0]
+
+
+def first_line(e: Exception) -> str:
+    # FFmpeg's and the OS's own words ("Server returned 404 Not Found"), without the "[Errno N]"
+    # and the file name that str() adds: every message here names the source already.
+    text = (getattr(e, "strerror", None) or str(e)).strip()
+    return text.splitlines()[0] if text else type(e).__name__

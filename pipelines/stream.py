@@ -1,0 +1,159 @@
+"""Network streams and pipes, read with PyAV: RTSP, UDP/RTP, HTTP(S) and HLS, RTMP, standard input.
+
+Opening and reading are bounded by timeouts; a broken stream is reopened with backoff; a live
+stream decoded slower than it comes catches up to its edge (`catch_up.py`); credentials never
+appear in messages.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Iterator
+
+from .catch_up import CatchUp
+from .frame import Frame, SourceError, as_shown, decoded, first_line, main_video
+
+
+STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
+# Streams pushed as they are shot, with the sender's clock in their timestamps: the ones whose
+# lateness says whether decoding keeps up (CatchUp). Not HTTP (HLS comes a segment of seconds at a
+# time, each frame of it "late" by up to its length) nor a pipe (raw H.264 carries no clock, and
+# a pipe that is not read holds its writer back).
+CLOCKED_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt")
+
+
+def redact(url: str) -> str:
+    """The URL with any user:password replaced, for messages and logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, "***@" + host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+STREAM_MAX_WAIT_S = 30.0  # a stream that sends nothing (and cannot be reopened) this long is an error
+STDIN = "-"  # the live source name of standard input: a stream piped in
+
+
+class StreamSource:
+    """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP, SRT...).
+
+    Opening and reading are bounded by timeouts. When the stream breaks (sender restarted,
+    network gone), it is reopened with exponential backoff; if nothing can be read for
+    `max_wait` seconds, `frames()` raises a SourceError. Presentation times are seconds since the
+    source started (stream timestamps restart when a sender does). Credentials never appear in
+    messages. A recording (a stream that says how long it lasts) is read once, at its own pace
+    unless `pace` is False.
+    """
+
+    def __init__(self, url: str, source_id: str | None = None, open_timeout: float = 5.0,
+                 read_timeout: float = 3.0, max_wait: float | None = None, reconnect: bool = True,
+                 pace: bool = True, lazy: bool = False):
+        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        self.url, self.display = url, redact(url)
+        if url == STDIN:
+            # A program's output piped in (rpicam-vid, ffmpeg, gst-launch): FFmpeg's pipe protocol.
+            # It cannot be opened twice, and the program may take seconds to start its camera.
+            self.url, self.display, scheme = "pipe:0", "standard input", "pipe"
+            reconnect, open_timeout, read_timeout = False, STREAM_MAX_WAIT_S, STREAM_MAX_WAIT_S
+        elif scheme not in STREAM_SCHEMES:
+            raise SourceError(f"unsupported URL scheme {scheme!r} in {self.display} "
+                              f"(use one of {', '.join(STREAM_SCHEMES)})")
+        self.source_id = source_id or self.display
+        self.open_timeout, self.read_timeout = open_timeout, read_timeout
+        self.max_wait, self.reconnect, self.pace = STREAM_MAX_WAIT_S if max_wait is None else max_wait, reconnect, pace
+        self.lazy = lazy  # frames come with `convert` instead of their pixels (see Frame.load)
+        self._clocked = scheme in CLOCKED_SCHEMES
+        self.error: str | None = None
+        self.reconnects = self.damaged = self.catch_ups = 0
+        self.max_late = 0.0  # seconds the decoding fell behind a live stream at most (see CatchUp)
+        self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
+        if scheme.startswith("rtsp"):
+            self._options["rtsp_transport"] = "tcp"
+        if scheme.startswith("rtmp"):
+            # FLV may add streams at any time, so FFmpeg probes it for its whole analyzeduration (5 s)
+            # before the first frame; the video's parameters come in its first tag
+            self._options["analyzeduration"] = "500000"
+
+    def _open(self):
+        import av
+
+        return av.open(self.url, timeout=(self.open_timeout, self.read_timeout), options=self._options)
+
+    def frames(self) -> Iterator[Frame]:
+        import av
+
+        t0 = time.perf_counter()
+        last_ok, delay, index = time.perf_counter(), 0.25, 0
+        while True:
+            try:
+                container = self._open()
+            except (av.FFmpegError, OSError) as e:
+                # A client error (404, 401, 403...) from a stream that never sent a frame is a wrong
+                # URL or password, not an outage: said at once, not after max_wait of retries (the
+                # live CLI's --duration often ended first, and the reason was never shown).
+                refused = (index == 0 and isinstance(e, av.HTTPClientError)  # 429 is "later", not "no"
+                           and not isinstance(e, getattr(av, "HTTPTooManyRequestsError", ())))
+                if isinstance(e, av.ProtocolNotFoundError):  # srt:// with PyAV's own FFmpeg (built without libsrt)
+                    scheme = self.url.split(":", 1)[0]
+                    raise SourceError(f"cannot read {self.display}: the FFmpeg inside PyAV reads no {scheme}:// "
+                                      f"streams; pipe it in with an ffmpeg that does: ffmpeg -i '{self.display}' "
+                                      "-c copy -f mpegts - | vlmstream live -") from None
+                if refused or time.perf_counter() - last_ok > self.max_wait or not self.reconnect:
+                    raise SourceError(f"cannot read {self.display}: {self._clean(e)}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 4.0)
+                continue
+            ended = False
+            try:
+                if not container.streams.video:
+                    raise SourceError(f"{self.display} has no video stream")
+                # A recording served over the network (a file over HTTP, a finished HLS playlist)
+                # says how long it lasts; a live stream does not. A recording plays at its own pace,
+                # as a file does in `live`, not as fast as it downloads (a 25 fps clip went by at
+                # 60), and its end ends the source instead of being reopened from the start.
+                recording = bool(container.duration)
+                clock = None  # (wall time, frame time) that the pacing counts from
+                stream = main_video(container)
+                # A live stream faster than this machine decodes: keyframes only until caught up
+                guard = CatchUp(stream.codec_context) if self._clocked and not recording else None
+                before = None if guard is None else (lambda: guard.packet(time.perf_counter()))
+                catch_ups = self.catch_ups
+                for frame in decoded(container, stream, self._damage, before):
+                    if guard is not None:
+                        guard.frame(frame.time, time.perf_counter())
+                        self.catch_ups, self.max_late = catch_ups + guard.catch_ups, max(self.max_late, guard.max_late)
+                    if recording and self.pace and frame.time is not None:
+                        now = time.perf_counter()
+                        clock = clock or (now, frame.time)
+                        ahead = (frame.time - clock[1]) - (now - clock[0])
+                        if ahead > 2.0:  # a jump in the timestamps: count from here
+                            clock = (now, frame.time)
+                        elif ahead > 0:
+                            time.sleep(ahead)
+                    last_ok, delay = time.perf_counter(), 0.25
+                    pixels = partial(as_shown, frame, stream.codec_context.sample_aspect_ratio)
+                    if self.lazy:
+                        yield Frame(self.source_id, index, last_ok - t0, None, convert=pixels)
+                    else:
+                        yield Frame(self.source_id, index, last_ok - t0, pixels())
+                    index += 1
+                ended = recording
+            except (av.FFmpegError, OSError) as e:
+                self.error = f"{self.display}: {self._clean(e)}"
+            finally:
+                container.close()
+            if not self.reconnect or ended:
+                return
+            self.reconnects += 1
+
+    def _damage(self) -> None:
+        self.damaged += 1  # a lost datagram, a stream joined between keyframes: the next keyframe heals it
+
+    def _clean(self, e: Exception) -> str:
+        return first_line(e).replace(self.url, self.display)
