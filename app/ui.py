@@ -359,6 +359,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise UsageError("--port must be within 1..65535")
+    if args.source == "-":
+        raise UsageError("--source -: the web UI does not read standard input (`vlmstream live -` does)")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no network calls from this machine
     check_port(args.host, args.port)  # a port in use is one line, before the model loads
     tls = tls_arguments(args.ssl_certfile, args.ssl_keyfile)
@@ -366,8 +368,6 @@ def run(args: argparse.Namespace) -> int:
     if auth is None and not loopback(args.host):
         print(f"vlmstream: warning: the UI on {args.host} asks no password, and its page plays any file or URL "
               "this server reaches (--auth-file)", file=sys.stderr)
-    if args.source == "-":
-        raise UsageError("--source -: the web UI does not read standard input (`vlmstream live -` does)")
     if args.source and args.source not in sample_videos():
         from pipelines.sources import open_live
 

@@ -136,9 +136,7 @@ def as_rgb(rgb: Any) -> np.ndarray:
 
         if not isinstance(rgb, PILImage.Image):
             raise ImageError(f"expected an RGB image as a numpy array or a Pillow image, got {type(rgb).__name__}")
-        if 0 in rgb.size:
-            raise ImageError(f"the image is empty ({rgb.size[0]}x{rgb.size[1]})")
-        rgb = pil_to_rgb(rgb)
+        rgb = pil_to_rgb(rgb)  # an empty one is caught below, as an empty array is
     if rgb.ndim == 3 and rgb.shape[2] in (1, 2):  # what OpenCV and PIL give for grey (and grey + alpha)
         rgb = rgb[:, :, 0]
     if rgb.ndim == 2:

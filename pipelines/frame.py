@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator
 
 import numpy as np
@@ -59,6 +60,13 @@ def as_shown(frame, sample_aspect) -> np.ndarray:
     else:
         rgb = frame.to_ndarray(format="rgb24")
     return rotate(rgb, getattr(frame, "rotation", 0) or 0)
+
+
+def pixels(frame, sample_aspect, lazy: bool) -> dict:
+    """A decoded frame's pixels as `Frame` fields: converted now, or (lazy) left to `Frame.load`."""
+    if lazy:
+        return {"rgb": None, "convert": partial(as_shown, frame, sample_aspect)}
+    return {"rgb": as_shown(frame, sample_aspect)}
 
 
 def decoded(container, stream, on_damage: Callable[[], None],

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .frame import Frame, SourceError, as_shown, decoded, first_line, main_video
+from .frame import Frame, SourceError, decoded, first_line, main_video, pixels
 from .stream import STDIN, StreamSource, redact
 
 
@@ -113,10 +112,7 @@ class FileSource:
                     else:
                         # The decoder's value, not the header's: broadcasts switch between 4:3 and 16:9
                         aspect = self._stream.codec_context.sample_aspect_ratio
-                        if lazy:
-                            yield Frame(self.source_id, index, pts, None, convert=partial(as_shown, frame, aspect))
-                        else:
-                            yield Frame(self.source_id, index, pts, as_shown(frame, aspect))
+                        yield Frame(self.source_id, index, pts, **pixels(frame, aspect, lazy))
                 index += 1
         except (av.FFmpegError, OSError, ValueError) as e:
             self.error = f"{self.path}: decoding stopped after {index} frames: {first_line(e)}"
@@ -237,7 +233,7 @@ class LiveSource:
     frames: Callable[[], Iterator[Frame]]  # a fresh iterator of its frames at each call
     paced: bool  # its frames come as fast as they decode: the grabber paces them by their times (a file)
     loops: bool  # it can be played again from its start when it ends (a file, or a recording over the network)
-    stream: StreamSource | None = None  # a network stream or a pipe: its reconnections and damaged packets
+    stream: StreamSource | None = None  # a network stream or a pipe: how it held up (reconnects, damage, lateness)
 
 
 def open_live(source: str) -> LiveSource:
@@ -253,16 +249,13 @@ def open_live(source: str) -> LiveSource:
     if camera is not None:
         return LiveSource(WebcamSource(camera).frames, paced=False, loops=False)
     # Frames come unconverted: the grabber keeps the newest, and the feed converts the ones it takes.
-    if "://" in source:
-        stream = StreamSource(source, lazy=True)  # checks the scheme; redacts credentials
-        return LiveSource(stream.frames, paced=False, loops=True, stream=stream)
-    if source == STDIN:
+    if "://" in source or source == STDIN:
         import sys
 
-        if sys.stdin is None or sys.stdin.isatty():
+        if source == STDIN and (sys.stdin is None or sys.stdin.isatty()):
             raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
-        stream = StreamSource(source, lazy=True)
-        return LiveSource(stream.frames, paced=False, loops=False, stream=stream)
+        stream = StreamSource(source, lazy=True)  # checks the scheme; redacts credentials
+        return LiveSource(stream.frames, paced=False, loops=source != STDIN, stream=stream)  # stdin reads once
     FileSource(source).close()
 
     def frames() -> Iterator[Frame]:

@@ -8,11 +8,10 @@ appear in messages.
 from __future__ import annotations
 
 import time
-from functools import partial
 from typing import Iterator
 
 from .catch_up import CatchUp
-from .frame import Frame, SourceError, as_shown, decoded, first_line, main_video
+from .frame import Frame, SourceError, decoded, first_line, main_video, pixels
 
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
@@ -20,7 +19,7 @@ STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", 
 # lateness says whether decoding keeps up (CatchUp). Not HTTP (HLS comes a segment of seconds at a
 # time, each frame of it "late" by up to its length) nor a pipe (raw H.264 carries no clock, and
 # a pipe that is not read holds its writer back).
-CLOCKED_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt")
+CLOCKED_SCHEMES = tuple(s for s in STREAM_SCHEMES if not s.startswith("http"))
 
 
 def redact(url: str) -> str:
@@ -41,7 +40,8 @@ STDIN = "-"  # the live source name of standard input: a stream piped in
 
 
 class StreamSource:
-    """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP, SRT...).
+    """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP...), or standard input
+    (`STDIN`: a program's stream piped in, read once).
 
     Opening and reading are bounded by timeouts. When the stream breaks (sender restarted,
     network gone), it is reopened with exponential backoff; if nothing can be read for
@@ -137,11 +137,8 @@ class StreamSource:
                         elif ahead > 0:
                             time.sleep(ahead)
                     last_ok, delay = time.perf_counter(), 0.25
-                    pixels = partial(as_shown, frame, stream.codec_context.sample_aspect_ratio)
-                    if self.lazy:
-                        yield Frame(self.source_id, index, last_ok - t0, None, convert=pixels)
-                    else:
-                        yield Frame(self.source_id, index, last_ok - t0, pixels())
+                    yield Frame(self.source_id, index, last_ok - t0,
+                                **pixels(frame, stream.codec_context.sample_aspect_ratio, self.lazy))
                     index += 1
                 ended = recording
             except (av.FFmpegError, OSError) as e:
