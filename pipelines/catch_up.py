@@ -12,13 +12,19 @@ pushed with their sender's clock are watched (stream.CLOCKED_SCHEMES: RTSP, RTMP
 How late a frame is: wall time minus its stream time, against the least such offset seen (the
 stream's edge). The least offset may creep up by `DRIFT` a second, so a camera's clock that runs
 slower than this one never adds up to lateness; a backlog grows a hundred times faster.
+
+A backlog also grows a little with each frame (the decoder is busy; it can add at most the time
+it took). A frame later than the one before it by `STEP_S` at once is no backlog: the sender
+restarted (its timestamps start over), its timestamps jumped, or it paused. That frame is the
+new edge. Without this, a camera restarted within seconds looked several seconds behind, and
+its frames were skipped to keyframes for `GIVE_UP_S`.
 """
 
 from __future__ import annotations
 
 CATCH_UP_S = 1.0  # later than this: decode keyframes only
 CAUGHT_UP_S = 0.25  # back within this: decode every frame again
-JUMP_S = 10.0  # later than this all at once: the timestamps jumped (a discontinuity), not a backlog
+STEP_S = 0.5  # one frame later than the one before it by this: a discontinuity or a pause, not a backlog
 GIVE_UP_S = 5.0  # keyframes only for this long without catching up: take where it is as the edge
 DRIFT = 0.001  # seconds a second the edge may creep (clocks differ by far less: ~0.0001)
 
@@ -28,6 +34,7 @@ class CatchUp:
         self._codec = codec_context
         self._edge: float | None = None  # least (wall time - stream time) seen, creeping by DRIFT
         self._last_wall: float | None = None
+        self._offset: float | None = None  # the last frame's (wall time - stream time)
         self._since: float | None = None  # when skipping began; None while decoding every frame
         self.late = self.max_late = 0.0  # seconds: the last decoded frame's, and the most of any
         self.catch_ups = 0  # times it skipped ahead
@@ -44,8 +51,10 @@ class CatchUp:
         if self._edge is not None and self._last_wall is not None:
             self._edge += DRIFT * (now - self._last_wall)
         self._last_wall = now
-        if self._edge is None or offset < self._edge or offset - self._edge > JUMP_S:
+        jumped = self._offset is not None and offset - self._offset > STEP_S
+        if self._edge is None or offset < self._edge or jumped:
             self._edge = offset
+        self._offset = offset
         self.late = offset - self._edge
         self.max_late = max(self.max_late, self.late)
         if not self.skipping and self.late > CATCH_UP_S:

@@ -1,5 +1,6 @@
 """A live stream decoded slower than it comes: keyframes only until caught up (pipelines/catch_up.py)."""
 
+import re
 import socket
 import subprocess
 import time
@@ -39,9 +40,14 @@ def test_a_slow_camera_clock_a_timestamp_jump_and_a_stream_without_keyframes_do_
     guard.frame(-500.0, 100.0 + 3600.1)  # the timestamps restart (a discontinuity): a new edge
     guard.frame(-499.9, 100.0 + 3600.2)
     assert codec.skip_frame == "DEFAULT" and guard.late < 0.01
-    guard.frame(-499.8, 100.0 + 3602.0)  # late: keyframes only...
-    assert codec.skip_frame == "NONKEY"
-    guard.packet(100.0 + 3602.0 + GIVE_UP_S + 0.1)  # ...but none comes: everything again
+    guard.frame(-499.8 + 3.0, 100.0 + 3600.3)  # they jump ahead: the edge follows
+    guard.frame(-499.7 + 3.0, 100.0 + 3602.9)  # the sender paused 2.5 s (or restarted with timestamps
+    guard.frame(-499.6 + 3.0, 100.0 + 3603.0)  # a few seconds on): no backlog, no skipping
+    assert codec.skip_frame == "DEFAULT" and guard.late < 0.01 and guard.catch_ups == 0
+    for i in range(1, 60):  # then decoded at 15 fps of a 30 fps stream: late...
+        guard.frame(-499.6 + 3.0 + i / 30, 100.0 + 3603.0 + i / 15)
+    assert codec.skip_frame == "NONKEY" and guard.catch_ups == 1  # ...keyframes only...
+    guard.packet(100.0 + 3607.0 + GIVE_UP_S + 0.1)  # ...but none comes: everything again
     assert codec.skip_frame == "DEFAULT"
 
 
@@ -55,6 +61,8 @@ def test_a_live_stream_consumed_too_slowly_stays_recent():
                                "-preset", "ultrafast", "-g", "10", "-f", "mpegts", url + "?pkt_size=1316"])
     try:
         src = StreamSource(url, reconnect=False, pace=False)
+        said = []
+        src.on_event = said.append
         frames, t0 = 0, time.monotonic()
         for _ in src.frames():
             frames += 1
@@ -66,6 +74,10 @@ def test_a_live_stream_consumed_too_slowly_stays_recent():
         sender.wait(30)
     assert frames > 20 and src.catch_ups >= 1
     assert src.max_late < CATCH_UP_S + 1.0  # a keyframe's worth past the threshold at most
+    # said when it happens, once a minute at most however often it skips (a stream too heavy skips
+    # every few seconds)
+    assert len(said) == 1 and re.fullmatch(r"decoding is 1\.\d s behind the stream: skipping to its newest keyframe "
+                                           r"\(1 time so far; a lighter stream would keep up\)", said[0]), said
 
 
 def test_only_streams_pushed_with_their_clock_are_watched():
