@@ -58,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
 
     recorders: dict = {}  # label -> Recorder, with --annotate (started once the model is up)
 
+    def say(line: str) -> None:
+        with print_lock:
+            print(f"vlmstream: warning: {line}", file=sys.stderr, flush=True)
+
     def show(label: str, r) -> None:
         if label in recorders:
             recorders[label].add(r)  # every completed frame, whether its answers changed or not
@@ -106,12 +110,16 @@ def run(args: argparse.Namespace) -> int:
         warm = next(first.frames()).load().rgb if first.paced else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
         recorders.update((label, Recorder(path)) for label, path in zip(labels, recordings or []))
+        for live, label in zip(opened, labels):
+            if live.stream is not None:  # an outage is said when it happens, not only in the closing figures
+                live.stream.on_event = lambda line, label=label: say(f"{label + ': ' if several else ''}{line}")
         # One engine for every source: their frames share its batches (continuous batching).
         feeds = [LiveFeed(engine, tasks, params, live.frames, realtime=live.paced,
                           loop=args.duration is not None and live.loops, fps=args.fps,
                           max_inflight=inflight, deadline_ms=args.deadline_ms,
                           record_size=0, shots=0,  # the page's keepsakes: -o and --snapshots write them here
-                          on_result=lambda r, label=label: show(label, r))
+                          on_result=lambda r, label=label: show(label, r),
+                          health=None if live.stream is None else live.stream.health)
                  for live, label in zip(opened, labels)]
         t0 = time.perf_counter()
         try:
@@ -136,13 +144,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
         per_source = [f.snapshot().counters for f in feeds]
         for live, s, label in zip(opened, per_source, labels):
-            st = live.stream
-            if st is None:
-                continue
-            # how the network (or the pipe) held up, and whether decoding kept pace with it
-            s["stream"] = {"reconnects": st.reconnects, "damaged_packets": st.damaged,
-                           "catch_ups": st.catch_ups, "max_late_s": round(st.max_late, 3)}
-            if st.catch_ups:
+            st = live.stream  # how the network (or the pipe) held up: s["stream"], from the feed
+            if st is not None and st.catch_ups:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}decoding fell behind the stream "
                       f"({st.max_late:.1f} s at most) and skipped ahead to its newest keyframe {st.catch_ups} "
                       "times: a lower resolution or frame rate (a camera's substream) would keep up",

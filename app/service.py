@@ -195,7 +195,8 @@ class Service:
                                 max_seconds=RECORD_MAX_S)
         try:
             feed = LiveFeed(self.engine(), task, self.params(), live.frames, realtime=live.paced, loop=live.loops,
-                            fps=LIVE_FPS, hold=self.settings.hold, on_result=recorder.add if recorder else None)
+                            fps=LIVE_FPS, hold=self.settings.hold, on_result=recorder.add if recorder else None,
+                            health=None if live.stream is None else live.stream.health)
         except BaseException:
             if recorder is not None:
                 recorder.close()

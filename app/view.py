@@ -128,6 +128,19 @@ def _nice(v: float) -> float:
     return float(np.ceil(v / 10000) * 10000)
 
 
+def stream_state(health: dict) -> str:
+    """One cell's worth of StreamSource.health: what a viewer of a frozen picture wants to know."""
+    state = health.get("state", "")
+    if state == "reconnecting":
+        text = f"reconnecting ({health.get('for_s', 0):.0f} s)"
+    elif state == "live" and health.get("late_s", 0) >= 0.5:
+        text = f"{health['late_s']:.1f} s behind"
+    else:
+        text = state
+    n = health.get("outages", 0)
+    return text + (f", {n} outage{'s' if n != 1 else ''}" if n and state != "reconnecting" else "")
+
+
 def counters_html(counters: dict, engine: dict, running: bool, error: str | None = None) -> str:
     lat = counters.get("latency_ms", {}).get("end_to_end", {})
     cells = [
@@ -145,6 +158,8 @@ def counters_html(counters: dict, engine: dict, running: bool, error: str | None
         ("KV pages", f"{engine.get('kv_pages_in_use', 0)} / {engine.get('kv_pages_total', 0)}"),
         ("mode", engine.get("mode", "")),
     ]
+    if "stream" in counters:  # a network source: an outage or a backlog shows here while it lasts
+        cells.insert(1, ("stream", stream_state(counters["stream"])))
     body = "".join(f'<div class="vs-counter" data-name="{html.escape(k)}"><b>{html.escape(str(v))}</b>'
                    f'<span>{html.escape(k)}</span></div>' for k, v in cells)
     err = f'<div class="vs-error">{html.escape(error)}</div>' if error else ""

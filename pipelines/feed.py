@@ -124,12 +124,15 @@ class LiveFeed:
                  frames: Callable[[], Iterator[Frame]] | None = None, realtime: bool = True, loop: bool = False,
                  fps: float = 60.0, max_inflight: int = DEFAULT_MAX_INFLIGHT, deadline_ms: float | None = None,
                  window_s: float = 30.0, log_size: int = 200, record_size: int = EXPORT_LINES,
-                 shots: int = SHOTS, hold: int = 1, on_result: Callable[[LiveResult], None] | None = None):
+                 shots: int = SHOTS, hold: int = 1, on_result: Callable[[LiveResult], None] | None = None,
+                 health: Callable[[], dict] | None = None):
         """hold: a new answer gets a picture once it has come this many frames in a row (as
-        `live --changes --hold`): a one-frame misreading is a line of the log, not a change."""
+        `live --changes --hold`): a one-frame misreading is a line of the log, not a change.
+        health: how a network source is doing (StreamSource.health), the counters' "stream"."""
         if not 0 < fps < float("inf"):  # NaN too
             raise ValueError(f"fps must be a finite number > 0, got {fps}")
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
+        self._health = health
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.version = 0
@@ -228,6 +231,8 @@ class LiveFeed:
             stats["in_flight"] = self.session.in_flight
             if self._grabber is not None:
                 stats["overwritten_at_grab"] = self._grabber.overwritten
+            if self._health is not None:
+                stats["stream"] = self._health()
         with self._lock:
             r = self._latest
             return FeedSnapshot(

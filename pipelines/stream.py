@@ -8,7 +8,7 @@ appear in messages.
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .catch_up import CatchUp
 from .frame import Frame, SourceError, decoded, first_line, main_video, pixels
@@ -36,6 +36,7 @@ def redact(url: str) -> str:
 
 
 STREAM_MAX_WAIT_S = 30.0  # a stream that sends nothing (and cannot be reopened) this long is an error
+BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
 STDIN = "-"  # the live source name of standard input: a stream piped in
 
 
@@ -71,7 +72,14 @@ class StreamSource:
         self._clocked = scheme in CLOCKED_SCHEMES
         self.error: str | None = None
         self.reconnects = self.damaged = self.catch_ups = 0
-        self.max_late = 0.0  # seconds the decoding fell behind a live stream at most (see CatchUp)
+        self.outages = 0  # times frames stopped coming and the stream was reopened (each may take several tries)
+        self.max_late = self.late = 0.0  # seconds the decoding fell behind a live stream, at most and now (CatchUp)
+        # Called from the reading thread with a line when the stream breaks off, comes back or falls
+        # behind: a run of hours shows an outage when it happens, not in its closing summary.
+        self.on_event: Callable[[str], None] | None = None
+        self.state = "connecting"  # then "live"; "reconnecting" after a break; "ended" or "failed"
+        self._state_since = time.perf_counter()
+        self._behind_said = -float("inf")  # when falling behind was last said
         self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
         if scheme.startswith("rtsp"):
             self._options["rtsp_transport"] = "tcp"
@@ -86,6 +94,14 @@ class StreamSource:
         return av.open(self.url, timeout=(self.open_timeout, self.read_timeout), options=self._options)
 
     def frames(self) -> Iterator[Frame]:
+        try:
+            yield from self._frames()
+        except SourceError:
+            self._set("failed")
+            raise
+        self._set("ended")
+
+    def _frames(self) -> Iterator[Frame]:
         import av
 
         t0 = time.perf_counter()
@@ -105,11 +121,12 @@ class StreamSource:
                                       f"streams; pipe it in with an ffmpeg that does: ffmpeg -i '{self.display}' "
                                       "-c copy -f mpegts - | vlmstream live -") from None
                 if refused or time.perf_counter() - last_ok > self.max_wait or not self.reconnect:
-                    raise SourceError(f"cannot read {self.display}: {self._clean(e)}") from None
+                    raise SourceError(f"cannot read {self.display}: "
+                                      f"{self._clean(e, time.perf_counter() - last_ok)}") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 4.0)
                 continue
-            ended = False
+            ended, broke = False, "the stream ended"
             try:
                 if not container.streams.video:
                     raise SourceError(f"{self.display} has no video stream")
@@ -127,7 +144,10 @@ class StreamSource:
                 for frame in decoded(container, stream, self._damage, before):
                     if guard is not None:
                         guard.frame(frame.time, time.perf_counter())
-                        self.catch_ups, self.max_late = catch_ups + guard.catch_ups, max(self.max_late, guard.max_late)
+                        if catch_ups + guard.catch_ups > self.catch_ups:
+                            self._behind(guard.late, catch_ups + guard.catch_ups)
+                        self.catch_ups, self.late = catch_ups + guard.catch_ups, guard.late
+                        self.max_late = max(self.max_late, guard.max_late)
                     if recording and self.pace and frame.time is not None:
                         now = time.perf_counter()
                         clock = clock or (now, frame.time)
@@ -137,20 +157,55 @@ class StreamSource:
                         elif ahead > 0:
                             time.sleep(ahead)
                     last_ok, delay = time.perf_counter(), 0.25
+                    if self.state != "live":
+                        if self.state == "reconnecting":
+                            self._say(f"back after {last_ok - self._state_since:.1f} s")
+                        self._set("live")
                     yield Frame(self.source_id, index, last_ok - t0,
                                 **pixels(frame, stream.codec_context.sample_aspect_ratio, self.lazy))
                     index += 1
                 ended = recording
             except (av.FFmpegError, OSError) as e:
-                self.error = f"{self.display}: {self._clean(e)}"
+                broke = self._clean(e, self.read_timeout)
+                self.error = f"{self.display}: {broke}"
             finally:
                 container.close()
             if not self.reconnect or ended:
                 return
+            if self.state == "live":
+                self._say(f"lost ({broke}); reconnecting")
+                self._set("reconnecting", since=last_ok)  # the outage began with the last frame
+                self.outages += 1
             self.reconnects += 1
+
+    def health(self) -> dict:
+        """How the stream is doing now: its state and for how many seconds, how often frames stopped
+        coming, how often it was reopened, damaged packets, times decoding skipped ahead, and how late it is."""
+        return {"state": self.state, "for_s": round(time.perf_counter() - self._state_since, 1),
+                "outages": self.outages, "reconnects": self.reconnects, "damaged_packets": self.damaged,
+                "catch_ups": self.catch_ups,
+                "late_s": round(self.late, 3), "max_late_s": round(self.max_late, 3)}
+
+    def _set(self, state: str, since: float | None = None) -> None:
+        self.state, self._state_since = state, time.perf_counter() if since is None else since
+
+    def _say(self, line: str) -> None:
+        if self.on_event is not None:
+            self.on_event(line)
+
+    def _behind(self, late: float, times: int) -> None:
+        now = time.perf_counter()
+        if now - self._behind_said >= BEHIND_EVERY_S:  # a stream too heavy for this machine skips every few seconds
+            self._behind_said = now
+            self._say(f"decoding is {late:.1f} s behind the stream: skipping to its newest keyframe "
+                      f"({times} {'time' if times == 1 else 'times'} so far; a lighter stream would keep up)")
 
     def _damage(self) -> None:
         self.damaged += 1  # a lost datagram, a stream joined between keyframes: the next keyframe heals it
 
-    def _clean(self, e: Exception) -> str:
+    def _clean(self, e: Exception, waited: float) -> str:
+        import av
+
+        if isinstance(e, av.ExitError):  # "Immediate exit requested": FFmpeg's words for our timeout
+            return f"nothing came for {waited:.1f} s"
         return first_line(e).replace(self.url, self.display)

@@ -41,12 +41,24 @@ def test_udp_stream_survives_a_sender_restart():
     t = threading.Thread(target=senders)
     t.start()
     src = StreamSource(url, open_timeout=3, read_timeout=1, max_wait=3)
+    events, states = [], []
+    src.on_event = events.append
     got, t0 = [], time.time()
-    with pytest.raises(SourceError, match="cannot read"):  # after the second sender: nothing for 3 s
-        for f in src.frames():
+    assert src.health()["state"] == "connecting"
+    with pytest.raises(SourceError, match=r"cannot read .*: nothing came for [3-9]\.\d s$"):  # after the second
+        for f in src.frames():  # sender: nothing for 3 s
             got.append((f.index, f.pts))
+            states.append(src.health()["state"])
     t.join()
     assert src.reconnects >= 1
+    # The outage is said when it begins and when it ends, and the state a page shows follows it
+    assert len(events) == 3 and events[0] == "lost (nothing came for 1.0 s); reconnecting"  # not FFmpeg's
+    # "Immediate exit requested", its words for a timeout
+    assert re.fullmatch(r"back after \d+\.\d s", events[1]) and events[2] == events[0]
+    assert 0.7 < float(events[1].split()[2]) < 6  # from the last frame before it: at least the 0.8 s pause
+    health = src.health()
+    assert set(states) == {"live"} and health["state"] == "failed" and health["outages"] == 2
+    assert health["reconnects"] >= health["outages"]
     assert len(got) > 50  # 45 frames a run at 30 fps: both runs contributed
     assert [i for i, _ in got] == list(range(len(got)))
     assert all(b >= a for (_, a), (_, b) in zip(got, got[1:]))
@@ -403,3 +415,34 @@ def test_a_protocol_this_ffmpeg_lacks_is_said_at_once_with_a_way_round(monkeypat
     with pytest.raises(SourceError, match=r"reads no srt:// streams; pipe it in .* \| vlmstream live -"):
         list(StreamSource("srt://127.0.0.1:9000").frames())  # reconnecting, as live does
     assert time.monotonic() - t0 < 1.0  # not after the 30 s of retries an outage gets
+
+
+def test_live_cli_says_an_outage_while_it_lasts(monkeypatch, capsys, small_folder):
+    """A run of hours shows a camera's outage when it happens (stderr), and the figures carry how
+    the stream held up; the outage itself is the real one of the sender-restart test above."""
+    from pipelines.frame import Frame
+
+    def frames(self):
+        rgb = np.zeros((120, 160, 3), np.uint8)
+        self._set("live")
+        for i in range(40):
+            if i == 15:
+                self._say("lost (nothing came for 3.0 s); reconnecting")
+                self._set("reconnecting")
+                self.outages += 1
+                time.sleep(0.3)
+            if i == 16:
+                self._say("back after 0.3 s")
+                self._set("live")
+            time.sleep(1 / 30)
+            yield Frame(self.source_id, i, i / 30, rgb)
+
+    monkeypatch.setattr(StreamSource, "_frames", frames)
+    url = "rtsp://user:secret@127.0.0.1:9/cam"
+    assert main(["live", url, "--model", str(small_folder), "--json", "--max-tokens", "2"]) == 0
+    captured = capsys.readouterr()
+    stats = json.loads(captured.out)
+    lines = captured.err.splitlines()
+    assert lines[:2] == ["vlmstream: warning: lost (nothing came for 3.0 s); reconnecting",
+                         "vlmstream: warning: back after 0.3 s"]
+    assert stats["stream"]["state"] == "ended" and stats["stream"]["outages"] == 1 and "secret" not in captured.err
