@@ -1,6 +1,7 @@
 """What every frame source yields (`Frame`), how it fails (`SourceError`), and the decoding they
 share: packets the decoder rejects are skipped, the stream a player would show is the one read,
-and pixels come as a player shows them (display rotation applied, non-square pixels stretched).
+and pixels come as a player shows them (interlaced frames made whole, display rotation applied,
+non-square pixels stretched).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from engine.errors import VlmstreamError
+
+from .deinterlace import Deinterlacer
 
 
 class SourceError(VlmstreamError):
@@ -74,9 +77,10 @@ def decoded(container, stream, on_damage: Callable[[], None],
     """The stream's frames, packet by packet, skipping the packets the decoder rejects (damaged
     data: a bad sector, a lost datagram, a stream joined between keyframes), as FFmpeg's own tools
     do. `container.decode` ended at the first: a file with 20 KB damaged in its middle gave 180 of
-    its 329 decodable frames."""
+    its 329 decodable frames. Interlaced frames come whole (`Deinterlacer`)."""
     import av
 
+    deinterlacer = Deinterlacer()
     for packet in container.demux(stream):
         if before_packet is not None:
             before_packet()
@@ -85,7 +89,9 @@ def decoded(container, stream, on_damage: Callable[[], None],
         except av.InvalidDataError:
             on_damage()
             continue
-        yield from frames
+        for frame in frames:
+            yield from deinterlacer.push(frame)
+    yield from deinterlacer.flush()
 
 
 def main_video(container):

@@ -104,7 +104,8 @@ class FileSource:
                 # (and "0.0x real time"), and every video a frame short.
                 first = pts if first is None else first
                 ticks = getattr(frame, "duration", None)  # not on every PyAV the package accepts
-                shown = ticks * time_base if ticks and time_base else None
+                tb = float(frame.time_base or 0) or time_base  # a deinterlaced frame's is the filter's
+                shown = ticks * tb if ticks and tb else None
                 self.seconds = max(self.seconds, pts - first + (shown or (1.0 / fps if fps else 0.0)))
                 if pick is None or pick(index, pts):
                     if need_rgb is not None and not need_rgb(index):
