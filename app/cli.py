@@ -97,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     add_prompt_args(live, " (a frame completes with all its answers)")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    live.add_argument("--max-outage", type=float, default=None, metavar="S",
+                      help="give up on a stream that sends nothing for S seconds once it has sent frames "
+                           "(default: reconnect for as long as it takes, as for a camera that reboots; a stream "
+                           "that never sent a frame is given 30 s)")
     live.add_argument("--max-inflight", type=int, default=None, metavar="N",
                       help="frames of a source in the engine at once (default 4, shared out among several "
                            "sources: as many frames a second as more would give on 2 cores, with less latency)")

@@ -29,8 +29,10 @@ def run(args: argparse.Namespace) -> int:
     inf = float("inf")
     if (not 0 < args.fps < inf or args.max_inflight is not None and args.max_inflight < 1  # NaN fails too
             or args.duration is not None and not 0 < args.duration < inf
+            or args.max_outage is not None and not 0 < args.max_outage < inf
             or args.deadline_ms is not None and not 0 < args.deadline_ms < inf):
-        raise UsageError("--fps, --duration and --deadline-ms must be finite numbers > 0, --max-inflight >= 1")
+        raise UsageError("--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0, "
+                         "--max-inflight >= 1")
     sticky = sticky_arg(args)
     check_changes_args(args)
     snapshots = Path(args.snapshots) if args.snapshots else None
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = prompt_tasks(args)
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
-    opened = [open_live(source) for source in args.sources]  # every mistake fails here, before the model loads
+    opened = [open_live(source, max_outage=args.max_outage) for source in args.sources]  # every mistake fails here, before the model loads
     log = _open_log(args.output, args.json)
     labels = [redact(source) for source in args.sources]
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials
@@ -130,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            # the run ended because its sources did (before --duration): on an error, it failed
+            gave_up = not any(f.running for f in feeds) and any(isinstance(f.exception, SourceError) for f in feeds)
             for feed in feeds:
                 feed.close(cancel=False)
         never_read = [f for f in feeds if isinstance(f.exception, SourceError) and not f.session.frames_in]
@@ -191,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
     if not any(s["frames_in"] for s in per_source):  # a dead camera must not look like a quiet one
         print("vlmstream: error: no frames received" + (" from any source" if several else "")
               + (f" within {args.duration:g} s" if args.duration else ""), file=sys.stderr)
+        return 1
+    if gave_up:  # a camera gone for good (--max-outage) must not end a supervised run as a success
         return 1
     return 0
 

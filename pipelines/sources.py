@@ -237,8 +237,9 @@ class LiveSource:
     stream: StreamSource | None = None  # a network stream or a pipe: how it held up (reconnects, damage, lateness)
 
 
-def open_live(source: str) -> LiveSource:
-    """A source to watch live, by name: webcam:N, a stream URL, or a video file.
+def open_live(source: str, max_outage: float | None = None) -> LiveSource:
+    """A source to watch live, by name: webcam:N, a stream URL, or a video file. A stream that has
+    sent frames is reconnected for ever, or given up after `max_outage` seconds without any.
 
     The source is checked now (camera present, URL scheme, file readable), so a mistake fails
     here. A recording served over the network paces itself (StreamSource) and ends; called
@@ -255,7 +256,7 @@ def open_live(source: str) -> LiveSource:
 
         if source == STDIN and (sys.stdin is None or sys.stdin.isatty()):
             raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
-        stream = StreamSource(source, lazy=True)  # checks the scheme; redacts credentials
+        stream = StreamSource(source, lazy=True, max_outage=max_outage)  # checks the scheme; redacts credentials
         return LiveSource(stream.frames, paced=False, loops=source != STDIN, stream=stream)  # stdin reads once
     FileSource(source).close()
 

@@ -35,9 +35,16 @@ def redact(url: str) -> str:
     return url
 
 
-STREAM_MAX_WAIT_S = 30.0  # a stream that sends nothing (and cannot be reopened) this long is an error
+STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error
+TIMED_OUT = "nothing came for"  # FFmpeg's "Immediate exit requested", in the words a user needs
+RETRY_MAX_S = 8.0  # the longest pause between two tries to reopen a stream
+STILL_SAID_S = (60.0, 1800.0)  # an outage is said to go on after a minute, then at doubling gaps up to 30 min
 BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
 STDIN = "-"  # the live source name of standard input: a stream piped in
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 class StreamSource:
@@ -45,8 +52,10 @@ class StreamSource:
     (`STDIN`: a program's stream piped in, read once).
 
     Opening and reading are bounded by timeouts. When the stream breaks (sender restarted,
-    network gone), it is reopened with exponential backoff; if nothing can be read for
-    `max_wait` seconds, `frames()` raises a SourceError. Presentation times are seconds since the
+    network gone), it is reopened with exponential backoff. A stream that never sent a frame is
+    an error (`frames()` raises a SourceError) after `max_wait` seconds; one that did is
+    reconnected for as long as it takes (a camera rebooting takes a minute or two, a network
+    outage longer), or for `max_outage` seconds where that is given. Presentation times are seconds since the
     source started (stream timestamps restart when a sender does). Credentials never appear in
     messages. A recording (a stream that says how long it lasts) is read once, at its own pace
     unless `pace` is False.
@@ -54,7 +63,7 @@ class StreamSource:
 
     def __init__(self, url: str, source_id: str | None = None, open_timeout: float = 5.0,
                  read_timeout: float = 3.0, max_wait: float | None = None, reconnect: bool = True,
-                 pace: bool = True, lazy: bool = False):
+                 pace: bool = True, lazy: bool = False, max_outage: float | None = None):
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         self.url, self.display = url, redact(url)
         if url == STDIN:
@@ -69,6 +78,8 @@ class StreamSource:
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.max_wait, self.reconnect, self.pace = STREAM_MAX_WAIT_S if max_wait is None else max_wait, reconnect, pace
         self.lazy = lazy  # frames come with `convert` instead of their pixels (see Frame.load)
+        self.max_outage = max_outage  # None: a stream that has sent frames is reconnected for ever
+        self._still_at = STILL_SAID_S[0]  # seconds into an outage at which it is next said to go on
         self._clocked = scheme in CLOCKED_SCHEMES
         self.error: str | None = None
         self.reconnects = self.damaged = self.catch_ups = 0
@@ -120,13 +131,11 @@ class StreamSource:
                     raise SourceError(f"cannot read {self.display}: the FFmpeg inside PyAV reads no {scheme}:// "
                                       f"streams; pipe it in with an ffmpeg that does: ffmpeg -i '{self.display}' "
                                       "-c copy -f mpegts - | vlmstream live -") from None
-                if refused or time.perf_counter() - last_ok > self.max_wait or not self.reconnect:
-                    raise SourceError(f"cannot read {self.display}: "
-                                      f"{self._clean(e, time.perf_counter() - last_ok)}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 4.0)
+                if refused or not self.reconnect:
+                    raise SourceError(f"cannot read {self.display}: {self._clean(e, self.open_timeout)}") from None
+                delay = self._retry(self._clean(e, time.perf_counter() - last_ok), last_ok, delay, index > 0)
                 continue
-            ended, broke = False, "the stream ended"
+            ended, broke, came = False, "the stream ended", index
             try:
                 if not container.streams.video:
                     raise SourceError(f"{self.display} has no video stream")
@@ -159,8 +168,9 @@ class StreamSource:
                     last_ok, delay = time.perf_counter(), 0.25
                     if self.state != "live":
                         if self.state == "reconnecting":
-                            self._say(f"back after {last_ok - self._state_since:.1f} s")
+                            self._say(f"back after {_span(last_ok - self._state_since)}")
                         self._set("live")
+                        self._still_at = STILL_SAID_S[0]
                     yield Frame(self.source_id, index, last_ok - t0,
                                 **pixels(frame, stream.codec_context.sample_aspect_ratio, self.lazy))
                     index += 1
@@ -177,6 +187,23 @@ class StreamSource:
                 self._set("reconnecting", since=last_ok)  # the outage began with the last frame
                 self.outages += 1
             self.reconnects += 1
+            if index == came:  # opened, but nothing came: a server that hangs up at once is not hammered
+                delay = self._retry(broke, last_ok, delay, index > 0)
+
+    def _retry(self, reason: str, last_ok: float, delay: float, had_frames: bool) -> float:
+        """Wait before the next try, and give the wait after it; raise once the stream has sent
+        nothing for longer than it may."""
+        silent = time.perf_counter() - last_ok
+        timed_out = reason.startswith(TIMED_OUT)  # the reason says how long already
+        limit = self.max_outage if had_frames else self.max_wait
+        if limit is not None and silent > limit:
+            raise SourceError(f"cannot read {self.display}: {reason}"
+                              + (f" (nothing for {_span(silent)})" if had_frames and not timed_out else ""))
+        if had_frames and silent >= self._still_at:
+            self._say(f"still reconnecting: nothing for {_span(silent)}" + ("" if timed_out else f" ({reason})"))
+            self._still_at = min(2 * self._still_at, self._still_at + STILL_SAID_S[1])
+        time.sleep(delay)
+        return min(delay * 2, RETRY_MAX_S)
 
     def health(self) -> dict:
         """How the stream is doing now: its state and for how many seconds, how often frames stopped
@@ -207,5 +234,5 @@ class StreamSource:
         import av
 
         if isinstance(e, av.ExitError):  # "Immediate exit requested": FFmpeg's words for our timeout
-            return f"nothing came for {waited:.1f} s"
+            return f"{TIMED_OUT} {waited:.1f} s"
         return first_line(e).replace(self.url, self.display)

@@ -348,12 +348,13 @@ def test_train_tiny_rejects_bad_settings_before_starting(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["live", "{clip}", "--fps", "nan"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--fps", "inf"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--duration", "nan"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--deadline-ms", "0"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--deadline-ms", "-1"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--deadline-ms", "nan"], "--fps, --duration and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--fps", "nan"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--fps", "inf"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--duration", "nan"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--deadline-ms", "0"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--deadline-ms", "-1"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--deadline-ms", "nan"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--max-outage", "0"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
     (["video", "{clip}", "--fps", "inf"], "--fps must be a finite number > 0"),
     (["video", "{clip}", "--fps", "nan"], "--fps must be a finite number > 0"),
     (["train-tiny", "--out", "{tmp}", "--max-minutes", "nan"], "time budget"),
