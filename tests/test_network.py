@@ -463,3 +463,30 @@ def test_live_cli_says_an_outage_while_it_lasts(monkeypatch, capsys, small_folde
     assert stats["stream"]["state"] == ("failed" if gives_up else "ended") and stats["stream"]["outages"] == 1
     assert stats["completed"] > 0 and "secret" not in captured.err
     assert ("vlmstream: warning: cannot read rtsp://***@127.0.0.1:9/cam: nothing came for 60.2 s" in lines) == gives_up
+
+
+def test_a_server_that_hangs_up_at_once_is_retried_with_backoff_then_given_up(monkeypatch):
+    """Opened, then reset before a frame: it used to be reopened at once, for ever (a busy loop
+    against the server, and a run that neither read nor failed)."""
+    from types import SimpleNamespace
+
+    stream = SimpleNamespace(codec_context=SimpleNamespace(sample_aspect_ratio=None))
+
+    class HungUp:
+        duration = None
+        streams = SimpleNamespace(video=[stream], best=lambda kind: stream)
+
+        def demux(self, s):
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+        def close(self):
+            pass
+
+    opened = []
+    monkeypatch.setattr(StreamSource, "_open", lambda self: opened.append(time.perf_counter()) or HungUp())
+    src = StreamSource("rtsp://127.0.0.1:9/cam", max_wait=2.0)
+    t0 = time.perf_counter()
+    with pytest.raises(SourceError, match=r"^cannot read rtsp://127.0.0.1:9/cam: Connection reset by peer$"):
+        next(src.frames())
+    assert 2.0 < time.perf_counter() - t0 < 6.0 and 3 <= len(opened) <= 6  # 0.25, 0.5, 1, 2 s apart
+    assert src.health()["state"] == "failed" and src.outages == 0  # never live: no outage
