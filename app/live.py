@@ -113,15 +113,15 @@ def run(args: argparse.Namespace) -> int:
         engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
         recorders.update((label, Recorder(path)) for label, path in zip(labels, recordings or []))
         for live, label in zip(opened, labels):
-            if live.stream is not None:  # an outage is said when it happens, not only in the closing figures
-                live.stream.on_event = lambda line, label=label: say(f"{label + ': ' if several else ''}{line}")
+            if live.connection is not None:  # an outage is said when it happens, not only in the closing figures
+                live.connection.on_event = lambda line, label=label: say(f"{label + ': ' if several else ''}{line}")
         # One engine for every source: their frames share its batches (continuous batching).
         feeds = [LiveFeed(engine, tasks, params, live.frames, realtime=live.paced,
                           loop=args.duration is not None and live.loops, fps=args.fps,
                           max_inflight=inflight, deadline_ms=args.deadline_ms,
                           record_size=0, shots=0,  # the page's keepsakes: -o and --snapshots write them here
                           on_result=lambda r, label=label: show(label, r),
-                          health=None if live.stream is None else live.stream.health)
+                          health=live.health)
                  for live, label in zip(opened, labels)]
         t0 = time.perf_counter()
         try:

@@ -158,8 +158,8 @@ def counters_html(counters: dict, engine: dict, running: bool, error: str | None
         ("KV pages", f"{engine.get('kv_pages_in_use', 0)} / {engine.get('kv_pages_total', 0)}"),
         ("mode", engine.get("mode", "")),
     ]
-    if "stream" in counters:  # a network source: an outage or a backlog shows here while it lasts
-        cells.insert(1, ("stream", stream_state(counters["stream"])))
+    if "stream" in counters:  # a network source or a camera: an outage or a backlog shows here while it lasts
+        cells.insert(1, ("connection", stream_state(counters["stream"])))
     body = "".join(f'<div class="vs-counter" data-name="{html.escape(k)}"><b>{html.escape(str(v))}</b>'
                    f'<span>{html.escape(k)}</span></div>' for k, v in cells)
     err = f'<div class="vs-error">{html.escape(error)}</div>' if error else ""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .connection import Connection
 from .frame import Frame, SourceError, decoded, first_line, main_video, pixels
 from .stream import STDIN, StreamSource, redact
 
@@ -172,9 +173,14 @@ def files_under(folder: str | Path, extensions: frozenset[str]) -> list[Path]:
 
 
 class WebcamSource:
-    """A local camera through OpenCV (`webcam:N`). Frames are timed by the wall clock."""
+    """A local camera through OpenCV (`webcam:N`). Frames are timed by the wall clock.
 
-    def __init__(self, index: int, source_id: str | None = None, read_timeout: float = 3.0):
+    A camera that stops (unplugged, its driver reset) is opened again as `connection` says: for
+    ever once it has sent frames, unless `max_outage` is given; one that never sends a frame is
+    an error after `read_timeout` seconds."""
+
+    def __init__(self, index: int, source_id: str | None = None, read_timeout: float = 3.0,
+                 max_outage: float | None = None):
         import os
 
         os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")  # no driver chatter for a missing camera
@@ -183,30 +189,47 @@ class WebcamSource:
         self._cv2 = cv2
         self.index, self.source_id = index, source_id or f"webcam:{index}"
         self.read_timeout = read_timeout
-        self.error: str | None = None
+        self.connection = Connection(f"webcam:{index}", read_timeout, max_outage)
         self._cap = cv2.VideoCapture(index)
         if not self._cap.isOpened():
             self._cap.release()
             raise SourceError(f"no camera at webcam:{index} (is it connected, and not used by another program?)")
 
     def frames(self) -> Iterator[Frame]:
+        connection = self.connection
         t0 = last_ok = time.perf_counter()
         index = 0
         try:
             while True:
-                ok, bgr = self._cap.read()
+                ok, bgr = self._cap.read() if self._cap is not None else (False, None)
                 now = time.perf_counter()
-                if not ok or bgr is None:
-                    if now - last_ok > self.read_timeout:
-                        self.error = f"webcam:{self.index} stopped delivering frames"
-                        return
+                if ok and bgr is not None:
+                    connection.frame()
+                    last_ok = connection.last_frame
+                    yield Frame(self.source_id, index, last_ok - t0, self._cv2.cvtColor(bgr, self._cv2.COLOR_BGR2RGB))
+                    index += 1
+                    continue
+                if now - last_ok <= self.read_timeout and self._cap is not None:
                     time.sleep(0.01)
                     continue
-                last_ok = now
-                yield Frame(self.source_id, index, now - t0, self._cv2.cvtColor(bgr, self._cv2.COLOR_BGR2RGB))
-                index += 1
+                if connection.last_frame is None:
+                    raise SourceError(f"webcam:{self.index} sent no frame in {self.read_timeout:g} s")
+                connection.lost("it stopped sending frames")
+                if self._cap is not None:
+                    self._cap.release()
+                    self._cap = None
+                connection.retry("it stopped sending frames", t0)  # waits; raises past max_outage
+                self._cap = self._cv2.VideoCapture(self.index)  # the same device, plugged in again
+                if not self._cap.isOpened():
+                    self._cap.release()
+                    self._cap = None
+                last_ok = time.perf_counter()  # a reopened camera gets read_timeout to send its first frame
+        except SourceError:
+            connection.set("failed")
+            raise
         finally:
-            self._cap.release()
+            if self._cap is not None:
+                self._cap.release()
 
 
 def parse_webcam(source: str) -> int | None:
@@ -235,21 +258,25 @@ class LiveSource:
     paced: bool  # its frames come as fast as they decode: the grabber paces them by their times (a file)
     loops: bool  # it can be played again from its start when it ends (a file, or a recording over the network)
     stream: StreamSource | None = None  # a network stream or a pipe: how it held up (reconnects, damage, lateness)
+    connection: Connection | None = None  # a stream's or a camera's: its outages, said as they happen
+    health: Callable[[], dict] | None = None  # how it is doing now, for a page and the closing figures
 
 
 def open_live(source: str, max_outage: float | None = None) -> LiveSource:
-    """A source to watch live, by name: webcam:N, a stream URL, or a video file. A stream that has
-    sent frames is reconnected for ever, or given up after `max_outage` seconds without any.
+    """A source to watch live, by name: webcam:N, a stream URL, or a video file. A stream or a
+    camera that has sent frames is reopened for ever, or given up after `max_outage` seconds
+    without any.
 
     The source is checked now (camera present, URL scheme, file readable), so a mistake fails
     here. A recording served over the network paces itself (StreamSource) and ends; called
-    again, its frames start over, as a file's do. A live stream never ends that way (it
-    reconnects), so looping it changes nothing; a camera is not looped (an unplugged one
-    would be asked again and again).
+    again, its frames start over, as a file's do. A live stream or a camera never ends that way
+    (it is reopened, `Connection`), so looping it changes nothing.
     """
     camera = parse_webcam(source)
     if camera is not None:
-        return LiveSource(WebcamSource(camera).frames, paced=False, loops=False)
+        cam = WebcamSource(camera, max_outage=max_outage)
+        return LiveSource(cam.frames, paced=False, loops=False, connection=cam.connection,
+                          health=cam.connection.health)
     # Frames come unconverted: the grabber keeps the newest, and the feed converts the ones it takes.
     if "://" in source or source == STDIN:
         import sys
@@ -257,7 +284,8 @@ def open_live(source: str, max_outage: float | None = None) -> LiveSource:
         if source == STDIN and (sys.stdin is None or sys.stdin.isatty()):
             raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
         stream = StreamSource(source, lazy=True, max_outage=max_outage)  # checks the scheme; redacts credentials
-        return LiveSource(stream.frames, paced=False, loops=source != STDIN, stream=stream)  # stdin reads once
+        return LiveSource(stream.frames, paced=False, loops=source != STDIN, stream=stream,  # stdin reads once
+                          connection=stream.connection, health=stream.health)
     FileSource(source).close()
 
     def frames() -> Iterator[Frame]:

@@ -8,9 +8,10 @@ appear in messages.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 from .catch_up import CatchUp
+from .connection import TIMED_OUT, Connection
 from .frame import Frame, SourceError, decoded, first_line, main_video, pixels
 
 
@@ -36,15 +37,8 @@ def redact(url: str) -> str:
 
 
 STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error
-TIMED_OUT = "nothing came for"  # FFmpeg's "Immediate exit requested", in the words a user needs
-RETRY_MAX_S = 8.0  # the longest pause between two tries to reopen a stream
-STILL_SAID_S = (60.0, 1800.0)  # an outage is said to go on after a minute, then at doubling gaps up to 30 min
 BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
 STDIN = "-"  # the live source name of standard input: a stream piped in
-
-
-def _span(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 class StreamSource:
@@ -52,10 +46,9 @@ class StreamSource:
     (`STDIN`: a program's stream piped in, read once).
 
     Opening and reading are bounded by timeouts. When the stream breaks (sender restarted,
-    network gone), it is reopened with exponential backoff. A stream that never sent a frame is
-    an error (`frames()` raises a SourceError) after `max_wait` seconds; one that did is
-    reconnected for as long as it takes (a camera rebooting takes a minute or two, a network
-    outage longer), or for `max_outage` seconds where that is given. Presentation times are seconds since the
+    network gone), it is reopened as `connection` (a `Connection`) says: for ever once it has
+    sent frames, unless `max_outage` is given; `frames()` raises a SourceError when it gives up,
+    and after `max_wait` seconds for a stream that never sent a frame. Presentation times are seconds since the
     source started (stream timestamps restart when a sender does). Credentials never appear in
     messages. A recording (a stream that says how long it lasts) is read once, at its own pace
     unless `pace` is False.
@@ -76,21 +69,14 @@ class StreamSource:
                               f"(use one of {', '.join(STREAM_SCHEMES)})")
         self.source_id = source_id or self.display
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
-        self.max_wait, self.reconnect, self.pace = STREAM_MAX_WAIT_S if max_wait is None else max_wait, reconnect, pace
+        self.reconnect, self.pace = reconnect, pace
+        self.connection = Connection(self.display, STREAM_MAX_WAIT_S if max_wait is None else max_wait, max_outage)
         self.lazy = lazy  # frames come with `convert` instead of their pixels (see Frame.load)
-        self.max_outage = max_outage  # None: a stream that has sent frames is reconnected for ever
-        self._still_at = STILL_SAID_S[0]  # seconds into an outage at which it is next said to go on
         self._clocked = scheme in CLOCKED_SCHEMES
         self.error: str | None = None
         self.reconnects = self.damaged = self.catch_ups = 0
-        self.outages = 0  # times frames stopped coming and the stream was reopened (each may take several tries)
         self.max_late = self.late = 0.0  # seconds the decoding fell behind a live stream, at most and now (CatchUp)
-        # Called from the reading thread with a line when the stream breaks off, comes back or falls
-        # behind: a run of hours shows an outage when it happens, not in its closing summary.
-        self.on_event: Callable[[str], None] | None = None
-        self.state = "connecting"  # then "live"; "reconnecting" after a break; "ended" or "failed"
-        self._state_since = time.perf_counter()
-        self._behind_said = -float("inf")  # when falling behind was last said
+        self._behind_said = -float("inf")  # when falling behind was last said (through `connection`)
         self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
         if scheme.startswith("rtsp"):
             self._options["rtsp_transport"] = "tcp"
@@ -108,15 +94,15 @@ class StreamSource:
         try:
             yield from self._frames()
         except SourceError:
-            self._set("failed")
+            self.connection.set("failed")
             raise
-        self._set("ended")
+        self.connection.set("ended")
 
     def _frames(self) -> Iterator[Frame]:
         import av
 
         t0 = time.perf_counter()
-        last_ok, delay, index = time.perf_counter(), 0.25, 0
+        connection, index = self.connection, 0
         while True:
             try:
                 container = self._open()
@@ -133,7 +119,7 @@ class StreamSource:
                                       "-c copy -f mpegts - | vlmstream live -") from None
                 if refused or not self.reconnect:
                     raise SourceError(f"cannot read {self.display}: {self._clean(e, self.open_timeout)}") from None
-                delay = self._retry(self._clean(e, time.perf_counter() - last_ok), last_ok, delay, index > 0)
+                connection.retry(self._clean(e, time.perf_counter() - (connection.last_frame or t0)), t0)
                 continue
             ended, broke, came = False, "the stream ended", index
             try:
@@ -165,66 +151,36 @@ class StreamSource:
                             clock = (now, frame.time)
                         elif ahead > 0:
                             time.sleep(ahead)
-                    last_ok, delay = time.perf_counter(), 0.25
-                    if self.state != "live":
-                        if self.state == "reconnecting":
-                            self._say(f"back after {_span(last_ok - self._state_since)}")
-                        self._set("live")
-                        self._still_at = STILL_SAID_S[0]
-                    yield Frame(self.source_id, index, last_ok - t0,
+                    connection.frame()
+                    yield Frame(self.source_id, index, connection.last_frame - t0,
                                 **pixels(frame, stream.codec_context.sample_aspect_ratio, self.lazy))
                     index += 1
                 ended = recording
             except (av.FFmpegError, OSError) as e:
                 broke = self._clean(e, self.read_timeout)
                 self.error = f"{self.display}: {broke}"
+                if not self.reconnect:  # standard input broken off: said, not taken for its end
+                    raise SourceError(f"cannot read {self.error}") from None
             finally:
                 container.close()
             if not self.reconnect or ended:
                 return
-            if self.state == "live":
-                self._say(f"lost ({broke}); reconnecting")
-                self._set("reconnecting", since=last_ok)  # the outage began with the last frame
-                self.outages += 1
+            connection.lost(broke)
             self.reconnects += 1
             if index == came:  # opened, but nothing came: a server that hangs up at once is not hammered
-                delay = self._retry(broke, last_ok, delay, index > 0)
-
-    def _retry(self, reason: str, last_ok: float, delay: float, had_frames: bool) -> float:
-        """Wait before the next try, and give the wait after it; raise once the stream has sent
-        nothing for longer than it may."""
-        silent = time.perf_counter() - last_ok
-        timed_out = reason.startswith(TIMED_OUT)  # the reason says how long already
-        limit = self.max_outage if had_frames else self.max_wait
-        if limit is not None and silent > limit:
-            raise SourceError(f"cannot read {self.display}: {reason}"
-                              + (f" (nothing for {_span(silent)})" if had_frames and not timed_out else ""))
-        if had_frames and silent >= self._still_at:
-            self._say(f"still reconnecting: nothing for {_span(silent)}" + ("" if timed_out else f" ({reason})"))
-            self._still_at = min(2 * self._still_at, self._still_at + STILL_SAID_S[1])
-        time.sleep(delay)
-        return min(delay * 2, RETRY_MAX_S)
+                connection.retry(broke, t0)
 
     def health(self) -> dict:
-        """How the stream is doing now: its state and for how many seconds, how often frames stopped
-        coming, how often it was reopened, damaged packets, times decoding skipped ahead, and how late it is."""
-        return {"state": self.state, "for_s": round(time.perf_counter() - self._state_since, 1),
-                "outages": self.outages, "reconnects": self.reconnects, "damaged_packets": self.damaged,
-                "catch_ups": self.catch_ups,
-                "late_s": round(self.late, 3), "max_late_s": round(self.max_late, 3)}
-
-    def _set(self, state: str, since: float | None = None) -> None:
-        self.state, self._state_since = state, time.perf_counter() if since is None else since
-
-    def _say(self, line: str) -> None:
-        if self.on_event is not None:
-            self.on_event(line)
+        """How the stream is doing now (`Connection.health`), how often it was reopened, damaged
+        packets, times decoding skipped ahead, and how late it is."""
+        return {**self.connection.health(), "reconnects": self.reconnects, "damaged_packets": self.damaged,
+                "catch_ups": self.catch_ups, "late_s": round(self.late, 3), "max_late_s": round(self.max_late, 3)}
 
     def _behind(self, late: float, times: int) -> None:
         now = time.perf_counter()
         if now - self._behind_said >= BEHIND_EVERY_S:  # a stream too heavy for this machine skips every few seconds
             self._behind_said = now
-            self._say(f"decoding is {late:.1f} s behind the stream: skipping to its newest keyframe "
+            self.connection.say(f"decoding is {late:.1f} s behind the stream: skipping to its newest keyframe "
                       f"({times} {'time' if times == 1 else 'times'} so far; a lighter stream would keep up)")
 
     def _damage(self) -> None:

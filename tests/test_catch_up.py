@@ -62,7 +62,7 @@ def test_a_live_stream_consumed_too_slowly_stays_recent():
     try:
         src = StreamSource(url, reconnect=False, pace=False)
         said = []
-        src.on_event = said.append
+        src.connection.on_event = said.append
         frames, t0 = 0, time.monotonic()
         for _ in src.frames():
             frames += 1

@@ -418,7 +418,7 @@ def test_bad_sources_are_one_line_errors(service, tmp_path, monkeypatch):
     assert not snap.running and "\n" not in snap.error
     health = snap.counters["stream"]  # the page's "stream" cell: how the network source is doing
     assert health["state"] == "failed" and health["outages"] == 0
-    assert 'data-name="stream"><b>failed<' in counters_html(snap.counters, service.engine_stats(), False)
+    assert 'data-name="connection"><b>failed<' in counters_html(snap.counters, service.engine_stats(), False)
     service.close_session("tab-d")
 
 
@@ -707,13 +707,13 @@ def test_views_render_what_the_snapshot_holds():
                           "kv_pages_total": 700, "mode": "pipelined"}, True)
     for shown in ("59.5", ">7<", ">3<", "91.0 %", "47.5 %", "10 / 700", "pipelined"):
         assert shown in html
-    assert 'data-name="stream"' not in html  # a file or a camera: no network to report on
+    assert 'data-name="connection"' not in html  # a file: no connection to report on
     for health, shown in [({"state": "live", "late_s": 0.1, "outages": 0}, "live"),
                           ({"state": "live", "late_s": 1.34, "outages": 1}, "1.3 s behind, 1 outage"),
                           ({"state": "reconnecting", "for_s": 7.2, "outages": 2}, "reconnecting (7 s)"),
                           ({"state": "live", "late_s": 0.0, "outages": 2}, "live, 2 outages")]:
         cell = counters_html({"stream": health}, {}, True)
-        assert f'data-name="stream"><b>{shown}</b>' in cell
+        assert f'data-name="connection"><b>{shown}</b>' in cell
     shots = [Shot(n, 1000.0 + n, n / 30, 3 * n, f"a <red> circle {n}", b"\xff\xd8jpeg") for n in (4, 5, 6)]
     gallery = shots_html(shots)
     assert 'data-count="3"' in gallery and 'data-newest="6"' in gallery

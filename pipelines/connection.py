@@ -1,0 +1,80 @@
+"""How a live source's connection holds up (`Connection`): network streams and cameras alike.
+
+A live source goes through "connecting", "live", "reconnecting" after a break, and ends
+"ended" or "failed". Each break is an outage, said when it begins and when it ends (`on_event`,
+called from the reading thread: a run of hours shows an outage when it happens, not in its
+closing figures), and said to go on after a minute, then at doubling gaps. Between tries to
+reopen, the source waits with exponential backoff. A source that never sent a frame is an error
+after `max_wait` seconds (a wrong address, a camera that is not there); one that did is
+reopened for as long as it takes (a camera rebooting is gone a minute or two, a network outage
+longer), or for `max_outage` seconds where that is given.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .frame import SourceError
+
+TIMED_OUT = "nothing came for"  # FFmpeg's "Immediate exit requested", in the words a user needs
+RETRY_FIRST_S, RETRY_MAX_S = 0.25, 8.0  # the pause before the first try to reopen, and the longest
+STILL_SAID_S = (60.0, 1800.0)  # an outage is said to go on after a minute, then at doubling gaps up to 30 min
+
+
+def span(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+class Connection:
+    def __init__(self, display: str, max_wait: float, max_outage: float | None = None):
+        self.display, self.max_wait, self.max_outage = display, max_wait, max_outage
+        self.on_event: Callable[[str], None] | None = None
+        self.state = "connecting"
+        self.since = time.perf_counter()  # when the state began (an outage: at the last frame)
+        self.outages = 0  # times frames stopped coming (each may take several tries to reopen)
+        self.last_frame: float | None = None
+        self.delay = RETRY_FIRST_S
+        self._still_at = STILL_SAID_S[0]  # seconds into an outage at which it is next said to go on
+
+    def frame(self) -> None:
+        """A frame came."""
+        self.last_frame, self.delay = time.perf_counter(), RETRY_FIRST_S
+        if self.state != "live":
+            if self.state == "reconnecting":
+                self.say(f"back after {span(self.last_frame - self.since)}")
+            self.set("live")
+            self._still_at = STILL_SAID_S[0]
+
+    def lost(self, reason: str) -> None:
+        """Frames stopped coming (the source is about to be reopened)."""
+        if self.state == "live":
+            self.say(f"lost ({reason}); reconnecting")
+            self.set("reconnecting", since=self.last_frame)  # the outage began with the last frame
+            self.outages += 1
+
+    def retry(self, reason: str, started: float) -> None:
+        """Wait before the next try to reopen; raise a SourceError once the source has sent
+        nothing for longer than it may (`started`: when this source was first opened)."""
+        silent = time.perf_counter() - (self.last_frame or started)
+        timed_out = reason.startswith(TIMED_OUT)  # the reason says how long already
+        limit = self.max_wait if self.last_frame is None else self.max_outage
+        if limit is not None and silent > limit:
+            raise SourceError(f"cannot read {self.display}: {reason}"
+                              + (f" (nothing for {span(silent)})" if self.last_frame and not timed_out else ""))
+        if self.last_frame is not None and silent >= self._still_at:
+            self.say(f"still reconnecting: nothing for {span(silent)}" + ("" if timed_out else f" ({reason})"))
+            self._still_at = min(2 * self._still_at, self._still_at + STILL_SAID_S[1])
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, RETRY_MAX_S)
+
+    def set(self, state: str, since: float | None = None) -> None:
+        self.state, self.since = state, time.perf_counter() if since is None else since
+
+    def say(self, line: str) -> None:
+        if self.on_event is not None:
+            self.on_event(line)
+
+    def health(self) -> dict:
+        """The state, for how many seconds, and the outages so far."""
+        return {"state": self.state, "for_s": round(time.perf_counter() - self.since, 1), "outages": self.outages}
