@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     tasks = prompt_tasks(args)
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
-    opened = [open_live(source, max_outage=args.max_outage) for source in args.sources]  # every mistake fails here, before the model loads
+    # every mistake fails here, before the model loads
+    opened = [open_live(source, max_outage=args.max_outage) for source in args.sources]
     log = _open_log(args.output, args.json)
     labels = [redact(source) for source in args.sources]
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials

@@ -347,14 +347,17 @@ def test_train_tiny_rejects_bad_settings_before_starting(capsys, tmp_path):
     assert "cannot create the output folder" in err and err.count("\n") == 1
 
 
+LIVE_NUMBERS = "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"
+
+
 @pytest.mark.parametrize("argv, needle", [
-    (["live", "{clip}", "--fps", "nan"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--fps", "inf"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--duration", "nan"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--deadline-ms", "0"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--deadline-ms", "-1"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--deadline-ms", "nan"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
-    (["live", "{clip}", "--max-outage", "0"], "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"),
+    (["live", "{clip}", "--fps", "nan"], LIVE_NUMBERS),
+    (["live", "{clip}", "--fps", "inf"], LIVE_NUMBERS),
+    (["live", "{clip}", "--duration", "nan"], LIVE_NUMBERS),
+    (["live", "{clip}", "--deadline-ms", "0"], LIVE_NUMBERS),
+    (["live", "{clip}", "--deadline-ms", "-1"], LIVE_NUMBERS),
+    (["live", "{clip}", "--deadline-ms", "nan"], LIVE_NUMBERS),
+    (["live", "{clip}", "--max-outage", "0"], LIVE_NUMBERS),
     (["video", "{clip}", "--fps", "inf"], "--fps must be a finite number > 0"),
     (["video", "{clip}", "--fps", "nan"], "--fps must be a finite number > 0"),
     (["train-tiny", "--out", "{tmp}", "--max-minutes", "nan"], "time budget"),

@@ -49,7 +49,8 @@ def test_interlaced_frames_come_whole_one_for_one(clips):
     frames = list(src.frames())
     src.close()
     assert len(truth) == 30 and len(woven) == len(frames) == 15  # the frame held back is flushed at the end
-    assert [round(f.pts, 3) for f in frames] == [round(i * 0.04, 3) for i in range(15)] and src.seconds == pytest.approx(0.6)
+    assert [round(f.pts, 3) for f in frames] == [round(i * 0.04, 3) for i in range(15)]
+    assert src.seconds == pytest.approx(0.6)
     # each frame is the moment of its top field: far nearer it than the woven frame is, and as
     # free of comb teeth as the progressive original
     error = np.mean([np.abs(f.rgb - truth[2 * k]).mean() for k, f in enumerate(frames)])
