@@ -57,8 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     vid = sub.add_parser("video", help="caption video files (or folders of them) frame by frame",
                          description="Caption (or ask about) the frames of video files; results in frame order.")
     vid.add_argument("files", nargs="+", metavar="FILE|FOLDER",
-                     help="video files (whatever FFmpeg reads), or folders: every video in them and their "
-                          "subfolders, by extension (unreadable ones there are skipped with a warning)")
+                     help="video files (whatever FFmpeg reads; an http(s) URL names one on a web server), or "
+                          "folders: every video in them and their subfolders, by extension (unreadable ones "
+                          "there are skipped with a warning)")
     add_prompt_args(vid)
     pick = vid.add_mutually_exclusive_group()
     pick.add_argument("--fps", type=float, metavar="N", help="process N frames per second of video")

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
     from pipelines.prompts import prompt_key, prompt_label
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
-    from pipelines.sources import FileSource, SourceError
+    from pipelines.sources import FileSource, SourceError, file_name
 
     if args.fps is not None and not 0 < args.fps < float("inf") or args.every_n is not None and args.every_n < 1:
         raise UsageError("--fps must be a finite number > 0 and --every-n >= 1")  # NaN fails too
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         except SourceError as e:  # changed since it was probed
             summary.errors.append(str(e))
             return summary
-        name = Path(path).name
+        name = file_name(path)
         sinks: list = [shared] if shared else []
         bar = None if overall is not None else tqdm(total=src.frame_count, desc=name, unit="frame", position=i,
                                                     leave=True, file=sys.stderr)
@@ -232,7 +232,7 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
     not hold up a folder of good ones. A file named twice is a mistake (UsageError); one reached
     twice through folders is taken once. Videos in an output folder (`exclude`) inside an input
     folder are an earlier run's annotated videos, not inputs."""
-    from pipelines.sources import FileSource, SourceError, video_files
+    from pipelines.sources import FileSource, SourceError, file_name, video_files
 
     if len(set(names)) != len(names):
         raise UsageError("a file is listed twice")
@@ -258,7 +258,7 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
         seen.add(key)
         try:
             with FileSource(p) as src:
-                paths.append((p, src.frame_count, rel or Path(Path(p).name)))
+                paths.append((p, src.frame_count, rel or Path(file_name(p))))
         except SourceError as e:
             if rel is None:
                 raise

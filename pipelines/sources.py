@@ -20,50 +20,80 @@ from .frame import Frame, SourceError, decoded, first_line, main_video, pixels
 from .stream import STDIN, StreamSource, redact
 
 
+REMOTE_SCHEMES = ("http", "https")  # a file on a web server: `video` reads it as a file
+REMOTE_TIMEOUTS_S = (15.0, 30.0)  # to open, and for a read, before a remote file is given up
+# FFmpeg's http client reopens a connection dropped mid-file at the byte it had reached (a Range
+# request: a file cut in half by a reset came whole, 480 frames against 178). Not on a failed
+# connect ("reconnect_on_network_error"): a server that is down is said at once, not in 15 s.
+REMOTE_OPTIONS = {"reconnect": "1", "reconnect_delay_max": "30"}
+
+
 class FileSource:
-    """A video file read with PyAV: whatever FFmpeg decodes."""
+    """A video file read with PyAV: whatever FFmpeg decodes. A file on a web server (an http or
+    https URL) is read as a file is."""
 
     def __init__(self, path: str | Path, source_id: str | None = None, threads: bool = True):
         import av
 
-        self.path = Path(path)
-        self.source_id = source_id or str(path)
+        text = str(path)
+        scheme = text.split("://", 1)[0].lower() if "://" in text else ""
+        # A file on a web server (http, https: S3, a NAS, a CDN) is read as a file is, its bytes
+        # fetched as decoding needs them; its name in messages and outputs has no password.
+        self.url = text if scheme in REMOTE_SCHEMES else None
+        self.path = None if self.url else Path(path)
+        self.name = redact(text) if self.url else str(self.path)
+        self.source_id = source_id or (self.name if self.url else text)
         self.error: str | None = None
         self.decoded = 0  # frames decoded by the last frames() so far
         self.damaged = 0  # packets the decoder rejected in the last frames(), skipped
         self.seconds = 0.0  # the video time they cover: first frame's start to last frame's end
         self._closed = False
-        if not self.path.exists():
-            if "://" in str(path):  # Path() would print it as "http:/host/..."
-                raise SourceError(f"{redact(str(path))} is a stream, not a file: `vlmstream live` reads streams")
-            raise SourceError(f"video not found: {self.path}")
-        if self.path.is_dir():
-            raise SourceError(f"{self.path} is a folder, not a video")
-        if self.path.is_char_device() or self.path.is_block_device():
-            raise SourceError(f"{self.path} is a device, not a video file (a camera is webcam:N or /dev/videoN, "
-                              "read by `vlmstream live`)")
-        if self.path.is_fifo():  # opening it would wait for a writer with no time limit
-            raise SourceError(f"{self.path} is a named pipe: `vlmstream live -` reads a stream piped in "
-                              f"(vlmstream live - < {self.path})")
-        if self.path.stat().st_size == 0:
-            raise SourceError(f"{self.path} is empty (0 bytes)")
+        if self.url is None:
+            if scheme and not self.path.exists():  # Path() would print it as "rtsp:/host/..."
+                raise SourceError(f"{redact(text)} is a stream, not a file: `vlmstream live` reads streams")
+            self._check_file()
         try:
-            self._container = av.open(str(self.path))
+            if self.url:
+                self._container = av.open(self.url, timeout=REMOTE_TIMEOUTS_S, options=REMOTE_OPTIONS)
+            else:
+                self._container = av.open(text)
         except (av.FFmpegError, OSError, ValueError) as e:
-            raise SourceError(f"{self.path} is not a readable video: {first_line(e)}") from None
+            if self.url and not isinstance(e, av.InvalidDataError):  # refused, not found, no answer
+                reason = (f"nothing came for {REMOTE_TIMEOUTS_S[0]:g} s" if isinstance(e, av.ExitError)
+                          else first_line(e).replace(text, self.name))
+                raise SourceError(f"cannot read {self.name}: {reason}") from None
+            raise SourceError(f"{self.name} is not a readable video: {first_line(e)}") from None
         if not self._container.streams.video:
             self._container.close()
-            raise SourceError(f"{self.path} has no video stream")
+            raise SourceError(f"{self.name} has no video stream")
+        if self.url and not self._container.duration:
+            self._container.close()
+            raise SourceError(f"{self.name} is a live stream (it has no end): `vlmstream live` reads it")
         self._stream = main_video(self._container)
         if threads:
             self._stream.thread_type = "AUTO"  # frame + slice threads: batch work wants throughput
+
+    def _check_file(self) -> None:
+        path = self.path
+        if not path.exists():
+            raise SourceError(f"video not found: {path}")
+        if path.is_dir():
+            raise SourceError(f"{path} is a folder, not a video")
+        if path.is_char_device() or path.is_block_device():
+            raise SourceError(f"{path} is a device, not a video file (a camera is webcam:N or /dev/videoN, "
+                              "read by `vlmstream live`)")
+        if path.is_fifo():  # opening it would wait for a writer with no time limit
+            raise SourceError(f"{path} is a named pipe: `vlmstream live -` reads a stream piped in "
+                              f"(vlmstream live - < {path})")
+        if path.stat().st_size == 0:
+            raise SourceError(f"{path} is empty (0 bytes)")
 
     @property
     def _open_stream(self):
         # PyAV 19 refuses to read a closed container's stream (AssertionError); 18 answered. Refusing
         # here on every version keeps a use after close() from passing the tests on one of them.
         if self._closed:
-            raise RuntimeError(f"{self.path} was closed: read its fields before close()")
+            raise RuntimeError(f"{self.name} was closed: read its fields before close()")
         return self._stream
 
     @property
@@ -117,16 +147,16 @@ class FileSource:
                         yield Frame(self.source_id, index, pts, **pixels(frame, aspect, lazy))
                 index += 1
         except (av.FFmpegError, OSError, ValueError) as e:
-            self.error = f"{self.path}: decoding stopped after {index} frames: {first_line(e)}"
+            self.error = f"{self.name}: decoding stopped after {index} frames: {first_line(e)}"
         if index == 0 and self.error is None:
-            self.error = f"{self.path}: no frame could be decoded"
+            self.error = f"{self.name}: no frame could be decoded"
         if self.damaged and self.error is None:
-            self.error = (f"{self.path}: {self.damaged} damaged packets skipped (their frames are missing, or "
+            self.error = (f"{self.name}: {self.damaged} damaged packets skipped (their frames are missing, or "
                           "show decoding damage until the next keyframe)")
         announced = self._announced_frames()
         if self.error is None and announced and index < announced * 0.9 and announced - index >= 3:
             # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
-            self.error = (f"{self.path}: decoding ended after {index} of the {announced} frames its container "
+            self.error = (f"{self.name}: decoding ended after {index} of the {announced} frames its container "
                           "announces (a truncated or damaged file?)")
 
     def _announced_frames(self) -> int | None:
@@ -152,6 +182,16 @@ class FileSource:
 # Raw H.264 / H.265 too: what many IP cameras and recorders export.
 VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".mpg",
                               ".mpeg", ".flv", ".wmv", ".3gp", ".ogv", ".h264", ".264", ".h265", ".265", ".hevc"})
+
+
+def file_name(source: str) -> str:
+    """A video's file name: a path's last part, or a URL's (without its query: an S3 link's
+    signature is not a name), for progress bars and the outputs named after it."""
+    if "://" in source and source.split("://", 1)[0].lower() in REMOTE_SCHEMES:
+        from urllib.parse import unquote, urlsplit
+
+        return Path(unquote(urlsplit(source).path)).name or "video"
+    return Path(source).name
 
 
 def video_files(folder: str | Path) -> list[Path]:

@@ -517,3 +517,81 @@ def test_a_server_that_hangs_up_at_once_is_retried_with_backoff_then_given_up(mo
         next(src.frames())
     assert 2.0 < time.perf_counter() - t0 < 6.0 and 3 <= len(opened) <= 6  # 0.25, 0.5, 1, 2 s apart
     assert src.health()["state"] == "failed" and src.connection.outages == 0  # never live: no outage
+
+
+def test_video_captions_a_file_on_a_web_server_as_it_does_a_local_one(tmp_path, capsys, small_folder):
+    """S3, a NAS, a CDN: a video named by its http(s) URL is captioned as the file would be; its
+    outputs are named after the URL's file name (not its query: a presigned link's signature)."""
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    server = _serve(clip.parent)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    args = ["--model", str(small_folder), "--every-n", "60", "--max-tokens", "4"]
+    try:
+        url = f"{base}/{clip.name}?X-Amz-Signature=abc"
+        assert main(["video", url, "-o", str(tmp_path / "out") + "/", "--format", "jsonl,srt", *args]) == 0
+        assert main(["video", str(clip), "-o", str(tmp_path / "local.jsonl"), *args]) == 0
+        missing = f"{base}/nothing.mp4"
+        assert main(["video", missing, "-o", str(tmp_path / "x.jsonl"), *args]) == 2
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    remote = [json.loads(line) for line in (tmp_path / "out" / "cuts_640x360_30fps.jsonl").read_text().splitlines()]
+    local = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
+    assert len(remote) == len(local) == 8 and (tmp_path / "out" / "cuts_640x360_30fps.srt").stat().st_size > 0
+    assert [(r["index"], r["text"]) for r in remote] == [(r["index"], r["text"]) for r in local]
+    assert {r["source"] for r in remote} == {url}
+    assert f"vlmstream: error: cannot read {missing}: " in err and "404" in err and "Traceback" not in err
+
+
+def test_a_remote_file_whose_connection_drops_is_read_on_from_where_it_broke_off():
+    import http.server
+    import re as regex
+
+    from pipelines.sources import FileSource
+
+    data = (Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4").read_bytes()
+    drops = []
+
+    class DropsOnce(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self):
+            m = regex.match(r"bytes=(\d+)-", self.headers.get("Range", ""))
+            start = int(m.group(1)) if m else 0
+            body = data[start:]
+            self.send_response(206 if m else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Accept-Ranges", "bytes")
+            if m:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.end_headers()
+            if not drops and len(body) > len(data) // 2:  # the first long answer: cut in half by a reset
+                drops.append(start)
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DropsOnce)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        src = FileSource(f"http://127.0.0.1:{server.server_address[1]}/clip.mp4")
+        for _ in src.frames(pick=lambda i, pts: False):
+            pass
+        src.close()
+    finally:
+        server.shutdown()
+    assert drops and src.decoded == 480 and src.error is None  # 178 frames and an I/O error, without
+    # FFmpeg's reconnect
+
+
+def test_a_web_server_that_is_down_is_said_at_once(capsys):
+    port = _port()  # nothing listens there
+    t0 = time.perf_counter()
+    assert main(["video", f"http://127.0.0.1:{port}/clip.mp4", "-o", "-"]) == 2
+    assert time.perf_counter() - t0 < 5
+    assert capsys.readouterr().err == f"vlmstream: error: cannot read http://127.0.0.1:{port}/clip.mp4: Connection refused\n"
