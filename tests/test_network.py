@@ -594,4 +594,5 @@ def test_a_web_server_that_is_down_is_said_at_once(capsys):
     t0 = time.perf_counter()
     assert main(["video", f"http://127.0.0.1:{port}/clip.mp4", "-o", "-"]) == 2
     assert time.perf_counter() - t0 < 5
-    assert capsys.readouterr().err == f"vlmstream: error: cannot read http://127.0.0.1:{port}/clip.mp4: Connection refused\n"
+    err = capsys.readouterr().err
+    assert err == f"vlmstream: error: cannot read http://127.0.0.1:{port}/clip.mp4: Connection refused\n"
