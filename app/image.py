@@ -86,6 +86,7 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
     from engine import Engine, EngineConfig
     from engine.errors import ImageError
     from pipelines.image_file import read_image
+    from pipelines.stream import redact
 
     out = sys.stdout
     done = failed = 0
@@ -103,14 +104,14 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
                 failed += 1
                 tqdm.write(f"vlmstream: warning: {item}", file=sys.stderr)
                 if args.json:
-                    out.write(json.dumps({"image": str(path), "error": str(item)}) + "\n")
+                    out.write(json.dumps({"image": redact(str(path)), "error": str(item)}) + "\n")
             else:
                 result = item.result(timeout=600.0)
                 if args.json:
                     record = _record(args, result, asked, engine.loaded, load_ms)
-                    out.write(json.dumps({"image": str(path), **record}, ensure_ascii=False) + "\n")
+                    out.write(json.dumps({"image": redact(str(path)), **record}, ensure_ascii=False) + "\n")
                 else:
-                    out.write(f"{path}: {result.text}\n")
+                    out.write(f"{redact(str(path))}: {result.text}\n")
                 done += 1
             out.flush()
             bar.update(1)
@@ -134,7 +135,7 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool]:
     """The images to read (a folder: every image under it, by extension), and whether the run is
     the one-image form (a single named file)."""
     from engine.errors import ImageError
-    from pipelines.image_file import IMAGE_EXTENSIONS
+    from pipelines.image_file import IMAGE_EXTENSIONS, is_url
     from pipelines.sources import files_under
 
     if len(set(names)) != len(names):
@@ -144,7 +145,7 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool]:
         p = Path(name)
         if not p.is_dir():
             check(name)  # a named image must be there and be an image: exit 2 before anything runs
-            paths.append(p)
+            paths.append(name if is_url(name) else p)  # Path() makes "https://h/x" "https:/h/x"
             continue
         found = files_under(p, IMAGE_EXTENSIONS)
         if not found:

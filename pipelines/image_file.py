@@ -1,12 +1,14 @@
 """Read an image file into the RGB uint8 array the engine takes.
 
-Any format Pillow reads. EXIF orientation is applied; grayscale, palette, alpha, CMYK and
+Any format Pillow reads, from a file or from a web server (an http or https URL, fetched with a
+time limit and a size cap). EXIF orientation is applied; grayscale, palette, alpha, CMYK and
 16-bit or float images are converted to 8-bit RGB (alpha is dropped, as Moondream's reference
 preprocessing does). Every failure is an `ImageError` with a one-line message.
 """
 
 from __future__ import annotations
 
+import io
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +19,63 @@ from PIL import Image, UnidentifiedImageError
 
 from engine.errors import ImageError
 from engine.request import pil_to_rgb
+
+from .stream import redact
+
+
+URL_SCHEMES = ("http", "https")
+FETCH_TIMEOUT_S = 15.0  # to connect, and between two reads
+FETCH_MAX_BYTES = 64 << 20  # an "image" larger than this is not one a caption is for
+_last_fetch: tuple[str, bytes] | None = None  # check_image then read_image of one URL: one request
+
+
+def is_url(name: str | Path) -> bool:
+    text = str(name)
+    return "://" in text and text.split("://", 1)[0].lower() in URL_SCHEMES
+
+
+def fetch(url: str) -> bytes:
+    """An image's bytes from a web server; every failure is an ImageError naming the URL
+    (without its password)."""
+    global _last_fetch
+    import urllib.error
+    import urllib.request
+
+    if _last_fetch is not None and _last_fetch[0] == url:
+        return _last_fetch[1]
+    shown = redact(url)
+    try:
+        plain, headers = _without_credentials(url)
+        request = urllib.request.Request(plain, headers=headers)
+        with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as response:
+            data = response.read(FETCH_MAX_BYTES + 1)
+    except urllib.error.HTTPError as e:
+        raise ImageError(f"cannot read {shown}: the server answered {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise ImageError(f"cannot read {shown}: {getattr(reason, 'strerror', None) or reason}") from None
+    if len(data) > FETCH_MAX_BYTES:
+        raise ImageError(f"{shown} is larger than {FETCH_MAX_BYTES >> 20} MB: not an image to caption")
+    if not data:
+        raise ImageError(f"{shown} is empty (0 bytes)")
+    _last_fetch = (url, data)
+    return data
+
+
+def _without_credentials(url: str) -> tuple[str, dict]:
+    """The URL without its user:password, which urllib cannot take there, and the headers that
+    carry them instead (HTTP basic authentication, as a NAS asks)."""
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    headers = {"User-Agent": "vlmstream"}
+    if parts.username is None:
+        return url, headers
+    user_pass = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    headers["Authorization"] = "Basic " + base64.b64encode(user_pass).decode("ascii")
+    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), headers
 
 
 # What `vlmstream image FOLDER` picks up (any case).
@@ -41,18 +100,18 @@ def read_image(path: str | Path) -> np.ndarray:
 def _opened(name: str | Path, verb: str) -> Iterator[Image.Image]:
     """The image opened by Pillow; every way that fails is one ImageError ("could not be <verb>")."""
     path = Path(name)
-    if not path.exists() and "://" in str(name):  # Path() would print it as "http:/host/..."
-        raise ImageError(f"{name} is a URL: images are read from files (download it first)")
-    if not path.exists():
-        raise ImageError(f"image not found: {path}")
-    if path.is_dir():
-        raise ImageError(f"{path} is a folder, not an image")
-    if path.stat().st_size == 0:
-        raise ImageError(f"{path} is empty (0 bytes)")
+    if is_url(name) and not path.exists():  # Path() would print it as "http:/host/..."
+        source = io.BytesIO(fetch(str(name)))
+        path = redact(str(name))  # what messages name
+    elif "://" in str(name) and not path.exists():
+        raise ImageError(f"{name} is not an image file or an http(s) URL")
+    else:
+        _check_file(path)
+        source = path
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with Image.open(path) as img:
+            with Image.open(source) as img:
                 yield img
     except UnidentifiedImageError:
         raise ImageError(f"{path} is not an image (or not a format Pillow can read)") from None
@@ -60,3 +119,12 @@ def _opened(name: str | Path, verb: str) -> Iterator[Image.Image]:
         raise ImageError(f"{path} is too large to decode safely: {e}") from None
     except (OSError, ValueError, SyntaxError) as e:
         raise ImageError(f"{path} could not be {verb}: {e}") from None
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise ImageError(f"image not found: {path}")
+    if path.is_dir():
+        raise ImageError(f"{path} is a folder, not an image")
+    if path.stat().st_size == 0:
+        raise ImageError(f"{path} is empty (0 bytes)")

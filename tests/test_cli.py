@@ -75,7 +75,7 @@ def test_converted_images_are_accepted(capsys, tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["missing.png"], "image not found"),
-    (["https://example.com/a/cat.jpg"], "https://example.com/a/cat.jpg is a URL"),  # was "not found: https:/..."
+    (["ftp://example.com/a/cat.jpg"], "ftp://example.com/a/cat.jpg is not an image file or an http(s) URL"),
     ([str(ROOT / "pyproject.toml")], "not an image"),
     ([str(SCENE), "--model", "/no/such/model"], "model folder not found"),
     ([str(SCENE), "--temperature", "-1"], "temperature"),

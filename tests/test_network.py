@@ -596,3 +596,32 @@ def test_a_web_server_that_is_down_is_said_at_once(capsys):
     assert time.perf_counter() - t0 < 5
     err = capsys.readouterr().err
     assert err == f"vlmstream: error: cannot read http://127.0.0.1:{port}/clip.mp4: Connection refused\n"
+
+
+def test_image_reads_a_picture_from_a_web_server(capsys, small_folder, tmp_path):
+    import shutil
+
+    from PIL import Image
+
+    scene = Path(__file__).resolve().parents[1] / "sample_videos" / "scene.png"
+    shutil.copy(scene, tmp_path / "scene.png")
+    Image.open(scene).convert("L").save(tmp_path / "gray.jpg")
+    server = _serve(tmp_path)
+    base = f"http://user:pw@127.0.0.1:{server.server_address[1]}"  # a NAS's basic authentication
+    args = ["--model", str(small_folder), "--max-tokens", "6", "--json"]
+    try:
+        assert main(["image", str(scene), *args]) == 0
+        local = json.loads(capsys.readouterr().out)
+        assert main(["image", f"{base}/scene.png", *args]) == 0
+        remote = json.loads(capsys.readouterr().out)
+        assert main(["image", f"{base}/missing.png", *args]) == 2
+        err = capsys.readouterr().err
+        assert main(["image", f"{base}/scene.png", f"{base}/gray.jpg", *args]) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    finally:
+        server.shutdown()
+    assert remote["text"] == local["text"] and remote["token_ids"] == local["token_ids"]
+    shown = f"http://***@127.0.0.1:{server.server_address[1]}"
+    assert err == f"vlmstream: error: cannot read {shown}/missing.png: the server answered 404 File not found\n"
+    assert [r["image"] for r in rows] == [f"{shown}/scene.png", f"{shown}/gray.jpg"]
+    assert rows[0]["text"] == local["text"] and rows[1]["text"]
