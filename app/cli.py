@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     task.add_argument("--caption", choices=["short", "normal", "long"],
                       help="caption length (default: normal, unless --question is given)")
     task.add_argument("--question", metavar="TEXT", help="a question about the image")
+    task.add_argument("--detect", metavar="OBJECT",
+                      help="boxes around every OBJECT (Moondream 2 weights: the tiny model's region head is untrained)")
+    task.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
     add_constraint_args(img)
     _add_sampling_args(img)
     img.add_argument("--json", action="store_true",

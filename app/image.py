@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.types import SamplingParams
     from pipelines.image_file import check_image, read_image
 
+    if args.detect is not None or args.point is not None:
+        return _locate(args)
     # Validate everything cheap before the model loads.
     params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
     task = prompt_tasks(args, default_caption="normal")[0]
@@ -60,6 +62,48 @@ def run(args: argparse.Namespace) -> int:
         json.dump(_record(args, result, asked, loaded, load_ms), out)
     out.write("\n")
     out.flush()
+    return 0
+
+
+def _locate(args: argparse.Namespace) -> int:
+    """--detect / --point: boxes or points of an object in each image (engine/region_decoder.py),
+    as fractions of the image and in pixels."""
+    from engine.models.loader import load_model
+    from engine.region_decoder import RegionDecoder
+    from pipelines.image_file import check_image, read_image
+    from pipelines.stream import redact
+
+    task, what = ("detect", args.detect) if args.detect is not None else ("point", args.point)
+    if not what.strip():
+        raise UsageError(f"--{task} names no object")
+    if args.prompt_order:
+        raise UsageError(f"--choices, --regex and --json-schema constrain answers; --{task} gives places")
+    paths, _ = _inputs(args.image, check_image)
+    t0 = time.perf_counter()
+    loaded = load_model(args.model, device=args.device, dtype=image_dtype(args.model, args.device, args.dtype))
+    load_ms = (time.perf_counter() - t0) * 1000.0
+    decoder = RegionDecoder(loaded)  # a model whose region head is untrained: RequestError, exit 2
+    key = "objects" if task == "detect" else "points"
+    for path in paths:
+        rgb = read_image(path)
+        h, w = rgb.shape[:2]
+        found = decoder.locate(rgb, what, task)
+        if task == "detect":
+            pixels = [[round(o["x_min"] * w), round(o["y_min"] * h), round(o["x_max"] * w), round(o["y_max"] * h)]
+                      for o in found[key]]
+        else:
+            pixels = [[round(o["x"] * w), round(o["y"] * h)] for o in found[key]]
+        name = redact(str(path))
+        if args.json:
+            record = {"image": name, task: what, key: [{k: round(v, 4) for k, v in o.items()} for o in found[key]],
+                      "pixels": pixels, "width": w, "height": h, "timings_ms": found["timings_ms"],
+                      "model": args.model, "device": str(loaded.device),
+                      "dtype": str(loaded.dtype).removeprefix("torch."), "load_ms": round(load_ms, 3)}
+            print(json.dumps(record), flush=True)
+        else:
+            shown = " ".join(f"({p[0]},{p[1]})-({p[2]},{p[3]})" if task == "detect" else f"({p[0]},{p[1]})"
+                             for p in pixels)
+            print(f"{name + ': ' if len(paths) > 1 else ''}{what}: {shown or 'none found'}", flush=True)
     return 0
 
 

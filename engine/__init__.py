@@ -9,6 +9,7 @@
 from .config import EngineConfig, ModelConfig
 from .constraints import Choice, ConstraintError, JsonSchema, Regex
 from .engine import Engine
+from .region_decoder import RegionDecoder
 from .errors import (ConfigError, DeviceError, EngineClosedError, ImageError, ModelLoadError, RequestError,
                      VlmstreamError)
 from .request import ImageRef, RequestHandle
@@ -18,4 +19,5 @@ __all__ = [
     "Engine", "EngineConfig", "ModelConfig", "SamplingParams", "RequestOutput", "EngineStats",
     "RequestHandle", "ImageRef", "VlmstreamError", "ConfigError", "DeviceError", "EngineClosedError",
     "ImageError", "ModelLoadError", "RequestError", "Regex", "Choice", "JsonSchema", "ConstraintError",
+    "RegionDecoder",
 ]

@@ -121,6 +121,7 @@ class RegionConfig:
     size_feat_dim: int = 512
     size_out_dim: int = 2048
     inner_dim: int = 8192
+    trained: bool = True  # False: the weights are there but were never trained (the tiny model's)
 
     def _validate(self) -> None:
         for name in ("coord_feat_dim", "size_feat_dim"):
@@ -285,6 +286,10 @@ def _build(cls: type, data: Mapping[str, Any], where: str):
         if types[key] in (str, "str"):
             if not isinstance(value, str):
                 raise ConfigError(f"{where}.{key} must be a string, got {value!r}")
+            continue
+        if types[key] in (bool, "bool"):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}.{key} must be true or false, got {value!r}")
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}.{key} must be an integer, got {value!r}")

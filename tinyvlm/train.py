@@ -44,7 +44,7 @@ def tiny_config(vocab_size: int, template_ids: dict) -> ModelConfig:
                    "proj_inner_dim": 512, "proj_out_dim": 192, "crop_size": 126, "in_channels": 3,
                    "max_crops": 8, "overlap_margin": 1, "resample": "bicubic", "tiling": "fill"},
         "region": {"dim": 192, "coord_feat_dim": 64, "coord_out_dim": 256, "size_feat_dim": 64,
-                   "size_out_dim": 512, "inner_dim": 256},
+                   "size_out_dim": 512, "inner_dim": 256, "trained": False},  # no region task in training
         "tokenizer": {"templates": template_ids, "question_rewrites": [list(r) for r in QUESTION_REWRITES],
                       "caption_rewrites": [list(r) for r in CAPTION_REWRITES]},
     })

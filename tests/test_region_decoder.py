@@ -1,0 +1,126 @@
+"""Detect and point (engine/region_decoder.py): Moondream 2's region protocol, checked against a
+plain re-reading of the whole sequence at every step, on a small random Moondream layout."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from app.cli import main
+from engine.errors import RequestError
+from engine.models.loader import load_model
+from engine.models.text import attention, attention_mask
+from engine.region_decoder import RegionDecoder
+
+
+@pytest.fixture(scope="module")
+def loaded(small_folder):
+    return load_model(str(small_folder), device="cpu", dtype="float32")
+
+
+def _plain(loaded, rgb, what: str, task: str, max_objects: int) -> list[dict]:
+    """The protocol as Moondream's own loop states it, without a KV cache: every step runs the
+    whole sequence (image prefix, prompt, and every coordinate and size fed back) again."""
+    model, cfg = loaded.model, loaded.config
+    text, region = model.text, model.region
+    crops, tiling = model.preprocess(rgb)
+    inputs = [model.prefix_embeddings(model.image_tokens(crops, tiling))[0]]
+    t = getattr(cfg.tokenizer.templates, task)
+    ids = list(t.prefix) + loaded.tokenizer.encode(" " + what) + list(t.suffix)
+    inputs.append(text.embed(torch.tensor(ids)))
+
+    def last_hidden() -> torch.Tensor:
+        x = torch.cat(inputs)[None]
+        n = x.shape[1]
+
+        def attend(layer, q, k, v):
+            return attention(q, k, v, attention_mask(torch.arange(n), n, cfg.prefix_len)[None, None], True)
+
+        return text(x, torch.arange(n)[None], attend)[:, -1]
+
+    def coordinate(h):
+        logits = region.decode_coordinate(h)
+        return float(logits.argmax(-1)) / logits.shape[-1]
+
+    out = []
+    h = last_hidden()
+    while int(text.logits(h).argmax(-1)) != cfg.tokenizer.eos_id and len(out) < max_objects:
+        x = coordinate(h)
+        inputs.append(region.encode_coordinate(torch.tensor([[x]])))
+        y = coordinate(h := last_hidden())
+        inputs.append(region.encode_coordinate(torch.tensor([[y]])))
+        if task == "detect":
+            bins = region.decode_size(h := last_hidden())[0]
+            w, hh = (2.0 ** (bins.argmax(-1).float() / (bins.shape[-1] - 1) * 10 - 10)).tolist()
+            inputs.append(region.encode_size(torch.tensor([w, hh]))[None])
+            out.append({"x_min": x - w / 2, "y_min": y - hh / 2, "x_max": x + w / 2, "y_max": y + hh / 2})
+        else:
+            out.append({"x": x, "y": y})
+        h = last_hidden()
+    return out
+
+
+@pytest.mark.parametrize("task", ["detect", "point"])
+def test_region_decoding_follows_the_protocol_step_for_step(loaded, rgb_image, task):
+    got = RegionDecoder(loaded).locate(rgb_image, "red circle", task, max_objects=4)
+    key = "objects" if task == "detect" else "points"
+    want = _plain(loaded, rgb_image, "red circle", task, max_objects=4)
+    assert len(got[key]) == len(want) >= 1 and got["timings_ms"]["total"] > 0
+    for a, b in zip(got[key], want):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-6) for k in a)
+    for o in got[key]:
+        assert all(0 <= o[k] < 1 for k in o if k in ("x", "y"))
+        if task == "detect":  # a box about its centre bin, its size a power of two of the image
+            assert o["x_max"] > o["x_min"] and o["y_max"] > o["y_min"]
+
+
+def test_the_end_token_ends_the_objects_and_max_objects_caps_them(loaded, rgb_image, monkeypatch):
+    decoder = RegionDecoder(loaded)
+    eos = loaded.config.tokenizer.eos_id
+    calls = []
+    real = loaded.model.text.logits
+
+    def logits(h):  # "another object" twice, then the end
+        out = real(h).clone()
+        calls.append(1)
+        out[..., eos] = out.max() + (1.0 if len(calls) == 3 else -1.0)
+        return out
+
+    monkeypatch.setattr(loaded.model.text, "logits", logits)
+    assert len(decoder.locate(rgb_image, "star", "point")["points"]) == 2
+    calls.clear()
+    monkeypatch.setattr(loaded.model.text, "logits", lambda h: torch.where(
+        torch.arange(real(h).shape[-1]) == eos, -1e9, real(h)))  # never the end: capped
+    assert len(decoder.locate(rgb_image, "star", "detect", max_objects=3)["objects"]) == 3
+    for bad in [("", "detect", 3), ("star", "segment", 3), ("star", "detect", 0)]:
+        with pytest.raises(RequestError):
+            decoder.locate(rgb_image, *bad[:2], max_objects=bad[2])
+
+
+def test_a_model_whose_region_head_was_never_trained_refuses(capsys):
+    with pytest.raises(RequestError, match="region head was not trained"):
+        RegionDecoder(load_model("tiny"))
+    assert main(["image", "sample_videos/scene.png", "--detect", "red circle"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlmstream: error: this model's region head was not trained") and err.count("\n") == 1
+
+
+def test_image_detect_and_point_on_the_command_line(capsys, small_folder, tmp_path):
+    from PIL import Image
+
+    rgb = np.random.default_rng(3).integers(0, 256, (120, 200, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "a.png")
+    args = ["image", str(tmp_path / "a.png"), "--model", str(small_folder), "--dtype", "float32"]
+    assert main([*args, "--detect", "red circle", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["detect"] == "red circle" and record["width"] == 200 and record["height"] == 120
+    assert len(record["pixels"]) == len(record["objects"])
+    for box, o in zip(record["pixels"], record["objects"]):  # the fractions are rounded to 4 places
+        want = [o["x_min"] * 200, o["y_min"] * 120, o["x_max"] * 200, o["y_max"] * 120]
+        assert all(abs(a - b) <= 0.55 for a, b in zip(box, want))
+    assert main([*args, "--point", "star"]) == 0
+    assert capsys.readouterr().out.startswith("star: ")
+    assert main([*args, "--point", "  "]) == 2
+    assert main([*args, "--detect", "star", "--choices", "a,b"]) == 2
+    assert "--detect gives places" in capsys.readouterr().err
