@@ -179,7 +179,8 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool]:
     """The images to read (a folder: every image under it, by extension), and whether the run is
     the one-image form (a single named file)."""
     from engine.errors import ImageError
-    from pipelines.image_file import IMAGE_EXTENSIONS, is_url
+    from pipelines.image_file import IMAGE_EXTENSIONS
+    from pipelines.sources import is_remote
     from pipelines.sources import files_under
 
     if len(set(names)) != len(names):
@@ -189,7 +190,7 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool]:
         p = Path(name)
         if not p.is_dir():
             check(name)  # a named image must be there and be an image: exit 2 before anything runs
-            paths.append(name if is_url(name) else p)  # Path() makes "https://h/x" "https:/h/x"
+            paths.append(name if is_remote(name) else p)  # Path() makes "https://h/x" "https:/h/x"
             continue
         found = files_under(p, IMAGE_EXTENSIONS)
         if not found:

@@ -18,7 +18,9 @@ from typing import Callable
 from .frame import SourceError
 
 TIMED_OUT = "nothing came for"  # FFmpeg's "Immediate exit requested", in the words a user needs
-RETRY_FIRST_S, RETRY_MAX_S = 0.25, 8.0  # the pause before the first try to reopen, and the longest
+# The pause before the first try to reopen, and the longest: a source is not interrupted in its
+# pause, so a run stopped during an outage waits for it
+RETRY_FIRST_S, RETRY_MAX_S = 0.25, 4.0
 STILL_SAID_S = (60.0, 1800.0)  # an outage is said to go on after a minute, then at doubling gaps up to 30 min
 
 

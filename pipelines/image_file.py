@@ -20,18 +20,13 @@ from PIL import Image, UnidentifiedImageError
 from engine.errors import ImageError
 from engine.request import pil_to_rgb
 
+from .sources import is_remote
 from .stream import redact
 
 
-URL_SCHEMES = ("http", "https")
 FETCH_TIMEOUT_S = 15.0  # to connect, and between two reads
 FETCH_MAX_BYTES = 64 << 20  # an "image" larger than this is not one a caption is for
 _last_fetch: tuple[str, bytes] | None = None  # check_image then read_image of one URL: one request
-
-
-def is_url(name: str | Path) -> bool:
-    text = str(name)
-    return "://" in text and text.split("://", 1)[0].lower() in URL_SCHEMES
 
 
 def fetch(url: str) -> bytes:
@@ -100,7 +95,7 @@ def read_image(path: str | Path) -> np.ndarray:
 def _opened(name: str | Path, verb: str) -> Iterator[Image.Image]:
     """The image opened by Pillow; every way that fails is one ImageError ("could not be <verb>")."""
     path = Path(name)
-    if is_url(name) and not path.exists():  # Path() would print it as "http:/host/..."
+    if is_remote(name) and not path.exists():  # Path() would print it as "http:/host/..."
         source = io.BytesIO(fetch(str(name)))
         path = redact(str(name))  # what messages name
     elif "://" in str(name) and not path.exists():

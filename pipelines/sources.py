@@ -36,10 +36,9 @@ class FileSource:
         import av
 
         text = str(path)
-        scheme = text.split("://", 1)[0].lower() if "://" in text else ""
         # A file on a web server (http, https: S3, a NAS, a CDN) is read as a file is, its bytes
         # fetched as decoding needs them; its name in messages and outputs has no password.
-        self.url = text if scheme in REMOTE_SCHEMES else None
+        self.url = text if is_remote(text) else None
         self.path = None if self.url else Path(path)
         self.name = redact(text) if self.url else str(self.path)
         self.source_id = source_id or (self.name if self.url else text)
@@ -49,7 +48,7 @@ class FileSource:
         self.seconds = 0.0  # the video time they cover: first frame's start to last frame's end
         self._closed = False
         if self.url is None:
-            if scheme and not self.path.exists():  # Path() would print it as "rtsp:/host/..."
+            if "://" in text and not self.path.exists():  # Path() would print it as "rtsp:/host/..."
                 raise SourceError(f"{redact(text)} is a stream, not a file: `vlmstream live` reads streams")
             self._check_file()
         try:
@@ -184,10 +183,16 @@ VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", "
                               ".mpeg", ".flv", ".wmv", ".3gp", ".ogv", ".h264", ".264", ".h265", ".265", ".hevc"})
 
 
+def is_remote(name: str | Path) -> bool:
+    """Whether a name is an http(s) URL: a file on a web server."""
+    text = str(name)
+    return "://" in text and text.split("://", 1)[0].lower() in REMOTE_SCHEMES
+
+
 def file_name(source: str) -> str:
     """A video's file name: a path's last part, or a URL's (without its query: an S3 link's
     signature is not a name), for progress bars and the outputs named after it."""
-    if "://" in source and source.split("://", 1)[0].lower() in REMOTE_SCHEMES:
+    if is_remote(source):
         from urllib.parse import unquote, urlsplit
 
         return Path(unquote(urlsplit(source).path)).name or "video"

@@ -48,10 +48,10 @@ class StreamSource:
     Opening and reading are bounded by timeouts. When the stream breaks (sender restarted,
     network gone), it is reopened as `connection` (a `Connection`) says: for ever once it has
     sent frames, unless `max_outage` is given; `frames()` raises a SourceError when it gives up,
-    and after `max_wait` seconds for a stream that never sent a frame. Presentation times are seconds since the
-    source started (stream timestamps restart when a sender does). Credentials never appear in
-    messages. A recording (a stream that says how long it lasts) is read once, at its own pace
-    unless `pace` is False.
+    and after `max_wait` seconds for a stream that never sent a frame. Presentation times are
+    seconds since the source started (stream timestamps restart when a sender does).
+    Credentials never appear in messages. A recording (a stream that says how long it lasts) is
+    read once, at its own pace unless `pace` is False.
     """
 
     def __init__(self, url: str, source_id: str | None = None, open_timeout: float = 5.0,
@@ -181,7 +181,8 @@ class StreamSource:
         if now - self._behind_said >= BEHIND_EVERY_S:  # a stream too heavy for this machine skips every few seconds
             self._behind_said = now
             self.connection.say(f"decoding is {late:.1f} s behind the stream: skipping to its newest keyframe "
-                      f"({times} {'time' if times == 1 else 'times'} so far; a lighter stream would keep up)")
+                                f"({times} {'time' if times == 1 else 'times'} so far; a lighter stream would "
+                                "keep up)")
 
     def _damage(self) -> None:
         self.damaged += 1  # a lost datagram, a stream joined between keyframes: the next keyframe heals it
