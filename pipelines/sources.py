@@ -122,13 +122,17 @@ class FileSource:
         index, first = 0, None
         self.decoded, self.seconds, self.damaged = 0, 0.0, 0
         fps, time_base = self.fps, float(self._stream.time_base or 0)
+        # Times as a player shows them: from the file's start. An MPEG-TS recording's clock starts
+        # where the camera's or the broadcast's was (1.4 s after a plain remux, hours into a
+        # broadcast day): its subtitles came that late, and `live` waited that long to show a frame.
+        start = (self._container.start_time or 0) / 1_000_000  # AV_TIME_BASE
 
         def damage() -> None:
             self.damaged += 1
 
         try:
             for frame in decoded(self._container, self._stream, damage):
-                pts = float(frame.time) if frame.time is not None else (index / fps if fps else 0.0)
+                pts = float(frame.time) - start if frame.time is not None else (index / fps if fps else 0.0)
                 self.decoded = index + 1
                 # Up to the end of the last frame: its start alone made a one-frame video 0 s long
                 # (and "0.0x real time"), and every video a frame short.

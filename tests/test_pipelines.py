@@ -606,3 +606,23 @@ def test_a_damaged_stretch_costs_its_own_frames_not_the_rest_of_the_file(tmp_pat
                  "-o", str(out)]) == 0
     assert len(out.read_text().splitlines()) == (len(frames) + 9) // 10
     assert "damaged packets skipped" in capsys.readouterr().err
+
+
+def test_a_recording_whose_clock_starts_late_is_timed_from_its_start(tmp_path, small_folder, capsys):
+    """An MPEG-TS recording's clock starts where the camera's or the broadcast's was (an hour in,
+    here): its subtitles came an hour late, and `live` waited an hour for its first frame."""
+    import subprocess
+
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    late = tmp_path / "late.ts"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(clip), "-c", "copy", "-output_ts_offset", "3600",
+                    str(late)], check=True, timeout=60)
+    src = FileSource(late)
+    pts = [f.pts for f in src.frames(pick=lambda i, p: i < 5, need_rgb=lambda i: False)]
+    src.close()
+    assert pts == pytest.approx([i / 30 for i in range(5)], abs=1e-3)
+    assert main(["video", str(late), "--every-n", "240", "-o", str(tmp_path / "late.srt"), "--model", str(small_folder),
+                 "--max-tokens", "2"]) == 0
+    assert (tmp_path / "late.srt").read_text().splitlines()[1] == "00:00:00,000 --> 00:00:08,000"
+    assert main(["live", str(late), "--duration", "2", "--json", "--model", str(small_folder), "--max-tokens", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["completed"] > 5
