@@ -624,5 +624,6 @@ def test_a_recording_whose_clock_starts_late_is_timed_from_its_start(tmp_path, s
     assert main(["video", str(late), "--every-n", "240", "-o", str(tmp_path / "late.srt"), "--model", str(small_folder),
                  "--max-tokens", "2"]) == 0
     assert (tmp_path / "late.srt").read_text().splitlines()[1] == "00:00:00,000 --> 00:00:08,000"
-    assert main(["live", str(late), "--duration", "2", "--json", "--model", str(small_folder), "--max-tokens", "2"]) == 0
+    assert main(["live", str(late), "--duration", "2", "--json", "--model", str(small_folder),
+                 "--max-tokens", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["completed"] > 5
