@@ -20,7 +20,7 @@ from PIL import Image, UnidentifiedImageError
 from engine.errors import ImageError
 from engine.request import pil_to_rgb
 
-from .sources import is_remote
+from .sources import is_remote, unknown_host
 from .stream import redact
 
 
@@ -48,7 +48,8 @@ def fetch(url: str) -> bytes:
         raise ImageError(f"cannot read {shown}: the server answered {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
-        raise ImageError(f"cannot read {shown}: {getattr(reason, 'strerror', None) or reason}") from None
+        reason = unknown_host(url) or getattr(reason, "strerror", None) or reason
+        raise ImageError(f"cannot read {shown}: {reason}") from None
     if len(data) > FETCH_MAX_BYTES:
         raise ImageError(f"{shown} is larger than {FETCH_MAX_BYTES >> 20} MB: not an image to caption")
     if not data:

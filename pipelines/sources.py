@@ -59,7 +59,7 @@ class FileSource:
         except (av.FFmpegError, OSError, ValueError) as e:
             if self.url and not isinstance(e, av.InvalidDataError):  # refused, not found, no answer
                 reason = (f"nothing came for {REMOTE_TIMEOUTS_S[0]:g} s" if isinstance(e, av.ExitError)
-                          else first_line(e).replace(text, self.name))
+                          else unknown_host(self.url) or first_line(e).replace(text, self.name))
                 raise SourceError(f"cannot read {self.name}: {reason}") from None
             raise SourceError(f"{self.name} is not a readable video: {first_line(e)}") from None
         if not self._container.streams.video:
@@ -185,6 +185,22 @@ class FileSource:
 # Raw H.264 / H.265 too: what many IP cameras and recorders export.
 VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".mpg",
                               ".mpeg", ".flv", ".wmv", ".3gp", ".ogv", ".h264", ".264", ".h265", ".265", ".hevc"})
+
+
+def unknown_host(url: str) -> str | None:
+    """Why a URL's host cannot be reached, where it has no address (FFmpeg says only
+    "Input/output error")."""
+    import socket
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return f"no address for the host {host} (a typo, or no network?)"
+    except (OSError, TypeError):
+        return None
+    return None
 
 
 def is_remote(name: str | Path) -> bool:

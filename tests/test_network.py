@@ -625,3 +625,11 @@ def test_image_reads_a_picture_from_a_web_server(capsys, small_folder, tmp_path)
     assert err == f"vlmstream: error: cannot read {shown}/missing.png: the server answered 404 File not found\n"
     assert [r["image"] for r in rows] == [f"{shown}/scene.png", f"{shown}/gray.jpg"]
     assert rows[0]["text"] == local["text"] and rows[1]["text"]
+
+
+def test_a_host_with_no_address_is_named(capsys):
+    for argv in (["video", "http://nonexistent.invalid/clip.mp4", "-o", "-"],
+                 ["image", "https://nonexistent.invalid/a.png"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.endswith(": no address for the host nonexistent.invalid (a typo, or no network?)\n"), err
