@@ -20,6 +20,10 @@ from .frame import Frame, SourceError, decoded, first_line, main_video, pixels
 from .stream import STDIN, StreamSource, redact
 
 
+AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
+DISCONTINUITY_S = 10.0  # a frame this much after the one before, or before it at all: a jump (as ffplay)
+EPSILON_S = 1e-3
+
 REMOTE_SCHEMES = ("http", "https")  # a file on a web server: `video` reads it as a file
 REMOTE_TIMEOUTS_S = (15.0, 30.0)  # to open, and for a read, before a remote file is given up
 # FFmpeg's http client reopens a connection dropped mid-file at the byte it had reached (a Range
@@ -126,13 +130,23 @@ class FileSource:
         # where the camera's or the broadcast's was (1.4 s after a plain remux, hours into a
         # broadcast day): its subtitles came that late, and `live` waited that long to show a frame.
         start = (self._container.start_time or 0) / 1_000_000  # AV_TIME_BASE
+        # MPEG-TS, HLS, FLV: formats whose timestamps may jump (recordings joined end to end, a
+        # camera's clock reset). A jump is a discontinuity, not time that passed: the frame after it
+        # follows the one before, as players play them. An hour's jump left `live` waiting an hour.
+        jumps = bool(self._container.format.flags & AVFMT_TS_DISCONT)
+        shift, last, last_shown = 0.0, None, 1.0 / (fps or 30.0)
 
         def damage() -> None:
             self.damaged += 1
 
         try:
             for frame in decoded(self._container, self._stream, damage):
-                pts = float(frame.time) - start if frame.time is not None else (index / fps if fps else 0.0)
+                pts = float(frame.time) - start + shift if frame.time is not None else (index / fps if fps else 0.0)
+                if jumps and last is not None and not -EPSILON_S < pts - last < DISCONTINUITY_S:
+                    shift += last + last_shown - pts
+                    pts = last + last_shown
+                elif -EPSILON_S < pts < 0:  # the start's rounding (-3e-7 s in a TS): not a time before it
+                    pts = 0.0
                 self.decoded = index + 1
                 # Up to the end of the last frame: its start alone made a one-frame video 0 s long
                 # (and "0.0x real time"), and every video a frame short.
@@ -140,6 +154,7 @@ class FileSource:
                 ticks = getattr(frame, "duration", None)  # not on every PyAV the package accepts
                 tb = float(frame.time_base or 0) or time_base  # a deinterlaced frame's is the filter's
                 shown = ticks * tb if ticks and tb else None
+                last, last_shown = pts, shown or last_shown
                 self.seconds = max(self.seconds, pts - first + (shown or (1.0 / fps if fps else 0.0)))
                 if pick is None or pick(index, pts):
                     if need_rgb is not None and not need_rgb(index):

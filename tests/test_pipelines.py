@@ -608,22 +608,32 @@ def test_a_damaged_stretch_costs_its_own_frames_not_the_rest_of_the_file(tmp_pat
     assert "damaged packets skipped" in capsys.readouterr().err
 
 
-def test_a_recording_whose_clock_starts_late_is_timed_from_its_start(tmp_path, small_folder, capsys):
+def test_a_recording_whose_clock_starts_late_or_jumps_is_timed_from_its_start(tmp_path, small_folder, capsys):
     """An MPEG-TS recording's clock starts where the camera's or the broadcast's was (an hour in,
-    here): its subtitles came an hour late, and `live` waited an hour for its first frame."""
+    here): its subtitles came an hour late, and `live` waited an hour for its first frame. Two
+    recordings joined end to end jump in time where they meet: `live` stopped there for the
+    length of the jump."""
     import subprocess
 
     clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
-    late = tmp_path / "late.ts"
-    subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(clip), "-c", "copy", "-output_ts_offset", "3600",
-                    str(late)], check=True, timeout=60)
-    src = FileSource(late)
-    pts = [f.pts for f in src.frames(pick=lambda i, p: i < 5, need_rgb=lambda i: False)]
-    src.close()
-    assert pts == pytest.approx([i / 30 for i in range(5)], abs=1e-3)
+    late, second = tmp_path / "late.ts", tmp_path / "second.ts"
+    for out, extra in [(late, ["-output_ts_offset", "3600"]), (second, ["-t", "1"])]:
+        subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(clip), "-c", "copy", *extra, str(out)],
+                       check=True, timeout=60)
+    joined = tmp_path / "joined.ts"  # a second of it at its start, then the clip an hour on
+    joined.write_bytes(second.read_bytes() + late.read_bytes())
+    with FileSource(second) as src:
+        head = sum(1 for _ in src.frames(need_rgb=lambda i: False))  # about 30: a copy cuts at a packet
+    for path, n in [(late, 480), (joined, head + 480)]:
+        src = FileSource(path)
+        pts = [f.pts for f in src.frames(need_rgb=lambda i: False)]
+        src.close()
+        assert pts == pytest.approx([i / 30 for i in range(n)], abs=1e-3) and pts[0] == 0.0
+        assert src.seconds == pytest.approx(n / 30, abs=1e-3)
     assert main(["video", str(late), "--every-n", "240", "-o", str(tmp_path / "late.srt"), "--model", str(small_folder),
                  "--max-tokens", "2"]) == 0
     assert (tmp_path / "late.srt").read_text().splitlines()[1] == "00:00:00,000 --> 00:00:08,000"
-    assert main(["live", str(late), "--duration", "2", "--json", "--model", str(small_folder),
-                 "--max-tokens", "2"]) == 0
-    assert json.loads(capsys.readouterr().out)["completed"] > 5
+    for path, frames in [(late, 5), (joined, 45)]:  # the joined file's jump comes after 1 s
+        assert main(["live", str(path), "--duration", "2", "--json", "--model", str(small_folder),
+                     "--max-tokens", "2"]) == 0
+        assert json.loads(capsys.readouterr().out)["frames_in"] > frames
