@@ -12,15 +12,14 @@ longer), or for `max_outage` seconds where that is given.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
 from .frame import SourceError
 
 TIMED_OUT = "nothing came for"  # FFmpeg's "Immediate exit requested", in the words a user needs
-# The pause before the first try to reopen, and the longest: a source is not interrupted in its
-# pause, so a run stopped during an outage waits for it
-RETRY_FIRST_S, RETRY_MAX_S = 0.25, 4.0
+RETRY_FIRST_S, RETRY_MAX_S = 0.25, 4.0  # the pause before the first try to reopen, and the longest
 STILL_SAID_S = (60.0, 1800.0)  # an outage is said to go on after a minute, then at doubling gaps up to 30 min
 
 
@@ -38,6 +37,16 @@ class Connection:
         self.last_frame: float | None = None
         self.delay = RETRY_FIRST_S
         self._still_at = STILL_SAID_S[0]  # seconds into an outage at which it is next said to go on
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """The consumer is gone (a viewer pressed Stop): a source in an outage stops retrying (its
+        thread would otherwise try a dead camera for ever)."""
+        self._stopped.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
 
     def frame(self) -> None:
         """A frame came."""
@@ -55,9 +64,10 @@ class Connection:
             self.set("reconnecting", since=self.last_frame)  # the outage began with the last frame
             self.outages += 1
 
-    def retry(self, reason: str, started: float) -> None:
-        """Wait before the next try to reopen; raise a SourceError once the source has sent
-        nothing for longer than it may (`started`: when this source was first opened)."""
+    def retry(self, reason: str, started: float) -> bool:
+        """Wait before the next try to reopen; False if `stop` came meanwhile (the source ends).
+        Raise a SourceError once the source has sent nothing for longer than it may (`started`:
+        when this source was first opened)."""
         silent = time.perf_counter() - (self.last_frame or started)
         timed_out = reason.startswith(TIMED_OUT)  # the reason says how long already
         limit = self.max_wait if self.last_frame is None else self.max_outage
@@ -67,8 +77,10 @@ class Connection:
         if self.last_frame is not None and silent >= self._still_at:
             self.say(f"still reconnecting: nothing for {span(silent)}" + ("" if timed_out else f" ({reason})"))
             self._still_at = min(2 * self._still_at, self._still_at + STILL_SAID_S[1])
-        time.sleep(self.delay)
+        if self._stopped.wait(self.delay):
+            return False
         self.delay = min(self.delay * 2, RETRY_MAX_S)
+        return True
 
     def set(self, state: str, since: float | None = None) -> None:
         self.state, self.since = state, time.perf_counter() if since is None else since

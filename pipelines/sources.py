@@ -298,7 +298,8 @@ class WebcamSource:
                 if self._cap is not None:
                     self._cap.release()
                     self._cap = None
-                connection.retry("it stopped sending frames", t0)  # waits; raises past max_outage
+                if not connection.retry("it stopped sending frames", t0):  # waits; raises past max_outage
+                    return
                 self._cap = self._cv2.VideoCapture(self.index)  # the same device, plugged in again
                 if not self._cap.isOpened():
                     self._cap.release()

@@ -103,7 +103,7 @@ class StreamSource:
 
         t0 = time.perf_counter()
         connection, index = self.connection, 0
-        while True:
+        while not connection.stopped:
             try:
                 container = self._open()
             except (av.FFmpegError, OSError) as e:
@@ -119,7 +119,8 @@ class StreamSource:
                                       "-c copy -f mpegts - | vlmstream live -") from None
                 if refused or not self.reconnect:
                     raise SourceError(f"cannot read {self.display}: {self._clean(e, self.open_timeout)}") from None
-                connection.retry(self._clean(e, time.perf_counter() - (connection.last_frame or t0)), t0)
+                if not connection.retry(self._clean(e, time.perf_counter() - (connection.last_frame or t0)), t0):
+                    return
                 continue
             ended, broke, came = False, "the stream ended", index
             try:
@@ -167,8 +168,8 @@ class StreamSource:
                 return
             connection.lost(broke)
             self.reconnects += 1
-            if index == came:  # opened, but nothing came: a server that hangs up at once is not hammered
-                connection.retry(broke, t0)
+            if index == came and not connection.retry(broke, t0):  # opened, nothing came: not hammered
+                return
 
     def health(self) -> dict:
         """How the stream is doing now (`Connection.health`), how often it was reopened, damaged

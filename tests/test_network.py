@@ -633,3 +633,33 @@ def test_a_host_with_no_address_is_named(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.endswith(": no address for the host nonexistent.invalid (a typo, or no network?)\n"), err
+
+
+def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
+    """A viewer who presses Stop while the camera is away: its thread used to try the dead camera
+    for ever (a stream that has sent frames is reconnected without end)."""
+    from engine import SamplingParams
+    from pipelines.feed import LiveFeed
+    from pipelines.frame import Frame
+
+    def frames(self):  # two frames, then the camera is gone for good
+        for i in range(2):
+            self.connection.frame()
+            yield Frame(self.source_id, i, i / 30, np.zeros((8, 8, 3), np.uint8))
+        self.connection.lost("the stream ended")
+        while self.connection.retry("connection refused", 0.0):
+            pass
+
+    monkeypatch.setattr(StreamSource, "_frames", frames)
+    live = open_live("rtsp://127.0.0.1:9/cam")
+    feed = LiveFeed(None, {"caption": "short"}, SamplingParams(), live.frames, realtime=False,
+                    health=live.health, stop_source=live.connection.stop)
+    feed.session.offer = lambda frame: True  # no engine here: only the source matters
+    deadline = time.time() + 10
+    while live.connection.state != "reconnecting" and time.time() < deadline:
+        time.sleep(0.05)
+    assert live.connection.state == "reconnecting"
+    t0 = time.perf_counter()
+    feed.close()
+    assert time.perf_counter() - t0 < 2 and not feed._grabber._thread.is_alive()
+    assert live.health()["state"] == "ended"
