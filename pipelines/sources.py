@@ -10,6 +10,7 @@ they got.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +109,14 @@ class FileSource:
     def frame_count(self) -> int | None:
         """Frames the container announces (may be 0/None for streams that do not say)."""
         if self._open_stream.frames:
-            return int(self._stream.frames)
+            stream = self._stream
+            seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else None
+            if seconds and self.fps:
+                # An edit list hides frames its file keeps: a clip cut with `ffmpeg -ss -c copy` or
+                # trimmed on a phone holds the frames back to the keyframe before its start, which
+                # are never shown. Counted, they made a false "truncated file?" warning.
+                return min(int(stream.frames), math.ceil(seconds * self.fps - 1e-6))
+            return int(stream.frames)
         if self._container.duration and self.fps:
             return int(self._container.duration / 1_000_000 * self.fps)
         return None

@@ -146,6 +146,16 @@ def test_truncated_file_yields_what_decodes_and_says_it_ended_early(tmp_path):
     assert 0 < len(frames) < 480 and f"after {len(frames)} of the 480 frames" in src.error
     with FileSource(sample) as src:  # a whole file says nothing
         assert sum(1 for _ in src.frames()) == 480 and src.error is None
+    # nor does a clip cut without re-encoding: its edit list hides the frames back to the keyframe
+    # before its start, which its container still counts (360 of them here, 315 shown)
+    import subprocess
+
+    trimmed = tmp_path / "trimmed.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-ss", "5.5", "-i", str(sample), "-c", "copy", str(trimmed)],
+                   check=True, timeout=60)
+    with FileSource(trimmed) as src:
+        assert src.frame_count == 315 and sum(1 for _ in src.frames(need_rgb=lambda i: False)) == 315
+        assert src.error is None
 
 
 def _parse_subs(text: str) -> list[tuple[str, str, str]]:
