@@ -97,8 +97,7 @@ def _locate(args: argparse.Namespace) -> int:
         if args.json:
             record = {"image": name, task: what, key: [{k: round(v, 4) for k, v in o.items()} for o in found[key]],
                       "pixels": pixels, "width": w, "height": h, "timings_ms": found["timings_ms"],
-                      "model": args.model, "device": str(loaded.device),
-                      "dtype": str(loaded.dtype).removeprefix("torch."), "load_ms": round(load_ms, 3)}
+                      **_model_fields(args, loaded, load_ms)}
             print(json.dumps(record), flush=True)
         else:
             shown = " ".join(f"({p[0]},{p[1]})-({p[2]},{p[3]})" if task == "detect" else f"({p[0]},{p[1]})"
@@ -117,8 +116,13 @@ def _asked(config, task: dict) -> dict:
 
 def _record(args: argparse.Namespace, result, asked: dict, loaded, load_ms: float) -> dict:
     return {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-            **asked, "timings_ms": result.timings.as_dict(), "model": args.model, "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."), "seed": result.seed, "load_ms": round(load_ms, 3)}
+            **asked, "timings_ms": result.timings.as_dict(), **_model_fields(args, loaded, load_ms),
+            "seed": result.seed}
+
+
+def _model_fields(args: argparse.Namespace, loaded, load_ms: float) -> dict:
+    return {"model": args.model, "device": str(loaded.device), "dtype": str(loaded.dtype).removeprefix("torch."),
+            "load_ms": round(load_ms, 3)}
 
 
 def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dtype: str | None) -> int:

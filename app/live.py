@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                           max_inflight=inflight, deadline_ms=args.deadline_ms,
                           record_size=0, shots=0,  # the page's keepsakes: -o and --snapshots write them here
                           on_result=lambda r, label=label: show(label, r),
-                          health=live.health, stop_source=live.connection and live.connection.stop)
+                          connection=live.connection)
                  for live, label in zip(opened, labels)]
         t0 = time.perf_counter()
         try:

@@ -196,7 +196,7 @@ class Service:
         try:
             feed = LiveFeed(self.engine(), task, self.params(), live.frames, realtime=live.paced, loop=live.loops,
                             fps=LIVE_FPS, hold=self.settings.hold, on_result=recorder.add if recorder else None,
-                            health=live.health, stop_source=live.connection and live.connection.stop)
+                            connection=live.connection)
         except BaseException:
             if recorder is not None:
                 recorder.close()

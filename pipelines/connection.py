@@ -31,6 +31,7 @@ class Connection:
     def __init__(self, display: str, max_wait: float, max_outage: float | None = None):
         self.display, self.max_wait, self.max_outage = display, max_wait, max_outage
         self.on_event: Callable[[str], None] | None = None
+        self.counters: Callable[[], dict] | None = None  # the source's own figures, for `health`
         self.state = "connecting"
         self.since = time.perf_counter()  # when the state began (an outage: at the last frame)
         self.outages = 0  # times frames stopped coming (each may take several tries to reopen)
@@ -90,5 +91,6 @@ class Connection:
             self.on_event(line)
 
     def health(self) -> dict:
-        """The state, for how many seconds, and the outages so far."""
-        return {"state": self.state, "for_s": round(time.perf_counter() - self.since, 1), "outages": self.outages}
+        """The state, for how many seconds, the outages so far, and the source's `counters`."""
+        return {"state": self.state, "for_s": round(time.perf_counter() - self.since, 1), "outages": self.outages,
+                **(self.counters() if self.counters is not None else {})}

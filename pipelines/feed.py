@@ -27,6 +27,7 @@ import numpy as np
 from engine import Engine, SamplingParams
 
 from .changes import AnswerChanges, answer_key
+from .connection import Connection
 from .grabber import LatestFrameGrabber
 from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
 from .frame import Frame
@@ -125,15 +126,15 @@ class LiveFeed:
                  fps: float = 60.0, max_inflight: int = DEFAULT_MAX_INFLIGHT, deadline_ms: float | None = None,
                  window_s: float = 30.0, log_size: int = 200, record_size: int = EXPORT_LINES,
                  shots: int = SHOTS, hold: int = 1, on_result: Callable[[LiveResult], None] | None = None,
-                 health: Callable[[], dict] | None = None, stop_source: Callable[[], None] | None = None):
+                 connection: Connection | None = None):
         """hold: a new answer gets a picture once it has come this many frames in a row (as
         `live --changes --hold`): a one-frame misreading is a line of the log, not a change.
-        health: how a network source is doing (StreamSource.health), the counters' "stream".
-        stop_source: called on close, so that a source in an outage stops retrying (Connection.stop)."""
+        connection: a stream's or a camera's (LiveSource.connection): its health is the counters'
+        "stream", and close stops it, so that a source in an outage stops retrying."""
         if not 0 < fps < float("inf"):  # NaN too
             raise ValueError(f"fps must be a finite number > 0, got {fps}")
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
-        self._health, self._stop_source = health, stop_source
+        self._connection = connection
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.version = 0
@@ -232,8 +233,8 @@ class LiveFeed:
             stats["in_flight"] = self.session.in_flight
             if self._grabber is not None:
                 stats["overwritten_at_grab"] = self._grabber.overwritten
-            if self._health is not None:
-                stats["stream"] = self._health()
+            if self._connection is not None:
+                stats["stream"] = self._connection.health()
         with self._lock:
             r = self._latest
             return FeedSnapshot(
@@ -248,8 +249,8 @@ class LiveFeed:
         """Stop the source and join the threads (idempotent). cancel: drop what is in flight (a
         viewer left) instead of letting it finish (a timed run that reports every caption)."""
         self._stop.set()
-        if self._stop_source is not None:
-            self._stop_source()
+        if self._connection is not None:
+            self._connection.stop()
         if self._grabber is not None:
             self._grabber.close()
         if self._pump is not None:

@@ -347,8 +347,7 @@ class LiveSource:
     paced: bool  # its frames come as fast as they decode: the grabber paces them by their times (a file)
     loops: bool  # it can be played again from its start when it ends (a file, or a recording over the network)
     stream: StreamSource | None = None  # a network stream or a pipe: how it held up (reconnects, damage, lateness)
-    connection: Connection | None = None  # a stream's or a camera's: its outages, said as they happen
-    health: Callable[[], dict] | None = None  # how it is doing now, for a page and the closing figures
+    connection: Connection | None = None  # a stream's or a camera's: its outages and health, a way to stop it
 
 
 def open_live(source: str, max_outage: float | None = None) -> LiveSource:
@@ -364,8 +363,7 @@ def open_live(source: str, max_outage: float | None = None) -> LiveSource:
     camera = parse_webcam(source)
     if camera is not None:
         cam = WebcamSource(camera, max_outage=max_outage)
-        return LiveSource(cam.frames, paced=False, loops=False, connection=cam.connection,
-                          health=cam.connection.health)
+        return LiveSource(cam.frames, paced=False, loops=False, connection=cam.connection)
     # Frames come unconverted: the grabber keeps the newest, and the feed converts the ones it takes.
     if "://" in source or source == STDIN:
         import sys
@@ -374,7 +372,7 @@ def open_live(source: str, max_outage: float | None = None) -> LiveSource:
             raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
         stream = StreamSource(source, lazy=True, max_outage=max_outage)  # checks the scheme; redacts credentials
         return LiveSource(stream.frames, paced=False, loops=source != STDIN, stream=stream,  # stdin reads once
-                          connection=stream.connection, health=stream.health)
+                          connection=stream.connection)
     FileSource(source).close()
 
     def frames() -> Iterator[Frame]:

@@ -71,6 +71,7 @@ class StreamSource:
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.reconnect, self.pace = reconnect, pace
         self.connection = Connection(self.display, STREAM_MAX_WAIT_S if max_wait is None else max_wait, max_outage)
+        self.connection.counters = self._counters
         self.lazy = lazy  # frames come with `convert` instead of their pixels (see Frame.load)
         self._clocked = scheme in CLOCKED_SCHEMES
         self.error: str | None = None
@@ -172,10 +173,13 @@ class StreamSource:
                 return
 
     def health(self) -> dict:
-        """How the stream is doing now (`Connection.health`), how often it was reopened, damaged
-        packets, times decoding skipped ahead, and how late it is."""
-        return {**self.connection.health(), "reconnects": self.reconnects, "damaged_packets": self.damaged,
-                "catch_ups": self.catch_ups, "late_s": round(self.late, 3), "max_late_s": round(self.max_late, 3)}
+        """How the stream is doing now (`Connection.health`, with `_counters`)."""
+        return self.connection.health()
+
+    def _counters(self) -> dict:
+        """How often it was reopened, damaged packets, times decoding skipped ahead, how late it is."""
+        return {"reconnects": self.reconnects, "damaged_packets": self.damaged, "catch_ups": self.catch_ups,
+                "late_s": round(self.late, 3), "max_late_s": round(self.max_late, 3)}
 
     def _behind(self, late: float, times: int) -> None:
         now = time.perf_counter()

@@ -653,7 +653,7 @@ def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
     monkeypatch.setattr(StreamSource, "_frames", frames)
     live = open_live("rtsp://127.0.0.1:9/cam")
     feed = LiveFeed(None, {"caption": "short"}, SamplingParams(), live.frames, realtime=False,
-                    health=live.health, stop_source=live.connection.stop)
+                    connection=live.connection)
     feed.session.offer = lambda frame: True  # no engine here: only the source matters
     deadline = time.time() + 10
     while live.connection.state != "reconnecting" and time.time() < deadline:
@@ -662,4 +662,4 @@ def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
     t0 = time.perf_counter()
     feed.close()
     assert time.perf_counter() - t0 < 2 and not feed._grabber._thread.is_alive()
-    assert live.health()["state"] == "ended"
+    assert live.connection.health()["state"] == "ended"
