@@ -7,6 +7,8 @@ so that the prompt templates have Moondream 2's shape: [1, task, 2, length, 3].
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -31,6 +33,14 @@ def corpus(n_scenes: int = 3000, seed: int = 12345) -> list[str]:
 
 
 def build_tokenizer(vocab_size: int = 512) -> Tokenizer:
+    """A fresh Tokenizer object each call (callers may change theirs), trained once a process."""
+    return Tokenizer.from_str(_trained(vocab_size))
+
+
+@functools.lru_cache(maxsize=None)
+def _trained(vocab_size: int) -> str:
+    # Sampling the corpus's 3000 scenes takes ~5 s: once a process, not once a run (a test suite
+    # trains a dozen short runs).
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -39,7 +49,7 @@ def build_tokenizer(vocab_size: int = 512) -> Tokenizer:
     tok.train_from_iterator(corpus(), trainer=trainer)
     for i, s in enumerate(SPECIALS):
         assert tok.token_to_id(s) == i, (s, tok.token_to_id(s))
-    return tok
+    return tok.to_str()
 
 
 def task_token(tok: Tokenizer, word: str) -> int:
