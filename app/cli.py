@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from app.errors import UsageError
-from app.launcher import sigterm_as_interrupt, stopped_code
+from app.launcher import keep_freed_memory, sigterm_as_interrupt, stopped_code
 from app.prompt_args import add_constraint_args, add_prompt_args
 from pipelines.live import LIVE_STICKY
 from engine.errors import VlmstreamError
@@ -345,8 +345,6 @@ def check_not_empty(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from engine.device import keep_freed_memory
-
     keep_freed_memory()
     with sigterm_as_interrupt() as term:  # `kill`, `timeout`, systemd: ended as Ctrl-C ends it
         try:

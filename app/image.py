@@ -29,14 +29,13 @@ IMAGES_IN_FLIGHT = 16
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.models.loader import load_model
-    from engine.reference import ReferenceDecoder
     from engine.types import SamplingParams
     from pipelines.image_file import check_image, read_image
 
     if args.detect is not None or args.point is not None:
         return _locate(args)
-    # Validate everything cheap before the model loads.
+    # Validate everything cheap before the model loads (and before torch: a mistake is answered
+    # at once).
     params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
     task = prompt_tasks(args, default_caption="normal")[0]
     paths, one = _inputs(args.image, check_image)
@@ -45,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     dtype = image_dtype(args.model, args.device, args.dtype)
     if not one:
         return _several(args, paths, params, task, dtype)
+    from engine.models.loader import load_model
+    from engine.reference import ReferenceDecoder
+
     t0 = time.perf_counter()
     loaded = load_model(args.model, device=args.device, dtype=dtype)
     load_ms = (time.perf_counter() - t0) * 1000.0

@@ -16,7 +16,7 @@ from app.outputs import check_writable, folder_arg
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine import Engine, EngineConfig, SamplingParams
+    from engine.types import SamplingParams
     from pipelines.changes import AnswerChanges
     from pipelines.feed import LiveFeed
     from pipelines.prompts import prompt_label
@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
                         print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {line}", flush=True)
                 except BrokenPipeError as e:  # piped into a reader that has had enough (`head`): stop
                     write_error.append(("standard output", e))
+
+    from engine import Engine, EngineConfig  # torch: after every argument and source is checked
 
     interrupted = False
     config = EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),

@@ -17,7 +17,7 @@ from app.prompt_args import check_constraints, prompt_tasks
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from engine import Engine, EngineConfig, SamplingParams
+    from engine.types import SamplingParams
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from pipelines.batch import BatchSummary, Sampling, caption_file, merge
@@ -173,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
                         summary.errors.append(f"{path}: cannot write its results: {e}")
             src.close()
         return summary
+
+    from engine import Engine, EngineConfig  # torch: after every argument is checked
 
     interrupted = False
     summaries: list[BatchSummary] = []

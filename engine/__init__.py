@@ -4,16 +4,23 @@
     with Engine(EngineConfig(model="tiny")) as engine:
         handle = engine.submit(rgb_uint8_HxWx3, caption="short")
         print(handle.result().text)
+
+The names below load on first use (PEP 562): `from engine.errors import ...` and the command
+line's `--help` and argument errors then answer without importing torch (~4 s).
 """
 
-from .config import EngineConfig, ModelConfig
-from .constraints import Choice, ConstraintError, JsonSchema, Regex
-from .engine import Engine
-from .region_decoder import RegionDecoder
-from .errors import (ConfigError, DeviceError, EngineClosedError, ImageError, ModelLoadError, RequestError,
-                     VlmstreamError)
-from .request import ImageRef, RequestHandle
-from .types import EngineStats, RequestOutput, SamplingParams
+import importlib
+
+_HOMES = {
+    "EngineConfig": "config", "ModelConfig": "config",
+    "Choice": "constraints", "ConstraintError": "constraints", "JsonSchema": "constraints", "Regex": "constraints",
+    "Engine": "engine",
+    "RegionDecoder": "region_decoder",
+    "ConfigError": "errors", "DeviceError": "errors", "EngineClosedError": "errors", "ImageError": "errors",
+    "ModelLoadError": "errors", "RequestError": "errors", "VlmstreamError": "errors",
+    "ImageRef": "request", "RequestHandle": "request",
+    "EngineStats": "types", "RequestOutput": "types", "SamplingParams": "types",
+}
 
 __all__ = [
     "Engine", "EngineConfig", "ModelConfig", "SamplingParams", "RequestOutput", "EngineStats",
@@ -21,3 +28,15 @@ __all__ = [
     "ImageError", "ModelLoadError", "RequestError", "Regex", "Choice", "JsonSchema", "ConstraintError",
     "RegionDecoder",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value  # once: later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,9 +23,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
-from engine import Engine, SamplingParams
+from engine.types import SamplingParams
+
+if TYPE_CHECKING:  # not at run time: the command line checks its arguments before torch loads
+    from engine import Engine
 
 from .cuts import CutDetector
 from .prompts import ask, prompt_key, prompt_of

@@ -20,11 +20,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from engine import Engine, SamplingParams
+from engine.types import SamplingParams
+
+if TYPE_CHECKING:  # not at run time: the command line checks its arguments before torch loads
+    from engine import Engine
 
 from .changes import AnswerChanges, answer_key
 from .connection import Connection

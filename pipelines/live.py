@@ -14,11 +14,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from engine import Engine, RequestOutput, SamplingParams
+from engine.types import RequestOutput, SamplingParams
+
+if TYPE_CHECKING:  # not at run time: the command line answers --help without importing torch
+    from engine import Engine
 
 from .cuts import CutDetector
 from .prompts import INTERACTIVE, answers_text, ask, prompt_of

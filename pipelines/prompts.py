@@ -5,9 +5,15 @@ several prompts about one frame on a single image encoding.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from engine import Engine, ImageRef, SamplingParams
+from engine.request import ImageRef
+from engine.types import SamplingParams
+
+if TYPE_CHECKING:  # not at run time: the command line answers --help without importing torch
+    from engine import Engine
 
 PROMPT_KEYS = ("caption", "question")
 

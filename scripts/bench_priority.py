@@ -14,7 +14,7 @@ import torch
 import pipelines.live
 from app.service import SAMPLES_DIR, Service
 from app.task import make_task
-from engine.device import keep_freed_memory
+from app.launcher import keep_freed_memory
 
 torch.set_num_threads(1)
 keep_freed_memory()

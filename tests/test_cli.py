@@ -189,6 +189,23 @@ def test_console_script_exit_codes(tmp_path):
     assert json.loads(ok.stdout)["finish_reason"] in ("stop", "length")
 
 
+def test_help_and_argument_mistakes_are_answered_before_torch_loads(tmp_path):
+    """torch takes ~4 s to import (5 on a slow machine): `--help`, a missing file or a bad flag
+    took that long to answer. They are checked first; torch loads only for a run."""
+    code = ("import contextlib, io, sys; from app.cli import main\n"
+            "codes = []\n"
+            "for argv in " + repr([["image", str(tmp_path / "none.jpg")], ["video", str(tmp_path / "none.mp4")],
+                                   ["live", str(tmp_path / "none.mp4"), "--duration", "1"],
+                                   ["video", str(SCENE), "--fps", "0"], ["--help"], ["live", "--help"]]) + ":\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try: codes.append(main(argv))\n"
+            "        except SystemExit as e: codes.append(e.code)\n"
+            "print(codes, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.stdout.split() == ["[2,", "2,", "2,", "2,", "0,", "0]", "False"], r.stdout + r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("argv", [["live", "{clip}", "--duration", "30"], ["live", "{clip}", "--duration", "30", "-o", "-"],
                                   ["video", "{clip}", "-o", "-"]])
 def test_a_reader_that_stops_reading_stops_the_run_quietly(argv):

@@ -454,7 +454,7 @@ def test_keep_freed_memory_applies_on_glibc_linux():
     import platform
     import sys
 
-    from engine.device import keep_freed_memory
+    from app.launcher import keep_freed_memory
 
     expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert keep_freed_memory() is expected
