@@ -115,7 +115,7 @@ def test_a_time_budget_ends_two_processes_cleanly(tmp_path):
             "for out, minutes in zip(sys.argv[1::2], sys.argv[2::2]):\n"
             "    print(json.dumps(train(TrainConfig(out=out, steps=1000, batch_size=4, warmup=1, processes=2,"
             " max_minutes=float(minutes)), progress=False)), flush=True)")
-    cases = ((0.05, None), (1e-6, 1))
+    cases = ((0.02, None), (1e-6, 1))
     args = [str(a) for minutes, _ in cases for a in (tmp_path / str(minutes), minutes)]
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
