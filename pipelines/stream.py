@@ -23,17 +23,45 @@ STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", 
 CLOCKED_SCHEMES = tuple(s for s in STREAM_SCHEMES if not s.startswith("http"))
 
 
+# Query parameters that carry a credential or its signature: presigned S3 (SigV2 and SigV4),
+# Google Cloud Storage and CloudFront links, tokens of CDNs and cameras. A presigned link is a
+# bearer credential until it expires, and a new one is drawn each time: kept, it leaked into every
+# output line, and --resume with a fresh link of the same file redid it all.
+SECRET_PARAMS = frozenset({
+    "signature", "sig", "awsaccesskeyid", "googleaccessid", "key-pair-id", "policy", "expires", "token",
+    "access_token", "auth", "authorization", "api_key", "apikey", "password", "passwd", "pwd", "secret",
+    "hdnts", "hdnea", "wmsauthsign", "jwt"})
+SECRET_PREFIXES = ("x-amz-", "x-goog-")
+# An Azure SAS link's other parameters (its expiry, permissions, version...) change with each
+# link too; short names, so only where the link is signed (`sig`).
+SAS_PARAMS = frozenset({"se", "st", "sp", "sv", "sr", "spr", "ss", "srt", "si", "skoid", "sktid", "skt", "ske",
+                        "sks", "skv", "sdd", "ses"})
+
+
 def redact(url: str) -> str:
-    """The URL with any user:password replaced, for messages and logs."""
+    """The URL with any user:password and the values of its credential query parameters
+    (SECRET_PARAMS) replaced by ***: for messages, logs and outputs, and the name a --resume
+    finds a file's results by (the same with each new presigned link)."""
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:  # a path (a colon in a file name is no scheme)
+        return url
+    netloc, query = parts.netloc, parts.query
     if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        return urlunsplit((parts.scheme, "***@" + host, parts.path, parts.query, parts.fragment))
-    return url
+        netloc = "***@" + netloc.rpartition("@")[2]  # the host as written ([::1] keeps its brackets)
+    if query:
+        pairs = [pair.partition("=") for pair in query.split("&")]
+        signed = any(name.lower() == "sig" for name, _, _ in pairs)
+
+        def secret(name: str) -> bool:
+            name = name.lower()
+            return name in SECRET_PARAMS or name.startswith(SECRET_PREFIXES) or signed and name in SAS_PARAMS
+
+        query = "&".join(f"{name}=***" if eq and secret(name) else name + eq + value for name, eq, value in pairs)
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error

@@ -87,6 +87,15 @@ def test_unsupported_scheme_and_redacted_credentials(capsys):
     with pytest.raises(SourceError, match="unsupported URL scheme 'ftp'"):
         StreamSource("ftp://example/video.mp4")
     assert redact("rtsp://admin:hunter2@10.0.0.5:554/live") == "rtsp://***@10.0.0.5:554/live"
+    assert redact("rtsp://admin:hunter2@[fe80::1]:554/live?channel=2&token=t0k") == \
+        "rtsp://***@[fe80::1]:554/live?channel=2&token=***"
+    # presigned links (S3, Azure SAS): their signature and what changes with each link
+    assert redact("https://b.s3.amazonaws.com/a.mp4?X-Amz-Credential=AK&X-Amz-Signature=f00&partNumber=1") == \
+        "https://b.s3.amazonaws.com/a.mp4?X-Amz-Credential=***&X-Amz-Signature=***&partNumber=1"
+    assert redact("https://a.blob.core.windows.net/c/v.mp4?sp=r&se=2027-01-01&sig=K3y%3D") == \
+        "https://a.blob.core.windows.net/c/v.mp4?sp=***&se=***&sig=***"
+    assert redact("https://example.com/v.mp4?sp=1&flag") == "https://example.com/v.mp4?sp=1&flag"  # not signed
+    assert redact("/videos/cam:1/a.mp4") == "/videos/cam:1/a.mp4"
     assert main(["live", "gopher://user:hunter2@host/x"]) == 2
     err = capsys.readouterr().err
     assert "unsupported URL scheme" in err and "hunter2" not in err
@@ -521,14 +530,21 @@ def test_a_server_that_hangs_up_at_once_is_retried_with_backoff_then_given_up(mo
 
 def test_video_captions_a_file_on_a_web_server_as_it_does_a_local_one(tmp_path, capsys, small_folder):
     """S3, a NAS, a CDN: a video named by its http(s) URL is captioned as the file would be; its
-    outputs are named after the URL's file name (not its query: a presigned link's signature)."""
+    outputs are named after the URL's file name (not its query: a presigned link's signature).
+    The signature is a credential: no output line carries it, and --resume with the next link
+    drawn for the same file (another signature and date) finds the frames done."""
     clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
     server = _serve(clip.parent)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     args = ["--model", str(small_folder), "--every-n", "60", "--max-tokens", "4"]
     try:
-        url = f"{base}/{clip.name}?X-Amz-Signature=abc"
-        assert main(["video", url, "-o", str(tmp_path / "out") + "/", "--format", "jsonl,srt", *args]) == 0
+        url = f"{base}/{clip.name}?X-Amz-Date=20261202T1200Z&X-Amz-Signature=SECRETSIG1&v=2"
+        out = ["-o", str(tmp_path / "out") + "/", "--format", "jsonl,srt"]
+        assert main(["video", url, *out, *args]) == 0
+        done = (tmp_path / "out" / "cuts_640x360_30fps.jsonl").read_text()
+        later = f"{base}/{clip.name}?X-Amz-Date=20261203T0900Z&X-Amz-Signature=SECRETSIG2&v=2"
+        assert main(["video", later, *out, "--resume", *args]) == 0
+        assert (tmp_path / "out" / "cuts_640x360_30fps.jsonl").read_text() == done  # nothing redone
         assert main(["video", str(clip), "-o", str(tmp_path / "local.jsonl"), *args]) == 0
         missing = f"{base}/nothing.mp4"
         assert main(["video", missing, "-o", str(tmp_path / "x.jsonl"), *args]) == 2
@@ -539,7 +555,8 @@ def test_video_captions_a_file_on_a_web_server_as_it_does_a_local_one(tmp_path, 
     local = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
     assert len(remote) == len(local) == 8 and (tmp_path / "out" / "cuts_640x360_30fps.srt").stat().st_size > 0
     assert [(r["index"], r["text"]) for r in remote] == [(r["index"], r["text"]) for r in local]
-    assert {r["source"] for r in remote} == {url}
+    assert {r["source"] for r in remote} == {f"{base}/{clip.name}?X-Amz-Date=***&X-Amz-Signature=***&v=2"}
+    assert "SECRETSIG" not in err and "SECRETSIG" not in done
     assert f"vlmstream: error: cannot read {missing}: " in err and "404" in err and "Traceback" not in err
 
 
