@@ -9,7 +9,9 @@ preprocessing does). Every failure is an `ImageError` with a one-line message.
 from __future__ import annotations
 
 import io
+import threading
 import warnings
+from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -26,18 +28,32 @@ from .stream import redact
 
 FETCH_TIMEOUT_S = 15.0  # to connect, and between two reads
 FETCH_MAX_BYTES = 64 << 20  # an "image" larger than this is not one a caption is for
-_last_fetch: tuple[str, bytes] | None = None  # check_image then read_image of one URL: one request
+# check_image fetches a URL to check it; read_image then takes those bytes, once, instead of a
+# second request (`image URL URL ...` fetched every image twice). Oldest first out beyond this.
+FETCH_KEEP_BYTES = 256 << 20
+_kept: OrderedDict[str, bytes] = OrderedDict()
+_kept_lock = threading.Lock()
 
 
-def fetch(url: str) -> bytes:
+def fetch(url: str, keep: bool = False) -> bytes:
     """An image's bytes from a web server; every failure is an ImageError naming the URL
-    (without its password)."""
-    global _last_fetch
+    (without its password). keep: hold them for the next fetch of the URL (which takes them)."""
+    with _kept_lock:
+        data = _kept.pop(url, None)
+    if data is None:
+        data = _download(url)
+    if keep:
+        with _kept_lock:
+            _kept[url] = data
+            while sum(map(len, _kept.values())) > FETCH_KEEP_BYTES and len(_kept) > 1:
+                _kept.popitem(last=False)
+    return data
+
+
+def _download(url: str) -> bytes:
     import urllib.error
     import urllib.request
 
-    if _last_fetch is not None and _last_fetch[0] == url:
-        return _last_fetch[1]
     shown = redact(url)
     try:
         plain, headers = _without_credentials(url)
@@ -54,7 +70,6 @@ def fetch(url: str) -> bytes:
         raise ImageError(f"{shown} is larger than {FETCH_MAX_BYTES >> 20} MB: not an image to caption")
     if not data:
         raise ImageError(f"{shown} is empty (0 bytes)")
-    _last_fetch = (url, data)
     return data
 
 
@@ -81,7 +96,7 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", 
 def check_image(path: str | Path) -> None:
     """Cheap checks before a run (the file exists and its header is an image Pillow reads),
     so a mistyped name among many fails at once; decoding may still fail later."""
-    with _opened(path, "read"):
+    with _opened(path, "read", keep=True):
         pass
 
 
@@ -93,11 +108,11 @@ def read_image(path: str | Path) -> np.ndarray:
 
 
 @contextmanager
-def _opened(name: str | Path, verb: str) -> Iterator[Image.Image]:
+def _opened(name: str | Path, verb: str, keep: bool = False) -> Iterator[Image.Image]:
     """The image opened by Pillow; every way that fails is one ImageError ("could not be <verb>")."""
     path = Path(name)
     if is_remote(name) and not path.exists():  # Path() would print it as "http:/host/..."
-        source = io.BytesIO(fetch(str(name)))
+        source = io.BytesIO(fetch(str(name), keep))
         path = redact(str(name))  # what messages name
     elif "://" in str(name) and not path.exists():
         raise ImageError(f"{name} is not an image file or an http(s) URL")

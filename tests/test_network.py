@@ -220,13 +220,15 @@ def test_a_camera_that_sends_nothing_is_an_error(monkeypatch):
         next(WebcamSource(2, read_timeout=0.1).frames())
 
 
-def _serve(root: Path):
+def _serve(root: Path, requests: list | None = None):
+    """root's files over HTTP on a free port; the paths asked for go to `requests`."""
     import functools
     import http.server
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args) -> None:  # not on the test's stderr
-            pass
+            if requests is not None:
+                requests.append(self.path)
 
     handler = functools.partial(Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -623,7 +625,8 @@ def test_image_reads_a_picture_from_a_web_server(capsys, small_folder, tmp_path)
     scene = Path(__file__).resolve().parents[1] / "sample_videos" / "scene.png"
     shutil.copy(scene, tmp_path / "scene.png")
     Image.open(scene).convert("L").save(tmp_path / "gray.jpg")
-    server = _serve(tmp_path)
+    requests = []
+    server = _serve(tmp_path, requests)
     base = f"http://user:pw@127.0.0.1:{server.server_address[1]}"  # a NAS's basic authentication
     args = ["--model", str(small_folder), "--max-tokens", "6", "--json"]
     try:
@@ -633,7 +636,9 @@ def test_image_reads_a_picture_from_a_web_server(capsys, small_folder, tmp_path)
         remote = json.loads(capsys.readouterr().out)
         assert main(["image", f"{base}/missing.png", *args]) == 2
         err = capsys.readouterr().err
+        requests.clear()
         assert main(["image", f"{base}/scene.png", f"{base}/gray.jpg", *args]) == 0
+        assert sorted(requests) == ["/gray.jpg", "/scene.png"]  # checked before the run, then read: once each
         rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     finally:
         server.shutdown()
