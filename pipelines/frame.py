@@ -16,6 +16,7 @@ import numpy as np
 from engine.errors import VlmstreamError
 
 from .deinterlace import Deinterlacer
+from .hdr import is_hdr, to_sdr
 
 
 class SourceError(VlmstreamError):
@@ -52,13 +53,16 @@ def as_shown(frame, sample_aspect) -> np.ndarray:
     swscale pass as the colour conversion. Read as stored, a 16:9 PAL frame (720x576) squeezes every
     circle to an ellipse: of 60 scenes stored at half their width, the tiny model named all the
     objects of 65 % against 83 % unsqueezed. Stretching (never shrinking) keeps every stored
-    pixel's detail. Then the display rotation."""
+    pixel's detail. HDR video is tone-mapped to SDR (`hdr.py`). Then the display rotation."""
     width, height = frame.width, frame.height
     if sample_aspect and sample_aspect != 1:
         if sample_aspect > 1:
             width = max(2, round(width * sample_aspect / 2) * 2)
         else:
             height = max(2, round(height / sample_aspect / 2) * 2)
+    if is_hdr(frame):  # tone-mapped, in the same pass
+        rgb = to_sdr(frame, width, height)
+    elif (width, height) != (frame.width, frame.height):
         rgb = frame.to_ndarray(format="rgb24", width=width, height=height)
     else:
         rgb = frame.to_ndarray(format="rgb24")

@@ -1,0 +1,71 @@
+"""HDR video (PQ or HLG transfer, BT.2020 primaries: phones record HLG by default, HDR10 and
+Dolby Vision releases are PQ) to the SDR BT.709 pixels the model reads and a page shows.
+
+Read as SDR (the plain RGB conversion applies the BT.2020 matrix but not the transfer or the
+gamut), an HLG red came out brown-orange and the whole frame washed out: mean error 11 levels
+against the SDR source of the same scene, the colour the captions name most often changed. FFmpeg's
+scale filter (8.x colour management: transfer, primaries, gamut mapping) converts it, at 4.3.
+One filter graph per frame shape, kept for the process: its first frame builds the tables
+(~2 s), later frames cost ~4x a plain conversion (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from fractions import Fraction
+
+import numpy as np
+
+# AVColorTransferCharacteristic: SMPTE ST 2084 (PQ) and ARIB STD-B67 (HLG).
+HDR_TRANSFERS = frozenset({16, 18})
+
+
+def is_hdr(frame) -> bool:
+    return getattr(frame, "color_trc", None) in HDR_TRANSFERS
+
+
+def to_sdr(frame, width: int, height: int) -> np.ndarray:
+    """The HDR frame as (height, width, 3) uint8 RGB in BT.709, its pixels scaled to that size.
+    With an FFmpeg older than 8 (no colour management in its scale filter), read as SDR, with a
+    warning once."""
+    import av
+
+    try:
+        graph, lock = _graph(frame.width, frame.height, frame.format.name, width, height)
+    except (av.FFmpegError, ValueError) as e:  # an option this FFmpeg does not have
+        _warn_once(str(e))
+        return frame.to_ndarray(format="rgb24", width=width, height=height)
+    with lock:  # a graph takes one frame at a time; frames convert on whichever thread loads them
+        g, sink = graph
+        g.push(frame)
+        return sink.pull().to_ndarray()
+
+
+@functools.lru_cache(maxsize=8)
+def _graph(in_w: int, in_h: int, pix_fmt: str, out_w: int, out_h: int):
+    from av.filter import Graph
+
+    g = Graph()
+    src = g.add_buffer(width=in_w, height=in_h, format=pix_fmt, time_base=Fraction(1, 90000))
+    scale = g.add("scale", f"w={out_w}:h={out_h}:out_transfer=bt709:out_primaries=bt709:"
+                           "out_color_matrix=bt709:out_range=pc")
+    rgb = g.add("format", "rgb24")
+    sink = g.add("buffersink")
+    src.link_to(scale)
+    scale.link_to(rgb)
+    rgb.link_to(sink)
+    g.configure()
+    return (g, sink), threading.Lock()
+
+
+_warned: list[str] = []
+
+
+def _warn_once(error: str) -> None:
+    import sys
+
+    if not _warned:
+        _warned.append(error)
+        print(f"vlmstream: warning: HDR video is read as SDR (washed-out colours): this FFmpeg cannot tone-map "
+              f"it ({error})", file=sys.stderr)
