@@ -25,6 +25,7 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
     def handler(signum, frame) -> None:
         if not got:
             got.append(signum)
+            _requested.append(signum)
             raise KeyboardInterrupt
 
     if threading.current_thread() is not threading.main_thread():
@@ -35,6 +36,18 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
         yield got
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if got:
+            _requested.clear()  # answered: the block is over
+
+
+_requested: list[int] = []  # every SIGTERM taken by a block above, for stop_requested
+
+
+def stop_requested() -> bool:
+    """Whether a SIGTERM came within a `sigterm_as_interrupt` block. A long loop checks it at each
+    turn: the KeyboardInterrupt raised at an unlucky moment can be lost (raised inside a finalizer,
+    which Python reports and ignores), and a `kill` of train-tiny was once left training."""
+    return bool(_requested)
 
 
 def stopped_code(term: list[int]) -> int:

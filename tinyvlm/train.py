@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
+from app.launcher import stop_requested
+
 from engine.config import TILINGS, ModelConfig
 from engine.device import cpu_has_native_bf16
 from engine.models.loader import TINY_DIR
@@ -195,21 +197,28 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     ctx = mp.get_context("spawn")
     # Not daemonic: each process has a render worker of its own.
     others = [ctx.Process(target=_train, args=(cfg, rank, False, port, init)) for rank in range(1, cfg.processes)]
-    for p in others:
-        p.start()
+    stopped = False
     try:
+        for p in others:
+            p.start()
         report = _train(cfg, 0, progress, port, init)
     except BaseException:
         # Interrupted (Ctrl-C, SIGTERM) or failed: the others would wait on this process at their
         # next step until the group's timeout, two minutes, and the command with them.
+        stopped = True
         for p in others:
-            p.terminate()
+            if p.pid is not None:  # started
+                p.terminate()
         raise
     finally:
         for p in others:
-            p.join(timeout=_GROUP_TIMEOUT_S + 30)
+            if p.pid is None:
+                continue
+            # Stopped: a few seconds for it to go, then SIGKILL; the command is to end now.
+            p.join(timeout=10 if stopped else _GROUP_TIMEOUT_S + 30)
             if p.is_alive():
-                p.terminate()
+                p.kill() if stopped else p.terminate()
+                p.join(timeout=10)
     if any(p.exitcode != 0 for p in others):
         raise RuntimeError(f"a training process failed (exit codes {[p.exitcode for p in others]})")
     return report
@@ -314,6 +323,8 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     bf16 = cpu_has_native_bf16() if cfg.bf16 is None else cfg.bf16
     decoder_start = None  # the step at which the whole model began to train
     for step, batch in enumerate(batches):
+        if rank == 0 and stop_requested():  # the interrupt itself may have been lost (launcher.py)
+            raise KeyboardInterrupt
         elapsed = time.perf_counter() - t0
         # The schedule follows whichever runs out first, steps or the time budget, so a run cut
         # short by a slow or busy machine still ends with a decayed learning rate.
