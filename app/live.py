@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
     # every mistake fails here, before the model loads
+    # torch (~5 s) before the sources open: a live stream opened first (a pipe, `ffmpeg -re`) ran on
+    # unread meanwhile, and a 3 s stream piped in had 7 frames captioned instead of 40.
+    from engine import Engine, EngineConfig
+
     opened = [open_live(source, max_outage=args.max_outage) for source in args.sources]
     log = _open_log(args.output, args.json)
     labels = [redact(source) for source in args.sources]
@@ -100,8 +104,6 @@ def run(args: argparse.Namespace) -> int:
                         print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {line}", flush=True)
                 except BrokenPipeError as e:  # piped into a reader that has had enough (`head`): stop
                     write_error.append(("standard output", e))
-
-    from engine import Engine, EngineConfig  # torch: after every argument and source is checked
 
     interrupted = False
     config = EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),

@@ -195,7 +195,7 @@ def test_help_and_argument_mistakes_are_answered_before_torch_loads(tmp_path):
     code = ("import contextlib, io, sys; from app.cli import main\n"
             "codes = []\n"
             "for argv in " + repr([["image", str(tmp_path / "none.jpg")], ["video", str(tmp_path / "none.mp4")],
-                                   ["live", str(tmp_path / "none.mp4"), "--duration", "1"],
+                                   ["live", "--duration", "0", str(tmp_path / "none.mp4")],
                                    ["video", str(SCENE), "--fps", "0"], ["--help"], ["live", "--help"]]) + ":\n"
             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
             "        try: codes.append(main(argv))\n"
