@@ -12,6 +12,7 @@ One filter graph per frame shape, kept for the process: its first frame builds t
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from fractions import Fraction
 
@@ -19,6 +20,7 @@ import numpy as np
 
 # AVColorTransferCharacteristic: SMPTE ST 2084 (PQ) and ARIB STD-B67 (HLG).
 HDR_TRANSFERS = frozenset({16, 18})
+_warned: list[str] = []  # the error of an FFmpeg that cannot tone-map, once said
 
 
 def is_hdr(frame) -> bool:
@@ -31,14 +33,17 @@ def to_sdr(frame, width: int, height: int) -> np.ndarray:
     warning once."""
     import av
 
+    if _warned:  # an FFmpeg that failed once fails again: no graph is tried for each frame
+        return frame.to_ndarray(format="rgb24", width=width, height=height)
     try:
-        graph, lock = _graph(frame.width, frame.height, frame.format.name, width, height)
+        graph, sink, lock = _graph(frame.width, frame.height, frame.format.name, width, height)
     except (av.FFmpegError, ValueError) as e:  # an option this FFmpeg does not have
-        _warn_once(str(e))
+        _warned.append(str(e))
+        print(f"vlmstream: warning: HDR video is read as SDR (washed-out colours): this FFmpeg cannot "
+              f"tone-map it ({e})", file=sys.stderr)
         return frame.to_ndarray(format="rgb24", width=width, height=height)
     with lock:  # a graph takes one frame at a time; frames convert on whichever thread loads them
-        g, sink = graph
-        g.push(frame)
+        graph.push(frame)
         return sink.pull().to_ndarray()
 
 
@@ -56,16 +61,4 @@ def _graph(in_w: int, in_h: int, pix_fmt: str, out_w: int, out_h: int):
     scale.link_to(rgb)
     rgb.link_to(sink)
     g.configure()
-    return (g, sink), threading.Lock()
-
-
-_warned: list[str] = []
-
-
-def _warn_once(error: str) -> None:
-    import sys
-
-    if not _warned:
-        _warned.append(error)
-        print(f"vlmstream: warning: HDR video is read as SDR (washed-out colours): this FFmpeg cannot tone-map "
-              f"it ({error})", file=sys.stderr)
+    return g, sink, threading.Lock()
