@@ -41,12 +41,11 @@ def run(args: argparse.Namespace) -> int:
     tasks = prompt_tasks(args)
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
-    # every mistake fails here, before the model loads
-    # torch (~5 s) before the sources open: a live stream opened first (a pipe, `ffmpeg -re`) ran on
-    # unread meanwhile, and a 3 s stream piped in had 7 frames captioned instead of 40.
+    # Every mistake fails here, before torch loads (~3 s): a missing file or camera is said at once.
+    # Opening connects to no stream (StreamSource connects when its frames are first asked).
+    opened = [open_live(source, max_outage=args.max_outage) for source in args.sources]
     from engine import Engine, EngineConfig
 
-    opened = [open_live(source, max_outage=args.max_outage) for source in args.sources]
     log = _open_log(args.output, args.json)
     labels = [redact(source) for source in args.sources]
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials

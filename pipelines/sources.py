@@ -269,11 +269,11 @@ class WebcamSource:
 
     def __init__(self, index: int, source_id: str | None = None, read_timeout: float = 3.0,
                  max_outage: float | None = None):
-        import os
-
-        os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")  # no driver chatter for a missing camera
         import cv2
 
+        # No driver chatter for a missing camera ("[ WARN:0@2.5] global cap_v4l.cpp..." above the
+        # one-line error). Not OPENCV_LOG_LEVEL: it is read once, and cv2 is often imported already.
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
         self._cv2 = cv2
         self.index, self.source_id = index, source_id or f"webcam:{index}"
         self.read_timeout = read_timeout
