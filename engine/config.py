@@ -367,7 +367,10 @@ class EngineConfig:
     are ignored; see engine/scheduler.py).
     `vision_thread`: encode images (vision encoder and projection) on a CPU thread of their own,
     beside the device thread, so that the two take two cores (None: on CPU; see
-    engine/vision_stage.py)."""
+    engine/vision_stage.py).
+    `lower_turn`: while requests of a higher priority keep waiting, one admission in `lower_turn`
+    goes to the oldest waiting request of a lower priority (its image encoded first), so that batch
+    work beside a live view is slowed, not stopped (0: strict priority; see engine/scheduler.py)."""
 
     model: str = "tiny"
     device: str = "cpu"
@@ -384,6 +387,7 @@ class EngineConfig:
     cpu_script: bool | None = None
     max_draft: int = 16
     vision_thread: bool | None = None
+    lower_turn: int = 4
 
     def __post_init__(self) -> None:
         if self.pipeline_depth not in (1, 2):
@@ -394,5 +398,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.max_draft, bool) or not isinstance(self.max_draft, int) or self.max_draft < 0:
             raise ConfigError(f"max_draft must be an integer >= 0, got {self.max_draft!r}")
+        if isinstance(self.lower_turn, bool) or not isinstance(self.lower_turn, int) or self.lower_turn in (1,) \
+                or self.lower_turn < 0:
+            raise ConfigError(f"lower_turn must be 0 (strict priority) or an integer >= 2, got {self.lower_turn!r}")
         if self.kv_pages is not None and (not isinstance(self.kv_pages, int) or self.kv_pages < 1):
             raise ConfigError(f"kv_pages must be a positive integer or None, got {self.kv_pages!r}")

@@ -100,6 +100,7 @@ class Engine:
         self._depth = cfg.pipeline_depth
         self._draft_proposed = self._draft_accepted = 0
         self._prefixes_dropped = 0
+        self._higher_run = 0  # admissions of the top priority in a row while a lower one waited
 
         self._thread = threading.Thread(target=self._loop, name="vlmstream-engine", daemon=True)
         self._thread.start()
@@ -256,10 +257,11 @@ class Engine:
                 if self._closing.is_set() and not self._has_work() and self._inbox.empty():
                     self._drop_images()
                     break
+                turn = self._lower_turn()
                 if self._vision is not None:  # images encoded on the vision thread; start the next
                     self._vision.collect()
-                    self._vision.feed(self._pending_images)
-                step = self._plan()
+                    self._vision.feed(self._pending_images, turn.image if turn is not None else None)
+                step = self._plan(turn)
                 stalled = step.empty and not self._inflight
                 if stalled and self._waiting and self._drop_idle_prefixes():
                     continue  # plan again with the pages those prefixes gave back
@@ -332,16 +334,40 @@ class Engine:
             self._draft_proposed = self._draft_accepted = 0
             self._busy_base = self._executor.busy_seconds()
 
-    def _plan(self) -> StepPlan:
+    def _lower_turn(self) -> Sequence | None:
+        """The oldest waiting request below the top priority, when it is its turn: after
+        `lower_turn` - 1 admissions of the top priority in a row while it waited. With strict
+        priority, a live view that always has a frame waiting stopped a video job beside it (its
+        frames, a sticky group at a time, queued for seconds: 13x the job's time alone)."""
+        n = self.config.lower_turn
+        if not n or self._higher_run < n - 1 or not self._waiting:
+            return None
+        top = max(s.priority for s in self._waiting)
+        lower = [s for s in self._waiting if s.priority < top]
+        return max(lower, key=lambda s: s.priority) if lower else None  # max: the first, FIFO
+
+    def _count_turns(self, admitted: list[Sequence], waited: deque[Sequence]) -> None:
+        if not admitted or not self.config.lower_turn:
+            return
+        top = max(s.priority for s in waited)
+        lower_waited = any(s.priority < top for s in waited)
+        for seq in admitted:
+            if seq.priority < top:
+                self._higher_run = 0
+            elif lower_waited:
+                self._higher_run += 1
+
+    def _plan(self, first: Sequence | None = None) -> StepPlan:
         budget = Budget(free_pages=self.pool.n_free, free_slots=len(self._free_slots),
                         prefill_tokens=self.config.prefill_token_budget,
                         prefix_len=self.model_config.prefix_len, prefix_pages=self._prefix_pages,
                         max_draft=self._max_draft, draft_rows=self.runner.draft_rows,
                         reserve_pages=self._reserve_pages)
-        return plan(self._waiting, self._running, self._pending_images, budget, self.config.page_size)
+        return plan(self._waiting, self._running, self._pending_images, budget, self.config.page_size, first)
 
     def _launch(self, step: StepPlan) -> None:
         P, ps = self.model_config.prefix_len, self.config.page_size
+        self._count_turns(step.admit, self._waiting)  # before the admitted leave it
         for img in step.images:
             img.pages = self.pool.allocate(self._prefix_pages)
             self._pending_images.remove(img)

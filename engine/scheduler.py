@@ -3,7 +3,9 @@
 `plan()` is a pure selection over the engine's queues: it reads, it allocates nothing and
 changes nothing; the engine applies the plan (admission, page allocation, in-flight counts).
 Policy, in order: every running sequence that can still produce a token decodes; waiting
-requests are admitted by priority, then in FIFO order, while slots and free pages last (zombies keep their pages
+requests are admitted by priority, then in FIFO order (but `first`, the oldest request of a lower
+priority when it is its turn, goes ahead once its image can be encoded: EngineConfig.lower_turn),
+while slots and free pages last (zombies keep their pages
 until released), each bringing its image's encoding (vision + bidirectional prefix, never
 chunked) if that is not launched yet; when one with a new image lacks pages, later requests on
 encoded images still go ahead (they need their own pages alone, and their ends are what give
@@ -106,7 +108,7 @@ def propose(tokens: list[int], draft: tuple[int, ...], where: dict[int, list[int
 
 
 def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list[Image],
-         budget: Budget, page_size: int) -> StepPlan:
+         budget: Budget, page_size: int, first: Sequence | None = None) -> StepPlan:
     # A sequence with a draft waits for its step in flight: it proposes from committed tokens.
     step = StepPlan(decodes=[s for s in running if s.wants_decode() and not (s.draft and s.inflight)])
     rows = budget.draft_rows
@@ -125,7 +127,11 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     # the pages their own requests need (encoding ahead of admission could deadlock the pool).
     planned: set[int] = set()
     blocked = False  # a request with a new image lacked pages: only those on encoded images go on
-    for seq in sorted(waiting, key=lambda s: -s.priority):  # stable: FIFO within a priority
+    order = sorted(waiting, key=lambda s: -s.priority)  # stable: FIFO within a priority
+    if first is not None and (first.image.launched or first.image.encodable):  # else it waits for the vision stage
+        order.remove(first)
+        order.insert(0, first)
+    for seq in order:
         img = seq.image
         new_image = not img.launched and id(img) not in planned
         need = own_pages(seq, budget.prefix_len, page_size) + (budget.prefix_pages if new_image else 0)

@@ -43,12 +43,16 @@ class VisionStage:
         self._executor = Executor(device, queue_size=depth, name="vlmstream-vision")
         self._jobs: deque[tuple[Image, Pending]] = deque()
 
-    def feed(self, pending_images: list[Image]) -> None:
+    def feed(self, pending_images: list[Image], first: Image | None = None) -> None:
         """Start the oldest images of the highest priority that still need an encoding, up to
-        `depth` in the worker."""
+        `depth` in the worker; `first` (the image of a lower priority whose turn it is) before them."""
         if len(self._jobs) >= self.depth:  # the common case in the engine loop: nothing to sort
             return
-        for img in sorted(pending_images, key=lambda i: -i.priority):  # stable: FIFO within a priority
+        order = sorted(pending_images, key=lambda i: -i.priority)  # stable: FIFO within a priority
+        if first is not None and first in order:
+            order.remove(first)
+            order.insert(0, first)
+        for img in order:
             if len(self._jobs) >= self.depth:
                 return
             if img.encoding or img.embeds is not None or img.holders == 0 or not img.staged:
