@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             src = FileSource(path)  # probed already; opened only now: a folder may hold thousands
         except SourceError as e:  # changed since it was probed
             summary.errors.append(str(e))
+            summary.incomplete += 1
             return summary
         name = file_name(path)
         sinks: list = [shared] if shared else []
@@ -216,9 +217,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if interrupted:
         return 130
-    if write_failed.is_set():
-        return 1
-    return 2 if summary.errors and summary.frames_captioned == 0 else 0
+    if summary.errors and summary.frames_captioned == 0 and not summary.frames_skipped:
+        return 2
+    # Some of the work is missing (a file unreadable, cut off, or its outputs unwritable), the
+    # rest is whole: 1, so that a script (`vlmstream video dir/ && upload`) sees it. With 0, a
+    # folder with a broken clip looked done. Damaged packets skipped on the way are a warning.
+    return 1 if write_failed.is_set() or summary.incomplete or skipped else 0
 
 
 CONCURRENT_FILES = 4  # files captioned side by side, sharing the engine

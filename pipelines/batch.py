@@ -89,6 +89,7 @@ class BatchSummary:
     frames_captioned: int = 0
     frames_skipped: int = 0
     errors: list[str] = field(default_factory=list)
+    incomplete: int = 0  # files not read to their end (or not at all): their error says why
     seconds: float = 0.0
     video_seconds: float = 0.0
 
@@ -202,6 +203,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         summary.files += 1
         if source.error:
             summary.errors.append(source.error)
+        summary.incomplete += source.incomplete
     return summary
 
 
@@ -221,6 +223,7 @@ def merge(summaries: list[BatchSummary]) -> BatchSummary:
         total.frames_captioned += s.frames_captioned
         total.frames_skipped += s.frames_skipped
         total.errors += s.errors
+        total.incomplete += s.incomplete
         total.seconds = max(total.seconds, s.seconds)  # files ran side by side
         total.video_seconds += s.video_seconds
     return total

@@ -48,6 +48,7 @@ class FileSource:
         self.name = redact(text) if self.url else str(self.path)
         self.source_id = source_id or (self.name if self.url else text)
         self.error: str | None = None
+        self.incomplete = False  # the last frames() ended before the file's end (the error says why)
         self.decoded = 0  # frames decoded by the last frames() so far
         self.damaged = 0  # packets the decoder rejected in the last frames(), skipped
         self.seconds = 0.0  # the video time they cover: first frame's start to last frame's end
@@ -176,6 +177,7 @@ class FileSource:
             self.error = f"{self.name}: decoding stopped after {index} frames: {first_line(e)}"
         if index == 0 and self.error is None:
             self.error = f"{self.name}: no frame could be decoded"
+        self.incomplete = self.error is not None  # damaged packets skipped on the way are not that
         if self.damaged and self.error is None:
             self.error = (f"{self.name}: {self.damaged} damaged packets skipped (their frames are missing, or "
                           "show decoding damage until the next keyframe)")
@@ -184,6 +186,7 @@ class FileSource:
             # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
             self.error = (f"{self.name}: decoding ended after {index} of the {announced} frames its container "
                           "announces (a truncated or damaged file?)")
+            self.incomplete = True
 
     def _announced_frames(self) -> int | None:
         """`frame_count`, where it is evidence enough of a cut-off file: the container's own count

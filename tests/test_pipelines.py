@@ -136,7 +136,7 @@ def test_truncated_file_yields_what_decodes_and_says_it_ended_early(tmp_path):
     with FileSource(path) as src:
         frames = list(src.frames())
     assert 5 < len(frames) < 40
-    assert f"after {len(frames)} of the 40 frames" in src.error and "truncated" in src.error
+    assert f"after {len(frames)} of the 40 frames" in src.error and "truncated" in src.error and src.incomplete
     # an MP4 whose index comes first (as the samples are written) and whose data is cut off
     sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
     cut = tmp_path / "cut.mp4"
@@ -145,7 +145,7 @@ def test_truncated_file_yields_what_decodes_and_says_it_ended_early(tmp_path):
         frames = list(src.frames())
     assert 0 < len(frames) < 480 and f"after {len(frames)} of the 480 frames" in src.error
     with FileSource(sample) as src:  # a whole file says nothing
-        assert sum(1 for _ in src.frames()) == 480 and src.error is None
+        assert sum(1 for _ in src.frames()) == 480 and src.error is None and not src.incomplete
     # nor does a clip cut without re-encoding: its edit list hides the frames back to the keyframe
     # before its start, which its container still counts (360 of them here, 315 shown)
     import subprocess
@@ -311,7 +311,7 @@ def test_a_folder_is_every_video_under_it(tmp_path, small_folder, capsys):
     (root / "day2" / "broken.mp4").write_bytes(b"not a video either")
     out = tmp_path / "all.jsonl"
     cmd = ["video", str(root), str(root / "a.mp4"), "--model", str(small_folder), "-o", str(out), "--max-tokens", "2"]
-    assert main(cmd) == 0
+    assert main(cmd) == 1  # the rest is done and written, but not everything: a script sees it
     err = capsys.readouterr().err
     assert "warning: skipped: " in err and "broken.mp4" in err and "Traceback" not in err
     assert "1 unreadable skipped" in err
@@ -321,9 +321,19 @@ def test_a_folder_is_every_video_under_it(tmp_path, small_folder, capsys):
         by_source.setdefault(r["source"], []).append(r["index"])
     # a.mp4 named and found in the folder is captioned once
     assert by_source == {str(root / "a.mp4"): list(range(6)), str(root / "day2" / "b.MKV"): list(range(4))}
-    assert main(cmd + ["--resume"]) == 0
+    assert main(cmd + ["--resume"]) == 1
     assert len(out.read_text().splitlines()) == len(rows)
     assert "10 skipped (resume)" in capsys.readouterr().err
+    # a clip cut off (a copy still running, a camera's power lost): what it holds is captioned,
+    # and the run says it is not all (exit 1), as for the unreadable one
+    data = (root / "a.mp4").read_bytes()
+    whole = write_video(tmp_path / "b40.mkv", "mpeg4", n=40).read_bytes()
+    (root / "day2" / "b.MKV").write_bytes(whole[: len(whole) * 2 // 3])
+    cut = tmp_path / "cut.jsonl"
+    assert main(["video", str(root / "a.mp4"), str(root / "day2" / "b.MKV"), "--model", str(small_folder),
+                 "-o", str(cut), "--max-tokens", "2"]) == 1
+    assert "of the 40 frames its container announces" in capsys.readouterr().err
+    assert 6 + 20 < len(cut.read_text().splitlines()) < 6 + 40 and (root / "a.mp4").read_bytes() == data
     # the broken file named on its own is the user's mistake, not a skip
     assert main(["video", str(root / "day2" / "broken.mp4"), "--model", str(small_folder)]) == 2
     (tmp_path / "none").mkdir()
