@@ -8,7 +8,7 @@ two CPU cores, the same answers), and print one line per image in order, "IMAGE:
 JSON object per line, with an "image" field), with a progress bar on stderr. Named images are
 checked before the model loads (exit 2); an image found in a folder that is not readable is
 skipped with a warning; one that fails to decode mid-run gets a warning (and a JSON line with
-"error") while the others go on.
+"error") while the others go on; either way the run then exits 1 (not everything was answered).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ def run(args: argparse.Namespace) -> int:
     # at once).
     params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
     task = prompt_tasks(args, default_caption="normal")[0]
-    paths, one = _inputs(args.image, check_image)
+    paths, one, skipped = _inputs(args.image, check_image)
     rgb = read_image(paths[0]) if one else None  # the single image's every error is a usage error
 
     dtype = image_dtype(args.model, args.device, args.dtype)
     if not one:
-        return _several(args, paths, params, task, dtype)
+        return _several(args, paths, params, task, dtype, skipped)
     from engine.models.loader import load_model
     from engine.reference import ReferenceDecoder
 
@@ -80,7 +80,7 @@ def _locate(args: argparse.Namespace) -> int:
         raise UsageError(f"--{task} names no object")
     if args.prompt_order:
         raise UsageError(f"--choices, --regex and --json-schema constrain answers; --{task} gives places")
-    paths, _ = _inputs(args.image, check_image)
+    paths, _, _ = _inputs(args.image, check_image)
     t0 = time.perf_counter()
     loaded = load_model(args.model, device=args.device, dtype=image_dtype(args.model, args.device, args.dtype))
     load_ms = (time.perf_counter() - t0) * 1000.0
@@ -127,7 +127,8 @@ def _model_fields(args: argparse.Namespace, loaded, load_ms: float) -> dict:
             "load_ms": round(load_ms, 3)}
 
 
-def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dtype: str | None) -> int:
+def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dtype: str | None,
+             skipped: int = 0) -> int:
     """Each image through the engine, answers written in the images' order."""
     from collections import deque
 
@@ -176,14 +177,15 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
         while pending:
             finish()
         bar.close()
-    print(f"vlmstream: {done} images answered" + (f", {failed} could not be read" if failed else ""),
+    print(f"vlmstream: {done} images answered" + (f", {failed + skipped} could not be read" if failed + skipped else ""),
           file=sys.stderr)
-    return 0 if done else 2
+    # 1: the others are answered, not all (a script sees it); as `video` does
+    return 2 if not done else 1 if failed or skipped else 0
 
 
-def _inputs(names: list[str], check) -> tuple[list[Path], bool]:
-    """The images to read (a folder: every image under it, by extension), and whether the run is
-    the one-image form (a single named file)."""
+def _inputs(names: list[str], check) -> tuple[list[Path], bool, int]:
+    """The images to read (a folder: every image under it, by extension), whether the run is the
+    one-image form (a single named file), and how many found in folders were skipped (unreadable)."""
     from engine.errors import ImageError
     from pipelines.image_file import IMAGE_EXTENSIONS
     from pipelines.sources import is_remote
@@ -192,6 +194,7 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool]:
     if len(set(names)) != len(names):
         raise UsageError("an image is listed twice")
     paths: list[Path] = []
+    skipped = 0
     for name in names:
         p = Path(name)
         if not p.is_dir():
@@ -207,8 +210,9 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool]:
                 check(f)
                 paths.append(f)
             except ImageError as e:
+                skipped += 1
                 print(f"vlmstream: warning: skipped: {e}", file=sys.stderr)
     paths = list(dict.fromkeys(paths))
     if not paths:
         raise UsageError("none of the image files found can be read")
-    return paths, len(names) == 1 and not Path(names[0]).is_dir()
+    return paths, len(names) == 1 and not Path(names[0]).is_dir(), skipped
