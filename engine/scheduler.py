@@ -107,6 +107,17 @@ def propose(tokens: list[int], draft: tuple[int, ...], where: dict[int, list[int
     return [] if best is None else list(draft[best:best + limit])
 
 
+def _fits_first(seq: Sequence, budget: Budget, page_size: int) -> bool:
+    """Whether a request can go ahead of the others now: its image encoded (or encodable in the
+    step) and its pages free. One that must wait for pages keeps its place in the order: put
+    first, it held back every request while nothing ran, and freeing idle prefixes
+    (Engine._drop_idle_prefixes) sizes what the first by priority needs."""
+    if not (seq.image.launched or seq.image.encodable) or budget.free_slots == 0:
+        return False
+    need = own_pages(seq, budget.prefix_len, page_size) + (0 if seq.image.launched else budget.prefix_pages)
+    return need <= budget.free_pages
+
+
 def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list[Image],
          budget: Budget, page_size: int, first: Sequence | None = None) -> StepPlan:
     # A sequence with a draft waits for its step in flight: it proposes from committed tokens.
@@ -128,7 +139,7 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
     planned: set[int] = set()
     blocked = False  # a request with a new image lacked pages: only those on encoded images go on
     order = sorted(waiting, key=lambda s: -s.priority)  # stable: FIFO within a priority
-    if first is not None and (first.image.launched or first.image.encodable):  # else it waits for the vision stage
+    if first is not None and _fits_first(first, budget, page_size):
         order.remove(first)
         order.insert(0, first)
     for seq in order:

@@ -89,7 +89,8 @@ def _run(folder, depth, requests, oracle=None):
 
 # Small pools under pressure: more images than prefixes fit, one to three prompts on each, asked
 # image by image or round by round (later prompts queued behind new images), the ImageRefs kept
-# until the results are in or released at once, cancellations. Every request must end (no hang)
+# until the results are in or released at once, cancellations, two priorities (with the lower one's
+# turns, EngineConfig.lower_turn, or strict). Every request must end (no hang)
 # with the reference's tokens, and every page must come back.
 MANY = [np.random.default_rng(100 + i).integers(0, 256, size=(20 + 9 * i, 30 + 13 * i, 3), dtype=np.uint8)
         for i in range(8)]
@@ -110,16 +111,18 @@ def many_oracle(small_folder):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompts=st.lists(_prompts, min_size=5, max_size=8), by_round=st.booleans(), hold=st.booleans(),
        cancel=st.lists(st.integers(0, 23), max_size=3), kv_pages=st.sampled_from([9, 11, 14, None]),
-       batch=st.sampled_from([1, 2]), vision=st.booleans(), depth=st.sampled_from([1, 2]))
+       batch=st.sampled_from([1, 2]), vision=st.booleans(), depth=st.sampled_from([1, 2]),
+       levels=st.lists(st.integers(0, 1), min_size=1, max_size=5), turn=st.sampled_from([0, 2, 3]))
 def test_small_pools_under_pressure_never_hang(small_folder, many_oracle, prompts, by_round, hold, cancel, kv_pages,
-                                               batch, vision, depth):
+                                               batch, vision, depth, levels, turn):
     asks = [(i, j, task, n) for i, ps in enumerate(prompts) for j, (task, n) in enumerate(ps)]
     if by_round:  # every image's first prompt, then every second one, ...
         asks.sort(key=lambda a: a[1])
     with Engine(EngineConfig(model=str(small_folder), pipeline_depth=depth, debug_checks=True, max_batch_size=batch,
-                             kv_pages=kv_pages, vision_thread=vision, prefill_token_budget=16)) as eng:
+                             kv_pages=kv_pages, vision_thread=vision, prefill_token_budget=16, lower_turn=turn)) as eng:
         refs = [eng.encode_image(img) for img in MANY[:len(prompts)]]
-        handles = [eng.submit(refs[i], params=SamplingParams(max_tokens=n), **TASKS[task]) for i, _, task, n in asks]
+        handles = [eng.submit(refs[i], params=SamplingParams(max_tokens=n), priority=levels[k % len(levels)],
+                              **TASKS[task]) for k, (i, _, task, n) in enumerate(asks)]
         for k in cancel:
             handles[k % len(handles)].cancel()
         if not hold:  # else kept until every result is in
