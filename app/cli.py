@@ -65,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
                           "folders: every video in them and their subfolders, by extension (unreadable ones "
                           "there are skipped with a warning)")
     add_prompt_args(vid)
+    region = vid.add_mutually_exclusive_group()
+    region.add_argument("--detect", metavar="OBJECT",
+                        help="boxes around every OBJECT in each processed frame, as JSON lines (or terminal lines), "
+                             "drawn by --annotate (Moondream 2 weights: the tiny model's region head is untrained)")
+    region.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
     pick = vid.add_mutually_exclusive_group()
     pick.add_argument("--fps", type=float, metavar="N", help="process N frames per second of video")
     pick.add_argument("--every-n", type=int, metavar="N", help="process every Nth frame")

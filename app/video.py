@@ -41,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
     if args.format and not out_dir:
         raise UsageError("--format goes with -o FOLDER/ (a file's extension gives its format)")
     formats = parse_formats(args.format or "jsonl") if out_dir else ()
+    locate = args.detect is not None or args.point is not None
+    if locate:
+        from app.video_locate import check_args
+
+        task, what = check_args(args, kind, formats)
     paths, skipped = _inputs(args.files, exclude=ann_dir)
     if len(paths) > 1 and kind in ("srt", "vtt"):
         raise UsageError(f"several files need a folder for their subtitles: -o FOLDER/ --format {kind}")
@@ -65,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     ann_file = Path(args.annotate) if args.annotate and not ann_dir else None
     plans = plan_outputs(paths, out_dir, formats, ann_dir, ann_file, (out, kind) if kind in ("srt", "vtt") else None)
     check_writable([d for d in (out_dir, ann_dir) if d], [p for p in (out, ann_file) if p])
+    if locate:  # places, through the region head: a path of its own (app/video_locate.py)
+        from app import video_locate
+
+        return video_locate.run(args, paths, plans, out, to_stdout, Sampling(fps=args.fps, every_n=args.every_n),
+                                skipped, task, what)
     params = SamplingParams(max_tokens=args.max_tokens, sticky=sticky)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
     done = done_frames(out, one_prompt) if args.resume and kind == "jsonl" else {}

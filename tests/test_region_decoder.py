@@ -124,3 +124,55 @@ def test_image_detect_and_point_on_the_command_line(capsys, small_folder, tmp_pa
     assert main([*args, "--point", "  "]) == 2
     assert main([*args, "--detect", "star", "--choices", "a,b"]) == 2
     assert "--detect gives places" in capsys.readouterr().err
+
+
+def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, small_folder, loaded, tmp_path):
+    """`video --detect OBJECT`: the region protocol on every processed frame, the same places as
+    the decoder gives that frame alone, as JSON lines, terminal lines and drawn on --annotate."""
+    import av
+
+    from pipelines.sources import FileSource
+
+    clip = tmp_path / "clip.mp4"
+    with av.open(str(clip), "w") as c:
+        s = c.add_stream("libx264", rate=10)
+        s.width, s.height, s.pix_fmt = 96, 64, "yuv420p"
+        for i in range(9):
+            rgb = np.random.default_rng(i).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    out, ann = tmp_path / "boxes.jsonl", tmp_path / "boxes.mp4"
+    model = ["--model", str(small_folder), "--dtype", "float32"]
+    assert main(["video", str(clip), "--detect", "red circle", "--every-n", "4", "-o", str(out),
+                 "--annotate", str(ann), *model]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == [0, 4, 8] and all(r["detect"] == "red circle" for r in rows)
+    decoder = RegionDecoder(loaded)
+    with FileSource(clip) as src:
+        frames = {f.index: f.rgb for f in src.frames()}
+    for r in rows:
+        want = decoder.locate(frames[r["index"]], "red circle", "detect")["objects"]
+        assert r["objects"] == [{k: round(v, 4) for k, v in o.items()} for o in want]
+        assert len(r["pixels"]) == len(want) and (r["width"], r["height"]) == (96, 64)
+        assert r["timings_ms"]["total"] > 0
+    with av.open(str(ann)) as c:
+        assert sum(1 for _ in c.decode(video=0)) == 3
+    assert "3 frames" in capsys.readouterr().err
+    assert main(["video", str(clip), "--point", "star", "--every-n", "8", *model]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.split()[1] == "star:" for line in lines)
+    # mistakes are one line, exit 2, before any output is written
+    for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "-o", str(tmp_path / "x.srt")],
+                ["--point", "star", "--resume", "-o", str(tmp_path / "x.jsonl")], ["--detect", " "],
+                ["--detect", "star", "--changes"]):
+        assert main(["video", str(clip), *bad, *model]) == 2
+    assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.srt").exists()
+    with pytest.raises(SystemExit) as e:  # argparse: one or the other
+        main(["video", str(clip), "--detect", "a", "--point", "b"])
+    assert e.value.code == 2
+    tiny = tmp_path / "tiny.jsonl"
+    assert main(["video", str(clip), "--detect", "star", "--model", "tiny", "-o", str(tiny)]) == 2
+    assert "region head was not trained" in capsys.readouterr().err and not tiny.exists()
+

@@ -1,0 +1,157 @@
+"""`vlmstream video --detect OBJECT` / `--point OBJECT`: where an object is in every processed
+frame of video files, through the model's region head (engine/region_decoder.py).
+
+Moondream 2's region protocol runs one frame at a time through the reference decoder (batch 1,
+a host sync a step: the engine does not batch it), so a frame costs what `image --detect` costs.
+Each frame gives a JSON line (-o OUT.jsonl, -o -, or -o FOLDER/ with jsonl) with the boxes (or
+points) as fractions of the frame and in pixels, and its timings; without -o, a terminal line a
+frame. `--annotate` draws them on the frames. The embedded tiny model's region head was never
+trained: asking it is exit 2 before anything is written. Files that cannot be read, or end
+early, are a warning and exit 1 once the others are done, as for captions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from app.cli import UsageError
+
+COLOUR = (255, 60, 200)  # magenta: stands out on most scenes, and is none of the world's colours
+
+
+def check_args(args: argparse.Namespace, kind: str | None, formats: tuple[str, ...]) -> tuple[str, str]:
+    """(task, object); what does not go with a region task is a UsageError."""
+    task, what = ("detect", args.detect) if args.detect is not None else ("point", args.point)
+    if not what.strip():
+        raise UsageError(f"--{task} names no object")
+    if args.caption or args.question or args.prompt_order:
+        raise UsageError(f"--{task} gives places, not answers: it goes without --caption, --question and their "
+                         "constraints (run them separately)")
+    if kind in ("srt", "vtt") or any(f != "jsonl" for f in formats):
+        raise UsageError(f"--{task} writes JSON lines (-o OUT.jsonl, -o -, or -o FOLDER/), not subtitles")
+    for flag, given in (("--changes", args.changes), ("--resume", args.resume), ("--snapshots", args.snapshots)):
+        if given:
+            raise UsageError(f"{flag} goes with captions and questions, not --{task}")
+    return task, what.strip()
+
+
+def draw(rgb: np.ndarray, pixels: list[list[int]], task: str) -> np.ndarray:
+    """The frame with each box (or point) drawn, two pixels wide on a dark outline."""
+    import cv2
+
+    img = np.ascontiguousarray(rgb).copy()
+    r = max(3, min(img.shape[:2]) // 80)
+    for p in pixels:
+        for colour, width in (((0, 0, 0), 4), (COLOUR, 2)):
+            if task == "detect":
+                cv2.rectangle(img, (p[0], p[1]), (p[2], p[3]), colour, width)
+            else:
+                cv2.circle(img, (p[0], p[1]), r, colour, width)
+    return img
+
+
+def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to_stdout: bool,
+        sampling, skipped: list[str], task: str, what: str) -> int:
+    from tqdm import tqdm
+
+    from engine.models.loader import load_model
+    from engine.region_decoder import RegionDecoder
+    from pipelines.sinks import AnnotatedVideoSink
+    from pipelines.sources import FileSource, SourceError, file_name
+
+    from app.cli import realtime_dtype
+
+    t0 = time.perf_counter()
+    loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
+    load_ms = round((time.perf_counter() - t0) * 1000.0, 1)
+    decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
+    key = "objects" if task == "detect" else "points"
+    shared = sys.stdout if to_stdout else (open(out, "w", encoding="utf-8") if out else None)
+    frames = found_total = incomplete = 0
+    interrupted, errors = False, []
+    started = time.perf_counter()
+    try:
+        for path, count, _ in paths:
+            plan = plans[path]
+            try:
+                src = FileSource(path)
+            except SourceError as e:  # changed since it was probed
+                errors.append(str(e))
+                incomplete += 1
+                continue
+            own = None
+            ann = None
+            try:
+                if plan.jsonl:
+                    plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
+                    own = open(plan.jsonl, "w", encoding="utf-8")
+                lines = own or shared
+                bar = tqdm(total=count, desc=file_name(path), unit="frame", file=sys.stderr)
+                shown = 0
+                for frame in src.frames(pick=sampling.picker()):
+                    h, w = frame.rgb.shape[:2]
+                    result = decoder.locate(frame.rgb, what, task)
+                    places = result[key]
+                    if task == "detect":
+                        pixels = [[round(o["x_min"] * w), round(o["y_min"] * h), round(o["x_max"] * w),
+                                   round(o["y_max"] * h)] for o in places]
+                    else:
+                        pixels = [[round(o["x"] * w), round(o["y"] * h)] for o in places]
+                    frames += 1
+                    found_total += len(places)
+                    if lines is not None:
+                        record = {"source": frame.source_id, "index": frame.index, "pts": round(frame.pts, 6),
+                                  task: what, key: [{k: round(v, 4) for k, v in o.items()} for o in places],
+                                  "pixels": pixels, "width": w, "height": h, "timings_ms": result["timings_ms"],
+                                  "model": args.model, "load_ms": load_ms}
+                        lines.write(json.dumps(record) + "\n")
+                        lines.flush()
+                    else:
+                        shown_places = " ".join(f"({p[0]},{p[1]})-({p[2]},{p[3]})" if task == "detect"
+                                                else f"({p[0]},{p[1]})" for p in pixels)
+                        prefix = f"{file_name(path)}  " if len(paths) > 1 else ""
+                        tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {shown_places or 'none found'}")
+                    if plan.annotate:
+                        if ann is None:
+                            plan.annotate.parent.mkdir(parents=True, exist_ok=True)
+                            ann = AnnotatedVideoSink(plan.annotate, w, h)
+                        ms = result["timings_ms"].get("total", 0.0)
+                        ann.write_image(draw(frame.rgb, pixels, task), f"{what}: {len(places)}",
+                                        f"#{frame.index} {frame.pts:.3f}s  {ms:.0f} ms", frame.pts)
+                    bar.update(src.decoded - shown)
+                    shown = src.decoded
+                bar.update(src.decoded - shown)
+                bar.close()
+                if src.error:
+                    errors.append(src.error)
+                incomplete += src.incomplete
+            finally:
+                src.close()
+                for f in (own, ann):
+                    if f is not None:
+                        f.close()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was written stays whole
+        interrupted = True
+    except BrokenPipeError:  # -o - into a reader that has had enough
+        return 0
+    finally:
+        if shared is not None and shared is not sys.stdout:
+            shared.close()
+    for err in errors:
+        print(f"vlmstream: warning: {err}", file=sys.stderr)
+    seconds = time.perf_counter() - started
+    print(f"vlmstream: {frames} frames, {found_total} {key} found ({what}), {len(paths)} file(s)"
+          + (f", {len(skipped)} unreadable skipped" if skipped else "")
+          + f", {frames / seconds if seconds else 0.0:.2f} frames/s" + (" (interrupted)" if interrupted else ""),
+          file=sys.stderr)
+    if interrupted:
+        return 130
+    if frames == 0 and errors:
+        return 2
+    return 1 if incomplete or skipped else 0
