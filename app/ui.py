@@ -53,11 +53,23 @@ def build(service: Service, source: str | None = None):
     samples = sample_videos()
     default_source = source or (DEFAULT_SAMPLE if DEFAULT_SAMPLE in samples else (samples[0] if samples else ""))
 
-    def live(src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None):
+    # The sample a page plays on opening pauses while the page is on another tab that works
+    # (Browser webcam, Video file, Image) and plays again back on Live: it took 3/4 of the engine
+    # from them (a video job beside it took 4x as long). A feed the user started keeps running
+    # (a camera watched for its changes, a recording).
+    autoplayed: dict[str, object] = {}  # session -> its feed that the page's opening started
+    paused: set[str] = set()  # sessions whose autoplayed feed waits for the Live tab
+
+    def live(src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None, auto=False):
         sid = request.session_hash
         try:
             task = make_task(kind, question, ckind, ctext)
             feed = service.start_live(sid, upload or src, task, record=bool(record))
+            if auto:
+                autoplayed[sid] = feed
+            else:
+                autoplayed.pop(sid, None)
+            paused.discard(sid)
         except (UIError, VlmstreamError, OSError) as e:
             # Again for two seconds: the previous feed's loop may have passed its check that it
             # still owns the page just before it was stopped, and its last frame must not land on
@@ -97,6 +109,23 @@ def build(service: Service, source: str | None = None):
         finally:  # the page went away (or Stop): nothing keeps running for nobody
             if service.feed(sid) is feed:
                 service.stop_live(sid)
+
+    # Gradio passes the request to a parameter annotated gr.Request, not to one after *args
+    def autoplay(src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None):
+        yield from live(src, upload, kind, question, ckind, ctext, record, request, auto=True)
+
+    def leave_live(request: gr.Request):
+        sid = request.session_hash
+        feed = service.feed(sid)
+        if feed is not None and autoplayed.get(sid) is feed:
+            paused.add(sid)
+            service.stop_live(sid)
+
+    def back_to_live(src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None):
+        if request.session_hash in paused and service.feed(request.session_hash) is None:
+            yield from live(src, upload, kind, question, ckind, ctext, record, request, auto=True)
+        else:
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
     def stop(request: gr.Request):
         feed = service.feed(request.session_hash)
@@ -179,7 +208,7 @@ def build(service: Service, source: str | None = None):
     # of them when the server stops (a long-running server must not fill the disk).
     with gr.Blocks(title="vlmstream", analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
         gr.Markdown("# vlmstream\nReal-time video understanding: every frame captioned by a vision-language model.")
-        with gr.Tab("Live"):
+        with gr.Tab("Live") as live_tab:
             with gr.Row():
                 src = gr.Dropdown(samples + ["webcam:0"], value=default_source, allow_custom_value=True, scale=3,
                                   label="Source: a sample, a webcam index on the server, a URL or a path")
@@ -232,9 +261,9 @@ def build(service: Service, source: str | None = None):
                         api_name="live")
             stop_btn.click(stop, None, counters, api_name=False, concurrency_limit=None)
             if default_source:
-                demo.load(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
+                demo.load(autoplay, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
                           api_name=False)
-        with gr.Tab("Browser webcam"):
+        with gr.Tab("Browser webcam") as cam_tab:
             # Shown only where the browser withholds the camera (HEAD_JS marks such pages).
             gr.HTML('<div class="vs-error">This page was opened over plain HTTP from another machine, and '
                     'browsers give the camera only to pages served over HTTPS (or from localhost): start '
@@ -279,7 +308,7 @@ def build(service: Service, source: str | None = None):
             cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record, cam_shown],
                        [cam_frame, cam_counters, cam_shots, cam_shown], stream_every=0.1, concurrency_limit=None,
                        show_progress="hidden", api_name=False)
-        with gr.Tab("Video file"):
+        with gr.Tab("Video file") as video_tab:
             with gr.Row():
                 vfile = gr.File(label="Video", file_types=video_file_types(), type="filepath", elem_id="vs-video-file")
                 with gr.Column():
@@ -300,7 +329,7 @@ def build(service: Service, source: str | None = None):
             vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext, vchanges], [vnote, vtable, vfiles, vvideo],
                        api_name="caption_video", concurrency_limit=2)
             vcancel.click(cancel_video, None, None, api_name=False, concurrency_limit=None)
-        with gr.Tab("Image"):
+        with gr.Tab("Image") as image_tab:
             with gr.Row():
                 img = gr.Image(type="numpy", label="Image")
                 with gr.Column():
@@ -335,7 +364,14 @@ def build(service: Service, source: str | None = None):
             sapply.click(apply, [model, device, temperature, max_tokens, pipelined, sticky, hold], sstatus,
                          api_name="apply_settings")
             gr.Timer(1.0).tick(service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
+        for tab in (cam_tab, video_tab, image_tab):
+            tab.select(leave_live, None, None, api_name=False, concurrency_limit=None, show_progress="hidden")
+        live_tab.select(back_to_live, live_inputs, live_outputs, api_name=False, concurrency_limit=None,
+                        show_progress="hidden")
+
         def closed(request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
+            autoplayed.pop(request.session_hash, None)
+            paused.discard(request.session_hash)
             service.close_session(request.session_hash)
 
         demo.unload(closed)

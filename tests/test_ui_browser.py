@@ -363,6 +363,40 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
     engine_idle(client)
 
 
+def _engine_busy(client, timeout=30.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        stats = client.predict(api_name="/engine_stats")
+        if stats.get("kv_pages_in_use"):
+            return stats
+        if time.time() > deadline:
+            raise AssertionError(f"the engine stayed idle: {stats}")
+        time.sleep(0.25)
+
+
+def test_the_sample_the_page_plays_pauses_while_another_tab_works(server, client):
+    """The sample playing on its own took 3/4 of the engine from the other tabs; a feed the user
+    started (a camera watched for its changes) keeps running when they look elsewhere."""
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1300})
+        page.goto(server)
+        page.wait_for_selector("#vs-caption", timeout=120_000)
+        page.get_by_role("tab", name="Video file").click()
+        engine_idle(client, timeout=20)  # paused
+        page.get_by_role("tab", name="Live").click()
+        _engine_busy(client)  # playing again
+        page.wait_for_function("document.querySelector('#vs-counters') && "
+                               "document.querySelector('#vs-counters').innerText.includes('running')", timeout=30_000)
+        page.click("#vs-start")  # the user's own Start: it plays on while they look elsewhere
+        time.sleep(1.0)
+        page.get_by_role("tab", name="Image").click()
+        time.sleep(2.0)
+        _engine_busy(client, timeout=5)
+        browser.close()
+    engine_idle(client)
+
+
 def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp_path):
     import av
 
