@@ -227,12 +227,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if interrupted:
         return 130
+    if write_failed.is_set():
+        return 1
     if summary.errors and summary.frames_captioned == 0 and not summary.frames_skipped:
         return 2
     # Some of the work is missing (a file unreadable, cut off, or its outputs unwritable), the
     # rest is whole: 1, so that a script (`vlmstream video dir/ && upload`) sees it. With 0, a
     # folder with a broken clip looked done. Damaged packets skipped on the way are a warning.
-    return 1 if write_failed.is_set() or summary.incomplete or skipped else 0
+    return 1 if summary.incomplete or skipped else 0
 
 
 CONCURRENT_FILES = 4  # files captioned side by side, sharing the engine

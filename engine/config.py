@@ -399,7 +399,7 @@ class EngineConfig:
         if isinstance(self.max_draft, bool) or not isinstance(self.max_draft, int) or self.max_draft < 0:
             raise ConfigError(f"max_draft must be an integer >= 0, got {self.max_draft!r}")
         if isinstance(self.lower_turn, bool) or not isinstance(self.lower_turn, int) or self.lower_turn in (1,) \
-                or self.lower_turn < 0:
+                or self.lower_turn < 0:  # 1 would put the lower priority always first
             raise ConfigError(f"lower_turn must be 0 (strict priority) or an integer >= 2, got {self.lower_turn!r}")
         if self.kv_pages is not None and (not isinstance(self.kv_pages, int) or self.kv_pages < 1):
             raise ConfigError(f"kv_pages must be a positive integer or None, got {self.kv_pages!r}")

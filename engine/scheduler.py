@@ -4,7 +4,8 @@
 changes nothing; the engine applies the plan (admission, page allocation, in-flight counts).
 Policy, in order: every running sequence that can still produce a token decodes; waiting
 requests are admitted by priority, then in FIFO order (but `first`, the oldest request of a lower
-priority when it is its turn, goes ahead once its image can be encoded: EngineConfig.lower_turn),
+priority when it is its turn, goes ahead once its image can be encoded and its pages are free:
+EngineConfig.lower_turn),
 while slots and free pages last (zombies keep their pages
 until released), each bringing its image's encoding (vision + bidirectional prefix, never
 chunked) if that is not launched yet; when one with a new image lacks pages, later requests on

@@ -9,7 +9,7 @@ One filter graph per frame shape, kept for the process: its first frame builds t
 (~2 s), later frames cost ~4x a plain conversion (BENCHMARKS.md).
 
 The colour work costs per pixel it is done on, so a frame larger than 1080p (a phone's 4K HLG) is
-first scaled down, plainly in YUV, to fit 1920x1080 (area), and comes out that size: 90 ms a 4K
+first scaled down, plainly in YUV, to fit 1920x1080 (area), and comes out that size: 80-90 ms a 4K
 frame instead of 200 on two cores. The model reads no more of a frame than that (Moondream 2: at
 most 12 crops of 378 px, ~1.7 Mpx).
 """
