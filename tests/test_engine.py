@@ -428,9 +428,11 @@ def test_a_higher_priority_goes_before_waiting_work(small_folder, reference, ima
 @pytest.mark.parametrize("lower_turn", [0, 3])
 def test_live_frames_that_keep_coming_slow_batch_work_but_do_not_stop_it(small_folder, reference, images,
                                                                            vision_thread, lower_turn):
-    # one slot; a batch request waits among live frames that keep coming (here: all waiting at
-    # once): with strict priority it goes last, with turns after at most lower_turn - 1 of them
+    # one slot, held by a long live answer while the rest arrive; then a batch request waits among
+    # live frames that keep coming (here: all waiting at once): with strict priority it goes last,
+    # with turns after at most lower_turn - 1 of them
     params = SamplingParams(max_tokens=12, ignore_eos=True)
+    long = SamplingParams(max_tokens=60, ignore_eos=True)
     with _engine(small_folder, max_batch_size=1, vision_thread=vision_thread, lower_turn=lower_turn) as eng:
         refs = [eng.encode_image(img) for img in images]
         submitted, handles = [], []
@@ -439,14 +441,15 @@ def test_live_frames_that_keep_coming_slow_batch_work_but_do_not_stop_it(small_f
             if i == 1:
                 handles.append(eng.submit(images[3], caption="short", params=params))  # its image not encoded yet
             else:
-                handles.append(eng.submit(refs[i % 3], question="How many?", params=params, priority=1))
+                handles.append(eng.submit(refs[i % 3], question="How many?", params=long if i == 0 else params,
+                                          priority=1))
         for ref in refs:
             ref.release()
         outs = [h.result(timeout=60) for h in handles]
     _assert_clean(eng)
     admitted = [t + o.timings.queue / 1000.0 for t, o in zip(submitted, outs)]
     live_before = sum(a < admitted[1] for a in admitted[2:])
-    # (the first live frame may be admitted before the batch request arrives, or after)
+    # (the long one may be admitted before the batch request arrives, or after: it counts or not)
     assert live_before == 7 if lower_turn == 0 else 0 < live_before < lower_turn, admitted
     live = [a for i, a in enumerate(admitted) if i != 1]
     assert live == sorted(live)  # FIFO among the live frames
