@@ -54,9 +54,10 @@ def build(service: Service, source: str | None = None):
     default_source = source or (DEFAULT_SAMPLE if DEFAULT_SAMPLE in samples else (samples[0] if samples else ""))
 
     # The sample a page plays on opening pauses while the page is on another tab that works
-    # (Browser webcam, Video file, Image) and plays again back on Live: it took 3/4 of the engine
-    # from them (a video job beside it took 4x as long). A feed the user started keeps running
-    # (a camera watched for its changes, a recording).
+    # (Browser webcam, Video file, Image), or hidden in the browser, and plays again back on Live:
+    # it took 3/4 of the engine from those tabs (a video job beside it took 4x as long), and a page
+    # left open in the background kept the cores busy for nobody. A feed the user started keeps
+    # running (a camera watched for its changes, a recording).
     autoplayed: dict[str, object] = {}  # session -> its feed that the page's opening started
     paused: set[str] = set()  # sessions whose autoplayed feed waits for the Live tab
 
@@ -208,6 +209,9 @@ def build(service: Service, source: str | None = None):
     # of them when the server stops (a long-running server must not fill the disk).
     with gr.Blocks(title="vlmstream", analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
         gr.Markdown("# vlmstream\nReal-time video understanding: every frame captioned by a vision-language model.")
+        with gr.Row():  # clicked by the page itself when it is hidden or shown (HEAD_JS; CSS hides them)
+            page_hidden = gr.Button("pause", elem_id="vs-page-hidden")
+            page_shown = gr.Button("resume", elem_id="vs-page-shown")
         with gr.Tab("Live") as live_tab:
             with gr.Row():
                 src = gr.Dropdown(samples + ["webcam:0"], value=default_source, allow_custom_value=True, scale=3,
@@ -364,10 +368,11 @@ def build(service: Service, source: str | None = None):
             sapply.click(apply, [model, device, temperature, max_tokens, pipelined, sticky, hold], sstatus,
                          api_name="apply_settings")
             gr.Timer(1.0).tick(service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
-        for tab in (cam_tab, video_tab, image_tab):
-            tab.select(leave_live, None, None, api_name=False, concurrency_limit=None, show_progress="hidden")
-        live_tab.select(back_to_live, live_inputs, live_outputs, api_name=False, concurrency_limit=None,
-                        show_progress="hidden")
+        for leave in (cam_tab.select, video_tab.select, image_tab.select, page_hidden.click):
+            leave(leave_live, None, None, api_name=False, concurrency_limit=None, show_progress="hidden")
+        for back in (live_tab.select, page_shown.click):
+            back(back_to_live, live_inputs, live_outputs, api_name=False, concurrency_limit=None,
+                 show_progress="hidden")
 
         def closed(request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
             autoplayed.pop(request.session_hash, None)

@@ -177,9 +177,21 @@ document.addEventListener("click", (e) => {
   const img = a && a.querySelector("img");
   if (img) a.href = img.src;
 }, true);
+// The sample a page plays on opening pauses while the page is hidden (another browser tab, a
+// minimised window) and plays again when it is shown on the Live tab (app/ui.py): a page left
+// open in the background kept the server's cores busy for nobody.
+document.addEventListener("visibilitychange", () => {
+  const hidden = document.visibilityState === "hidden";
+  const tab = document.querySelector('button[role="tab"][aria-selected="true"]');
+  if (!hidden && !(tab && tab.innerText.trim() === "Live")) return;
+  const button = document.getElementById(hidden ? "vs-page-hidden" : "vs-page-shown");
+  if (button) button.click();
+});
 </script>"""
 
 CSS = """
+/* the page's own buttons (HEAD_JS clicks them): no one else's */
+#vs-page-hidden, #vs-page-shown { display: none !important; }
 /* a download box holds one file link: no drop area */
 .vs-download .empty { min-height: 48px !important; height: 48px; }
 #vs-counters { display: flex; flex-wrap: wrap; gap: 6px; }
