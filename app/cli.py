@@ -105,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
                            "rtsp, udp, http(s)/HLS, rtmp, or - for a stream piped in (rpicam-vid -t 0 -o - | "
                            "vlmstream live -); several sources share one engine")
     add_prompt_args(live, " (a frame completes with all its answers)")
+    region = live.add_mutually_exclusive_group()
+    region.add_argument("--detect", metavar="OBJECT",
+                        help="boxes around every OBJECT in each newest frame, at the region decoder's pace "
+                             "(frames that come while it works are passed over), drawn by --annotate "
+                             "(Moondream 2 weights: the tiny model's region head is untrained)")
+    region.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     live.add_argument("--max-outage", type=float, default=None, metavar="S",

@@ -73,6 +73,7 @@ def _locate(args: argparse.Namespace) -> int:
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
     from pipelines.image_file import check_image, read_image
+    from pipelines.locator import pixel_places, places_text
     from pipelines.stream import redact
 
     task, what = ("detect", args.detect) if args.detect is not None else ("point", args.point)
@@ -90,11 +91,7 @@ def _locate(args: argparse.Namespace) -> int:
         rgb = read_image(path)
         h, w = rgb.shape[:2]
         found = decoder.locate(rgb, what, task)
-        if task == "detect":
-            pixels = [[round(o["x_min"] * w), round(o["y_min"] * h), round(o["x_max"] * w), round(o["y_max"] * h)]
-                      for o in found[key]]
-        else:
-            pixels = [[round(o["x"] * w), round(o["y"] * h)] for o in found[key]]
+        pixels = pixel_places(found[key], w, h, task)
         name = redact(str(path))
         if args.json:
             record = {"image": name, task: what, key: [{k: round(v, 4) for k, v in o.items()} for o in found[key]],
@@ -102,9 +99,7 @@ def _locate(args: argparse.Namespace) -> int:
                       **_model_fields(args, loaded, load_ms)}
             print(json.dumps(record), flush=True)
         else:
-            shown = " ".join(f"({p[0]},{p[1]})-({p[2]},{p[3]})" if task == "detect" else f"({p[0]},{p[1]})"
-                             for p in pixels)
-            print(f"{name + ': ' if len(paths) > 1 else ''}{what}: {shown or 'none found'}", flush=True)
+            print(f"{name + ': ' if len(paths) > 1 else ''}{what}: {places_text(pixels, task)}", flush=True)
     return 0
 
 

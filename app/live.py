@@ -41,16 +41,25 @@ def run(args: argparse.Namespace) -> int:
     tasks = prompt_tasks(args)
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
+    region = None
+    if args.detect is not None or args.point is not None:
+        from app.live_locate import check_args
+
+        region = check_args(args)
     # Every mistake fails here, before torch loads (~3 s): a missing file or camera is said at once.
     # Opening connects to no stream (StreamSource connects when its frames are first asked).
     opened = [open_live(source, max_outage=args.max_outage) for source in args.sources]
-    from engine import Engine, EngineConfig
-
-    log = _open_log(args.output, args.json)
     labels = [redact(source) for source in args.sources]
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials
         labels = [f"{label} ({i + 1})" for i, label in enumerate(labels)]
     recordings = _recording_paths(args.annotate, args.sources, labels)
+    if region is not None:
+        from app.live_locate import run as run_locate
+
+        return run_locate(args, opened, labels, recordings, *region)
+    from engine import Engine, EngineConfig
+
+    log = _open_log(args.output, args.json)
     # The engine's total in flight is what sets latency: four sources of four frames each made the
     # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))

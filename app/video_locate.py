@@ -18,11 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from app.cli import UsageError
-
-COLOUR = (255, 60, 200)  # magenta: stands out on most scenes, and is none of the world's colours
 
 
 def check_args(args: argparse.Namespace, kind: str | None, formats: tuple[str, ...]) -> tuple[str, str]:
@@ -41,27 +37,13 @@ def check_args(args: argparse.Namespace, kind: str | None, formats: tuple[str, .
     return task, what.strip()
 
 
-def draw(rgb: np.ndarray, pixels: list[list[int]], task: str) -> np.ndarray:
-    """The frame with each box (or point) drawn, two pixels wide on a dark outline."""
-    import cv2
-
-    img = np.ascontiguousarray(rgb).copy()
-    r = max(3, min(img.shape[:2]) // 80)
-    for p in pixels:
-        for colour, width in (((0, 0, 0), 4), (COLOUR, 2)):
-            if task == "detect":
-                cv2.rectangle(img, (p[0], p[1]), (p[2], p[3]), colour, width)
-            else:
-                cv2.circle(img, (p[0], p[1]), r, colour, width)
-    return img
-
-
 def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to_stdout: bool,
         sampling, skipped: list[str], task: str, what: str) -> int:
     from tqdm import tqdm
 
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
+    from pipelines.locator import draw, pixel_places, places_text
     from pipelines.sinks import AnnotatedVideoSink
     from pipelines.sources import FileSource, SourceError, file_name
 
@@ -98,11 +80,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                     h, w = frame.rgb.shape[:2]
                     result = decoder.locate(frame.rgb, what, task)
                     places = result[key]
-                    if task == "detect":
-                        pixels = [[round(o["x_min"] * w), round(o["y_min"] * h), round(o["x_max"] * w),
-                                   round(o["y_max"] * h)] for o in places]
-                    else:
-                        pixels = [[round(o["x"] * w), round(o["y"] * h)] for o in places]
+                    pixels = pixel_places(places, w, h, task)
                     frames += 1
                     found_total += len(places)
                     if lines is not None:
@@ -113,10 +91,8 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                         lines.write(json.dumps(record) + "\n")
                         lines.flush()
                     else:
-                        shown_places = " ".join(f"({p[0]},{p[1]})-({p[2]},{p[3]})" if task == "detect"
-                                                else f"({p[0]},{p[1]})" for p in pixels)
                         prefix = f"{file_name(path)}  " if len(paths) > 1 else ""
-                        tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {shown_places or 'none found'}")
+                        tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {places_text(pixels, task)}")
                     if plan.annotate:
                         if ann is None:
                             plan.annotate.parent.mkdir(parents=True, exist_ok=True)

@@ -176,3 +176,60 @@ def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, sma
     assert main(["video", str(clip), "--detect", "star", "--model", "tiny", "-o", str(tiny)]) == 2
     assert "region head was not trained" in capsys.readouterr().err and not tiny.exists()
 
+
+
+def test_live_detect_locates_the_newest_frames_of_a_source(capsys, small_folder, loaded, tmp_path):
+    """`live SOURCE --detect OBJECT`: each located frame's places are the decoder's for that
+    frame, in frame order, with the latency from capture; a JSON log, a recording with the boxes,
+    the closing figures; mistakes are exit 2 before anything is written."""
+    import av
+
+    from pipelines.sources import FileSource
+
+    clip = tmp_path / "cam.mp4"
+    with av.open(str(clip), "w") as c:
+        s = c.add_stream("libx264", rate=20)
+        s.width, s.height, s.pix_fmt = 96, 64, "yuv420p"
+        for i in range(30):  # 1.5 s at 20 fps
+            rgb = np.random.default_rng(i).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    out, ann = tmp_path / "places.jsonl", tmp_path / "places.mp4"
+    model = ["--model", str(small_folder), "--dtype", "float32"]
+    assert main(["live", str(clip), "--detect", "red circle", "-o", str(out), "--annotate", str(ann),
+                 "--json", *model]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert summary["frames_in"] == 30 and summary["completed"] == len(rows) >= 3
+    assert summary["recording"]["frames"] + summary["recording"]["skipped"] == len(rows)
+    indices = [r["index"] for r in rows]
+    assert indices == sorted(set(indices)) and indices[-1] >= 25  # newest frames, to the end of the clip
+    decoder = RegionDecoder(loaded)
+    with FileSource(clip) as src:
+        frames = {f.index: f.rgb for f in src.frames()}
+    for r in rows:
+        want = decoder.locate(frames[r["index"]], "red circle", "detect")["objects"]
+        assert r["objects"] == [{k: round(v, 4) for k, v in o.items()} for o in want]
+        assert len(r["pixels"]) == len(want) and (r["width"], r["height"]) == (96, 64)
+        assert r["timings_ms"]["end_to_end"] >= r["timings_ms"]["total"] > 0 and r["time"].endswith("+00:00")
+    with av.open(str(ann)) as c:
+        assert sum(1 for _ in c.decode(video=0)) == summary["recording"]["frames"]
+    # terminal lines: time, latency, the points in pixels; the closing figures on stderr
+    assert main(["live", str(clip), "--point", "star", "--fps", "4", *model]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert 3 <= len(lines) <= 8 and all(line.split()[3] == "star:" for line in lines)
+    assert "frames located" in captured.err and "passed over" in captured.err
+    # mistakes: one line, exit 2, before any output is written
+    bad_out = tmp_path / "x.jsonl"
+    for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "--changes"],
+                ["--point", "star", "--max-inflight", "2"], ["--detect", " "], ["--detect", "star", "--sticky", "0"]):
+        assert main(["live", str(clip), *bad, "-o", str(bad_out), *model]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vlmstream: error: ") and err.count("\n") == 1, err
+    assert not bad_out.exists()
+    assert main(["live", str(clip), "--detect", "star", "--model", "tiny", "-o", str(bad_out)]) == 2
+    assert "region head was not trained" in capsys.readouterr().err and not bad_out.exists()

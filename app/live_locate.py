@@ -1,0 +1,160 @@
+"""`vlmstream live SOURCE --detect OBJECT` / `--point OBJECT`: where an object is in live video.
+
+The region decoder (engine/region_decoder.py) takes each source's newest frame in turn
+(pipelines/locator.py): its pace is the frame rate, frames that come while it works are passed
+over and counted. Each located frame is a terminal line (time, latency, places in pixels) or,
+with -o, a JSON line (places as fractions and in pixels, the UTC time, the timings with the
+end-to-end latency); `--annotate` records the frames with their boxes or points drawn. A source
+that breaks off is reconnected as for captions. The embedded tiny model's region head was never
+trained: asking it is exit 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from app.cli import UsageError
+
+
+def check_args(args: argparse.Namespace) -> tuple[str, str]:
+    """(task, object); what does not go with a region task is a UsageError."""
+    task, what = ("detect", args.detect) if args.detect is not None else ("point", args.point)
+    if not what.strip():
+        raise UsageError(f"--{task} names no object")
+    if args.caption or args.question or args.prompt_order:
+        raise UsageError(f"--{task} gives places, not answers: it goes without --caption, --question and their "
+                         "constraints (run them separately)")
+    for flag, given in (("--changes", args.changes), ("--sticky", args.sticky is not None),
+                        ("--max-inflight", args.max_inflight is not None),
+                        ("--deadline-ms", args.deadline_ms is not None), ("--no-draft", args.no_draft)):
+        if given:
+            raise UsageError(f"{flag} goes with captions and questions, not --{task} (its frames are located "
+                             "one at a time, the newest first)")
+    return task, what.strip()
+
+
+def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: list[Path] | None,
+        task: str, what: str) -> int:
+    from engine.models.loader import load_model
+    from engine.region_decoder import RegionDecoder
+    from pipelines.locator import LiveLocator, LocateSource, draw, places_text
+    from pipelines.recorder import Recorder
+    from pipelines.sources import SourceError
+
+    from app.cli import realtime_dtype
+    from app.live import _open_log
+
+    loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
+    decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
+    log = _open_log(args.output, args.json)
+    key = "objects" if task == "detect" else "points"
+    several = len(opened) > 1
+    lock = threading.Lock()
+    write_error: list[tuple[str, OSError]] = []
+    recorders = {label: Recorder(path) for label, path in zip(labels, recordings or [])}
+
+    def show(r) -> None:  # the locator's thread, once per located frame
+        from datetime import datetime, timezone
+
+        if r.label in recorders:
+            recorders[r.label].add(replace(r, frame=replace(r.frame, rgb=draw(r.frame.rgb, r.pixels, task))))
+        with lock:
+            if write_error:
+                return
+            try:
+                if log is not None:
+                    h, w = r.frame.rgb.shape[:2]
+                    record = {"source": r.label, "index": r.frame.index, "pts": round(r.frame.pts, 6),
+                              "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), task: what,
+                              key: [{k: round(v, 4) for k, v in o.items()} for o in r.places], "pixels": r.pixels,
+                              "width": w, "height": h,
+                              "timings_ms": {**r.timings_ms, "end_to_end": round(r.end_to_end_ms, 3)},
+                              "model": args.model}
+                    log.write(json.dumps(record) + "\n")
+                    log.flush()
+                if not args.json and log is not sys.stdout:
+                    print(f"{r.label + '  ' if several else ''}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  "
+                          f"{what}: {places_text(r.pixels, task)}", flush=True)
+            except OSError as e:  # a full disk, a closed pipe: the run stops and says so
+                write_error.append(("standard output" if isinstance(e, BrokenPipeError) else args.output, e))
+
+    def say(line: str) -> None:
+        with lock:
+            print(f"vlmstream: warning: {line}", file=sys.stderr, flush=True)
+
+    # warm-up: the first frame pays one-time costs a live stream should not see
+    import numpy as np
+
+    first = opened[0]
+    warm = next(first.frames()).load().rgb if first.paced else np.zeros((240, 320, 3), np.uint8)
+    decoder.locate(warm, what, task)
+    for live, label in zip(opened, labels):
+        if live.connection is not None:
+            live.connection.on_event = lambda line, label=label: say(f"{label + ': ' if several else ''}{line}")
+    sources = [LocateSource(label, live.frames, realtime=live.paced, loop=args.duration is not None and live.loops,
+                            connection=live.connection) for live, label in zip(opened, labels)]
+    locator = LiveLocator(lambda rgb: decoder.locate(rgb, what, task), sources, what, task, fps=args.fps,
+                          on_result=show)
+    interrupted = False
+    t0 = time.perf_counter()
+    try:
+        while (locator.running and not write_error and not any(rec.error for rec in recorders.values())
+               and (args.duration is None or time.perf_counter() - t0 < args.duration)):
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        # the run ended because its sources did (before --duration): on an error, it failed
+        gave_up = not locator.running and any(isinstance(e, SourceError) for e in locator.exceptions().values())
+        locator.close()
+        for rec in recorders.values():
+            rec.close()
+        if log is not None and log is not sys.stdout:
+            log.close()
+    locator.check()  # the decoder failed: its error, as any other
+    stats = locator.stats()
+    failed = locator.exceptions()
+    if failed and len(failed) == len(labels) and not any(s["frames_in"] for s in stats.values()):
+        raise next(iter(failed.values()))  # nothing was ever read: a plain error
+    for label, error in locator.errors().items():
+        print(f"vlmstream: warning: {label + ': ' if several else ''}{error}", file=sys.stderr)
+    for label, rec in recorders.items():
+        stats[label]["recording"] = {"path": str(rec.path), "frames": rec.written, "skipped": rec.skipped}
+        if rec.error is not None and not write_error:
+            write_error.append((str(rec.path), rec.error))
+    if write_error:
+        what_failed, e = write_error[0]
+        if isinstance(e, BrokenPipeError):  # piped into `head`: stop quietly
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        print(f"vlmstream: error: cannot write {what_failed}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return 1
+    summary = stats[labels[0]] if not several else {
+        "frames_in": sum(s["frames_in"] for s in stats.values()),
+        "completed": sum(s["completed"] for s in stats.values()),
+        "achieved_fps": sum(s["achieved_fps"] for s in stats.values()), "sources": stats}
+    summary.update({task: what, "model": args.model})
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for label, s in stats.items():
+            p50 = s["latency_ms"].get("end_to_end", {}).get("p50", 0.0)
+            print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames located, "
+                  f"{s['achieved_fps']:.1f} fps, {s['overwritten']} passed over, p50 {p50:.1f} ms", file=sys.stderr)
+    if interrupted:
+        return 130
+    if not any(s["frames_in"] for s in stats.values()):  # a dead camera must not look like a quiet one
+        print("vlmstream: error: no frames received" + (" from any source" if several else "")
+              + (f" within {args.duration:g} s" if args.duration else ""), file=sys.stderr)
+        return 1
+    if gave_up:
+        return 1  # a camera gone for good (--max-outage) must not end a supervised run as a success
+    return 0

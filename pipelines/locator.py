@@ -1,0 +1,206 @@
+"""Where an object is in the newest frame of live sources (`live --detect` / `--point`).
+
+Moondream 2's region protocol runs one frame at a time (engine/region_decoder.py: batch 1, a
+host sync a step; the engine does not batch it), so a live run of it is latest-frame-wins at the
+decoder's own pace: one worker thread takes each source's newest frame in turn (round robin: one
+model serves them all), locates the object and reports the frame with its places and its
+end-to-end latency (capture to result). Frames that arrive while it works are overwritten, never
+queued, so lag does not build up; they are counted. A source that fails (an unreachable stream, an
+unreadable file) ends alone, its error kept; an error of the decoder ends the run and is raised
+by `check()`. `close()` stops the sources and joins every thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import numpy as np
+
+from .frame import Frame
+from .grabber import LatestFrameGrabber
+from .live import LATENCY_WINDOW, _percentiles
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+COLOUR = (255, 60, 200)  # magenta: stands out on most scenes, and is none of the world's colours
+
+
+def pixel_places(places: list[dict], width: int, height: int, task: str) -> list[list[int]]:
+    """Boxes [x0, y0, x1, y1] (detect) or points [x, y] (point) in pixels, from fractions."""
+    if task == "detect":
+        return [[round(o["x_min"] * width), round(o["y_min"] * height), round(o["x_max"] * width),
+                 round(o["y_max"] * height)] for o in places]
+    return [[round(o["x"] * width), round(o["y"] * height)] for o in places]
+
+
+def places_text(pixels: list[list[int]], task: str) -> str:
+    """The places as a terminal shows them: (x0,y0)-(x1,y1) boxes or (x,y) points."""
+    return " ".join(f"({p[0]},{p[1]})-({p[2]},{p[3]})" if task == "detect" else f"({p[0]},{p[1]})"
+                    for p in pixels) or "none found"
+
+
+def draw(rgb: np.ndarray, pixels: list[list[int]], task: str) -> np.ndarray:
+    """The frame with each box (or point) drawn, two pixels wide on a dark outline."""
+    import cv2
+
+    img = np.ascontiguousarray(rgb).copy()
+    r = max(3, min(img.shape[:2]) // 80)
+    for p in pixels:
+        for colour, width in (((0, 0, 0), 4), (COLOUR, 2)):
+            if task == "detect":
+                cv2.rectangle(img, (p[0], p[1]), (p[2], p[3]), colour, width)
+            else:
+                cv2.circle(img, (p[0], p[1]), r, colour, width)
+    return img
+
+
+@dataclass
+class LocateSource:
+    label: str
+    frames: Callable[[], Iterator[Frame]]  # a fresh iterator of the source's frames at each call
+    realtime: bool = True  # pace a file's frames by their times
+    loop: bool = False  # play a file again from its start when it ends
+    connection: Connection | None = None  # a stream's or a camera's: stopped on close, its health in stats
+
+
+@dataclass
+class Located:
+    """One frame's places (fractions of the frame, and pixels), as the decoder gave them."""
+
+    label: str
+    frame: Frame
+    what: str
+    task: str
+    places: list[dict]
+    pixels: list[list[int]]
+    timings_ms: dict[str, float]
+    end_to_end_ms: float  # from the frame's capture to its places
+
+    @property
+    def text(self) -> str:  # what a recording draws under the frame (pipelines/recorder.py)
+        n = len(self.places)
+        return f"{self.what}: {n} found" if n else f"{self.what}: none found"
+
+
+@dataclass
+class _State:
+    source: LocateSource
+    grabber: LatestFrameGrabber
+    next_t: float = 0.0
+    completed: int = 0
+    above_fps: int = 0
+    ended: bool = False
+    error: str | None = None  # one line
+    exception: BaseException | None = None
+    latency: dict[str, deque] = field(default_factory=lambda: {k: deque(maxlen=LATENCY_WINDOW)
+                                                               for k in ("locate", "end_to_end")})
+
+
+class LiveLocator:
+    def __init__(self, locate: Callable[[np.ndarray], dict], sources: list[LocateSource], what: str,
+                 task: str = "detect", fps: float = 60.0, on_result: Callable[[Located], None] | None = None):
+        """locate: rgb -> the decoder's result ({"objects" or "points": [...], "timings_ms": {...}}).
+        on_result runs on the worker thread, once per located frame, in each source's frame order."""
+        if task not in ("detect", "point"):
+            raise ValueError(f"task must be detect or point, got {task!r}")
+        if not 0 < fps < float("inf"):  # NaN too
+            raise ValueError(f"fps must be a finite number > 0, got {fps}")
+        self._locate, self.what, self.task, self.fps, self.on_result = locate, what, task, fps, on_result
+        self._key = "objects" if task == "detect" else "points"
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.exception: BaseException | None = None  # the decoder's (or on_result's): the run ended
+        self._t0 = time.perf_counter()
+        self._states = [_State(s, LatestFrameGrabber(s.frames, realtime=s.realtime, loop=s.loop)) for s in sources]
+        self._thread = threading.Thread(target=self._run, name="vlmstream-locator", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def errors(self) -> dict[str, str]:
+        """label -> the one-line error of each source that failed."""
+        return {s.source.label: s.error for s in self._states if s.error}
+
+    def exceptions(self) -> dict[str, BaseException]:
+        return {s.source.label: s.exception for s in self._states if s.exception is not None}
+
+    def check(self) -> None:
+        """Raise the error that ended the run, if the decoder failed."""
+        if self.exception is not None:
+            raise self.exception
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                worked = False
+                for s in self._states:
+                    if s.ended or self._stop.is_set():
+                        continue
+                    try:
+                        frame = s.grabber.get(timeout=0.0)
+                    except Exception as e:  # the source failed: it ends, the others go on
+                        s.ended, s.exception = True, e
+                        s.error = str(e).splitlines()[0] if str(e) else type(e).__name__
+                        continue
+                    if frame is None:
+                        s.ended = s.grabber.ended
+                        continue
+                    now = time.perf_counter()
+                    if now < s.next_t:
+                        s.above_fps += 1  # the source is faster than --fps
+                        continue
+                    s.next_t = max(s.next_t + 1.0 / self.fps, now - 1.0 / self.fps)
+                    self._one(s, frame.load())
+                    worked = True
+                if all(s.ended for s in self._states):
+                    break
+                if not worked:
+                    self._stop.wait(0.005)  # no source has a new frame yet
+        except BaseException as e:  # the decoder failed: the run ends and the caller hears of it
+            self.exception = e
+
+    def _one(self, s: _State, frame: Frame) -> None:
+        result = self._locate(frame.rgb)
+        end_to_end = (time.perf_counter() - frame.captured_at) * 1000.0
+        places = result[self._key]
+        h, w = frame.rgb.shape[:2]
+        r = Located(s.source.label, frame, self.what, self.task, places, pixel_places(places, w, h, self.task),
+                    dict(result["timings_ms"]), end_to_end)
+        with self._lock:
+            s.completed += 1
+            s.latency["locate"].append(float(r.timings_ms.get("total", 0.0)))
+            s.latency["end_to_end"].append(end_to_end)
+        if self.on_result is not None:
+            self.on_result(r)
+
+    def stats(self) -> dict[str, dict]:
+        """label -> frames read, located, overwritten unseen (the decoder was busy), skipped above
+        --fps, frames located a second, latency percentiles (ms), and a stream's health."""
+        wall = max(time.perf_counter() - self._t0, 1e-9)
+        out = {}
+        with self._lock:
+            for s in self._states:
+                g = s.grabber
+                st = {"frames_in": g.read, "completed": s.completed, "overwritten": g.overwritten,
+                      "above_fps": s.above_fps, "achieved_fps": s.completed / wall,
+                      "latency_ms": {k: _percentiles(v) for k, v in s.latency.items() if v}}
+                if s.source.connection is not None:
+                    st["stream"] = s.source.connection.health()
+                out[s.source.label] = st
+        return out
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the sources and the worker (a frame being located is finished first); idempotent."""
+        self._stop.set()
+        for s in self._states:
+            if s.source.connection is not None:
+                s.source.connection.stop()
+            s.grabber.close()
+        self._thread.join(timeout)

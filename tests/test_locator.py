@@ -1,0 +1,119 @@
+"""pipelines/locator.py: the newest frame of each live source located in turn, frames that come
+while the decoder works passed over (never queued), a failing source ending alone, and the
+decoder's own error reaching the caller. A fake decoder that sleeps stands in for the model."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pipelines.frame import Frame, SourceError
+from pipelines.locator import LiveLocator, LocateSource, draw, pixel_places
+
+
+def _frames(n: int, fps: float, name: str, fail_after: int | None = None):
+    def frames():
+        for i in range(n):
+            if fail_after is not None and i == fail_after:
+                raise SourceError(f"{name} went away")
+            rgb = np.full((8, 12, 3), i % 256, np.uint8)  # the frame's index, readable in its pixels
+            yield Frame(name, i, i / fps, rgb)
+    return frames
+
+
+def _decoder(seconds: float, seen: list):
+    def locate(rgb):
+        seen.append((threading.current_thread().name, int(rgb[0, 0, 0])))
+        time.sleep(seconds)
+        return {"objects": [{"x_min": 0.25, "y_min": 0.5, "x_max": 0.75, "y_max": 1.0}],
+                "points": [{"x": 0.5, "y": 0.75}], "timings_ms": {"total": seconds * 1000}}
+    return locate
+
+
+def _wait(locator: LiveLocator, timeout: float = 20.0) -> None:
+    t = time.perf_counter() + timeout
+    while locator.running and time.perf_counter() < t:
+        time.sleep(0.02)
+    assert not locator.running
+
+
+def test_a_decoder_slower_than_the_source_takes_the_newest_frame_and_lag_never_builds():
+    seen, results = [], []
+    loc = LiveLocator(_decoder(0.1, seen), [LocateSource("cam", _frames(60, 50.0, "cam"))], "star",
+                      on_result=results.append)
+    try:
+        _wait(loc)
+    finally:
+        loc.close()
+    loc.check()
+    s = loc.stats()["cam"]
+    # 1.2 s of frames at 50 fps, ~0.1 s a frame: about a dozen located, the rest passed over
+    assert 6 <= s["completed"] <= 16 and s["frames_in"] == 60
+    assert s["overwritten"] >= 60 - s["completed"] - 2
+    indices = [r.frame.index for r in results]
+    assert indices == sorted(indices) and indices[-1] >= 55  # the newest frames, up to the end
+    assert max(b - a for a, b in zip(indices, indices[1:])) >= 3  # frames passed over, not queued
+    # the pixels located are the frame reported, and latency never grows past ~2 decodes
+    assert [v for _, v in seen] == indices
+    assert all(r.end_to_end_ms < 400 for r in results[2:])
+    assert results[0].pixels == [[3, 4, 9, 8]] and results[0].text == "star: 1 found"
+    assert all(name == "vlmstream-locator" for name, _ in seen)
+
+
+def test_a_failing_source_ends_alone_and_fps_caps_what_is_located():
+    seen, results = [], []
+    loc = LiveLocator(_decoder(0.002, seen), [LocateSource("a", _frames(40, 40.0, "a", fail_after=10)),
+                                              LocateSource("b", _frames(40, 40.0, "b"))],
+                      "star", fps=10.0, on_result=results.append)
+    try:
+        _wait(loc)
+    finally:
+        loc.close()
+    loc.check()
+    assert set(loc.errors()) == {"a"} and "a went away" in loc.errors()["a"]
+    assert isinstance(loc.exceptions()["a"], SourceError)
+    stats = loc.stats()
+    assert stats["b"]["frames_in"] == 40  # b played to its end after a failed
+    # 1 s of b at 40 fps capped at 10 a second: ~10 located, the others skipped above the rate
+    assert 7 <= stats["b"]["completed"] <= 13 and stats["b"]["above_fps"] >= 20
+    assert {r.label for r in results} == {"a", "b"}
+
+
+def test_the_decoders_error_ends_the_run_and_reaches_the_caller():
+    def locate(rgb):
+        raise RuntimeError("out of memory")
+
+    loc = LiveLocator(locate, [LocateSource("cam", _frames(1000, 30.0, "cam"))], "star")
+    try:
+        _wait(loc, 5.0)
+    finally:
+        loc.close()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        loc.check()
+
+
+def test_close_stops_an_endless_source_at_once():
+    def endless():
+        i = 0
+        while True:
+            yield Frame("cam", i, i / 30, np.zeros((8, 8, 3), np.uint8))
+            i += 1
+
+    loc = LiveLocator(_decoder(0.01, []), [LocateSource("cam", endless, realtime=True)], "star", task="point")
+    time.sleep(0.3)
+    t = time.perf_counter()
+    loc.close()
+    assert not loc.running and time.perf_counter() - t < 2.0
+    loc.check()
+    assert loc.stats()["cam"]["completed"] >= 3
+    assert [t.name for t in threading.enumerate() if t.name in ("vlmstream-locator", "vlmstream-grabber")] == []
+
+
+def test_places_in_pixels_and_drawn():
+    assert pixel_places([{"x": 0.5, "y": 0.25}], 200, 100, "point") == [[100, 25]]
+    img = np.zeros((100, 200, 3), np.uint8)
+    out = draw(img, [[20, 10, 80, 60]], "detect")
+    assert img.sum() == 0 and out[10, 50].tolist() == [255, 60, 200] and out[35, 50].sum() == 0
+    with pytest.raises(ValueError):
+        LiveLocator(lambda rgb: {}, [], "star", task="caption")
