@@ -92,6 +92,7 @@ class Service:
         self._recorders: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> its feed's Recorder
         self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
+        self._region: tuple | None = None  # (engine, its RegionDecoder) for detect and point
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -372,6 +373,26 @@ class Service:
                 "finish_reason": "stop" if all(o.finish_reason == "stop" for o in outs) else "length",
                 "timings_ms": {k: max(o.timings_ms.get(k, 0.0) for o in outs) for k in outs[0].timings_ms}}
 
+    def locate_image(self, rgb: np.ndarray, what: str, task: str = "detect") -> dict:
+        """Boxes (detect) or centres (point) of `what` in the image through the engine's model's
+        region head (engine/region_decoder.py, one image at a time beside the engine's batches): as
+        fractions and in pixels, with the picture they are drawn on. The tiny model's head was
+        never trained: a RequestError says so."""
+        from engine.region_decoder import RegionDecoder
+        from pipelines.locator import draw, pixel_places
+
+        engine = self.engine()
+        with self._lock:
+            if self._region is None or self._region[0] is not engine:  # one per engine: a reload drops it
+                self._region = (engine, RegionDecoder(engine.loaded))
+            decoder = self._region[1]
+        found = decoder.locate(rgb, what, task)
+        key = "objects" if task == "detect" else "points"
+        h, w = rgb.shape[:2]
+        pixels = pixel_places(found[key], w, h, task)
+        return {task: what.strip(), key: found[key], "pixels": pixels, "width": w, "height": h,
+                "timings_ms": found["timings_ms"], "picture": draw(rgb, pixels, task)}
+
     def caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                       on_progress: Callable[[int, int | None], None] | None = None,
                       stop: threading.Event | None = None, changes: bool = False) -> dict:
@@ -453,4 +474,5 @@ class Service:
             if self._engine is not None:
                 self._engine.close(cancel=True)
                 self._engine = None
+            self._region = None
             self._history.clear()

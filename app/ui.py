@@ -43,6 +43,7 @@ def build(service: Service, source: str | None = None):
     from app.view import chart_svg, counters_html, frame_html, log_text, shots_html
     from engine import VlmstreamError
     from pipelines.feed import EXPORT_LINES, SHOTS
+    from pipelines.locator import places_text
 
     shots_label = (f"**Changes**: the frame where each new answer began, once it held a few frames (Settings) "
                    f"(newest first, the last {SHOTS}; click one to save it as shown, or download them all at full "
@@ -166,6 +167,18 @@ def build(service: Service, source: str | None = None):
         except (UIError, VlmstreamError) as e:
             raise gr.Error(str(e)) from None
         return out["text"], out
+
+    def locate(rgb, what, task):
+        if rgb is None:
+            raise gr.Error("upload an image first")
+        if not (what or "").strip():
+            raise gr.Error(f"say what to {task}: the object is empty")
+        try:
+            out = service.locate_image(rgb, what, task)
+        except VlmstreamError as e:
+            raise gr.Error(str(e)) from None
+        picture = out.pop("picture")
+        return f"{out[task]}: {places_text(out['pixels'], task)}", gr.Image(picture, visible=True), out
 
     def video(path, kind, question, every_n, ckind="none", ctext="", changes=False, request: gr.Request = None,
               progress=gr.Progress()):
@@ -342,10 +355,18 @@ def build(service: Service, source: str | None = None):
                     ickind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                     ictext = gr.Textbox(label=CONSTRAINT_LABEL)
                     irun = gr.Button("Caption", variant="primary")
+                    with gr.Row():  # the region head: Moondream 2 weights (the tiny model's is untrained)
+                        iobject = gr.Textbox(label="Object to detect or point at (Moondream 2 weights)", scale=2)
+                        idetect = gr.Button("Detect", elem_id="vs-image-detect")
+                        ipoint = gr.Button("Point", elem_id="vs-image-point")
             itext = gr.Textbox(label="Answer", elem_id="vs-image-text")
+            iplaces = gr.Image(label="Places", visible=False, interactive=False, format="png")  # crisp lines
             itimings = gr.JSON(label="Result and timings")
             irun.click(image, [img, ikind, iquestion, ickind, ictext], [itext, itimings], api_name="caption_image",
                        concurrency_limit=None)
+            for button, task in ((idetect, "detect"), (ipoint, "point")):
+                button.click(lambda rgb, what, task=task: locate(rgb, what, task), [img, iobject],
+                             [itext, iplaces, itimings], api_name=f"{task}_image", concurrency_limit=None)
         with gr.Tab("Settings"):
             s = service.settings
             with gr.Row():

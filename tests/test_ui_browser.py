@@ -105,6 +105,11 @@ def test_api_captions_an_image_and_answers_a_question(client):
     assert answer in ("one", "two", "three", "four")
     with pytest.raises(Exception, match="question is empty"):
         client.predict(img, "question", "  ", "none", "", api_name="/caption_image")
+    # detect and point are the region head's: the tiny model's was never trained, and says so
+    with pytest.raises(Exception, match="region head was not trained"):
+        client.predict(img, "red circle", api_name="/detect_image")
+    with pytest.raises(Exception, match="the object is empty"):
+        client.predict(img, " ", api_name="/point_image")
 
 
 def test_api_captions_a_video_with_downloads(client):

@@ -778,3 +778,63 @@ def test_ui_command_mistakes_are_one_line_before_the_model_loads(capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 3 and all(line.startswith("vlmstream: error: ") for line in lines), err
     assert "already in use" in lines[0] and "video not found" in lines[1] and "no-such-host.invalid" in lines[2]
+
+
+def test_the_image_tab_detects_and_points_through_the_engines_model(small_folder, service):
+    """Detect and point in the Image tab: the region decoder on the engine's own model gives the
+    places the decoder alone gives, in pixels and drawn; the tiny model's untrained head is a
+    clear error, not boxes at random."""
+    from engine.errors import RequestError
+    from engine.models.loader import load_model
+    from engine.region_decoder import RegionDecoder
+
+    rgb = np.random.default_rng(5).integers(0, 256, (90, 160, 3), dtype=np.uint8)
+    with pytest.raises(RequestError, match="region head was not trained"):
+        service.locate_image(rgb, "star")  # the module's service runs the tiny model
+    s = Service(Settings(model=str(small_folder), dtype="float32"))
+    try:
+        out = s.locate_image(rgb, " red circle ")
+        want = RegionDecoder(load_model(str(small_folder), device="cpu", dtype="float32")).locate(rgb, "red circle")
+        assert out["detect"] == "red circle" and out["objects"] == want["objects"]
+        assert (out["width"], out["height"]) == (160, 90) and len(out["pixels"]) == len(want["objects"])
+        if out["pixels"]:  # the last box's top edge (drawn last), in the overlay colour
+            x0, y0, x1, _ = out["pixels"][-1]
+            assert out["picture"][y0, (x0 + x1) // 2].tolist() == [255, 60, 200]
+        points = s.locate_image(rgb, "star", "point")
+        assert points["points"] == RegionDecoder(s.engine().loaded).locate(rgb, "star", "point")["points"]
+        assert points["timings_ms"]["total"] > 0
+    finally:
+        s.close()
+
+
+def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tmp_path):
+    """/detect_image and /point_image (the Image tab's buttons): a line of places in pixels, the
+    picture with them drawn, and the record, as a client gets them."""
+    import socket
+
+    from gradio_client import Client, handle_file
+
+    from app.ui import build
+
+    s = Service(Settings(model=str(small_folder), dtype="float32"))
+    demo = build(s)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    try:
+        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, ssr_mode=False)
+        rgb = np.random.default_rng(6).integers(0, 256, (72, 128, 3), dtype=np.uint8)
+        path = tmp_path / "frame.png"
+        Image.fromarray(rgb).save(path)
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        text, picture, record = client.predict(handle_file(str(path)), "red circle", api_name="/detect_image")
+        want = s.locate_image(rgb, "red circle")
+        assert record["objects"] == want["objects"] and record["pixels"] == want["pixels"]
+        assert text.startswith("red circle: ") and text.count("(") == 2 * len(want["pixels"])
+        drawn = np.asarray(Image.open(picture["value"] if isinstance(picture, dict) else picture).convert("RGB"))
+        assert np.array_equal(drawn, want["picture"])  # PNG: the lines as drawn
+        text, _, record = client.predict(handle_file(str(path)), "star", api_name="/point_image")
+        assert record["points"] == s.locate_image(rgb, "star", "point")["points"] and text.startswith("star: ")
+    finally:
+        demo.close()
+        s.close()
