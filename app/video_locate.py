@@ -5,8 +5,10 @@ Moondream 2's region protocol runs one frame at a time through the reference dec
 a host sync a step: the engine does not batch it), so a frame costs what `image --detect` costs.
 Each frame gives a JSON line (-o OUT.jsonl, -o -, or -o FOLDER/ with jsonl) with the boxes (or
 points) as fractions of the frame and in pixels, and its timings; without -o, a terminal line a
-frame. `--annotate` draws them on the frames. The embedded tiny model's region head was never
-trained: asking it is exit 2 before anything is written. Files that cannot be read, or end
+frame. `--annotate` draws them on the frames. `--resume` continues the JSON lines of an interrupted
+run: frames written for the same object are not located again (a new `--annotate` draws them from
+their lines). The embedded tiny model's region head was never trained: asking it is exit 2 before
+anything is written. Files that cannot be read, or end
 early, are a warning and exit 1 once the others are done, as for captions.
 """
 
@@ -31,10 +33,26 @@ def check_args(args: argparse.Namespace, kind: str | None, formats: tuple[str, .
                          "constraints (run them separately)")
     if kind in ("srt", "vtt") or any(f != "jsonl" for f in formats):
         raise UsageError(f"--{task} writes JSON lines (-o OUT.jsonl, -o -, or -o FOLDER/), not subtitles")
-    for flag, given in (("--changes", args.changes), ("--resume", args.resume), ("--snapshots", args.snapshots)):
+    for flag, given in (("--changes", args.changes), ("--snapshots", args.snapshots)):
         if given:
             raise UsageError(f"{flag} goes with captions and questions, not --{task}")
     return task, what.strip()
+
+
+def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int], dict]:
+    """(source, frame index) -> the line a previous run wrote for this object (for --resume); a
+    line cut short by an interruption, or written for another object, is not done."""
+    done: dict[tuple[str, int], dict] = {}
+    if path is None or not path.exists():
+        return done
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            r = json.loads(line)
+            if r.get(task) == what and isinstance(r.get("pixels"), list):
+                done[(str(r["source"]), int(r["index"]))] = r
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return done
 
 
 def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to_stdout: bool,
@@ -44,7 +62,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
     from pipelines.locator import draw, pixel_places, places_text
-    from pipelines.sinks import AnnotatedVideoSink
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink
     from pipelines.sources import FileSource, SourceError, file_name
 
     from app.cli import realtime_dtype
@@ -54,8 +72,10 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     load_ms = round((time.perf_counter() - t0) * 1000.0, 1)
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
     key = "objects" if task == "detect" else "points"
-    shared = sys.stdout if to_stdout else (open(out, "w", encoding="utf-8") if out else None)
-    frames = found_total = incomplete = 0
+    resume = bool(args.resume)
+    done = done_places(out, task, what) if resume else {}
+    shared = JsonlSink(sys.stdout) if to_stdout else (JsonlSink(out, append=resume) if out else None)
+    frames = found_total = incomplete = replayed = 0
     interrupted, errors = False, []
     started = time.perf_counter()
     try:
@@ -72,11 +92,28 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
             try:
                 if plan.jsonl:
                     plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
-                    own = open(plan.jsonl, "w", encoding="utf-8")
+                    if resume:
+                        done.update(done_places(plan.jsonl, task, what))
+                    own = JsonlSink(plan.jsonl, append=resume)
                 lines = own or shared
                 bar = tqdm(total=count, desc=file_name(path), unit="frame", file=sys.stderr)
                 shown = 0
-                for frame in src.frames(pick=sampling.picker()):
+                source = src.source_id
+                # a frame done before needs its pixels only to be drawn again
+                need_rgb = None if plan.annotate else (lambda i: (source, i) not in done)
+                for frame in src.frames(pick=sampling.picker(), need_rgb=need_rgb):
+                    prior = done.get((frame.source_id, frame.index))
+                    if prior is not None:  # --resume: written before; drawn again into a new --annotate
+                        replayed += 1
+                        if plan.annotate:
+                            if ann is None:
+                                plan.annotate.parent.mkdir(parents=True, exist_ok=True)
+                                ann = AnnotatedVideoSink(plan.annotate, frame.rgb.shape[1], frame.rgb.shape[0])
+                            ann.write_image(draw(frame.rgb, prior["pixels"], task), f"{what}: {len(prior['pixels'])}",
+                                            f"#{frame.index} {frame.pts:.3f}s", frame.pts)
+                        bar.update(src.decoded - shown)
+                        shown = src.decoded
+                        continue
                     h, w = frame.rgb.shape[:2]
                     result = decoder.locate(frame.rgb, what, task)
                     places = result[key]
@@ -88,8 +125,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                                   task: what, key: [{k: round(v, 4) for k, v in o.items()} for o in places],
                                   "pixels": pixels, "width": w, "height": h, "timings_ms": result["timings_ms"],
                                   "model": args.model, "load_ms": load_ms}
-                        lines.write(json.dumps(record) + "\n")
-                        lines.flush()
+                        lines.write_records([record])
                     else:
                         prefix = f"{file_name(path)}  " if len(paths) > 1 else ""
                         tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {places_text(pixels, task)}")
@@ -117,12 +153,13 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     except BrokenPipeError:  # -o - into a reader that has had enough
         return 0
     finally:
-        if shared is not None and shared is not sys.stdout:
+        if shared is not None:
             shared.close()
     for err in errors:
         print(f"vlmstream: warning: {err}", file=sys.stderr)
     seconds = time.perf_counter() - started
     print(f"vlmstream: {frames} frames, {found_total} {key} found ({what}), {len(paths)} file(s)"
+          + (f", {replayed} done before (resume)" if resume else "")
           + (f", {len(skipped)} unreadable skipped" if skipped else "")
           + f", {frames / seconds if seconds else 0.0:.2f} frames/s" + (" (interrupted)" if interrupted else ""),
           file=sys.stderr)

@@ -160,12 +160,26 @@ def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, sma
     with av.open(str(ann)) as c:
         assert sum(1 for _ in c.decode(video=0)) == 3
     assert "3 frames" in capsys.readouterr().err
+    # --resume: an interrupted run's lines (the last one cut short) are kept, the rest located
+    lines = out.read_text().splitlines()
+    out.write_text(lines[0] + "\n" + lines[1][:20])
+    assert main(["video", str(clip), "--detect", "red circle", "--every-n", "4", "-o", str(out), "--resume",
+                 "--annotate", str(ann), *model]) == 0
+    assert out.read_text().splitlines() == [lines[0], *out.read_text().splitlines()[1:]]
+    assert [json.loads(x)["objects"] for x in out.read_text().splitlines()] == [r["objects"] for r in rows]
+    assert "3 frames" not in (err := capsys.readouterr().err) and "2 frames" in err and "1 done before" in err
+    with av.open(str(ann)) as c:  # the frame done before is drawn again from its line
+        assert sum(1 for _ in c.decode(video=0)) == 3
+    # another object on the same file: nothing of it was done
+    assert main(["video", str(clip), "--point", "red circle", "--every-n", "4", "-o", str(out), "--resume",
+                 *model]) == 0
+    assert len(out.read_text().splitlines()) == 6 and "0 done before" in capsys.readouterr().err
     assert main(["video", str(clip), "--point", "star", "--every-n", "8", *model]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.split()[1] == "star:" for line in lines)
     # mistakes are one line, exit 2, before any output is written
     for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "-o", str(tmp_path / "x.srt")],
-                ["--point", "star", "--resume", "-o", str(tmp_path / "x.jsonl")], ["--detect", " "],
+                ["--point", "star", "--resume", "-o", str(tmp_path / "x.srt")], ["--detect", " "],
                 ["--detect", "star", "--changes"]):
         assert main(["video", str(clip), *bad, *model]) == 2
     assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.srt").exists()
