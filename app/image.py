@@ -21,7 +21,7 @@ from pathlib import Path
 
 from app.cli import image_dtype
 from app.errors import UsageError
-from app.prompt_args import prompt_tasks
+from app.prompt_args import prompt_tasks, region_task
 
 # Enough to fill the engine's batches. A waiting image holds its crops, not its pixels (a few MB
 # at most with Moondream 2's), so a folder of large photos stays small in memory.
@@ -76,11 +76,7 @@ def _locate(args: argparse.Namespace) -> int:
     from pipelines.locator import pixel_places, places_text
     from pipelines.stream import redact
 
-    task, what = ("detect", args.detect) if args.detect is not None else ("point", args.point)
-    if not what.strip():
-        raise UsageError(f"--{task} names no object")
-    if args.prompt_order:
-        raise UsageError(f"--choices, --regex and --json-schema constrain answers; --{task} gives places")
+    task, what = region_task(args)
     paths, _, _ = _inputs(args.image, check_image)
     t0 = time.perf_counter()
     loaded = load_model(args.model, device=args.device, dtype=image_dtype(args.model, args.device, args.dtype))

@@ -20,23 +20,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.cli import UsageError
+from app.prompt_args import region_task
 
 
 def check_args(args: argparse.Namespace) -> tuple[str, str]:
     """(task, object); what does not go with a region task is a UsageError."""
-    task, what = ("detect", args.detect) if args.detect is not None else ("point", args.point)
-    if not what.strip():
-        raise UsageError(f"--{task} names no object")
-    if args.caption or args.question or args.prompt_order:
-        raise UsageError(f"--{task} gives places, not answers: it goes without --caption, --question and their "
-                         "constraints (run them separately)")
+    task, what = region_task(args)
     for flag, given in (("--changes", args.changes), ("--sticky", args.sticky is not None),
                         ("--max-inflight", args.max_inflight is not None),
                         ("--deadline-ms", args.deadline_ms is not None), ("--no-draft", args.no_draft)):
         if given:
             raise UsageError(f"{flag} goes with captions and questions, not --{task} (its frames are located "
                              "one at a time, the newest first)")
-    return task, what.strip()
+    return task, what
 
 
 def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: list[Path] | None,

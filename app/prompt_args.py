@@ -61,6 +61,20 @@ def add_constraint_args(p: argparse.ArgumentParser, several: bool = False) -> No
                    help="the answer is JSON valid against this schema: a file, or the schema itself" + where)
 
 
+def region_task(args: argparse.Namespace) -> tuple[str, str] | None:
+    """--detect OBJECT / --point OBJECT: ("detect" | "point", the object), or None without them.
+    An empty object, or a prompt or constraint beside them, is a UsageError."""
+    if getattr(args, "detect", None) is None and getattr(args, "point", None) is None:
+        return None
+    task, what = ("detect", args.detect) if args.detect is not None else ("point", args.point)
+    if not what.strip():
+        raise UsageError(f"--{task} names no object")
+    if getattr(args, "caption", None) or getattr(args, "question", None) or args.prompt_order:
+        raise UsageError(f"--{task} gives places, not answers: it goes without --caption, --question and their "
+                         "constraints (run them separately)")
+    return task, what.strip()
+
+
 def prompt_tasks(args: argparse.Namespace, default_caption: str = "short") -> list[dict]:
     """The prompts as `Engine.submit` keywords ({"caption": kind} or {"question": text}, with a
     "constraint" where one was given), in the order given; every one is asked about every frame."""

@@ -21,22 +21,18 @@ import time
 from pathlib import Path
 
 from app.cli import UsageError
+from app.prompt_args import region_task
 
 
 def check_args(args: argparse.Namespace, kind: str | None, formats: tuple[str, ...]) -> tuple[str, str]:
     """(task, object); what does not go with a region task is a UsageError."""
-    task, what = ("detect", args.detect) if args.detect is not None else ("point", args.point)
-    if not what.strip():
-        raise UsageError(f"--{task} names no object")
-    if args.caption or args.question or args.prompt_order:
-        raise UsageError(f"--{task} gives places, not answers: it goes without --caption, --question and their "
-                         "constraints (run them separately)")
+    task, what = region_task(args)
     if kind in ("srt", "vtt") or any(f != "jsonl" for f in formats):
         raise UsageError(f"--{task} writes JSON lines (-o OUT.jsonl, -o -, or -o FOLDER/), not subtitles")
     for flag, given in (("--changes", args.changes), ("--snapshots", args.snapshots)):
         if given:
             raise UsageError(f"{flag} goes with captions and questions, not --{task}")
-    return task, what.strip()
+    return task, what
 
 
 def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int], dict]:
