@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     tasks = prompt_tasks(args)
     if len(set(args.sources)) != len(args.sources):
         raise UsageError("a source is listed twice")
+    if args.output == "-" and args.json:
+        raise UsageError("--json and -o - would both write to standard output")
     region = None
     if args.detect is not None or args.point is not None:
         from app.live_locate import check_args
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         return run_locate(args, opened, labels, recordings, *region)
     from engine import Engine, EngineConfig
 
-    log = _open_log(args.output, args.json)
+    log = open_log(args.output)
     # The engine's total in flight is what sets latency: four sources of four frames each made the
     # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
@@ -262,14 +264,12 @@ def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]
     return [folder / f"{stamp}_{name}.mp4" for name in names]
 
 
-def _open_log(output: str | None, final_json: bool):
+def open_log(output: str | None):
     """The per-frame log: None, standard output ('-'), or a file opened for appending (a
     restarted stream continues its log). A path that cannot be written is a UsageError now."""
     if output is None:
         return None
     if output == "-":
-        if final_json:
-            raise UsageError("--json and -o - would both write to standard output")
         return sys.stdout
     try:
         return open(output, "a", encoding="utf-8")

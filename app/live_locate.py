@@ -44,11 +44,11 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     from pipelines.sources import SourceError
 
     from app.cli import realtime_dtype
-    from app.live import _open_log
+    from app.live import open_log
 
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
-    log = _open_log(args.output, args.json)
+    log = open_log(args.output)
     key = "objects" if task == "detect" else "points"
     several = len(opened) > 1
     lock = threading.Lock()
