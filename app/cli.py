@@ -94,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     vid.add_argument("--no-vision-thread", action="store_true",
                      help="CPU: encode frames in the device thread's steps instead of a thread of their own "
                           "(same answers, for comparison)")
+    _add_reading_args(vid)
     vid.set_defaults(func=_lazy('app.video'))
 
     live = sub.add_parser("live", help="caption a live source frame by frame (latest frame wins)",
@@ -139,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("-o", "--output", metavar="OUT.jsonl",
                       help="append one JSON line per captioned frame (source, index, pts, UTC time, text, "
                            "token ids, timings); '-' writes them to standard output instead of the captions")
+    _add_reading_args(live)
     live.set_defaults(func=_lazy('app.live'))
 
     ui = sub.add_parser("ui", help="the web UI: live view, browser webcam, video files (Gradio)",
@@ -146,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     ui.add_argument("--source", default=None, metavar="SOURCE",
                     help="what the Live tab plays when a page opens: a sample name, a file, webcam index "
                          "or URL (default: the 60 fps sample)")
+    _add_reading_args(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     ui.add_argument("--ssl-certfile", metavar="FILE",
@@ -248,6 +251,23 @@ def sticky_arg(args: argparse.Namespace) -> float:
     if not 0 <= sticky < float("inf"):  # also NaN
         raise UsageError("--sticky must be a number >= 0")
     return sticky
+
+
+def _add_reading_args(p: argparse.ArgumentParser) -> None:
+    """--no-deinterlace and --no-tonemap (read by `reading_arg`): frames as stored, not as shown."""
+    p.add_argument("--no-deinterlace", action="store_true",
+                   help="read frames flagged interlaced as stored, their two fields woven (default: made whole, "
+                        "as a player shows them); for progressive video flagged interlaced (PsF masters)")
+    p.add_argument("--no-tonemap", action="store_true",
+                   help="read HDR video (HLG, PQ) as if SDR (default: tone-mapped to SDR BT.709, as a player "
+                        "shows it); for SDR video tagged HDR by mistake, which tone-mapping makes dim and flat")
+
+
+def reading_arg(args: argparse.Namespace):
+    """The sources' `Reading` from --no-deinterlace and --no-tonemap."""
+    from pipelines.frame import Reading
+
+    return Reading(deinterlace=not args.no_deinterlace, tonemap=not args.no_tonemap)
 
 
 def check_changes_args(args: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import UsageError, check_changes_args, realtime_dtype, sticky_arg
+from app.cli import UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.prompt_args import check_constraints, prompt_tasks
 from app.outputs import check_writable, folder_arg
 
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         region = check_args(args)
     # Every mistake fails here, before torch loads (~3 s): a missing file or camera is said at once.
     # Opening connects to no stream (StreamSource connects when its frames are first asked).
-    opened = [open_live(source, max_outage=args.max_outage) for source in args.sources]
+    reading = reading_arg(args)
+    opened = [open_live(source, max_outage=args.max_outage, reading=reading) for source in args.sources]
     labels = [redact(source) for source in args.sources]
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials
         labels = [f"{label} ({i + 1})" for i, label in enumerate(labels)]

@@ -24,6 +24,8 @@ from typing import Callable
 
 import numpy as np
 
+from pipelines.frame import AS_SHOWN, Reading
+
 
 def samples_dir() -> Path:
     """The bundled sample videos: the source tree's, else where an install from a wheel put them
@@ -77,8 +79,11 @@ def sample_videos() -> list[str]:
 
 
 class Service:
-    def __init__(self, settings: Settings = Settings()):
+    def __init__(self, settings: Settings = Settings(), reading: Reading = AS_SHOWN):
+        """reading: how every source of this server is read (`pipelines.frame.Reading`; default
+        as a player shows it); fixed for the server (`ui --no-deinterlace / --no-tonemap`)."""
         self.settings = settings
+        self.reading = reading
         self._lock = threading.RLock()
         self._engine = None
         self._feeds: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> LiveFeed
@@ -188,7 +193,7 @@ class Service:
             source = str(SAMPLES_DIR / source)
         if parse_webcam(source) is None and "://" not in source and not Path(source).is_file():
             raise UIError(f"no such file: {source}")
-        live = open_live(source)  # a recording (a file, or one over the network) plays as if live, round and round
+        live = open_live(source, reading=self.reading)  # a recording (a file, or one over the network) plays as if live, round and round
         recorder = None
         if record:
             self._drop_recording(session, "pull")
@@ -407,7 +412,7 @@ class Service:
             with self._lock:
                 self._writing.add(out_dir)
             return run_video_job(self.engine(), self.params(), path, task, out_dir, every_n, on_progress, stop,
-                                 changes)
+                                 changes, self.reading)
         finally:
             with self._lock:  # the job is over: its folder may go, and a later Cancel has nothing of it to stop
                 self._writing.discard(out_dir)

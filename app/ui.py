@@ -415,7 +415,7 @@ def _new_shots(shots: list, shown: float | None) -> tuple[list | None, float | N
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.cli import UsageError, realtime_dtype
+    from app.cli import UsageError, reading_arg, realtime_dtype
     from app.listen import check_port, loopback, read_auth, tls_arguments
     from app.view import CSS, HEAD_JS
 
@@ -435,7 +435,7 @@ def run(args: argparse.Namespace) -> int:
 
         open_live(args.source)  # a missing file or camera, a bad URL scheme: SourceError, exit 2
     dtype = realtime_dtype(args.device, args.dtype)
-    service = Service(Settings(model=args.model, device=args.device, dtype=dtype))
+    service = Service(Settings(model=args.model, device=args.device, dtype=dtype), reading_arg(args))
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
         demo = build(service, args.source)

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import UsageError, check_changes_args, realtime_dtype, sticky_arg
+from app.cli import UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.outputs import FORMATS, check_writable, folder_arg, parse_formats, plan_outputs
 from app.prompt_args import check_constraints, prompt_tasks
 
@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
                                 skipped, task, what)
     params = SamplingParams(max_tokens=args.max_tokens, sticky=sticky)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
+    reading = reading_arg(args)
     done = done_frames(out, one_prompt) if args.resume and kind == "jsonl" else {}
     shared = None  # the one JSONL of every file: opened (afresh, without --resume) once the model is up
     stop, write_failed, pipe_closed = threading.Event(), threading.Event(), threading.Event()
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         if stop.is_set():  # interrupted before this file's turn
             return summary
         try:
-            src = FileSource(path)  # probed already; opened only now: a folder may hold thousands
+            src = FileSource(path, reading=reading)  # probed already; opened only now: a folder may hold thousands
         except SourceError as e:  # changed since it was probed
             summary.errors.append(str(e))
             summary.incomplete += 1
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             if plan.annotate:
                 first = next(src.frames(), None)
                 src.close()
-                src = FileSource(path)
+                src = FileSource(path, reading=reading)
                 if first is not None:
                     plan.annotate.parent.mkdir(parents=True, exist_ok=True)
                     sinks.append(AnnotatedVideoSink(plan.annotate, first.rgb.shape[1], first.rgb.shape[0]))

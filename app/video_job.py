@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Callable
 
 from app.service import UIError
+from pipelines.frame import AS_SHOWN, Reading
 
 
 def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                   on_progress: Callable[[int, int | None], None] | None = None,
-                  stop: threading.Event | None = None, changes: bool = False) -> dict:
+                  stop: threading.Event | None = None, changes: bool = False,
+                  reading: Reading = AS_SHOWN) -> dict:
     """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns the rows
     shown (index, pts, text, ms), the paths and the job's figures. Setting `stop` ends the job at
     its next frame with what is done ("cancelled": True); with `changes`, the rows and the JSONL
@@ -57,7 +59,7 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
             on_progress(answers[0] // (len(task) if several else 1) * every_n, total)
 
     summary = BatchSummary()
-    src = FileSource(path)
+    src = FileSource(path, reading=reading)
     cancelled = False
     try:
         caption_file(engine, src, sinks, task, params, Sampling(every_n=every_n),

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.cli import UsageError
+from app.cli import UsageError, reading_arg
 from app.prompt_args import region_task
 
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
         for path, count, _ in paths:
             plan = plans[path]
             try:
-                src = FileSource(path)
+                src = FileSource(path, reading=reading_arg(args))
             except SourceError as e:  # changed since it was probed
                 errors.append(str(e))
                 incomplete += 1

@@ -1,7 +1,7 @@
 """What every frame source yields (`Frame`), how it fails (`SourceError`), and the decoding they
 share: packets the decoder rejects are skipped, the stream a player would show is the one read,
 and pixels come as a player shows them (interlaced frames made whole, display rotation applied,
-non-square pixels stretched).
+non-square pixels stretched), unless a `Reading` says to read them as stored.
 """
 
 from __future__ import annotations
@@ -21,6 +21,20 @@ from .hdr import is_hdr, to_sdr
 
 class SourceError(VlmstreamError):
     """A source cannot be opened or read (missing, not a video, no video stream...)."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a source's decoded frames become pixels. The defaults show them as a player does;
+    each switch off reads them as stored, for a video whose flags say otherwise than its
+    pictures: a progressive film flagged interlaced (PsF masters, some capture cards), or SDR video
+    tagged HLG or PQ by a wrong export (tone-mapped, it comes out dim and flat)."""
+
+    deinterlace: bool = True  # frames flagged interlaced made whole (`deinterlace.py`)
+    tonemap: bool = True  # HDR frames (HLG, PQ) tone-mapped to SDR BT.709 (`hdr.py`)
+
+
+AS_SHOWN = Reading()
 
 
 @dataclass
@@ -47,20 +61,21 @@ def rotate(rgb: np.ndarray, degrees: int) -> np.ndarray:
     return np.ascontiguousarray(np.rot90(rgb, k=turns)) if turns else rgb
 
 
-def as_shown(frame, sample_aspect) -> np.ndarray:
+def as_shown(frame, sample_aspect, tonemap: bool = True) -> np.ndarray:
     """The frame's RGB pixels as a player shows them. Non-square pixels (a sample aspect ratio
     other than 1: DVD, DV, HDV, broadcast TV) are stretched to the display shape, in the same
     swscale pass as the colour conversion. Read as stored, a 16:9 PAL frame (720x576) squeezes every
     circle to an ellipse: of 60 scenes stored at half their width, the tiny model named all the
     objects of 65 % against 83 % unsqueezed. Stretching (never shrinking) keeps every stored
-    pixel's detail. HDR video is tone-mapped to SDR (`hdr.py`). Then the display rotation."""
+    pixel's detail. HDR video is tone-mapped to SDR (`hdr.py`; `tonemap` False: converted as if
+    SDR). Then the display rotation."""
     width, height = frame.width, frame.height
     if sample_aspect and sample_aspect != 1:
         if sample_aspect > 1:
             width = max(2, round(width * sample_aspect / 2) * 2)
         else:
             height = max(2, round(height / sample_aspect / 2) * 2)
-    if is_hdr(frame):  # tone-mapped, in the same pass
+    if tonemap and is_hdr(frame):  # tone-mapped, in the same pass
         rgb = to_sdr(frame, width, height)
     elif (width, height) != (frame.width, frame.height):
         rgb = frame.to_ndarray(format="rgb24", width=width, height=height)
@@ -69,19 +84,20 @@ def as_shown(frame, sample_aspect) -> np.ndarray:
     return rotate(rgb, getattr(frame, "rotation", 0) or 0)
 
 
-def pixels(frame, sample_aspect, lazy: bool) -> dict:
+def pixels(frame, sample_aspect, lazy: bool, reading: Reading = AS_SHOWN) -> dict:
     """A decoded frame's pixels as `Frame` fields: converted now, or (lazy) left to `Frame.load`."""
     if lazy:
-        return {"rgb": None, "convert": partial(as_shown, frame, sample_aspect)}
-    return {"rgb": as_shown(frame, sample_aspect)}
+        return {"rgb": None, "convert": partial(as_shown, frame, sample_aspect, reading.tonemap)}
+    return {"rgb": as_shown(frame, sample_aspect, reading.tonemap)}
 
 
 def decoded(container, stream, on_damage: Callable[[], None],
-            before_packet: Callable[[], None] | None = None) -> Iterator:
+            before_packet: Callable[[], None] | None = None, reading: Reading = AS_SHOWN) -> Iterator:
     """The stream's frames, packet by packet, skipping the packets the decoder rejects (damaged
     data: a bad sector, a lost datagram, a stream joined between keyframes), as FFmpeg's own tools
     do. `container.decode` ended at the first: a file with 20 KB damaged in its middle gave 180 of
-    its 329 decodable frames. Interlaced frames come whole (`Deinterlacer`)."""
+    its 329 decodable frames. Interlaced frames come whole (`Deinterlacer`), unless `reading`
+    says to leave them woven."""
     import av
 
     deinterlacer = Deinterlacer()
@@ -94,7 +110,10 @@ def decoded(container, stream, on_damage: Callable[[], None],
             on_damage()
             continue
         for frame in frames:
-            yield from deinterlacer.push(frame)
+            if reading.deinterlace:
+                yield from deinterlacer.push(frame)
+            else:
+                yield frame
     yield from deinterlacer.flush()
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .connection import Connection
-from .frame import Frame, SourceError, decoded, first_line, main_video, pixels
+from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels
 from .stream import STDIN, StreamSource, redact
 
 
@@ -37,7 +37,8 @@ class FileSource:
     """A video file read with PyAV: whatever FFmpeg decodes. A file on a web server (an http or
     https URL) is read as a file is."""
 
-    def __init__(self, path: str | Path, source_id: str | None = None, threads: bool = True):
+    def __init__(self, path: str | Path, source_id: str | None = None, threads: bool = True,
+                 reading: Reading = AS_SHOWN):
         import av
 
         text = str(path)
@@ -53,6 +54,7 @@ class FileSource:
         self.damaged = 0  # packets the decoder rejected in the last frames(), skipped
         self.seconds = 0.0  # the video time they cover: first frame's start to last frame's end
         self._closed = False
+        self.reading = reading  # as a player shows the frames, or as stored
         if self.url is None:
             if "://" in text and not self.path.exists():  # Path() would print it as "rtsp:/host/..."
                 raise SourceError(f"{redact(text)} is a stream, not a file: `vlmstream live` reads streams")
@@ -149,7 +151,7 @@ class FileSource:
             self.damaged += 1
 
         try:
-            for frame in decoded(self._container, self._stream, damage):
+            for frame in decoded(self._container, self._stream, damage, reading=self.reading):
                 pts = float(frame.time) - start + shift if frame.time is not None else (index / fps if fps else 0.0)
                 if jumps and last is not None and not -EPSILON_S < pts - last < DISCONTINUITY_S:
                     shift += last + last_shown - pts
@@ -171,7 +173,7 @@ class FileSource:
                     else:
                         # The decoder's value, not the header's: broadcasts switch between 4:3 and 16:9
                         aspect = self._stream.codec_context.sample_aspect_ratio
-                        yield Frame(self.source_id, index, pts, **pixels(frame, aspect, lazy))
+                        yield Frame(self.source_id, index, pts, **pixels(frame, aspect, lazy, self.reading))
                 index += 1
         except (av.FFmpegError, OSError, ValueError) as e:
             self.error = f"{self.name}: decoding stopped after {index} frames: {first_line(e)}"
@@ -353,13 +355,13 @@ class LiveSource:
     connection: Connection | None = None  # a stream's or a camera's: its outages and health, a way to stop it
 
 
-def open_live(source: str, max_outage: float | None = None) -> LiveSource:
+def open_live(source: str, max_outage: float | None = None, reading: Reading = AS_SHOWN) -> LiveSource:
     """A source to watch live, by name: webcam:N, a stream URL, or a video file. A stream or a
     camera that has sent frames is reopened for ever, or given up after `max_outage` seconds
     without any.
 
     The source is checked now (camera present, URL scheme, file readable), so a mistake fails
-    here. A recording served over the network paces itself (StreamSource) and ends; called
+    here. `reading`: as a player shows its frames, or as stored. A recording served over the network paces itself (StreamSource) and ends; called
     again, its frames start over, as a file's do. A live stream or a camera never ends that way
     (it is reopened, `Connection`), so looping it changes nothing.
     """
@@ -373,13 +375,13 @@ def open_live(source: str, max_outage: float | None = None) -> LiveSource:
 
         if source == STDIN and (sys.stdin is None or sys.stdin.isatty()):
             raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
-        stream = StreamSource(source, lazy=True, max_outage=max_outage)  # checks the scheme; redacts credentials
+        stream = StreamSource(source, lazy=True, max_outage=max_outage, reading=reading)  # checks the scheme; redacts credentials
         return LiveSource(stream.frames, paced=False, loops=source != STDIN, stream=stream,  # stdin reads once
                           connection=stream.connection)
     FileSource(source).close()
 
     def frames() -> Iterator[Frame]:
-        src = FileSource(source, threads=False)
+        src = FileSource(source, threads=False, reading=reading)
         try:
             yield from src.frames(lazy=True)
         finally:

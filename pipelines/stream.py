@@ -12,7 +12,7 @@ from typing import Iterator
 
 from .catch_up import CatchUp
 from .connection import TIMED_OUT, Connection
-from .frame import Frame, SourceError, decoded, first_line, main_video, pixels
+from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels
 
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
@@ -84,7 +84,8 @@ class StreamSource:
 
     def __init__(self, url: str, source_id: str | None = None, open_timeout: float = 5.0,
                  read_timeout: float = 3.0, max_wait: float | None = None, reconnect: bool = True,
-                 pace: bool = True, lazy: bool = False, max_outage: float | None = None):
+                 pace: bool = True, lazy: bool = False, max_outage: float | None = None,
+                 reading: Reading = AS_SHOWN):
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         self.url, self.display = url, redact(url)
         if url == STDIN:
@@ -101,6 +102,7 @@ class StreamSource:
         self.connection = Connection(self.display, STREAM_MAX_WAIT_S if max_wait is None else max_wait, max_outage)
         self.connection.counters = self._counters
         self.lazy = lazy  # frames come with `convert` instead of their pixels (see Frame.load)
+        self.reading = reading
         self._clocked = scheme in CLOCKED_SCHEMES
         self.error: str | None = None
         self.reconnects = self.damaged = self.catch_ups = 0
@@ -166,7 +168,7 @@ class StreamSource:
                 guard = CatchUp(stream.codec_context) if self._clocked and not recording else None
                 before = None if guard is None else (lambda: guard.packet(time.perf_counter()))
                 catch_ups = self.catch_ups
-                for frame in decoded(container, stream, self._damage, before):
+                for frame in decoded(container, stream, self._damage, before, self.reading):
                     if guard is not None:
                         guard.frame(frame.time, time.perf_counter())
                         if catch_ups + guard.catch_ups > self.catch_ups:
@@ -183,7 +185,7 @@ class StreamSource:
                             time.sleep(ahead)
                     connection.frame()
                     yield Frame(self.source_id, index, connection.last_frame - t0,
-                                **pixels(frame, stream.codec_context.sample_aspect_ratio, self.lazy))
+                                **pixels(frame, stream.codec_context.sample_aspect_ratio, self.lazy, self.reading))
                     index += 1
                 ended = recording
             except (av.FFmpegError, OSError) as e:

@@ -85,3 +85,55 @@ def test_sdr_video_is_converted_as_before(clips):
     with av.open(str(clips["sdr"])) as c:
         plain = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
     assert all(np.array_equal(a, f.rgb) for a, f in zip(plain, FileSource(str(clips["sdr"])).frames()))
+
+
+def test_no_tonemap_reads_hdr_as_if_sdr(clips):
+    """`--no-tonemap` (SDR video tagged HDR by a wrong export): the plain conversion, at the
+    frame's own size, through files and live sources alike."""
+    from pipelines.frame import Reading
+    from pipelines.sources import open_live
+
+    as_stored = Reading(tonemap=False)
+    with av.open(str(clips["hlg"])) as c:
+        plain = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    frames = [f.rgb for f in FileSource(str(clips["hlg"]), reading=as_stored).frames()]
+    assert len(frames) == 15 and all(np.array_equal(a, b) for a, b in zip(plain, frames))
+    assert next(FileSource(str(clips["hlg_large"]), reading=as_stored).frames()).rgb.shape == (1440, 2560, 3)
+    live = open_live(str(clips["hlg"]), reading=as_stored)
+    assert np.array_equal(next(live.frames()).load().rgb, plain[0])
+
+
+def test_the_reading_switches_reach_video_live_and_the_ui(clips, small_folder, tmp_path, monkeypatch):
+    """`video`, `live` and `ui` take --no-tonemap / --no-deinterlace to every source they open."""
+    import pipelines.frame as frame_module
+    import pipelines.sources as sources_module
+    from app.cli import _parser, main, reading_arg
+    from app.service import Service, UIError
+    from pipelines.frame import Reading
+
+    calls = []
+    real = frame_module.to_sdr
+    monkeypatch.setattr(frame_module, "to_sdr", lambda *a: calls.append(1) or real(*a))
+    model = ["--model", str(small_folder), "--max-tokens", "2"]
+    for flags, tone_mapped in (([], True), (["--no-tonemap"], False)):
+        calls.clear()
+        assert main(["video", str(clips["hlg"]), "--every-n", "5", "-o", str(tmp_path / "a.jsonl"), *flags,
+                     *model]) == 0
+        assert bool(calls) == tone_mapped
+    calls.clear()
+    assert main(["live", str(clips["hlg"]), "--duration", "1.5", "--no-tonemap", "-o", str(tmp_path / "b.jsonl"),
+                 *model]) == 0
+    assert (tmp_path / "b.jsonl").read_text() and not calls
+    args = _parser().parse_args(["ui", "--no-deinterlace", "--no-tonemap"])
+    assert reading_arg(args) == Reading(deinterlace=False, tonemap=False)
+    assert reading_arg(_parser().parse_args(["ui"])) == Reading()
+    seen = []
+
+    def opened(source, reading=Reading()):
+        seen.append(reading)
+        raise UIError("stop here")
+
+    monkeypatch.setattr(sources_module, "open_live", opened)
+    with pytest.raises(UIError):
+        Service(reading=Reading(tonemap=False)).start_live("s", str(clips["hlg"]), {"caption": "short"})
+    assert seen == [Reading(tonemap=False)]
