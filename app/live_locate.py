@@ -16,7 +16,6 @@ import json
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from app.cli import UsageError
@@ -39,7 +38,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         task: str, what: str) -> int:
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
-    from pipelines.locator import LiveLocator, LocateSource, draw, places_text
+    from pipelines.locator import LiveLocator, LocateSource, places_text
     from pipelines.recorder import Recorder
     from pipelines.sources import SourceError
 
@@ -49,30 +48,20 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
     log = open_log(args.output)
-    key = "objects" if task == "detect" else "points"
     several = len(opened) > 1
     lock = threading.Lock()
     write_error: list[tuple[str, OSError]] = []
     recorders = {label: Recorder(path) for label, path in zip(labels, recordings or [])}
 
     def show(r) -> None:  # the locator's thread, once per located frame
-        from datetime import datetime, timezone
-
         if r.label in recorders:
-            recorders[r.label].add(replace(r, frame=replace(r.frame, rgb=draw(r.frame.rgb, r.pixels, task))))
+            recorders[r.label].add(r.drawn())
         with lock:
             if write_error:
                 return
             try:
                 if log is not None:
-                    h, w = r.frame.rgb.shape[:2]
-                    record = {"source": r.label, "index": r.frame.index, "pts": round(r.frame.pts, 6),
-                              "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), task: what,
-                              key: [{k: round(v, 4) for k, v in o.items()} for o in r.places], "pixels": r.pixels,
-                              "width": w, "height": h,
-                              "timings_ms": {**r.timings_ms, "end_to_end": round(r.end_to_end_ms, 3)},
-                              "model": args.model}
-                    log.write(json.dumps(record) + "\n")
+                    log.write(json.dumps({**r.records()[0], "model": args.model}) + "\n")
                     log.flush()
                 if not args.json and log is not sys.stdout:
                     print(f"{r.label + '  ' if several else ''}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  "

@@ -97,7 +97,7 @@ class Service:
         self._recorders: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> its feed's Recorder
         self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
-        self._region: tuple | None = None  # (engine, its RegionDecoder) for detect and point
+        self._region: tuple | None = None  # (engine, its RegionDecoder, a lock: one call at a time)
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -183,7 +183,7 @@ class Service:
             return self._start_live(session, source, task, record)
 
     def _start_live(self, session: str, source: str, task: dict, record: bool) -> object:
-        from pipelines.feed import LiveFeed
+        from pipelines.feed import REGION_TASKS, LiveFeed
         from pipelines.recorder import Recorder
         from pipelines.sinks import file_label
         from pipelines.sources import open_live, parse_webcam
@@ -200,9 +200,11 @@ class Service:
             recorder = Recorder(self._scratch_dir() / f"live-{file_label(session) or 'session'}.mp4",
                                 max_seconds=RECORD_MAX_S)
         try:
+            region = next((k for k in REGION_TASKS if k in task), None) if isinstance(task, dict) else None
+            locate = self._locator(task[region], region) if region else None
             feed = LiveFeed(self.engine(), task, self.params(), live.frames, realtime=live.paced, loop=live.loops,
                             fps=LIVE_FPS, hold=self.settings.hold, on_result=recorder.add if recorder else None,
-                            connection=live.connection)
+                            connection=live.connection, locate=locate)
         except BaseException:
             if recorder is not None:
                 recorder.close()
@@ -295,8 +297,9 @@ class Service:
         Called with the lock held."""
         from pipelines.live import DEFAULT_MAX_INFLIGHT
 
-        share = max(1, DEFAULT_MAX_INFLIGHT // max(1, len(self._feeds)))
-        for feed in self._feeds.values():
+        captioning = [f for f in self._feeds.values() if f.session is not None]  # a located feed is not in the engine
+        share = max(1, DEFAULT_MAX_INFLIGHT // max(1, len(captioning)))
+        for feed in captioning:
             feed.session.set_max_inflight(share)
 
     def _feeds_to_export(self, session: str, kind: str) -> list:
@@ -383,20 +386,32 @@ class Service:
         region head (engine/region_decoder.py, one image at a time beside the engine's batches): as
         fractions and in pixels, with the picture they are drawn on. The tiny model's head was
         never trained: a RequestError says so."""
-        from engine.region_decoder import RegionDecoder
         from pipelines.locator import draw, pixel_places
 
-        engine = self.engine()
-        with self._lock:
-            if self._region is None or self._region[0] is not engine:  # one per engine: a reload drops it
-                self._region = (engine, RegionDecoder(engine.loaded))
-            decoder = self._region[1]
-        found = decoder.locate(rgb, what, task)
+        found = self._locator(what, task)(rgb)
         key = "objects" if task == "detect" else "points"
         h, w = rgb.shape[:2]
         pixels = pixel_places(found[key], w, h, task)
         return {task: what.strip(), key: found[key], "pixels": pixels, "width": w, "height": h,
                 "timings_ms": found["timings_ms"], "picture": draw(rgb, pixels, task)}
+
+    def _locator(self, what: str, task: str) -> Callable[[np.ndarray], dict]:
+        """rgb -> the places of `what` through the engine's model's region head, one frame at a
+        time for every page and feed (a live feed's frames and an image's take turns). A model
+        whose head was not trained: a RequestError now, before anything starts."""
+        from engine.region_decoder import RegionDecoder
+
+        engine = self.engine()
+        with self._lock:
+            if self._region is None or self._region[0] is not engine:  # one per engine: a reload drops it
+                self._region = (engine, RegionDecoder(engine.loaded), threading.Lock())
+            _, decoder, lock = self._region
+
+        def locate(rgb: np.ndarray) -> dict:
+            with lock:
+                return decoder.locate(rgb, what, task)
+
+        return locate
 
     def caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                       on_progress: Callable[[int, int | None], None] | None = None,

@@ -9,12 +9,20 @@ from app.service import UIError
 
 
 def make_task(kind: str, question: str = "", constraint_kind: str = "none",
-              constraint_text: str = "") -> dict | list[dict]:
+              constraint_text: str = "", regions: bool = False) -> dict | list[dict]:
     """Keyword arguments for `Engine.submit`: kind 'short' | 'normal' | 'long' (a caption) or
     'question', plus an optional constraint (see `make_constraint`). Several questions, one a
     line, give one task each (asked together about every frame, the constraint on each). A
     question may carry its own constraint after its question mark (`inline_constraint`), which
-    then replaces the form's for it."""
+    then replaces the form's for it. With `regions` (the Live tab), kind 'detect' or 'point'
+    gives {kind: the object named in the question's box}."""
+    if regions and kind in ("detect", "point"):
+        lines = [q.strip() for q in (question or "").splitlines() if q.strip()]
+        if len(lines) != 1:
+            raise UIError(f"name one object to {kind} (a word or a few, in the box below the prompt)")
+        if constraint_kind not in ("none", "", None):
+            raise UIError(f"a constraint goes with captions and questions, not {kind}")
+        return {kind: lines[0]}
     if kind == "question":
         lines = [q.strip() for q in (question or "").splitlines() if q.strip()]
         if not lines:

@@ -19,6 +19,8 @@ SLOW_HZ = 2.0  # chart, counters and log
 MIN_GAP_S = 0.02
 DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
 PROMPTS = ["short", "normal", "long", "question"]
+# Live only: a live source's frames are pulled at the region decoder's pace (one at a time)
+LIVE_PROMPTS = PROMPTS + ["detect", "point"]
 CONSTRAINTS = ["none", "choices", "regex", "json schema"]
 VIDEO_TABLE_ROWS = 5000  # a page holds this many; the downloads hold every answer
 
@@ -34,6 +36,7 @@ def video_file_types() -> list[str]:
 
 QUESTION_LABEL = ("Question (several: one a line, all asked about every frame; a line's own constraint after its "
                   "question mark: [yes, no] or /regex/)")
+LIVE_QUESTION_LABEL = QUESTION_LABEL + "; for detect and point, the object (Moondream 2 weights)"
 CONSTRAINT_LABEL = "Choices (comma separated), regex or JSON schema"
 
 
@@ -65,7 +68,7 @@ def build(service: Service, source: str | None = None):
     def live(src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None, auto=False):
         sid = request.session_hash
         try:
-            task = make_task(kind, question, ckind, ctext)
+            task = make_task(kind, question, ckind, ctext, regions=True)
             feed = service.start_live(sid, upload or src, task, record=bool(record))
             if auto:
                 autoplayed[sid] = feed
@@ -232,8 +235,8 @@ def build(service: Service, source: str | None = None):
                 upload = gr.File(label="...or a video file to play live", file_types=video_file_types(), type="filepath",
                                  scale=2)
             with gr.Row():
-                kind = gr.Radio(PROMPTS, value="short", label="Prompt")
-                question = gr.Textbox(label=QUESTION_LABEL, placeholder="How many shapes are there? [one, two, three, four]", lines=2)
+                kind = gr.Radio(LIVE_PROMPTS, value="short", label="Prompt")
+                question = gr.Textbox(label=LIVE_QUESTION_LABEL, placeholder="How many shapes are there? [one, two, three, four]", lines=2)
                 ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                 ctext = gr.Textbox(label=CONSTRAINT_LABEL)
             with gr.Row():

@@ -9,6 +9,9 @@ stage latencies for the last `window_s` seconds, the session's counters, the las
 EXPORT_LINES answers as JSON lines (`records()`, for a download), and a small JPEG of the frame
 where each of the last SHOTS changes of the answers began (what changed, and what it looked
 like; a new answer counts once it has held `hold` frames).
+A region task ({"detect": OBJECT} or {"point": OBJECT}, with `locate`: Moondream 2's region
+protocol, one frame at a time) runs through a `LiveLocator` instead of the session, its frames
+with the places drawn and its answer the count found ("person: 2 found"), for the same viewer.
 `snapshot()` copies all but the records for a viewer that polls; `version` grows with every
 result so a viewer can skip redraws when nothing changed.
 """
@@ -34,8 +37,11 @@ from .connection import Connection
 from .grabber import LatestFrameGrabber
 from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
 from .frame import Frame
+from .locator import LiveLocator, Located, LocateSource
 
 CHART_STAGES = ("queue", "vision", "prefill", "decode")
+REGION_TASKS = ("detect", "point")
+ROLLING_S = 2.0  # a located feed's frames a second count over this much of the newest past
 # Answers a feed keeps for an export: ~5 minutes at 35 captions a second, ~4 MB of JSON.
 EXPORT_LINES = 10_000
 # Pictures of the frames where the answers changed: a page's gallery of them stays ~200 KB; the
@@ -129,11 +135,12 @@ class LiveFeed:
                  fps: float = 60.0, max_inflight: int = DEFAULT_MAX_INFLIGHT, deadline_ms: float | None = None,
                  window_s: float = 30.0, log_size: int = 200, record_size: int = EXPORT_LINES,
                  shots: int = SHOTS, hold: int = 1, on_result: Callable[[LiveResult], None] | None = None,
-                 connection: Connection | None = None):
+                 connection: Connection | None = None, locate: Callable[[np.ndarray], dict] | None = None):
         """hold: a new answer gets a picture once it has come this many frames in a row (as
         `live --changes --hold`): a one-frame misreading is a line of the log, not a change.
         connection: a stream's or a camera's (LiveSource.connection): its health is the counters'
-        "stream", and close stops it, so that a source in an outage stops retrying."""
+        "stream", and close stops it, so that a source in an outage stops retrying.
+        locate: rgb -> the region decoder's result, for a region task (pulled frames only)."""
         if not 0 < fps < float("inf"):  # NaN too
             raise ValueError(f"fps must be a finite number > 0, got {fps}")
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
@@ -152,9 +159,19 @@ class LiveFeed:
         self.exception: Exception | None = None
         self._pushed = 0
         self._t0 = time.perf_counter()
-        self.session = LiveSession(engine, task, params, max_inflight, deadline_ms, on_result=self._on_result)
         self._grabber: LatestFrameGrabber | None = None
         self._pump: threading.Thread | None = None
+        self.session: LiveSession | None = None
+        self._locator: LiveLocator | None = None
+        region = [k for k in REGION_TASKS if isinstance(task, dict) and k in task]
+        if region:
+            if locate is None or frames is None:
+                raise ValueError("a region task needs `locate` and frames to pull")
+            what = task[region[0]]
+            self._locator = LiveLocator(locate, [LocateSource("live", frames, realtime, loop)], what, region[0],
+                                        fps, on_result=lambda r: self._on_result(r.drawn()))
+            return
+        self.session = LiveSession(engine, task, params, max_inflight, deadline_ms, on_result=self._on_result)
         if frames is not None:
             self._grabber = LatestFrameGrabber(frames, realtime=realtime, loop=loop)
             self._pump = threading.Thread(target=self._run_pump, name="vlmstream-feed", daemon=True)
@@ -164,11 +181,13 @@ class LiveFeed:
     def running(self) -> bool:
         if self._stop.is_set():
             return False
+        if self._locator is not None:
+            return self._locator.running
         return self._pump is None or self._pump.is_alive()
 
     def push(self, rgb: np.ndarray, source_id: str = "push") -> bool:
         """Offer one frame (H, W, 3) uint8; False if dropped (engine saturated) or the feed is closed."""
-        if self._stop.is_set():
+        if self._stop.is_set() or self.session is None:
             return False
         with self._lock:
             index, self._pushed = self._pushed, self._pushed + 1
@@ -196,11 +215,15 @@ class LiveFeed:
             with self._lock:
                 self.version += 1
 
-    def _on_result(self, r: LiveResult) -> None:
+    def _on_result(self, r: LiveResult | Located) -> None:
         records = [json.dumps(x, ensure_ascii=False) for x in r.records()] if self._records.maxlen else []
         t = r.timings_ms
-        stages = {"queue": t.get("queue", 0.0), "vision": t.get("preprocess", 0.0) + t.get("vision", 0.0),
-                  "prefill": t.get("prefill", 0.0), "decode": t.get("decode", 0.0)}
+        if isinstance(r, Located):  # the region decoder's one figure; the wait before it is the queue
+            total = t.get("total", 0.0)
+            stages = {"queue": r.end_to_end_ms - total, "vision": 0.0, "prefill": 0.0, "decode": total}
+        else:
+            stages = {"queue": t.get("queue", 0.0), "vision": t.get("preprocess", 0.0) + t.get("vision", 0.0),
+                      "prefill": t.get("prefill", 0.0), "decode": t.get("decode", 0.0)}
         now = time.time()
         with self._lock:
             self._latest = r
@@ -230,23 +253,41 @@ class LiveFeed:
     def snapshot(self, full: bool = True) -> FeedSnapshot:
         """The newest result; with full=False, without log, latency history and counters (cheap
         enough for every page update, while those change the page only a couple of times a second)."""
-        stats = {}
-        if full:
+        stats, error = {}, self.error
+        if full and self._locator is not None:
+            stats = self._located_stats()
+        elif full:
             stats = self.session.stats()
             stats["in_flight"] = self.session.in_flight
             if self._grabber is not None:
                 stats["overwritten_at_grab"] = self._grabber.overwritten
-            if self._connection is not None:
-                stats["stream"] = self._connection.health()
+        if full and self._connection is not None:
+            stats["stream"] = self._connection.health()
+        if error is None and self._locator is not None:  # the decoder's error ends the run; a source's, its source
+            failed = self._locator.exception
+            error = ((str(failed).splitlines() or [type(failed).__name__])[0] if failed is not None
+                     else self._locator.errors().get("live"))
         with self._lock:
             r = self._latest
             return FeedSnapshot(
-                version=self.version, running=self.running, error=self.error,
+                version=self.version, running=self.running, error=error,
                 frame_rgb=None if r is None else r.frame.rgb, text="" if r is None else r.text,
                 pts=0.0 if r is None else r.frame.pts, index=-1 if r is None else r.frame.index,
                 end_to_end_ms=0.0 if r is None else r.end_to_end_ms,
                 log=list(self._log) if full else [], latency=list(self._latency) if full else [], counters=stats,
                 shots=list(self._shots) if full else [])
+
+    def _located_stats(self) -> dict:
+        """A located feed's counters under the names a caption feed's have: frames that came while
+        the decoder worked are the stale ones, passed over."""
+        st = self._locator.stats()["live"]
+        with self._lock:
+            now, walls = time.time(), [p.wall for p in self._latency]
+        recent = [w for w in walls if w >= now - ROLLING_S]
+        return {"completed": st["completed"], "achieved_fps": st["achieved_fps"],
+                "rolling_fps": (len(recent) - 1) / (recent[-1] - recent[0]) if len(recent) > 1 and recent[-1] > recent[0]
+                else 0.0, "cancelled_stale": st["overwritten"], "dropped": 0, "in_flight": 0,
+                "above_fps": st["above_fps"], "latency_ms": st["latency_ms"]}
 
     def close(self, cancel: bool = True, timeout: float = 10.0) -> None:
         """Stop the source and join the threads (idempotent). cancel: drop what is in flight (a
@@ -254,6 +295,9 @@ class LiveFeed:
         self._stop.set()
         if self._connection is not None:
             self._connection.stop()
+        if self._locator is not None:
+            self._locator.close(timeout)
+            return
         if self._grabber is not None:
             self._grabber.close()
         if self._pump is not None:

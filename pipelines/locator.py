@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
@@ -85,6 +85,24 @@ class Located:
     def text(self) -> str:  # what a recording draws under the frame (pipelines/recorder.py)
         n = len(self.places)
         return f"{self.what}: {n} found" if n else f"{self.what}: none found"
+
+    def drawn(self) -> "Located":
+        """The same, its frame with the places drawn on it (for a recording, a page, a picture)."""
+        return replace(self, frame=replace(self.frame, rgb=draw(self.frame.rgb, self.pixels, self.task)))
+
+    def records(self) -> list[dict]:
+        """The line of a live log (`live --detect -o`, the web UI's export): the places as
+        fractions and in pixels, the UTC time (taken now: call it when the result arrives), and
+        the timings with the end-to-end latency."""
+        from datetime import datetime, timezone
+
+        h, w = self.frame.rgb.shape[:2]
+        return [{"source": self.label, "index": self.frame.index, "pts": round(self.frame.pts, 6),
+                 "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), self.task: self.what,
+                 ("objects" if self.task == "detect" else "points"):
+                     [{k: round(v, 4) for k, v in o.items()} for o in self.places],
+                 "pixels": self.pixels, "width": w, "height": h,
+                 "timings_ms": {**self.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}}]
 
 
 @dataclass

@@ -186,10 +186,10 @@ def test_a_tab_closing_while_its_start_opens_the_source_leaves_no_feed(service, 
     opened = threading.Event()
     real = pipelines.sources.open_live
 
-    def slow_open(source):  # a network source takes its time to answer
+    def slow_open(source, **kwargs):  # a network source takes its time to answer
         opened.set()
         time.sleep(1.0)
-        return real(source)
+        return real(source, **kwargs)
 
     monkeypatch.setattr(pipelines.sources, "open_live", slow_open)
     before = threads_named("vlmstream-feed")
@@ -837,4 +837,61 @@ def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tm
         assert record["points"] == s.locate_image(rgb, "star", "point")["points"] and text.startswith("star: ")
     finally:
         demo.close()
+        s.close()
+
+
+def test_the_live_tab_detects_an_object_in_each_newest_frame(small_folder, service, tmp_path):
+    """Live tab, Detect: the region head on the newest frame at its own pace. The page's frame is
+    drawn with the boxes, the log and the change pictures follow the count found, the export holds
+    each frame's places as the decoder gives them on that frame alone, and a recording has the
+    boxes drawn; the tiny model's untrained head and an unnamed object are clear errors."""
+    from engine.errors import RequestError
+    from engine.models.loader import load_model
+    from engine.region_decoder import RegionDecoder
+    from pipelines.sources import FileSource
+
+    assert make_task("detect", " red circle \n", regions=True) == {"detect": "red circle"}
+    for kind, question, ckind in (("detect", "  ", "none"), ("point", "a\nb", "none"), ("detect", "a", "regex")):
+        with pytest.raises(UIError):
+            make_task(kind, question, ckind, "x", regions=True)
+    with pytest.raises(UIError):
+        make_task("detect", "star")  # the other tabs ask no region task
+    sample = "shapes_640x360_60fps.mp4"
+    with pytest.raises(RequestError, match="region head was not trained"):
+        service.start_live("t", sample, {"detect": "star"})
+    assert service.feed("t") is None
+    s = Service(Settings(model=str(small_folder), dtype="float32"))
+    try:
+        feed = s.start_live("a", sample, {"detect": "red circle"}, record=True)
+        wait_for(lambda: feed.snapshot().counters.get("completed", 0) >= 4)
+        snap = feed.snapshot()
+        assert snap.running and snap.error is None and snap.text.startswith("red circle: ")
+        assert snap.counters["rolling_fps"] > 0 and snap.counters["latency_ms"]["end_to_end"]["p50"] > 0
+        assert snap.log and snap.log[-1].text == snap.text and snap.shots[0].text.startswith("red circle: ")
+        assert snap.latency[-1].stages_ms["decode"] > 0
+        rows = [json.loads(x) for x in feed.records()]
+        assert len(rows) >= 4 and all(r["detect"] == "red circle" for r in rows)
+        decoder = RegionDecoder(load_model(str(small_folder), device="cpu", dtype="float32"))
+        wanted = {r["index"] for r in rows[:2]}
+        frames = {f.index: f.rgb for f in FileSource(SAMPLES_DIR / sample).frames(pick=lambda i, _: i in wanted)}
+        for r in rows[:2]:
+            want = decoder.locate(frames[r["index"]], "red circle")["objects"]
+            assert r["objects"] == [{k: round(v, 4) for k, v in o.items()} for o in want]
+            assert (r["width"], r["height"]) == (640, 360) and len(r["pixels"]) == len(want)
+        shown = next(r for r in rows if r["index"] == snap.index)  # the records were read after the snapshot
+        if shown["pixels"]:  # the page's frame has its boxes drawn (the last one on top)
+            x0, y0, x1, _ = shown["pixels"][-1]
+            assert snap.frame_rgb[y0, (x0 + x1) // 2].tolist() == [255, 60, 200]
+        exported = s.export_log("a").read_text().splitlines()
+        assert [json.loads(x)["index"] for x in exported[:4]] == [r["index"] for r in rows[:4]]
+        s.stop_live("a")
+        assert not feed.running
+        import av
+
+        with av.open(str(s.recording("a"))) as c:
+            assert sum(1 for _ in c.decode(video=0)) >= 4
+        point = s.start_live("a", sample, {"point": "star"})
+        wait_for(lambda: point.records())
+        assert "points" in json.loads(point.records()[0]) and point.snapshot().text.startswith("star: ")
+    finally:
         s.close()
