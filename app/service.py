@@ -183,7 +183,7 @@ class Service:
             return self._start_live(session, source, task, record)
 
     def _start_live(self, session: str, source: str, task: dict, record: bool) -> object:
-        from pipelines.feed import REGION_TASKS, LiveFeed
+        from pipelines.feed import LiveFeed
         from pipelines.recorder import Recorder
         from pipelines.sinks import file_label
         from pipelines.sources import open_live, parse_webcam
@@ -200,11 +200,9 @@ class Service:
             recorder = Recorder(self._scratch_dir() / f"live-{file_label(session) or 'session'}.mp4",
                                 max_seconds=RECORD_MAX_S)
         try:
-            region = next((k for k in REGION_TASKS if k in task), None) if isinstance(task, dict) else None
-            locate = self._locator(task[region], region) if region else None
             feed = LiveFeed(self.engine(), task, self.params(), live.frames, realtime=live.paced, loop=live.loops,
                             fps=LIVE_FPS, hold=self.settings.hold, on_result=recorder.add if recorder else None,
-                            connection=live.connection, locate=locate)
+                            connection=live.connection, locate=self._region_of(task))
         except BaseException:
             if recorder is not None:
                 recorder.close()
@@ -270,7 +268,7 @@ class Service:
         with self._lock:
             feed = self._feeds.get(key)
             if feed is None or feed.task != task:  # a new prompt starts a new feed
-                new = LiveFeed(self.engine(), task, self.params(), hold=self.settings.hold)
+                new = LiveFeed(self.engine(), task, self.params(), hold=self.settings.hold, locate=self._region_of(task))
                 if feed is not None:
                     new.on_result = feed.on_result  # a recording goes on across the change
                     self._ended[key] = feed
@@ -412,6 +410,13 @@ class Service:
                 return decoder.locate(rgb, what, task)
 
         return locate
+
+    def _region_of(self, task: dict | list[dict]) -> Callable[[np.ndarray], dict] | None:
+        """A live feed's task's locate function ({"detect": OBJECT} or {"point": OBJECT}), else None."""
+        from pipelines.feed import REGION_TASKS
+
+        region = next((k for k in REGION_TASKS if k in task), None) if isinstance(task, dict) else None
+        return self._locator(task[region], region) if region else None
 
     def caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                       on_progress: Callable[[int, int | None], None] | None = None,

@@ -19,7 +19,7 @@ SLOW_HZ = 2.0  # chart, counters and log
 MIN_GAP_S = 0.02
 DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
 PROMPTS = ["short", "normal", "long", "question"]
-# Live only: a live source's frames are pulled at the region decoder's pace (one at a time)
+# The live tabs' (Live, Browser webcam): the newest frame is located at the region decoder's pace
 LIVE_PROMPTS = PROMPTS + ["detect", "point"]
 CONSTRAINTS = ["none", "choices", "regex", "json schema"]
 VIDEO_TABLE_ROWS = 5000  # a page holds this many; the downloads hold every answer
@@ -153,7 +153,7 @@ def build(service: Service, source: str | None = None):
         if rgb is None:
             return gr.skip(), gr.skip(), gr.skip(), shown
         try:
-            feed = service.push_frame(request.session_hash, rgb, make_task(kind, question, ckind, ctext),
+            feed = service.push_frame(request.session_hash, rgb, make_task(kind, question, ckind, ctext, regions=True),
                                       record=bool(record))
         except (UIError, VlmstreamError) as e:
             return frame_html(None, f"error: {e}"), gr.skip(), gr.skip(), shown
@@ -296,8 +296,8 @@ def build(service: Service, source: str | None = None):
                     cam_frame = gr.HTML(frame_html(None, "start your camera"), elem_id="vs-cam-frame")
                     cam_counters = gr.HTML()
             with gr.Row():
-                cam_kind = gr.Radio(PROMPTS, value="short", label="Prompt")
-                cam_question = gr.Textbox(label=QUESTION_LABEL, lines=2)
+                cam_kind = gr.Radio(LIVE_PROMPTS, value="short", label="Prompt", elem_id="vs-cam-kind")
+                cam_question = gr.Textbox(label=LIVE_QUESTION_LABEL, lines=2, elem_id="vs-cam-question")
                 cam_ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                 cam_ctext = gr.Textbox(label=CONSTRAINT_LABEL)
             with gr.Row():

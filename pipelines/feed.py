@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
 
 from .changes import AnswerChanges, answer_key
 from .connection import Connection
-from .grabber import LatestFrameGrabber
+from .grabber import LatestFrameGrabber, PushedFrames
 from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
 from .frame import Frame
 from .locator import LiveLocator, Located, LocateSource
@@ -140,7 +140,7 @@ class LiveFeed:
         `live --changes --hold`): a one-frame misreading is a line of the log, not a change.
         connection: a stream's or a camera's (LiveSource.connection): its health is the counters'
         "stream", and close stops it, so that a source in an outage stops retrying.
-        locate: rgb -> the region decoder's result, for a region task (pulled frames only)."""
+        locate: rgb -> the region decoder's result, for a region task."""
         if not 0 < fps < float("inf"):  # NaN too
             raise ValueError(f"fps must be a finite number > 0, got {fps}")
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
@@ -157,16 +157,20 @@ class LiveFeed:
         self._latency: deque[LatencyPoint] = deque()
         self.error: str | None = None  # one line for a page; `exception` is what was raised
         self.exception: Exception | None = None
-        self._pushed = 0
+        self._pushed_count = 0
         self._t0 = time.perf_counter()
         self._grabber: LatestFrameGrabber | None = None
         self._pump: threading.Thread | None = None
         self.session: LiveSession | None = None
         self._locator: LiveLocator | None = None
+        self._pushed: PushedFrames | None = None
         region = [k for k in REGION_TASKS if isinstance(task, dict) and k in task]
         if region:
-            if locate is None or frames is None:
-                raise ValueError("a region task needs `locate` and frames to pull")
+            if locate is None:
+                raise ValueError("a region task needs `locate`")
+            if frames is None:  # pushed frames: the locator pulls the newest, as from any source
+                self._pushed = PushedFrames()
+                frames, realtime, loop = self._pushed.frames, False, False
             what = task[region[0]]
             self._locator = LiveLocator(locate, [LocateSource("live", frames, realtime, loop)], what, region[0],
                                         fps, on_result=lambda r: self._on_result(r.drawn()))
@@ -187,11 +191,15 @@ class LiveFeed:
 
     def push(self, rgb: np.ndarray, source_id: str = "push") -> bool:
         """Offer one frame (H, W, 3) uint8; False if dropped (engine saturated) or the feed is closed."""
-        if self._stop.is_set() or self.session is None:
+        if self._stop.is_set() or (self.session is None and self._pushed is None):
             return False
         with self._lock:
-            index, self._pushed = self._pushed, self._pushed + 1
-        return self.session.offer(Frame(source_id, index, time.perf_counter() - self._t0, rgb))
+            index, self._pushed_count = self._pushed_count, self._pushed_count + 1
+        frame = Frame(source_id, index, time.perf_counter() - self._t0, rgb)
+        if self._pushed is not None:  # the locator takes the newest when it is ready
+            self._pushed.push(frame)
+            return True
+        return self.session.offer(frame)
 
     def _run_pump(self) -> None:
         assert self._grabber is not None
@@ -296,6 +304,8 @@ class LiveFeed:
         if self._connection is not None:
             self._connection.stop()
         if self._locator is not None:
+            if self._pushed is not None:
+                self._pushed.close()
             self._locator.close(timeout)
             return
         if self._grabber is not None:

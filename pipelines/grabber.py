@@ -87,3 +87,34 @@ class LatestFrameGrabber:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5.0)
+
+
+class PushedFrames:
+    """Frames a viewer pushes (a browser's camera) as a source to pull, for a consumer that pulls
+    (`LiveLocator`): `frames()` yields the newest frame pushed since the last it yielded, waits
+    for one otherwise, and ends once `close()` is called."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._frame: Frame | None = None
+        self._closed = False
+
+    def push(self, frame: Frame) -> None:
+        with self._cond:
+            self._frame = frame
+            self._cond.notify_all()
+
+    def frames(self) -> Iterator[Frame]:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._frame is not None or self._closed, timeout=0.5)
+                if self._closed:
+                    return
+                frame, self._frame = self._frame, None
+            if frame is not None:
+                yield frame
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()

@@ -372,6 +372,10 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
 
         with av.open(str(got)) as c:
             assert sum(1 for _ in c.decode(video=0)) >= 5
+        # Detect on the camera: the tiny model's untrained region head is said in the page
+        page.locator("#vs-cam-question textarea").fill("red circle")
+        page.locator("#vs-cam-kind").get_by_label("detect", exact=True).check()
+        page.wait_for_selector("#vs-cam-frame:has-text('region head was not trained')", timeout=30_000)
         ctx.close()
         browser.close()
     engine_idle(client)

@@ -893,5 +893,22 @@ def test_the_live_tab_detects_an_object_in_each_newest_frame(small_folder, servi
         point = s.start_live("a", sample, {"point": "star"})
         wait_for(lambda: point.records())
         assert "points" in json.loads(point.records()[0]) and point.snapshot().text.startswith("star: ")
+        # the browser's camera: pushed frames, the newest located when the decoder is ready
+        rgb = np.random.default_rng(7).integers(0, 256, (90, 160, 3), dtype=np.uint8)
+        cam = s.push_frame("a", rgb, {"point": "star"})
+
+        def located():  # the camera keeps sending until one of its frames is located
+            cam.push(rgb)
+            return cam.records()
+
+        wait_for(located)
+        row = json.loads(cam.records()[0])
+        assert row["points"] == [{k: round(v, 4) for k, v in p.items()}
+                                 for p in decoder.locate(rgb, "star", "point")["points"]]
+        assert s.push_frame("a", rgb, {"point": "star"}) is cam  # the same prompt: the same feed
+        s.stop_live("a", "push")
+        assert not cam.running and not cam.push(rgb)
+        with pytest.raises(RequestError, match="region head was not trained"):
+            service.push_frame("t", rgb, {"detect": "star"})
     finally:
         s.close()
