@@ -421,16 +421,22 @@ class Service:
     def caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                       on_progress: Callable[[int, int | None], None] | None = None,
                       stop: threading.Event | None = None, changes: bool = False) -> dict:
-        """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths.
+        """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths
+        (a region task: places.jsonl and annotated.mp4 with the places drawn, `run_locate_job`).
         Setting `stop` ends the job at its next frame with what is done ("cancelled": True). With
         `changes`, the rows and the JSONL hold only the answers that changed (`video --changes`)."""
-        from app.video_job import run_video_job
+        from app.video_job import run_locate_job, run_video_job
 
         try:
             if every_n < 1:
                 raise UIError("every n-th frame must be >= 1")
             with self._lock:
                 self._writing.add(out_dir)
+            locate = self._region_of(task)
+            if locate is not None:  # {"detect": OBJECT} or {"point": OBJECT}
+                (kind, what), = task.items()
+                return run_locate_job(locate, path, kind, what, out_dir, every_n, on_progress, stop, changes,
+                                      self.reading)
             return run_video_job(self.engine(), self.params(), path, task, out_dir, every_n, on_progress, stop,
                                  changes, self.reading)
         finally:

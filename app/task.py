@@ -14,7 +14,7 @@ def make_task(kind: str, question: str = "", constraint_kind: str = "none",
     'question', plus an optional constraint (see `make_constraint`). Several questions, one a
     line, give one task each (asked together about every frame, the constraint on each). A
     question may carry its own constraint after its question mark (`inline_constraint`), which
-    then replaces the form's for it. With `regions` (the Live tab), kind 'detect' or 'point'
+    then replaces the form's for it. With `regions` (the video tabs), kind 'detect' or 'point'
     gives {kind: the object named in the question's box}."""
     if regions and kind in ("detect", "point"):
         lines = [q.strip() for q in (question or "").splitlines() if q.strip()]

@@ -19,8 +19,9 @@ SLOW_HZ = 2.0  # chart, counters and log
 MIN_GAP_S = 0.02
 DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
 PROMPTS = ["short", "normal", "long", "question"]
-# The live tabs' (Live, Browser webcam): the newest frame is located at the region decoder's pace
-LIVE_PROMPTS = PROMPTS + ["detect", "point"]
+# The video tabs' (Live, Browser webcam, Video file): detect and point too, a frame at a time
+# through the region decoder (a live source's newest frame when it is ready)
+PLACE_PROMPTS = PROMPTS + ["detect", "point"]
 CONSTRAINTS = ["none", "choices", "regex", "json schema"]
 VIDEO_TABLE_ROWS = 5000  # a page holds this many; the downloads hold every answer
 
@@ -36,7 +37,7 @@ def video_file_types() -> list[str]:
 
 QUESTION_LABEL = ("Question (several: one a line, all asked about every frame; a line's own constraint after its "
                   "question mark: [yes, no] or /regex/)")
-LIVE_QUESTION_LABEL = QUESTION_LABEL + "; for detect and point, the object (Moondream 2 weights)"
+OBJECT_QUESTION_LABEL = QUESTION_LABEL + "; for detect and point, the object (Moondream 2 weights)"
 CONSTRAINT_LABEL = "Choices (comma separated), regex or JSON schema"
 
 
@@ -190,23 +191,27 @@ def build(service: Service, source: str | None = None):
         out_dir = service.video_job_dir()
         stop = service.video_stop(request.session_hash if request else "api")
 
+        locating = kind in ("detect", "point")
+
         def on_progress(done: int, total: int | None) -> None:
-            progress((min(done, total), total) if total else done, desc="captioning", unit="frames")
+            progress((min(done, total), total) if total else done, desc="locating" if locating else "captioning",
+                     unit="frames")
 
         try:
-            out = service.caption_video(path, make_task(kind, question, ckind, ctext), out_dir, int(every_n or 1),
-                                        on_progress, stop=stop, changes=bool(changes))
+            out = service.caption_video(path, make_task(kind, question, ckind, ctext, regions=True), out_dir,
+                                        int(every_n or 1), on_progress, stop=stop, changes=bool(changes))
         except (UIError, VlmstreamError, OSError) as e:
             raise gr.Error(str(e)) from None
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
-        note = (f"{out['frames']} frames captioned in {out['seconds']} s ({out['x_real_time']}x real time)"
-                + (f", {len(out['rows'])} answers that changed" if changes else "")
+        note = (f"{out['frames']} frames {'located' if locating else 'captioned'} in {out['seconds']} s "
+                f"({out['x_real_time']}x real time)"
+                + (f", {len(out['rows'])} {'counts' if locating else 'answers'} that changed" if changes else "")
                 + (" — cancelled; the downloads hold the frames done" if out["cancelled"] else "")
                 + (f"\n\nthe table shows the first {VIDEO_TABLE_ROWS:,} of {len(out['rows']):,} answers; the "
                    "downloads hold them all" if len(out["rows"]) > VIDEO_TABLE_ROWS else "")
                 + "".join(f"\n\nwarning: {w}" for w in out["warnings"]))
         p = out["paths"]
-        return note, rows, [p["srt"], p["vtt"], p["jsonl"], p["mp4"]], p["mp4"]
+        return note, rows, [p[k] for k in ("srt", "vtt", "jsonl", "mp4") if k in p], p["mp4"]
 
     def cancel_video(request: gr.Request):
         service.cancel_video(request.session_hash)
@@ -235,8 +240,8 @@ def build(service: Service, source: str | None = None):
                 upload = gr.File(label="...or a video file to play live", file_types=video_file_types(), type="filepath",
                                  scale=2)
             with gr.Row():
-                kind = gr.Radio(LIVE_PROMPTS, value="short", label="Prompt")
-                question = gr.Textbox(label=LIVE_QUESTION_LABEL, placeholder="How many shapes are there? [one, two, three, four]", lines=2)
+                kind = gr.Radio(PLACE_PROMPTS, value="short", label="Prompt")
+                question = gr.Textbox(label=OBJECT_QUESTION_LABEL, placeholder="How many shapes are there? [one, two, three, four]", lines=2)
                 ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                 ctext = gr.Textbox(label=CONSTRAINT_LABEL)
             with gr.Row():
@@ -296,8 +301,8 @@ def build(service: Service, source: str | None = None):
                     cam_frame = gr.HTML(frame_html(None, "start your camera"), elem_id="vs-cam-frame")
                     cam_counters = gr.HTML()
             with gr.Row():
-                cam_kind = gr.Radio(LIVE_PROMPTS, value="short", label="Prompt", elem_id="vs-cam-kind")
-                cam_question = gr.Textbox(label=LIVE_QUESTION_LABEL, lines=2, elem_id="vs-cam-question")
+                cam_kind = gr.Radio(PLACE_PROMPTS, value="short", label="Prompt", elem_id="vs-cam-kind")
+                cam_question = gr.Textbox(label=OBJECT_QUESTION_LABEL, lines=2, elem_id="vs-cam-question")
                 cam_ckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                 cam_ctext = gr.Textbox(label=CONSTRAINT_LABEL)
             with gr.Row():
@@ -332,8 +337,8 @@ def build(service: Service, source: str | None = None):
             with gr.Row():
                 vfile = gr.File(label="Video", file_types=video_file_types(), type="filepath", elem_id="vs-video-file")
                 with gr.Column():
-                    vkind = gr.Radio(PROMPTS, value="short", label="Prompt")
-                    vquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)
+                    vkind = gr.Radio(PLACE_PROMPTS, value="short", label="Prompt", elem_id="vs-video-kind")
+                    vquestion = gr.Textbox(label=OBJECT_QUESTION_LABEL, lines=2, elem_id="vs-video-question")
                     vckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                     vctext = gr.Textbox("", label=CONSTRAINT_LABEL)
                     every = gr.Number(1, precision=0, minimum=1, label="Every n-th frame")
@@ -344,7 +349,8 @@ def build(service: Service, source: str | None = None):
                         vcancel = gr.Button("Cancel", elem_id="vs-video-cancel")
             vnote = gr.Markdown(elem_id="vs-video-note")
             vtable = gr.Dataframe(headers=["frame", "time (s)", "caption", "ms"], wrap=True, elem_id="vs-video-table")
-            vfiles = gr.File(label="Downloads (SRT, VTT, JSONL, annotated MP4)", file_count="multiple")
+            vfiles = gr.File(label="Downloads (SRT, VTT, JSONL, annotated MP4; detect and point: JSONL, MP4)",
+                             file_count="multiple")
             vvideo = gr.Video(label="Annotated video")
             vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext, vchanges], [vnote, vtable, vfiles, vvideo],
                        api_name="caption_video", concurrency_limit=2)

@@ -1,11 +1,14 @@
-"""One video file captioned for the web UI: the outputs a user downloads (JSONL, SRT, WebVTT,
-annotated MP4), the rows the page shows, and the job's figures. Errors a user can cause are UIError."""
+"""One video file captioned (or an object located in it) for the web UI: the outputs a user
+downloads (JSONL, SRT, WebVTT, annotated MP4), the rows the page shows, and the job's figures.
+Errors a user can cause are UIError."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from app.service import UIError
 from pipelines.frame import AS_SHOWN, Reading
@@ -77,3 +80,61 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
     return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
             "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
             "x_real_time": round(speed, 2), "warnings": summary.errors, "cancelled": cancelled}
+
+
+def run_locate_job(locate: Callable[[np.ndarray], dict], path: str, task: str, what: str, out_dir: Path,
+                   every_n: int = 1, on_progress: Callable[[int, int | None], None] | None = None,
+                   stop: threading.Event | None = None, changes: bool = False,
+                   reading: Reading = AS_SHOWN) -> dict:
+    """`video --detect` (or `--point`) for the web UI: the places of `what` in every n-th frame
+    through `locate` (the region decoder, one frame at a time) into out_dir: places.jsonl (the
+    lines of `video --detect -o`) and annotated.mp4 with the places drawn; the rows shown give
+    the places in pixels. With `changes`, the rows and the JSONL hold the frames where the count
+    found changes. Setting `stop` ends the job at its next frame with what is done."""
+    import time
+
+    from pipelines.changes import AnswerChanges
+    from pipelines.locator import draw, pixel_places, place_record, places_text
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink
+    from pipelines.sources import FileSource
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"jsonl": out_dir / "places.jsonl", "mp4": out_dir / "annotated.mp4"}
+    key = "objects" if task == "detect" else "points"
+    rows: list[dict] = []
+    tracker = AnswerChanges() if changes else None
+    frames, cancelled, started = 0, False, time.perf_counter()
+    src = FileSource(path, reading=reading)
+    total = src.frame_count
+    lines, video = JsonlSink(paths["jsonl"], append=False), None
+    try:
+        for frame in src.frames(pick=lambda index, pts: index % every_n == 0):
+            if stop is not None and stop.is_set():
+                cancelled = True
+                break
+            h, w = frame.rgb.shape[:2]
+            result = locate(frame.rgb)
+            pixels = pixel_places(result[key], w, h, task)
+            frames += 1
+            found = f"{what}: {len(pixels)} found" if pixels else f"{what}: none found"
+            if tracker is None or tracker.observe(0, found, frame.pts) is not None:
+                lines.write_records([place_record(src.source_id, frame, task, what, result[key], pixels,
+                                                  result["timings_ms"])])
+                rows.append({"index": frame.index, "pts": frame.pts, "text": f"{what}: {places_text(pixels, task)}",
+                             "ms": round(result["timings_ms"].get("total", 0.0), 1)})
+            if video is None:
+                video = AnnotatedVideoSink(paths["mp4"], w, h)
+            video.write_image(draw(frame.rgb, pixels, task), found, f"#{frame.index} {frame.pts:.3f}s", frame.pts)
+            if on_progress:
+                on_progress(src.decoded, total)
+    finally:
+        src.close()
+        lines.close()
+        if video is not None:
+            video.close()
+    if frames == 0 and not cancelled:
+        raise UIError(src.error or "the video has no frames")
+    seconds = time.perf_counter() - started
+    return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()}, "frames": frames,
+            "seconds": round(seconds, 2), "x_real_time": round(src.seconds / seconds, 2) if seconds else 0.0,
+            "warnings": [src.error] if src.error else [], "cancelled": cancelled}

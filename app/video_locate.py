@@ -57,7 +57,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
 
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
-    from pipelines.locator import draw, pixel_places, places_text
+    from pipelines.locator import draw, pixel_places, place_record, places_text
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink
     from pipelines.sources import FileSource, SourceError, file_name
 
@@ -117,11 +117,8 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                     frames += 1
                     found_total += len(places)
                     if lines is not None:
-                        record = {"source": frame.source_id, "index": frame.index, "pts": round(frame.pts, 6),
-                                  task: what, key: [{k: round(v, 4) for k, v in o.items()} for o in places],
-                                  "pixels": pixels, "width": w, "height": h, "timings_ms": result["timings_ms"],
-                                  "model": args.model, "load_ms": load_ms}
-                        lines.write_records([record])
+                        record = place_record(frame.source_id, frame, task, what, places, pixels, result["timings_ms"])
+                        lines.write_records([{**record, "model": args.model, "load_ms": load_ms}])
                     else:
                         prefix = f"{file_name(path)}  " if len(paths) > 1 else ""
                         tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {places_text(pixels, task)}")

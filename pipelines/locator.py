@@ -44,6 +44,16 @@ def places_text(pixels: list[list[int]], task: str) -> str:
                     for p in pixels) or "none found"
 
 
+def place_record(source: str, frame: Frame, task: str, what: str, places: list[dict], pixels: list[list[int]],
+                 timings_ms: dict) -> dict:
+    """A located frame's JSON line (`video --detect -o`, `live --detect -o`, the web UI's
+    downloads): the places as fractions (4 decimals) and in pixels, the frame's size, the timings."""
+    h, w = frame.rgb.shape[:2]
+    return {"source": source, "index": frame.index, "pts": round(frame.pts, 6), task: what,
+            ("objects" if task == "detect" else "points"): [{k: round(v, 4) for k, v in o.items()} for o in places],
+            "pixels": pixels, "width": w, "height": h, "timings_ms": timings_ms}
+
+
 def draw(rgb: np.ndarray, pixels: list[list[int]], task: str) -> np.ndarray:
     """The frame with each box (or point) drawn, two pixels wide on a dark outline."""
     import cv2
@@ -96,13 +106,9 @@ class Located:
         the timings with the end-to-end latency."""
         from datetime import datetime, timezone
 
-        h, w = self.frame.rgb.shape[:2]
-        return [{"source": self.label, "index": self.frame.index, "pts": round(self.frame.pts, 6),
-                 "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), self.task: self.what,
-                 ("objects" if self.task == "detect" else "points"):
-                     [{k: round(v, 4) for k, v in o.items()} for o in self.places],
-                 "pixels": self.pixels, "width": w, "height": h,
-                 "timings_ms": {**self.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}}]
+        record = place_record(self.label, self.frame, self.task, self.what, self.places, self.pixels,
+                              {**self.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)})
+        return [{**record, "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds")}]
 
 
 @dataclass

@@ -835,6 +835,12 @@ def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tm
         assert np.array_equal(drawn, want["picture"])  # PNG: the lines as drawn
         text, _, record = client.predict(handle_file(str(path)), "star", api_name="/point_image")
         assert record["points"] == s.locate_image(rgb, "star", "point")["points"] and text.startswith("star: ")
+        # the Video file tab with the prompt detect: places, the JSONL and the MP4 with them drawn
+        note, table, files, _ = client.predict(handle_file(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")), "detect",
+                                               "red circle", 160, api_name="/caption_video")
+        assert "3 frames located" in note and [r[0] for r in table["data"]] == [0, 160, 320]
+        assert all(r[2].startswith("red circle: ") for r in table["data"])
+        assert sorted(Path(f).name for f in files) == ["annotated.mp4", "places.jsonl"]
     finally:
         demo.close()
         s.close()
@@ -910,5 +916,48 @@ def test_the_live_tab_detects_an_object_in_each_newest_frame(small_folder, servi
         assert not cam.running and not cam.push(rgb)
         with pytest.raises(RequestError, match="region head was not trained"):
             service.push_frame("t", rgb, {"detect": "star"})
+    finally:
+        s.close()
+
+
+def test_a_video_job_detects_an_object_in_every_nth_frame(small_folder, service, tmp_path):
+    """Video file tab, Detect: every n-th frame's places as the decoder gives them on that frame
+    alone, in the rows, the JSONL (the lines of `video --detect -o`) and drawn on the MP4; with
+    the changes box, the frames where the count found changes; Cancel keeps what is done."""
+    import av
+
+    from engine.errors import RequestError
+    from engine.models.loader import load_model
+    from engine.region_decoder import RegionDecoder
+    from pipelines.sources import FileSource
+
+    clip = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")
+    with pytest.raises(RequestError, match="region head was not trained"):
+        service.caption_video(clip, {"detect": "star"}, tmp_path / "tiny")
+    s = Service(Settings(model=str(small_folder), dtype="float32"))
+    try:
+        out = s.caption_video(clip, {"detect": "red circle"}, tmp_path / "all", every_n=40)
+        assert out["frames"] == 12 and not out["cancelled"] and [r["index"] for r in out["rows"]] == list(range(0, 480, 40))
+        lines = [json.loads(x) for x in Path(out["paths"]["jsonl"]).read_text().splitlines()]
+        decoder = RegionDecoder(load_model(str(small_folder), device="cpu", dtype="float32"))
+        frames = {f.index: f.rgb for f in FileSource(clip).frames(pick=lambda i, _: i in (0, 200))}
+        for line in (lines[0], lines[5]):
+            want = decoder.locate(frames[line["index"]], "red circle")["objects"]
+            assert line["detect"] == "red circle" and line["objects"] == [
+                {k: round(v, 4) for k, v in o.items()} for o in want]
+        assert [r["text"] for r in out["rows"]] == [
+            "red circle: " + (" ".join(f"({a},{b})-({c},{d})" for a, b, c, d in x["pixels"]) or "none found")
+            for x in lines]
+        with av.open(out["paths"]["mp4"]) as c:
+            assert sum(1 for _ in c.decode(video=0)) == 12
+        counts = [len(x["pixels"]) for x in lines]
+        events = s.caption_video(clip, {"detect": "red circle"}, tmp_path / "events", every_n=40, changes=True)
+        assert [r["index"] for r in events["rows"]] == [
+            x["index"] for i, x in enumerate(lines) if i == 0 or counts[i] != counts[i - 1]]
+        stop = threading.Event()
+        cut = s.caption_video(clip, {"point": "star"}, tmp_path / "cut", every_n=40,
+                              on_progress=lambda done, total: done > 100 and stop.set(), stop=stop)
+        assert cut["cancelled"] and 0 < cut["frames"] < 12 and "points" in json.loads(
+            Path(cut["paths"]["jsonl"]).read_text().splitlines()[0])
     finally:
         s.close()
