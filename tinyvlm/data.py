@@ -26,6 +26,7 @@ from engine.models.tiling import overlap_crops
 from engine.models.tokenizer import Tokenizer
 
 from .language import caption, questions
+from .regions import RegionBlock, region_blocks
 from .world import COLORS, SHAPES, Obj, Scene, render, sample_scene
 
 PATCH_COLORS = ("background",) + tuple(COLORS)  # label 0 = no object
@@ -45,7 +46,7 @@ TRAIN_MAX_WIDTH = 640
 class Item:
     crops: np.ndarray  # uint8 (N, C, C, 3)
     tiling: tuple[int, int]
-    blocks: list[tuple[list[int], list[int]]]  # (prompt ids, answer ids + EOS)
+    blocks: list[tuple[list[int], list[int]] | RegionBlock]  # (prompt ids, answer ids + EOS), or a region task
     labels: np.ndarray  # int64 (2, grid * grid): colour and shape index per image token
     outline: np.ndarray  # uint8 (N, grid * grid, patch * patch): object pixels of each crop, per patch
 
@@ -112,7 +113,9 @@ def patch_labels(scene: Scene, grid: int) -> np.ndarray:
 
 
 def make_item(index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed: int = TRAIN_SEED,
-              max_width: int = TRAIN_MAX_WIDTH) -> Item:
+              max_width: int = TRAIN_MAX_WIDTH, regions: int = 0) -> Item:
+    """regions: detect and point blocks added after the captions and questions (drawn from a
+    generator of their own, so the scene and the other blocks are those of an item without)."""
     rng = np.random.default_rng([split_seed, index])
     scene = sample_scene(rng, max_width=max_width)
     crops, tiling = overlap_crops(render(scene), config.vision)
@@ -123,6 +126,8 @@ def make_item(index: int, config: ModelConfig, tokenizer: Tokenizer, split_seed:
                        tokenizer.encode(caption(scene, length, rng)) + [eos]))
     for q, a in questions(scene, rng, k=QUESTIONS_PER_ITEM):
         blocks.append((prompt_ids(config, tokenizer, question=q), tokenizer.encode(a) + [eos]))
+    if regions:
+        blocks += region_blocks(scene, np.random.default_rng([split_seed, index, 1]), config, tokenizer, regions)
     v = config.vision
     return Item(crops, tiling, blocks, patch_labels(scene, v.grid), outline_mask(scene, v))
 
@@ -138,20 +143,43 @@ class Batch:
     targets: torch.Tensor  # (B, P + T) next-token targets, -100 where no loss
     labels: torch.Tensor  # (B, 2, grid * grid) per-image-token colour and shape (auxiliary loss)
     outline: torch.Tensor  # uint8 (sum N, grid * grid, patch * patch) object pixels of every crop
+    # Region blocks: (b, t) indices into ids (inputs) or into the full P + T sequence (targets)
+    coord_in_idx: torch.Tensor | None = None  # (N, 2)
+    coord_in: torch.Tensor | None = None  # (N, 1) coordinates fed
+    size_in_idx: torch.Tensor | None = None  # (M, 2)
+    size_in: torch.Tensor | None = None  # (M, 2) sizes fed
+    coord_target_idx: torch.Tensor | None = None  # (N', 2)
+    coord_target: torch.Tensor | None = None  # (N',) bins
+    size_target_idx: torch.Tensor | None = None  # (M', 2)
+    size_target: torch.Tensor | None = None  # (M', 2) bins
 
 
 def collate(items: list[Item], prefix_len: int) -> Batch:
     texts, poss, tgts, blocks_of = [], [], [], []
-    for it in items:
+    region: dict[str, list] = {k: [] for k in ("ci", "civ", "si", "siv", "ct", "ctv", "st", "stv")}
+    for i, it in enumerate(items):
         ids, pos, tgt, blk = [], [], [], []
-        for b, (prompt, answer) in enumerate(it.blocks):
+        for b, block in enumerate(it.blocks):
+            prompt, answer = (block.prompt, block.answer) if isinstance(block, RegionBlock) else block
             seq = prompt + answer
-            ids += seq
-            pos += list(range(prefix_len, prefix_len + len(seq)))
             # position j predicts token j+1 of the block; only answer tokens are targets
             t = [-100] * len(seq)
             for j in range(len(prompt) - 1, len(seq) - 1):
                 t[j] = seq[j + 1]
+            if isinstance(block, RegionBlock):
+                at = len(ids)  # the block's first index in ids; + prefix_len in the full sequence
+                for j in block.no_token:
+                    t[j] = -100
+                region["ci"] += [(i, at + j) for j, _ in block.coord_in]
+                region["civ"] += [[v] for _, v in block.coord_in]
+                region["si"] += [(i, at + j) for j, _ in block.size_in]
+                region["siv"] += [list(v) for _, v in block.size_in]
+                region["ct"] += [(i, prefix_len + at + j) for j, _ in block.coord_target]
+                region["ctv"] += [v for _, v in block.coord_target]
+                region["st"] += [(i, prefix_len + at + j) for j, _ in block.size_target]
+                region["stv"] += [list(v) for _, v in block.size_target]
+            ids += seq
+            pos += list(range(prefix_len, prefix_len + len(seq)))
             tgt += t
             blk += [b + 1] * len(seq)
         texts.append(ids), poss.append(pos), tgts.append(tgt), blocks_of.append(blk)
@@ -178,8 +206,15 @@ def collate(items: list[Item], prefix_len: int) -> Batch:
     crops = torch.from_numpy(np.concatenate([it.crops for it in items]))
     labels = torch.from_numpy(np.stack([it.labels for it in items]))
     outline = torch.from_numpy(np.concatenate([it.outline for it in items]))
+    def index(key: str) -> torch.Tensor:
+        return torch.tensor(region[key], dtype=torch.long).view(-1, 2)
+
     return Batch(crops, [len(it.crops) for it in items], [it.tiling for it in items], ids, positions,
-                 mask[:, None], targets, labels, outline)
+                 mask[:, None], targets, labels, outline,
+                 index("ci"), torch.tensor(region["civ"], dtype=torch.float32).view(-1, 1),
+                 index("si"), torch.tensor(region["siv"], dtype=torch.float32).view(-1, 2),
+                 index("ct"), torch.tensor(region["ctv"], dtype=torch.long),
+                 index("st"), torch.tensor(region["stv"], dtype=torch.long).view(-1, 2))
 
 
 class ItemStream(torch.utils.data.IterableDataset):
@@ -187,8 +222,8 @@ class ItemStream(torch.utils.data.IterableDataset):
     or a whole step's when several processes share it), generated in a worker process."""
 
     def __init__(self, config: ModelConfig, tokenizer_path: str, batch_size: int, start: int, n_batches: int,
-                 stride: int | None = None):
-        self.config, self.tokenizer_path = config, tokenizer_path
+                 stride: int | None = None, regions: int = 0):
+        self.config, self.tokenizer_path, self.regions = config, tokenizer_path, regions
         self.batch_size, self.start, self.n_batches = batch_size, start, n_batches
         self.stride = stride or batch_size
 
@@ -197,5 +232,5 @@ class ItemStream(torch.utils.data.IterableDataset):
         tok = Tokenizer(self.tokenizer_path)
         for b in range(self.n_batches):
             first = self.start + b * self.stride
-            items = [make_item(first + i, self.config, tok) for i in range(self.batch_size)]
+            items = [make_item(first + i, self.config, tok, regions=self.regions) for i in range(self.batch_size)]
             yield collate(items, self.config.prefix_len)
