@@ -201,6 +201,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="index of the first training scene (a continued run takes scenes the first never saw)")
     tr.add_argument("--tiling", default=None, choices=["fill", "moondream"],
                     help="the vision tiling trained on (default: fill, the tiny model's)")
+    tr.add_argument("--regions", type=int, default=0, metavar="N",
+                    help="detect and point tasks per training image (0..8, default 0): trains the region head")
+    tr.add_argument("--freeze-vision", action="store_true",
+                    help="train the decoder and region head alone, the vision encoder as in --init "
+                         "(with --vision-share 0)")
     tr.set_defaults(func=_lazy("app.train_tiny"))
 
     ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",

@@ -20,7 +20,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                           threads=args.threads, max_minutes=args.max_minutes, processes=args.processes,
                           vision_share=args.vision_share, first_item=args.first_item, tiling=args.tiling,
-                          init=None if args.init is None else Path(args.init), **kw)
+                          init=None if args.init is None else Path(args.init), regions=args.regions,
+                          freeze_vision=args.freeze_vision, **kw)
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:

@@ -90,6 +90,13 @@ class TrainConfig:
     # The vision tiling trained on (None: the tiny config's, "fill"); "moondream" reproduces runs
     # made before the fill tiling existed.
     tiling: str | None = None
+    # Detect and point blocks per training image (tinyvlm/regions.py); > 0 trains the region head
+    # and marks it trained in config.json.
+    regions: int = 0
+    # Train the decoder and region head alone (the vision encoder and projection as in --init):
+    # teaching a new task to trained weights leaves what the image tokens say unchanged, and a
+    # step costs the decoder's pass alone.
+    freeze_vision: bool = False
 
     def __post_init__(self):
         if self.processes < 1 or self.batch_size % self.processes:
@@ -105,9 +112,16 @@ class TrainConfig:
             raise ValueError(f"the first training item must be >= 0, not {self.first_item}")
         if self.tiling is not None and self.tiling not in TILINGS:
             raise ValueError(f"unknown tiling {self.tiling!r} (use one of {', '.join(TILINGS)})")
+        if not 0 <= self.regions <= 8:
+            raise ValueError(f"region blocks per image must be 0..8, not {self.regions}")
+        if self.freeze_vision and self.init is None:
+            raise ValueError("a frozen vision encoder needs trained weights to start from (--init)")
+        if self.freeze_vision and self.vision_share > 0:
+            raise ValueError("a frozen vision encoder has no vision-only stage: set the vision share to 0")
 
 
 AUX_WEIGHT = 0.5
+REGION_HEAD_LR_SCALE = 10.0
 AUX_BACKGROUND_WEIGHT = 0.2  # most cells are background; objects are what the captions are about
 # The outline target (object pixels of each patch of every crop): in a vision-only probe on
 # single-object scenes, shape read off the mean image token stayed at chance (0.25) for 40 k images
@@ -144,22 +158,27 @@ class PatchProbe(torch.nn.Module):
         return F.binary_cross_entropy_with_logits(self.outline(feats_BND).float(), outline_BNP.float())
 
 
-def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None, vision_only: bool = False):
-    """Next-token loss on answers; with a probe, also (aux loss, colour accuracy, shape accuracy).
-    vision_only: the encoder and projection on the probe's targets alone (answer loss None)."""
+def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None, vision_only: bool = False,
+                 frozen_vision: bool = False):
+    """Next-token loss on answers plus, where the batch has region blocks, the coordinate and size
+    losses; with a probe, also (aux loss, colour accuracy, shape accuracy). vision_only: the encoder
+    and projection on the probe's targets alone (answer loss None). frozen_vision: the image tokens
+    without gradients (no probe then)."""
     cfg = model.config
     crops = crops_to_tensor(batch.crops.numpy(), torch.device("cpu"), torch.float32)
-    feats = model.vision.encode(crops)
-    tokens, start, is_global = [], 0, torch.zeros(feats.shape[0], dtype=torch.bool)
-    for n, tiling in zip(batch.n_crops, batch.tilings):
-        tokens.append(model.vision.project(feats[start:start + n], tiling))
-        is_global[start] = True
-        start += n
-    image_BND = torch.stack(tokens)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen_vision):
+        feats = model.vision.encode(crops)
+        tokens, start, is_global = [], 0, torch.zeros(feats.shape[0], dtype=torch.bool)
+        for n, tiling in zip(batch.n_crops, batch.tilings):
+            tokens.append(model.vision.project(feats[start:start + n], tiling))
+            is_global[start] = True
+            start += n
+        image_BND = torch.stack(tokens)
     loss = None
     if not vision_only:
         bos = model.text.embed(torch.tensor([cfg.tokenizer.bos_id]))
-        x = torch.cat([bos.expand(len(tokens), 1, -1), image_BND, model.text.embed(batch.ids)], dim=1)
+        text_BTC = _with_regions(model, model.text.embed(batch.ids), batch)
+        x = torch.cat([bos.expand(len(tokens), 1, -1), image_BND.to(text_BTC.dtype), text_BTC], dim=1)
 
         def attend(_layer, q, k, v):
             return sdpa(q, k, v, attn_mask=batch.mask)
@@ -167,13 +186,56 @@ def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None, 
         h = model.text(x, batch.positions, attend)
         keep = batch.targets >= 0
         logits = model.text.logits(h[keep])
-        loss = F.cross_entropy(logits.float(), batch.targets[keep])
+        loss = F.cross_entropy(logits.float(), batch.targets[keep]) + region_loss(model, h, batch)
         if probe is None:
             return loss
     aux, color_acc, shape_acc = probe.loss(image_BND, batch.labels)
     aux = aux + (OUTLINE_WEIGHT * probe.outline_loss(feats[is_global], batch.outline[is_global])
                  + TILE_OUTLINE_WEIGHT * probe.outline_loss(feats[~is_global], batch.outline[~is_global])) / AUX_WEIGHT
     return loss, aux, color_acc, shape_acc
+
+
+def _with_regions(model: MoondreamModel, text_BTC: torch.Tensor, batch) -> torch.Tensor:
+    """The text embeddings with each region position's input put in place of its placeholder token:
+    the coordinate or size encoder's, as the region decoder feeds them."""
+    if batch.coord_in_idx is None or not (len(batch.coord_in_idx) or len(batch.size_in_idx)):
+        return text_BTC
+    text_BTC = text_BTC.clone()
+    region = model.region
+    for idx, fed in ((batch.coord_in_idx, region.encode_coordinate(batch.coord_in) if len(batch.coord_in) else None),
+                     (batch.size_in_idx, region.encode_size(batch.size_in) if len(batch.size_in) else None)):
+        if fed is not None:
+            text_BTC[idx[:, 0], idx[:, 1]] = fed.to(text_BTC.dtype)
+    return text_BTC
+
+
+# Bins are ordered: a target spread over its neighbours (a Gaussian of this many bins) rewards a
+# near miss over a far one, where a one-bin target scores every miss alike. A one-bin target left
+# the coordinate and size losses near chance for the first thousand steps (thirty-third session).
+REGION_TARGET_SIGMA_BINS = 2.0
+
+
+def _soft(bins_N: torch.Tensor, k: int) -> torch.Tensor:
+    """(N, k): a Gaussian about each target bin, summing to 1."""
+    d = torch.arange(k, dtype=torch.float32)[None] - bins_N.float()[:, None]
+    return torch.softmax(-0.5 * (d / REGION_TARGET_SIGMA_BINS) ** 2, dim=-1)
+
+
+def region_loss(model: MoondreamModel, h_BLC: torch.Tensor, batch) -> torch.Tensor:
+    """Cross-entropy of the coordinate bins and the size bins where the region blocks want them,
+    against targets spread over the neighbouring bins."""
+    loss = h_BLC.new_zeros((), dtype=torch.float32)
+    if batch.coord_target_idx is None:
+        return loss
+    idx = batch.coord_target_idx
+    if len(idx):
+        logits = model.region.decode_coordinate(h_BLC[idx[:, 0], idx[:, 1]]).float()
+        loss = loss + F.cross_entropy(logits, _soft(batch.coord_target, logits.shape[-1]))
+    idx = batch.size_target_idx
+    if len(idx):
+        logits = model.region.decode_size(h_BLC[idx[:, 0], idx[:, 1]]).float().flatten(0, 1)
+        loss = loss + F.cross_entropy(logits, _soft(batch.size_target.flatten(), logits.shape[-1]))
+    return loss
 
 
 _GROUP_TIMEOUT_S = 120  # how long a process waits on the others before it gives up
@@ -226,6 +288,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
 
 def _config(tok: Tokenizer, cfg: TrainConfig) -> ModelConfig:
     config = tiny_config(tok.get_vocab_size(), templates(tok))
+    if cfg.regions:
+        config = replace(config, region=replace(config.region, trained=True))
     if cfg.tiling is None:
         return config
     return replace(config, vision=replace(config.vision, tiling=cfg.tiling))
@@ -244,6 +308,7 @@ def _read_init(folder: Path, cfg: TrainConfig, tok: Tokenizer) -> dict[str, torc
     def layout(c: ModelConfig) -> dict:
         d = c.to_dict()
         d["vision"].pop("tiling")  # a run may change the tiling: the weights are the same shapes
+        d["region"].pop("trained")  # a run may train the region head
         for name in ("question_rewrites", "caption_rewrites"):  # not weights (older folders have none)
             d["tokenizer"].pop(name)
         return d
@@ -283,12 +348,26 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
         init = {k[len(PREFIX):]: v for k, v in random_state_dict(config, seed=cfg.seed).items()}
     model.load_state_dict(init)
     model.train()
-    probe = PatchProbe(config.text.dim, config.vision.enc_dim, config.vision.enc_patch_size ** 2)
-    named = list(model.named_parameters()) + [("probe." + n, p) for n, p in probe.named_parameters()]
-    decay = [p for n, p in named if p.ndim >= 2 and "pos_emb" not in n]
-    other = [p for n, p in named if not (p.ndim >= 2 and "pos_emb" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    if cfg.freeze_vision:
+        probe = None  # its targets train the vision encoder, which stays as it is
+        for p in model.vision.parameters():
+            p.requires_grad_(False)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    else:
+        probe = PatchProbe(config.text.dim, config.vision.enc_dim, config.vision.enc_patch_size ** 2)
+        named = list(model.named_parameters()) + [("probe." + n, p) for n, p in probe.named_parameters()]
+    # A region head added to trained weights starts from random ones: it takes a higher rate than
+    # the decoder it reads, whose answers are to stay as they are.
+    head_scale = REGION_HEAD_LR_SCALE if cfg.regions and cfg.init is not None else 1.0
+    groups = []
+    for head in (False, True):
+        mine = [(n, p) for n, p in named if n.startswith("region.") == head]
+        decay = [p for n, p in mine if p.ndim >= 2 and "pos_emb" not in n]
+        other = [p for n, p in mine if not (p.ndim >= 2 and "pos_emb" not in n)]
+        scale = head_scale if head else 1.0
+        groups += [{"params": decay, "weight_decay": cfg.weight_decay, "scale": scale},
+                   {"params": other, "weight_decay": 0.0, "scale": scale}]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, 0.95))
 
     def lr_at(progress: float, step: int) -> float:
         """step: steps since the current stage began (each stage warms up its new parameters)."""
@@ -298,7 +377,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
 
     share = cfg.batch_size // cfg.processes  # items step * batch_size + rank * share, ... of the split
     stream = ItemStream(config, str(out / "tokenizer.json"), share, start=cfg.first_item + rank * share,
-                        n_batches=cfg.steps, stride=cfg.batch_size)
+                        n_batches=cfg.steps, stride=cfg.batch_size, regions=cfg.regions)
     # The worker is forked, in every process and before the process group starts threads: a
     # process started by spawn would spawn it too, and a spawned worker ends in a full interpreter
     # shutdown that aborts ("terminate called without an active exception") when the loop leaves
@@ -340,9 +419,13 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
             decoder_start = step
         lr = lr_at(frac, step if vision_only else step - decoder_start)
         for group in opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["scale"]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, aux, color_acc, shape_acc = forward_loss(model, batch, probe, vision_only)
+            if probe is None:
+                loss = forward_loss(model, batch, frozen_vision=True)
+                aux, color_acc, shape_acc = loss.new_zeros(()), math.nan, math.nan
+            else:
+                loss, aux, color_acc, shape_acc = forward_loss(model, batch, probe, vision_only)
         opt.zero_grad(set_to_none=True)
         (AUX_WEIGHT * aux if vision_only else loss + AUX_WEIGHT * aux).backward()
         stats = [math.nan if vision_only else loss.item(), aux.item(), color_acc, shape_acc]
