@@ -7,6 +7,10 @@ long caption state the count. Questions: exact answer per type. Shape answers an
 mentions are also split by the object's size class (small objects are where shape fails), and
 each object a normal caption misses is told apart: named with its colour and a wrong shape,
 with its shape and a wrong colour, or not at all (`caption_normal_misses`, shares of all objects).
+Where the model's region head is trained, detect and point too (`evaluate_regions`): for a
+phrase drawn as in training, are the objects it names found (recall) and is what is found one of
+them (precision), a box at IoU >= 0.5 or a point inside the drawn object's box, and is the
+number found the number named (absent things included: nothing found is then right).
 With `renderer="second"` the same scenes are drawn by `second_renderer` (another drawing of the
 same ground truth, as the independent check of issue 4 uses).
 """
@@ -24,6 +28,7 @@ from engine import Engine, EngineConfig, SamplingParams
 
 from .data import HELDOUT_SEED
 from .language import NUMBERS
+from .regions import located, sample_phrase
 from .second_renderer import render_second
 from .world import COLORS, SHAPES, Scene, render, sample_scene
 
@@ -103,6 +108,8 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
     t0 = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=64)
     with Engine(EngineConfig(model=model, device=device, dtype=dtype, max_batch_size=32)) as engine:
+        regions = engine.loaded.config.region.trained
+        total = 2 * n if regions else n  # the region pass is the second half of the progress
         pending = []
         for i in range(n):
             rng = np.random.default_rng([HELDOUT_SEED, i])
@@ -118,7 +125,9 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
             while len(pending) > 8 or (i == n - 1 and pending):  # bounded in flight, ordered
                 _score(pending.pop(0), hits, misses, examples)
                 if progress:
-                    progress(i + 1 - len(pending), n)
+                    progress(i + 1 - len(pending), total)
+        if regions:
+            evaluate_regions(engine.loaded, n, draw, hits, lambda k: progress and progress(n + k, total))
     objects = hits["caption_normal_objects_small"][1] + hits["caption_normal_objects_large"][1]
     report = {
         "model": model, "renderer": renderer, "scenes": n, "seconds": round(time.perf_counter() - t0, 1),
@@ -128,6 +137,54 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
         "examples": examples[:5],
     }
     return report
+
+
+IOU_HIT = 0.5
+
+
+def iou(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = w * h
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def match_count(found: list, truth: list, hit: Callable) -> int:
+    """Found items matched one to one with true ones, greedily in the order found."""
+    free, n = list(truth), 0
+    for f in found:
+        k = next((j for j, t in enumerate(free) if hit(f, t)), None)
+        if k is not None:
+            free.pop(k)
+            n += 1
+    return n
+
+
+def evaluate_regions(loaded, n: int, draw: Callable, hits: dict, progress: Callable[[int], None]) -> None:
+    """Detect and point on the first n held-out scenes, one phrase of each (into `hits`)."""
+    from engine.region_decoder import RegionDecoder
+
+    decoder = RegionDecoder(loaded)
+    for i in range(n):
+        scene = sample_scene(np.random.default_rng([HELDOUT_SEED, i]))
+        encoded = decoder.reference.encode_image(draw(scene))
+        rng = np.random.default_rng([HELDOUT_SEED, i, 2])
+        for task in ("detect", "point"):
+            phrase = sample_phrase(scene, rng)
+            truth = located(scene, phrase)
+            got = decoder.locate(encoded, phrase, task)
+            if task == "detect":
+                found = [(b["x_min"], b["y_min"], b["x_max"], b["y_max"]) for b in got["objects"]]
+                right = match_count(found, truth, lambda f, t: iou(f, t) >= IOU_HIT)
+            else:
+                found = [(p["x"], p["y"]) for p in got["points"]]
+                right = match_count(found, truth, lambda f, t: t[0] <= f[0] <= t[2] and t[1] <= f[1] <= t[3])
+            for key, (k, total) in {"recall": (right, len(truth)), "precision": (right, len(found)),
+                                    "count": (len(found) == len(truth), 1)}.items():
+                hits[f"{task}_{key}"][0] += k
+                hits[f"{task}_{key}"][1] += total
+        progress(i + 1)
 
 
 def miss_kind(obj_color: str, obj_shape: str, said: set[tuple[str, str]]) -> str | None:
