@@ -59,6 +59,23 @@ def small_folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def untrained_folder(tmp_path_factory) -> Path:
+    """The tiny model with its config saying its region head was never trained (as it shipped
+    until the thirty-third session): detect and point refuse it."""
+    import json
+    import shutil
+
+    from engine.models.loader import TINY_DIR
+
+    folder = tmp_path_factory.mktemp("untrained") / "tiny"
+    shutil.copytree(TINY_DIR, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["region"]["trained"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="session")
 def gqa_folder(tmp_path_factory) -> Path:
     return write_folder(tmp_path_factory.mktemp("gqa"), small_config(gqa=True), seed=2)
 

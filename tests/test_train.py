@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from engine.models.loader import load_model
 from tinyvlm.data import PATCH_COLORS, PATCH_SHAPES, patch_labels
@@ -325,3 +326,82 @@ def test_a_sigterm_whose_interrupt_was_lost_still_stops_training(tmp_path):
             train(TrainConfig(out=tmp_path, steps=50, batch_size=2, warmup=1, processes=1), progress=False)
     assert not stop_requested()  # the block is over: a later run in this process trains
 
+
+
+def test_region_blocks_train_what_the_region_decoder_reads():
+    """A detect block: the objects the phrase names left to right, each centre as the coordinate
+    bins the decoder reads and feeds back, the size as its size bins; the token after the prompt and
+    after each object says whether another follows; an absent thing is EOS at once."""
+    from engine.models.loader import TINY_DIR, load_model as load
+    from tinyvlm.data import collate
+    from tinyvlm.regions import region_block
+
+    loaded = load(str(TINY_DIR))
+    cfg, tok = loaded.config, loaded.tokenizer
+    eos, coord, size = cfg.tokenizer.eos_id, cfg.tokenizer.coord_id, cfg.tokenizer.size_id
+    right = Obj("circle", "red", "large", cx=500, cy=100, extent=100, angle=0.0, rgb=(220, 40, 40))
+    left = Obj("circle", "blue", "large", cx=100, cy=200, extent=50, angle=0.0, rgb=(40, 80, 220))
+    scene = scene_with(right, left, w=640, h=320)
+    b = region_block(scene, "detect", "circle", cfg, tok)
+    assert b.prompt[:3] == list(cfg.tokenizer.templates.detect.prefix) and b.answer == [coord, coord, size] * 2 + [eos]
+    bins = cfg.region.coord_out_dim
+    # left first: centre (100, 200) of 640x320, then (500, 100)
+    assert [v for _, v in b.coord_target] == [round(100 / 640 * bins), round(200 / 320 * bins),
+                                              round(500 / 640 * bins), round(100 / 320 * bins)]
+    assert [v for _, v in b.coord_in] == [round(100 / 640 * bins) / bins, round(200 / 320 * bins) / bins,
+                                          round(500 / 640 * bins) / bins, round(100 / 320 * bins) / bins]
+    (_, (w, h)), (_, (w2, _)) = b.size_in
+    assert w == pytest.approx(50 / 640, rel=0.03) and h == pytest.approx(50 / 320, rel=0.03)
+    assert w2 == pytest.approx(100 / 640, rel=0.03)
+    batch = collate([_item_of(scene, [b])], cfg.prefix_len)
+    t = batch.targets[0, cfg.prefix_len:cfg.prefix_len + len(b.prompt) + len(b.answer)].tolist()
+    n = len(b.prompt)
+    # after the prompt: an object follows; x and y positions predict no token; after the first
+    # object's size another follows; after the second, the end
+    assert t[n - 1] == coord and t[n] == t[n + 1] == -100 and t[n + 2] == coord and t[n + 5] == eos
+    assert batch.coord_target.tolist() == [v for _, v in b.coord_target]
+    assert [tuple(i) for i in batch.coord_target_idx.tolist()] == [(0, cfg.prefix_len + j) for j, _ in b.coord_target]
+    assert region_block(scene, "point", "star", cfg, tok).answer == [eos]  # absent: the end at once
+    p = region_block(scene, "point", "red", cfg, tok)
+    assert p.answer == [coord, coord, eos] and not p.size_target
+
+
+def _item_of(scene, blocks):
+    from tinyvlm.data import Item
+
+    return Item(np.zeros((1, 126, 126, 3), np.uint8), (1, 1), blocks, np.zeros((2, 81), np.int64),
+                np.zeros((1, 81, 196), np.uint8))
+
+
+def test_a_region_run_trains_the_head_on_a_frozen_vision_encoder(tmp_path, capsys):
+    """--regions with --freeze-vision: the vision encoder's weights are those of --init, the region
+    head's are trained, and the folder says its head is trained (the region decoder takes it)."""
+    import pytest
+
+    from app.cli import main
+    from engine.models.loader import TINY_DIR
+    from engine.region_decoder import RegionDecoder
+    from tinyvlm.train import TrainConfig, train
+
+    cfg = TrainConfig(out=tmp_path / "r", init=TINY_DIR, regions=2, freeze_vision=True, vision_share=0.0,
+                      steps=2, batch_size=2, warmup=1, processes=1, bf16=False, lr=1e-3)
+    report = train(cfg, progress=False)
+    assert report["steps"] == 2 and np.isfinite(report["final_loss"])
+    before, after = load_model(str(TINY_DIR)), load_model(str(cfg.out))
+    assert after.config.region.trained
+    b, a = before.model.state_dict(), after.model.state_dict()
+    assert all(torch_equal(b[k], a[k]) for k in b if k.startswith("vision."))
+    assert not all(torch_equal(b[k], a[k]) for k in b if k.startswith("region."))
+    assert not all(torch_equal(b[k], a[k]) for k in b if k.startswith("text."))
+    RegionDecoder(after)  # no error: the head is marked trained
+    for bad in ({"freeze_vision": True}, {"regions": 9}):
+        with pytest.raises(ValueError):
+            TrainConfig(**bad)
+    assert main(["train-tiny", "--init", str(TINY_DIR), "--freeze-vision", "--out", str(tmp_path / "y")]) == 2
+    assert "vision share to 0" in capsys.readouterr().err
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
