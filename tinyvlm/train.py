@@ -121,7 +121,7 @@ class TrainConfig:
 
 
 AUX_WEIGHT = 0.5
-REGION_HEAD_LR_SCALE = 10.0
+REGION_HEAD_LR_SCALE = 4.0
 AUX_BACKGROUND_WEIGHT = 0.2  # most cells are background; objects are what the captions are about
 # The outline target (object pixels of each patch of every crop): in a vision-only probe on
 # single-object scenes, shape read off the mean image token stayed at chance (0.25) for 40 k images
