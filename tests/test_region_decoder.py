@@ -98,10 +98,10 @@ def test_the_end_token_ends_the_objects_and_max_objects_caps_them(loaded, rgb_im
             decoder.locate(rgb_image, *bad[:2], max_objects=bad[2])
 
 
-def test_a_model_whose_region_head_was_never_trained_refuses(capsys):
+def test_a_model_whose_region_head_was_never_trained_refuses(capsys, untrained_folder):
     with pytest.raises(RequestError, match="region head was not trained"):
-        RegionDecoder(load_model("tiny"))
-    assert main(["image", "sample_videos/scene.png", "--detect", "red circle"]) == 2
+        RegionDecoder(load_model(str(untrained_folder)))
+    assert main(["image", "sample_videos/scene.png", "--detect", "red circle", "--model", str(untrained_folder)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vlmstream: error: this model's region head was not trained") and err.count("\n") == 1
 
@@ -156,7 +156,8 @@ def _check_rows(rows: list[dict], clip, loaded) -> None:
         assert r["timings_ms"]["total"] > 0
 
 
-def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, small_folder, loaded, tmp_path):
+def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, small_folder, loaded, tmp_path,
+                                                                    untrained_folder):
     """`video --detect OBJECT`: the region protocol on every processed frame, the same places as
     the decoder gives that frame alone, as JSON lines, terminal lines and drawn on --annotate."""
     import av
@@ -200,12 +201,12 @@ def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, sma
         main(["video", str(clip), "--detect", "a", "--point", "b"])
     assert e.value.code == 2
     tiny = tmp_path / "tiny.jsonl"
-    assert main(["video", str(clip), "--detect", "star", "--model", "tiny", "-o", str(tiny)]) == 2
+    assert main(["video", str(clip), "--detect", "star", "--model", str(untrained_folder), "-o", str(tiny)]) == 2
     assert "region head was not trained" in capsys.readouterr().err and not tiny.exists()
 
 
 
-def test_live_detect_locates_the_newest_frames_of_a_source(capsys, small_folder, loaded, tmp_path):
+def test_live_detect_locates_the_newest_frames_of_a_source(capsys, small_folder, loaded, tmp_path, untrained_folder):
     """`live SOURCE --detect OBJECT`: each located frame's places are the decoder's for that
     frame, in frame order, with the latency from capture; a JSON log, a recording with the boxes,
     the closing figures; mistakes are exit 2 before anything is written."""
@@ -242,5 +243,5 @@ def test_live_detect_locates_the_newest_frames_of_a_source(capsys, small_folder,
         err = capsys.readouterr().err
         assert err.startswith("vlmstream: error: ") and err.count("\n") == 1, err
     assert not bad_out.exists()
-    assert main(["live", str(clip), "--detect", "star", "--model", "tiny", "-o", str(bad_out)]) == 2
+    assert main(["live", str(clip), "--detect", "star", "--model", str(untrained_folder), "-o", str(bad_out)]) == 2
     assert "region head was not trained" in capsys.readouterr().err and not bad_out.exists()

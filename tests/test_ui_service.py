@@ -31,6 +31,14 @@ def service():
     s.close()
 
 
+@pytest.fixture(scope="module")
+def untrained(untrained_folder):
+    """A service on a model whose region head was never trained: detect and point refuse it."""
+    s = Service(Settings(model=str(untrained_folder), max_tokens=12))
+    yield s
+    s.close()
+
+
 def wait_for(pred, timeout=60.0):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -780,7 +788,7 @@ def test_ui_command_mistakes_are_one_line_before_the_model_loads(capsys):
     assert "already in use" in lines[0] and "video not found" in lines[1] and "no-such-host.invalid" in lines[2]
 
 
-def test_the_image_tab_detects_and_points_through_the_engines_model(small_folder, service):
+def test_the_image_tab_detects_and_points_through_the_engines_model(small_folder, untrained):
     """Detect and point in the Image tab: the region decoder on the engine's own model gives the
     places the decoder alone gives, in pixels and drawn; the tiny model's untrained head is a
     clear error, not boxes at random."""
@@ -790,7 +798,7 @@ def test_the_image_tab_detects_and_points_through_the_engines_model(small_folder
 
     rgb = np.random.default_rng(5).integers(0, 256, (90, 160, 3), dtype=np.uint8)
     with pytest.raises(RequestError, match="region head was not trained"):
-        service.locate_image(rgb, "star")  # the module's service runs the tiny model
+        untrained.locate_image(rgb, "star")
     s = Service(Settings(model=str(small_folder), dtype="float32"))
     try:
         out = s.locate_image(rgb, " red circle ")
@@ -846,7 +854,7 @@ def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tm
         s.close()
 
 
-def test_the_live_tab_detects_an_object_in_each_newest_frame(small_folder, service, tmp_path):
+def test_the_live_tab_detects_an_object_in_each_newest_frame(small_folder, untrained, tmp_path):
     """Live tab, Detect: the region head on the newest frame at its own pace. The page's frame is
     drawn with the boxes, the log and the change pictures follow the count found, the export holds
     each frame's places as the decoder gives them on that frame alone, and a recording has the
@@ -864,8 +872,8 @@ def test_the_live_tab_detects_an_object_in_each_newest_frame(small_folder, servi
         make_task("detect", "star")  # the other tabs ask no region task
     sample = "shapes_640x360_60fps.mp4"
     with pytest.raises(RequestError, match="region head was not trained"):
-        service.start_live("t", sample, {"detect": "star"})
-    assert service.feed("t") is None
+        untrained.start_live("t", sample, {"detect": "star"})
+    assert untrained.feed("t") is None
     s = Service(Settings(model=str(small_folder), dtype="float32"))
     try:
         feed = s.start_live("a", sample, {"detect": "red circle"}, record=True)
@@ -915,12 +923,12 @@ def test_the_live_tab_detects_an_object_in_each_newest_frame(small_folder, servi
         s.stop_live("a", "push")
         assert not cam.running and not cam.push(rgb)
         with pytest.raises(RequestError, match="region head was not trained"):
-            service.push_frame("t", rgb, {"detect": "star"})
+            untrained.push_frame("t", rgb, {"detect": "star"})
     finally:
         s.close()
 
 
-def test_a_video_job_detects_an_object_in_every_nth_frame(small_folder, service, tmp_path):
+def test_a_video_job_detects_an_object_in_every_nth_frame(small_folder, untrained, tmp_path):
     """Video file tab, Detect: every n-th frame's places as the decoder gives them on that frame
     alone, in the rows, the JSONL (the lines of `video --detect -o`) and drawn on the MP4; with
     the changes box, the frames where the count found changes; Cancel keeps what is done."""
@@ -933,7 +941,7 @@ def test_a_video_job_detects_an_object_in_every_nth_frame(small_folder, service,
 
     clip = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")
     with pytest.raises(RequestError, match="region head was not trained"):
-        service.caption_video(clip, {"detect": "star"}, tmp_path / "tiny")
+        untrained.caption_video(clip, {"detect": "star"}, tmp_path / "tiny")
     s = Service(Settings(model=str(small_folder), dtype="float32"))
     try:
         out = s.caption_video(clip, {"detect": "red circle"}, tmp_path / "all", every_n=40)
