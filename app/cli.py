@@ -83,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     vid.add_argument("--annotate", metavar="OUT.mp4",
                      help="write an MP4 with captions and latency drawn; a FOLDER/: one per video")
     _add_changes_args(vid, "JSON lines (or terminal lines) only for answers that differ from the last one of "
-                           "their video and prompt, with the answer replaced (previous) and when it began (since)",
+                           "their video and prompt, with the answer replaced (previous) and when it began (since); with "
+                           "--detect/--point, when the number found changes",
                       "processed frames", "JSON line")
     _add_sticky_arg(vid, "the answer of the frames a quarter second earlier")
     vid.add_argument("--resume", action="store_true",
@@ -133,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_args(live, _NATIVE_BF16)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
     _add_changes_args(live, "print (and log) an answer only when it changes, with the answer it replaced: "
-                            "events instead of every frame", "frames", "log")
+                            "events instead of every frame (--detect/--point: when the number found changes)", "frames", "log")
     live.add_argument("--annotate", metavar="OUT.mp4",
                       help="record the completed frames with their answers and latency drawn, at the times they "
                            "were captured; a FOLDER/: one file per source, named by start time and source")

@@ -4,7 +4,9 @@ The region decoder (engine/region_decoder.py) takes each source's newest frame i
 (pipelines/locator.py): its pace is the frame rate, frames that come while it works are passed
 over and counted. Each located frame is a terminal line (time, latency, places in pixels) or,
 with -o, a JSON line (places as fractions and in pixels, the UTC time, the timings with the
-end-to-end latency); `--annotate` records the frames with their boxes or points drawn. A source
+end-to-end latency); `--annotate` records the frames with their boxes or points drawn. With
+`--changes`, a frame is reported only when the number found differs from the source's last report
+(an object came or went; held `--hold` frames), and `--snapshots` keeps its picture. A source
 that breaks off is reconnected as for captions. The embedded tiny model's region head was never
 trained: asking it is exit 2 before anything is written.
 """
@@ -25,7 +27,7 @@ from app.prompt_args import region_task
 def check_args(args: argparse.Namespace) -> tuple[str, str]:
     """(task, object); what does not go with a region task is a UsageError."""
     task, what = region_task(args)
-    for flag, given in (("--changes", args.changes), ("--sticky", args.sticky is not None),
+    for flag, given in (("--sticky", args.sticky is not None),
                         ("--max-inflight", args.max_inflight is not None),
                         ("--deadline-ms", args.deadline_ms is not None), ("--no-draft", args.no_draft)):
         if given:
@@ -38,12 +40,13 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         task: str, what: str) -> int:
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
-    from pipelines.locator import LiveLocator, LocateSource, places_text
+    from pipelines.changes import AnswerChanges
+    from pipelines.locator import LiveLocator, LocateSource, count_change, places_text
     from pipelines.recorder import Recorder
     from pipelines.sources import SourceError
 
     from app.cli import realtime_dtype
-    from app.live import open_log
+    from app.live import _snapshot, open_log
 
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
@@ -52,6 +55,8 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     lock = threading.Lock()
     write_error: list[tuple[str, OSError]] = []
     recorders = {label: Recorder(path) for label, path in zip(labels, recordings or [])}
+    changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
+    snapshots = Path(args.snapshots) if args.snapshots else None
 
     def show(r) -> None:  # the locator's thread, once per located frame
         if r.label in recorders:
@@ -59,13 +64,23 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         with lock:
             if write_error:
                 return
+            change = None if changes is None else count_change(changes[r.label], r.label, len(r.places), r.frame.pts)
+            if changes is not None and change is None:
+                return  # as many found as at the last report
             try:
+                if snapshots is not None:
+                    try:
+                        change["snapshot"] = str(_snapshot(snapshots, r.label if several else "", r.drawn()))
+                    except OSError as e:
+                        write_error.append((f"a snapshot in {snapshots}", e))
+                        return
                 if log is not None:
-                    log.write(json.dumps({**r.records()[0], "model": args.model}) + "\n")
+                    log.write(json.dumps({**r.records()[0], **(change or {}), "model": args.model}) + "\n")
                     log.flush()
                 if not args.json and log is not sys.stdout:
+                    was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"
                     print(f"{r.label + '  ' if several else ''}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  "
-                          f"{what}: {places_text(r.pixels, task)}", flush=True)
+                          f"{what}: {places_text(r.pixels, task)}{was}", flush=True)
             except OSError as e:  # a full disk, a closed pipe: the run stops and says so
                 write_error.append(("standard output" if isinstance(e, BrokenPipeError) else args.output, e))
 
@@ -126,6 +141,11 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         "frames_in": sum(s["frames_in"] for s in stats.values()),
         "completed": sum(s["completed"] for s in stats.values()),
         "achieved_fps": sum(s["achieved_fps"] for s in stats.values()), "sources": stats}
+    if changes is not None:  # reports of a new number found, per source
+        for label, s in stats.items():
+            s["changes"] = changes[label].count
+        if several:
+            summary["changes"] = sum(c.count for c in changes.values())
     summary.update({task: what, "model": args.model})
     if args.json:
         print(json.dumps(summary))
@@ -133,7 +153,8 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         for label, s in stats.items():
             p50 = s["latency_ms"].get("end_to_end", {}).get("p50", 0.0)
             print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames located, "
-                  f"{s['achieved_fps']:.1f} fps, {s['overwritten']} passed over, p50 {p50:.1f} ms", file=sys.stderr)
+                  f"{s['achieved_fps']:.1f} fps, {s['overwritten']} passed over, p50 {p50:.1f} ms"
+                  + (f", {s['changes']} changes" if "changes" in s else ""), file=sys.stderr)
     if interrupted:
         return 130
     if not any(s["frames_in"] for s in stats.values()):  # a dead camera must not look like a quiet one

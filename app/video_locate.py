@@ -7,7 +7,9 @@ Each frame gives a JSON line (-o OUT.jsonl, -o -, or -o FOLDER/ with jsonl) with
 points) as fractions of the frame and in pixels, and its timings; without -o, a terminal line a
 frame. `--annotate` draws them on the frames. `--resume` continues the JSON lines of an interrupted
 run: frames written for the same object are not located again (a new `--annotate` draws them from
-their lines). The embedded tiny model's region head was never trained: asking it is exit 2 before
+their lines). `--changes` reports a frame only when the number found differs from the last report
+of its file (held `--hold` frames; `previous` and `since` in its line), and `--snapshots` keeps the
+frame of each change with the places drawn. The embedded tiny model's region head was never trained: asking it is exit 2 before
 anything is written. Files that cannot be read, or end
 early, are a warning and exit 1 once the others are done, as for captions.
 """
@@ -29,9 +31,6 @@ def check_args(args: argparse.Namespace, kind: str | None, formats: tuple[str, .
     task, what = region_task(args)
     if kind in ("srt", "vtt") or any(f != "jsonl" for f in formats):
         raise UsageError(f"--{task} writes JSON lines (-o OUT.jsonl, -o -, or -o FOLDER/), not subtitles")
-    for flag, given in (("--changes", args.changes), ("--snapshots", args.snapshots)):
-        if given:
-            raise UsageError(f"{flag} goes with captions and questions, not --{task}")
     return task, what
 
 
@@ -57,7 +56,8 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
 
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
-    from pipelines.locator import draw, pixel_places, place_record, places_text
+    from pipelines.changes import AnswerChanges
+    from pipelines.locator import count_change, draw, pixel_places, place_record, places_text, save_snapshot
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink
     from pipelines.sources import FileSource, SourceError, file_name
 
@@ -71,8 +71,10 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     resume = bool(args.resume)
     done = done_places(out, task, what) if resume else {}
     shared = JsonlSink(sys.stdout) if to_stdout else (JsonlSink(out, append=resume) if out else None)
+    changes = AnswerChanges(args.hold or 1) if args.changes else None  # per file: keyed by source
+    snapshots = Path(args.snapshots) if args.snapshots else None
     frames = found_total = incomplete = replayed = 0
-    interrupted, errors = False, []
+    interrupted, errors, write_error = False, [], None
     started = time.perf_counter()
     try:
         for path, count, _ in paths:
@@ -116,12 +118,19 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                     pixels = pixel_places(places, w, h, task)
                     frames += 1
                     found_total += len(places)
-                    if lines is not None:
+                    change = None if changes is None else count_change(changes, frame.source_id, len(places), frame.pts)
+                    if changes is not None and change is None:
+                        pass  # the same number as the last report: no line
+                    elif lines is not None:
                         record = place_record(frame.source_id, frame, task, what, places, pixels, result["timings_ms"])
-                        lines.write_records([{**record, "model": args.model, "load_ms": load_ms}])
+                        if snapshots is not None:
+                            change["snapshot"] = str(save_snapshot(snapshots, frame.source_id, frame.index,
+                                                                   draw(frame.rgb, pixels, task)))
+                        lines.write_records([{**record, **(change or {}), "model": args.model, "load_ms": load_ms}])
                     else:
                         prefix = f"{file_name(path)}  " if len(paths) > 1 else ""
-                        tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {places_text(pixels, task)}")
+                        was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"
+                        tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {places_text(pixels, task)}{was}")
                     if plan.annotate:
                         if ann is None:
                             plan.annotate.parent.mkdir(parents=True, exist_ok=True)
@@ -145,6 +154,8 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
         interrupted = True
     except BrokenPipeError:  # -o - into a reader that has had enough
         return 0
+    except OSError as e:  # a full disk, a folder gone: what was written stays, and the run says so
+        write_error = e
     finally:
         if shared is not None:
             shared.close()
@@ -154,8 +165,13 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     print(f"vlmstream: {frames} frames, {found_total} {key} found ({what}), {len(paths)} file(s)"
           + (f", {replayed} done before (resume)" if resume else "")
           + (f", {len(skipped)} unreadable skipped" if skipped else "")
+          + (f", {changes.count} changes" if changes is not None else "")
           + f", {frames / seconds if seconds else 0.0:.2f} frames/s" + (" (interrupted)" if interrupted else ""),
           file=sys.stderr)
+    if write_error is not None:
+        print(f"vlmstream: error: cannot write {write_error.filename or 'the output'}: "
+              f"{write_error.strerror or write_error}", file=sys.stderr)
+        return 1
     if interrupted:
         return 130
     if frames == 0 and errors:

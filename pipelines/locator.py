@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
@@ -52,6 +53,27 @@ def place_record(source: str, frame: Frame, task: str, what: str, places: list[d
     return {"source": source, "index": frame.index, "pts": round(frame.pts, 6), task: what,
             ("objects" if task == "detect" else "points"): [{k: round(v, 4) for k, v in o.items()} for o in places],
             "pixels": pixels, "width": w, "height": h, "timings_ms": timings_ms}
+
+
+def count_change(changes, key, found: int, pts: float) -> dict | None:
+    """`--changes` for places: the number found is the answer followed (boxes jitter from frame to
+    frame; an object coming or going is the event). The fields a reported line adds (`previous`:
+    the number it replaces, null for the first; `since`: the pts it first came at), or None."""
+    c = changes.observe(key, str(found), pts)
+    if c is None:
+        return None
+    return {"previous": None if c.previous is None else int(c.previous), "since": round(c.since_pts, 6)}
+
+
+def save_snapshot(folder: Path, source: str, index: int, rgb: np.ndarray) -> Path:
+    """A change's frame as a JPEG, named by source and frame index (names sort by file, then time)."""
+    from PIL import Image
+
+    from .sinks import file_label
+
+    path = folder / f"{file_label(str(Path(source).with_suffix('')), 80) or 'video'}_{index:07d}.jpg"
+    Image.fromarray(np.ascontiguousarray(rgb)).save(path, quality=90)
+    return path
 
 
 def draw(rgb: np.ndarray, pixels: list[list[int]], task: str) -> np.ndarray:

@@ -2,6 +2,7 @@
 plain re-reading of the whole sequence at every step, on a small random Moondream layout."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -194,7 +195,7 @@ def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, sma
     # mistakes are one line, exit 2, before any output is written
     for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "-o", str(tmp_path / "x.srt")],
                 ["--point", "star", "--resume", "-o", str(tmp_path / "x.srt")], ["--detect", " "],
-                ["--detect", "star", "--changes"]):
+                ["--detect", "star", "--snapshots", str(tmp_path / "s")]):
         assert main(["video", str(clip), *bad, *model]) == 2
     assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.srt").exists()
     with pytest.raises(SystemExit) as e:  # argparse: one or the other
@@ -237,7 +238,7 @@ def test_live_detect_locates_the_newest_frames_of_a_source(capsys, small_folder,
     assert "frames located" in captured.err and "passed over" in captured.err
     # mistakes: one line, exit 2, before any output is written
     bad_out = tmp_path / "x.jsonl"
-    for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "--changes"],
+    for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "--hold", "2"],
                 ["--point", "star", "--max-inflight", "2"], ["--detect", " "], ["--detect", "star", "--sticky", "0"]):
         assert main(["live", str(clip), *bad, "-o", str(bad_out), *model]) == 2
         err = capsys.readouterr().err
@@ -245,3 +246,84 @@ def test_live_detect_locates_the_newest_frames_of_a_source(capsys, small_folder,
     assert not bad_out.exists()
     assert main(["live", str(clip), "--detect", "star", "--model", str(untrained_folder), "-o", str(bad_out)]) == 2
     assert "region head was not trained" in capsys.readouterr().err and not bad_out.exists()
+
+
+def _fake_locate(monkeypatch):
+    """A region decoder whose number found follows the frame (its first pixel's red, mod 3), so
+    that counts change along a clip as objects coming and going would."""
+    def locate(self, image, what, task="detect", max_objects=None):
+        n = int(np.asarray(image)[0, 0, 0]) % 3
+        if task == "detect":
+            return {"objects": [{"x_min": 0.1 * i, "y_min": 0.1, "x_max": 0.1 * i + 0.1, "y_max": 0.3}
+                                for i in range(n)], "timings_ms": {"total": 1.0}}
+        return {"points": [{"x": 0.1 * i + 0.05, "y": 0.2} for i in range(n)], "timings_ms": {"total": 1.0}}
+
+    monkeypatch.setattr(RegionDecoder, "locate", locate)
+
+
+def _reported(counts: list[tuple[int, float]], hold: int) -> list[tuple[int, int | None, float]]:
+    """What --changes must report for frames' (number found, pts): (number, previous, since)."""
+    out, current, pending = [], None, None
+    for n, pts in counts:
+        if n == current:
+            pending = None
+            continue
+        pending = (n, pending[1], pending[2] + 1) if pending and pending[0] == n else (n, pts, 1)
+        if pending[2] >= hold:
+            out.append((n, current, pending[1]))
+            current, pending = n, None
+    return out
+
+
+def test_video_detect_changes_reports_when_the_number_found_changes(capsys, small_folder, tmp_path, monkeypatch):
+    """`video --detect OBJECT --changes`: a line only when the number found differs from the
+    last report (held --hold frames), with `previous` and `since`; --snapshots keeps each change's
+    frame with its boxes; the terminal says "(was N found)" and the closing line the changes."""
+    from PIL import Image
+
+    _fake_locate(monkeypatch)
+    clip = _clip(tmp_path / "clip.mp4", 40, 10)
+    model = ["--model", str(small_folder), "--dtype", "float32"]
+    every, changed, shots = tmp_path / "all.jsonl", tmp_path / "changes.jsonl", tmp_path / "shots"
+    assert main(["video", str(clip), "--detect", "star", "-o", str(every), *model]) == 0
+    counts = [(len(r["objects"]), r["pts"]) for r in map(json.loads, every.read_text().splitlines())]
+    assert len(counts) == 40 and len({n for n, _ in counts}) == 3
+    assert _reported(counts, 2) != _reported(counts, 1)  # so that --hold is seen at work
+    for hold in (1, 2):
+        capsys.readouterr()
+        assert main(["video", str(clip), "--detect", "star", "--changes", "--hold", str(hold), "--snapshots",
+                     str(shots / str(hold)), "-o", str(changed), *model]) == 0
+        rows = [json.loads(x) for x in changed.read_text().splitlines()]
+        want = _reported(counts, hold)
+        assert 2 <= len(want) < 40 and [(len(r["objects"]), r["previous"], r["since"]) for r in rows] == want
+        assert f"{len(want)} changes" in capsys.readouterr().err
+        for r in rows:
+            assert Path(r["snapshot"]).parent == shots / str(hold)
+            with Image.open(r["snapshot"]) as im:
+                assert im.size == (96, 64)
+        assert len(list((shots / str(hold)).iterdir())) == len(rows)
+    # on the terminal: the changed frames alone
+    capsys.readouterr()
+    assert main(["video", str(clip), "--point", "star", "--changes", *model]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    want = _reported(counts, 1)
+    assert len(lines) == len(want) and "was" not in lines[0]
+    assert all(f"(was {prev} found)" in line for line, (_, prev, _) in zip(lines[1:], want[1:]))
+    assert main(["video", str(clip), "--detect", "star", "--changes", "--resume", "-o", str(changed), *model]) == 2
+
+
+def test_live_detect_changes_reports_when_the_number_found_changes(capsys, small_folder, tmp_path, monkeypatch):
+    """`live SOURCE --detect OBJECT --changes`: each logged frame's number found differs from the
+    one before it, which it names as `previous`; the figures count the changes."""
+    _fake_locate(monkeypatch)
+    clip = _clip(tmp_path / "cam.mp4", 40, 20)
+    out, shots = tmp_path / "changes.jsonl", tmp_path / "shots"
+    assert main(["live", str(clip), "--detect", "star", "--changes", "--snapshots", str(shots), "-o", str(out),
+                 "--json", "--model", str(small_folder), "--dtype", "float32"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert summary["changes"] == len(rows) >= 2 and summary["completed"] > len(rows)
+    found = [len(r["objects"]) for r in rows]
+    assert [r["previous"] for r in rows] == [None, *found[:-1]]
+    assert all(a != b for a, b in zip(found, found[1:]))
+    assert all(Path(r["snapshot"]).exists() for r in rows) and len(list(shots.iterdir())) == len(rows)
