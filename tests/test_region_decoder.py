@@ -327,3 +327,19 @@ def test_live_detect_changes_reports_when_the_number_found_changes(capsys, small
     assert [r["previous"] for r in rows] == [None, *found[:-1]]
     assert all(a != b for a, b in zip(found, found[1:]))
     assert all(Path(r["snapshot"]).exists() for r in rows) and len(list(shots.iterdir())) == len(rows)
+
+
+def test_video_detect_says_a_write_error_in_one_line(capsys, small_folder, tmp_path, monkeypatch):
+    """A full disk under `video --detect -o`: one error line and exit 1, not a traceback."""
+    from pipelines.sinks import JsonlSink
+
+    def full(self, records):
+        raise OSError(28, "No space left on device", str(tmp_path / "boxes.jsonl"))
+
+    _fake_locate(monkeypatch)
+    monkeypatch.setattr(JsonlSink, "write_records", full)
+    clip = _clip(tmp_path / "clip.mp4", 4, 10)
+    assert main(["video", str(clip), "--detect", "star", "-o", str(tmp_path / "boxes.jsonl"),
+                 "--model", str(small_folder), "--dtype", "float32"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"vlmstream: error: cannot write {tmp_path / 'boxes.jsonl'}: No space left on device"
