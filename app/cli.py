@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     region = vid.add_mutually_exclusive_group()
     region.add_argument("--detect", metavar="OBJECT",
                         help="boxes around every OBJECT in each processed frame, as JSON lines (or terminal lines), "
-                             "drawn by --annotate (Moondream 2 weights: the tiny model's region head is untrained)")
+                             "the number found in subtitles, drawn by --annotate (Moondream 2 weights: the tiny model's region head is untrained)")
     region.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
     pick = vid.add_mutually_exclusive_group()
     pick.add_argument("--fps", type=float, metavar="N", help="process N frames per second of video")

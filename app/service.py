@@ -422,7 +422,8 @@ class Service:
                       on_progress: Callable[[int, int | None], None] | None = None,
                       stop: threading.Event | None = None, changes: bool = False) -> dict:
         """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths
-        (a region task: places.jsonl and annotated.mp4 with the places drawn, `run_locate_job`).
+        (a region task: places.jsonl, .srt, .vtt and annotated.mp4 with the places drawn,
+        `run_locate_job`).
         Setting `stop` ends the job at its next frame with what is done ("cancelled": True). With
         `changes`, the rows and the JSONL hold only the answers that changed (`video --changes`)."""
         from app.video_job import run_locate_job, run_video_job

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if locate:
         from app.video_locate import check_args
 
-        task, what = check_args(args, kind, formats)
+        task, what = check_args(args)
     paths, skipped = _inputs(args.files, exclude=ann_dir)
     if len(paths) > 1 and kind in ("srt", "vtt"):
         raise UsageError(f"several files need a folder for their subtitles: -o FOLDER/ --format {kind}")

@@ -88,18 +88,20 @@ def run_locate_job(locate: Callable[[np.ndarray], dict], path: str, task: str, w
                    reading: Reading = AS_SHOWN) -> dict:
     """`video --detect` (or `--point`) for the web UI: the places of `what` in every n-th frame
     through `locate` (the region decoder, one frame at a time) into out_dir: places.jsonl (the
-    lines of `video --detect -o`) and annotated.mp4 with the places drawn; the rows shown give
+    lines of `video --detect -o`), places.srt/.vtt (the number found, a cue while it stays the
+    same) and annotated.mp4 with the places drawn; the rows shown give
     the places in pixels. With `changes`, the rows and the JSONL hold the frames where the count
     found changes. Setting `stop` ends the job at its next frame with what is done."""
     import time
 
     from pipelines.changes import AnswerChanges
-    from pipelines.locator import draw, pixel_places, place_record, places_text
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink
+    from pipelines.locator import draw, found_text, pixel_places, place_record, places_text
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
     from pipelines.sources import FileSource
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"jsonl": out_dir / "places.jsonl", "mp4": out_dir / "annotated.mp4"}
+    paths = {"jsonl": out_dir / "places.jsonl", "srt": out_dir / "places.srt", "vtt": out_dir / "places.vtt",
+             "mp4": out_dir / "annotated.mp4"}
     key = "objects" if task == "detect" else "points"
     rows: list[dict] = []
     tracker = AnswerChanges() if changes else None
@@ -107,6 +109,8 @@ def run_locate_job(locate: Callable[[np.ndarray], dict], path: str, task: str, w
     src = FileSource(path, reading=reading)
     total = src.frame_count
     lines, video = JsonlSink(paths["jsonl"], append=False), None
+    duration = 1.0 / (src.fps or 30.0)
+    subs = [SubtitleSink(paths["srt"], "srt", duration), SubtitleSink(paths["vtt"], "vtt", duration)]
     try:
         for frame in src.frames(pick=lambda index, pts: index % every_n == 0):
             if stop is not None and stop.is_set():
@@ -116,7 +120,9 @@ def run_locate_job(locate: Callable[[np.ndarray], dict], path: str, task: str, w
             result = locate(frame.rgb)
             pixels = pixel_places(result[key], w, h, task)
             frames += 1
-            found = f"{what}: {len(pixels)} found" if pixels else f"{what}: none found"
+            found = found_text(what, len(pixels))
+            for sub in subs:  # every frame's count, as captions' subtitles hold every answer
+                sub.write_text(frame.pts, found)
             if tracker is None or tracker.observe(0, found, frame.pts) is not None:
                 lines.write_records([place_record(src.source_id, frame, task, what, result[key], pixels,
                                                   result["timings_ms"])])
@@ -130,6 +136,8 @@ def run_locate_job(locate: Callable[[np.ndarray], dict], path: str, task: str, w
     finally:
         src.close()
         lines.close()
+        for sub in subs:
+            sub.close()
         if video is not None:
             video.close()
     if frames == 0 and not cancelled:

@@ -9,7 +9,8 @@ frame. `--annotate` draws them on the frames. `--resume` continues the JSON line
 run: frames written for the same object are not located again (a new `--annotate` draws them from
 their lines). `--changes` reports a frame only when the number found differs from the last report
 of its file (held `--hold` frames; `previous` and `since` in its line), and `--snapshots` keeps the
-frame of each change with the places drawn. The embedded tiny model's region head was never trained: asking it is exit 2 before
+frame of each change with the places drawn. Subtitles (-o OUT.srt, OUT.vtt, or a folder's
+--format srt,vtt) say the number found ("star: 2 found"), one cue while it stays the same. The embedded tiny model's region head was never trained: asking it is exit 2 before
 anything is written. Files that cannot be read, or end
 early, are a warning and exit 1 once the others are done, as for captions.
 """
@@ -26,12 +27,9 @@ from app.cli import UsageError, reading_arg
 from app.prompt_args import region_task
 
 
-def check_args(args: argparse.Namespace, kind: str | None, formats: tuple[str, ...]) -> tuple[str, str]:
+def check_args(args: argparse.Namespace) -> tuple[str, str]:
     """(task, object); what does not go with a region task is a UsageError."""
-    task, what = region_task(args)
-    if kind in ("srt", "vtt") or any(f != "jsonl" for f in formats):
-        raise UsageError(f"--{task} writes JSON lines (-o OUT.jsonl, -o -, or -o FOLDER/), not subtitles")
-    return task, what
+    return region_task(args)
 
 
 def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int], dict]:
@@ -57,8 +55,9 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
     from pipelines.changes import AnswerChanges
-    from pipelines.locator import count_change, draw, pixel_places, place_record, places_text, save_snapshot
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink
+    from pipelines.locator import (count_change, draw, found_text, pixel_places, place_record, places_text,
+                                   save_snapshot)
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
     from pipelines.sources import FileSource, SourceError, file_name
 
     from app.cli import realtime_dtype
@@ -70,7 +69,9 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     key = "objects" if task == "detect" else "points"
     resume = bool(args.resume)
     done = done_places(out, task, what) if resume else {}
-    shared = JsonlSink(sys.stdout) if to_stdout else (JsonlSink(out, append=resume) if out else None)
+    jsonl_out = out if out is not None and out.suffix.lower() == ".jsonl" else None  # not -o OUT.srt
+    shared = JsonlSink(sys.stdout) if to_stdout else (JsonlSink(out, append=resume) if jsonl_out else None)
+    on_terminal = out is None and not to_stdout and all(not p.jsonl and not p.subtitles for p in plans.values())
     changes = AnswerChanges(args.hold or 1) if args.changes else None  # per file: keyed by source
     snapshots = Path(args.snapshots) if args.snapshots else None
     frames = found_total = incomplete = replayed = 0
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 continue
             own = None
             ann = None
+            subs: list = []
             try:
                 if plan.jsonl:
                     plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
@@ -94,6 +96,9 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                         done.update(done_places(plan.jsonl, task, what))
                     own = JsonlSink(plan.jsonl, append=resume)
                 lines = own or shared
+                for sub_path, fmt in plan.subtitles:
+                    sub_path.parent.mkdir(parents=True, exist_ok=True)
+                    subs.append(SubtitleSink(sub_path, fmt, 1.0 / (src.fps or 30.0)))
                 bar = tqdm(total=count, desc=file_name(path), unit="frame", file=sys.stderr)
                 shown = 0
                 source = src.source_id
@@ -103,11 +108,14 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                     prior = done.get((frame.source_id, frame.index))
                     if prior is not None:  # --resume: written before; drawn again into a new --annotate
                         replayed += 1
+                        for sub in subs:
+                            sub.write_text(frame.pts, found_text(what, len(prior["pixels"])))
                         if plan.annotate:
                             if ann is None:
                                 plan.annotate.parent.mkdir(parents=True, exist_ok=True)
                                 ann = AnnotatedVideoSink(plan.annotate, frame.rgb.shape[1], frame.rgb.shape[0])
-                            ann.write_image(draw(frame.rgb, prior["pixels"], task), f"{what}: {len(prior['pixels'])}",
+                            ann.write_image(draw(frame.rgb, prior["pixels"], task),
+                                            found_text(what, len(prior["pixels"])),
                                             f"#{frame.index} {frame.pts:.3f}s", frame.pts)
                         bar.update(src.decoded - shown)
                         shown = src.decoded
@@ -118,6 +126,8 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                     pixels = pixel_places(places, w, h, task)
                     frames += 1
                     found_total += len(places)
+                    for sub in subs:
+                        sub.write_text(frame.pts, found_text(what, len(places)))
                     change = None if changes is None else count_change(changes, frame.source_id, len(places), frame.pts)
                     if changes is not None and change is None:
                         pass  # the same number as the last report: no line
@@ -127,7 +137,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                             change["snapshot"] = str(save_snapshot(snapshots, frame.source_id, frame.index,
                                                                    draw(frame.rgb, pixels, task)))
                         lines.write_records([{**record, **(change or {}), "model": args.model, "load_ms": load_ms}])
-                    else:
+                    elif on_terminal:
                         prefix = f"{file_name(path)}  " if len(paths) > 1 else ""
                         was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"
                         tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {places_text(pixels, task)}{was}")
@@ -136,7 +146,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                             plan.annotate.parent.mkdir(parents=True, exist_ok=True)
                             ann = AnnotatedVideoSink(plan.annotate, w, h)
                         ms = result["timings_ms"].get("total", 0.0)
-                        ann.write_image(draw(frame.rgb, pixels, task), f"{what}: {len(places)}",
+                        ann.write_image(draw(frame.rgb, pixels, task), found_text(what, len(places)),
                                         f"#{frame.index} {frame.pts:.3f}s  {ms:.0f} ms", frame.pts)
                     bar.update(src.decoded - shown)
                     shown = src.decoded
@@ -147,7 +157,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 incomplete += src.incomplete
             finally:
                 src.close()
-                for f in (own, ann):
+                for f in (own, ann, *subs):
                     if f is not None:
                         f.close()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was written stays whole

@@ -55,6 +55,11 @@ def place_record(source: str, frame: Frame, task: str, what: str, places: list[d
             "pixels": pixels, "width": w, "height": h, "timings_ms": timings_ms}
 
 
+def found_text(what: str, n: int) -> str:
+    """The number found, as a recording, a subtitle or the web UI says it."""
+    return f"{what}: {n} found" if n else f"{what}: none found"
+
+
 def count_change(changes, key, found: int, pts: float) -> dict | None:
     """`--changes` for places: the number found is the answer followed (boxes jitter from frame to
     frame; an object coming or going is the event). The fields a reported line adds (`previous`:
@@ -115,8 +120,7 @@ class Located:
 
     @property
     def text(self) -> str:  # what a recording draws under the frame (pipelines/recorder.py)
-        n = len(self.places)
-        return f"{self.what}: {n} found" if n else f"{self.what}: none found"
+        return found_text(self.what, len(self.places))
 
     def drawn(self) -> "Located":
         """The same, its frame with the places drawn on it (for a recording, a page, a picture)."""

@@ -138,13 +138,16 @@ class SubtitleSink:
         self.write_frame([r], rgb)
 
     def write_frame(self, results: list[FrameResult], rgb: np.ndarray | None = None) -> None:
-        r, text = results[0], frame_text(results)
+        self.write_text(results[0].pts, frame_text(results))
+
+    def write_text(self, pts: float, text: str) -> None:
+        """The text of the frame at `pts` (frames in order): one cue while it stays the same."""
         if self._cue and text == self._cue[1]:
-            self._cue[2] = r.pts
+            self._cue[2] = pts
             return
         if self._cue:
-            self._emit(self._cue[0], r.pts, self._cue[1])
-        self._cue = [r.pts, text, r.pts]
+            self._emit(self._cue[0], pts, self._cue[1])
+        self._cue = [pts, text, pts]
 
     def _emit(self, start: float, end: float, text: str) -> None:
         if not text:

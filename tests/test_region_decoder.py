@@ -193,7 +193,7 @@ def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, sma
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.split()[1] == "star:" for line in lines)
     # mistakes are one line, exit 2, before any output is written
-    for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "-o", str(tmp_path / "x.srt")],
+    for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "--changes", "-o", str(tmp_path / "x.srt")],
                 ["--point", "star", "--resume", "-o", str(tmp_path / "x.srt")], ["--detect", " "],
                 ["--detect", "star", "--snapshots", str(tmp_path / "s")]):
         assert main(["video", str(clip), *bad, *model]) == 2
@@ -310,6 +310,36 @@ def test_video_detect_changes_reports_when_the_number_found_changes(capsys, smal
     assert len(lines) == len(want) and "was" not in lines[0]
     assert all(f"(was {prev} found)" in line for line, (_, prev, _) in zip(lines[1:], want[1:]))
     assert main(["video", str(clip), "--detect", "star", "--changes", "--resume", "-o", str(changed), *model]) == 2
+
+
+def test_video_detect_subtitles_say_the_number_found(capsys, small_folder, tmp_path, monkeypatch):
+    """`video --detect OBJECT -o OUT.srt` (or a folder's --format): a cue per run of frames with
+    the same number found, "star: 2 found", from the first frame of the run to the next run."""
+    import re
+
+    _fake_locate(monkeypatch)
+    clip = _clip(tmp_path / "clip.mp4", 30, 10)
+    model = ["--model", str(small_folder), "--dtype", "float32"]
+    every = tmp_path / "all.jsonl"
+    assert main(["video", str(clip), "--detect", "star", "-o", str(every), *model]) == 0
+    rows = [json.loads(x) for x in every.read_text().splitlines()]
+    runs: list[list] = []  # [number found, first pts]
+    for r in rows:
+        if not runs or runs[-1][0] != len(r["objects"]):
+            runs.append([len(r["objects"]), r["pts"]])
+    want = [f"star: {n} found" if n else "star: none found" for n, _ in runs]
+    assert main(["video", str(clip), "--detect", "star", "-o", str(tmp_path / "star.srt"), *model]) == 0
+    assert capsys.readouterr().out == ""  # the subtitles are the output: no terminal lines
+    assert main(["video", str(clip), "--detect", "star", "-o", str(tmp_path / "out") + "/", "--format", "jsonl,vtt",
+                 *model]) == 0
+    beside = [json.loads(x) for x in (tmp_path / "out" / "clip.jsonl").read_text().splitlines()]
+    assert [(r["index"], r["objects"]) for r in beside] == [(r["index"], r["objects"]) for r in rows]
+    for path, sep in ((tmp_path / "star.srt", ","), (tmp_path / "out" / "clip.vtt", ".")):
+        text = path.read_text()
+        cues = re.findall(r"(\d\d):(\d\d):(\d\d)" + re.escape(sep) + r"(\d{3}) --> [^\n]+\n([^\n]+)\n", text)
+        assert [c[4] for c in cues] == want, path
+        starts = [int(h) * 3600 + int(m) * 60 + int(sec) + int(ms) / 1000 for h, m, sec, ms, _ in cues]
+        assert starts == pytest.approx([pts for _, pts in runs], abs=0.002)
 
 
 def test_live_detect_changes_reports_when_the_number_found_changes(capsys, small_folder, tmp_path, monkeypatch):

@@ -848,7 +848,7 @@ def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tm
                                                "red circle", 160, api_name="/caption_video")
         assert "3 frames located" in note and [r[0] for r in table["data"]] == [0, 160, 320]
         assert all(r[2].startswith("red circle: ") for r in table["data"])
-        assert sorted(Path(f).name for f in files) == ["annotated.mp4", "places.jsonl"]
+        assert sorted(Path(f).name for f in files) == ["annotated.mp4", "places.jsonl", "places.srt", "places.vtt"]
     finally:
         demo.close()
         s.close()
@@ -959,6 +959,12 @@ def test_a_video_job_detects_an_object_in_every_nth_frame(small_folder, untraine
         with av.open(out["paths"]["mp4"]) as c:
             assert sum(1 for _ in c.decode(video=0)) == 12
         counts = [len(x["pixels"]) for x in lines]
+        # subtitles: a cue per run of frames with the same number found
+        runs = [n for i, n in enumerate(counts) if i == 0 or n != counts[i - 1]]
+        cues = Path(out["paths"]["srt"]).read_text().strip().split("\n\n")
+        assert [c.splitlines()[2] for c in cues] == [f"red circle: {n} found" if n else "red circle: none found"
+                                                    for n in runs]
+        assert Path(out["paths"]["vtt"]).read_text().startswith("WEBVTT\n\n00:00:00.000 --> ")
         events = s.caption_video(clip, {"detect": "red circle"}, tmp_path / "events", every_n=40, changes=True)
         assert [r["index"] for r in events["rows"]] == [
             x["index"] for i, x in enumerate(lines) if i == 0 or counts[i] != counts[i - 1]]
