@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     formats = parse_formats(args.format or "jsonl") if out_dir else ()
     locate = args.detect is not None or args.point is not None
     if locate:
-        from app.video_locate import check_args
+        from app.prompt_args import region_task
 
-        task, what = check_args(args)
+        task, what = region_task(args)
     paths, skipped = _inputs(args.files, exclude=ann_dir)
     if len(paths) > 1 and kind in ("srt", "vtt"):
         raise UsageError(f"several files need a folder for their subtitles: -o FOLDER/ --format {kind}")

@@ -10,9 +10,10 @@ run: frames written for the same object are not located again (a new `--annotate
 their lines). `--changes` reports a frame only when the number found differs from the last report
 of its file (held `--hold` frames; `previous` and `since` in its line), and `--snapshots` keeps the
 frame of each change with the places drawn. Subtitles (-o OUT.srt, OUT.vtt, or a folder's
---format srt,vtt) say the number found ("star: 2 found"), one cue while it stays the same. The embedded tiny model's region head was never trained: asking it is exit 2 before
-anything is written. Files that cannot be read, or end
-early, are a warning and exit 1 once the others are done, as for captions.
+--format srt,vtt) say the number found ("star: 2 found"), one cue while it stays the same. The
+embedded tiny model's region head was never trained: asking it is exit 2 before anything is
+written. Files that cannot be read, or end early, are a warning and exit 1 once the others are
+done, as for captions.
 """
 
 from __future__ import annotations
@@ -23,13 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.cli import UsageError, reading_arg
-from app.prompt_args import region_task
-
-
-def check_args(args: argparse.Namespace) -> tuple[str, str]:
-    """(task, object); what does not go with a region task is a UsageError."""
-    return region_task(args)
+from app.cli import reading_arg
 
 
 def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int], dict]:

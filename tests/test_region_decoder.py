@@ -193,7 +193,8 @@ def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, sma
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.split()[1] == "star:" for line in lines)
     # mistakes are one line, exit 2, before any output is written
-    for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "--changes", "-o", str(tmp_path / "x.srt")],
+    for bad in (["--detect", "star", "--caption", "short"],
+                ["--detect", "star", "--changes", "-o", str(tmp_path / "x.srt")],
                 ["--point", "star", "--resume", "-o", str(tmp_path / "x.srt")], ["--detect", " "],
                 ["--detect", "star", "--snapshots", str(tmp_path / "s")]):
         assert main(["video", str(clip), *bad, *model]) == 2
