@@ -13,6 +13,8 @@ each position is trained to give is what `engine.region_decoder` reads there:
 Phrases: a shape ("star"), a colour and a shape ("red star"), a colour ("red"), or "shape" for
 every object; half of the shape and colour-shape phrases name something absent (EOS at once).
 Boxes are the drawn pixels' tight box (a circle's or a polygon's), fractions of the frame.
+In training (`with_regions`, `region_loss`), each region position's input replaces its placeholder
+embedding, and the coordinate and size decoders are scored on Gaussian soft targets over bins.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from engine.config import ModelConfig
+from engine.models.moondream import MoondreamModel
 from engine.models.tokenizer import Tokenizer
 
 from .world import COLORS, SHAPES, Obj, Scene
@@ -126,3 +131,46 @@ def region_blocks(scene: Scene, rng: np.random.Generator, config: ModelConfig, t
     """k blocks, detect and point in turn."""
     return [region_block(scene, ("detect", "point")[i % 2], sample_phrase(scene, rng), config, tokenizer)
             for i in range(k)]
+
+
+def with_regions(model: MoondreamModel, text_BTC: torch.Tensor, batch) -> torch.Tensor:
+    """The text embeddings with each region position's input put in place of its placeholder token:
+    the coordinate or size encoder's, as the region decoder feeds them."""
+    if batch.coord_in_idx is None or not (len(batch.coord_in_idx) or len(batch.size_in_idx)):
+        return text_BTC
+    text_BTC = text_BTC.clone()
+    region = model.region
+    for idx, fed in ((batch.coord_in_idx, region.encode_coordinate(batch.coord_in) if len(batch.coord_in) else None),
+                     (batch.size_in_idx, region.encode_size(batch.size_in) if len(batch.size_in) else None)):
+        if fed is not None:
+            text_BTC[idx[:, 0], idx[:, 1]] = fed.to(text_BTC.dtype)
+    return text_BTC
+
+
+# Bins are ordered: a target spread over its neighbours (a Gaussian of this many bins) rewards a
+# near miss over a far one, where a one-bin target scores every miss alike. A one-bin target left
+# the coordinate and size losses near chance for the first thousand steps (thirty-third session).
+REGION_TARGET_SIGMA_BINS = 2.0
+
+
+def _soft(bins_N: torch.Tensor, k: int) -> torch.Tensor:
+    """(N, k): a Gaussian about each target bin, summing to 1."""
+    d = torch.arange(k, dtype=torch.float32)[None] - bins_N.float()[:, None]
+    return torch.softmax(-0.5 * (d / REGION_TARGET_SIGMA_BINS) ** 2, dim=-1)
+
+
+def region_loss(model: MoondreamModel, h_BLC: torch.Tensor, batch) -> torch.Tensor:
+    """Cross-entropy of the coordinate bins and the size bins where the region blocks want them,
+    against targets spread over the neighbouring bins."""
+    loss = h_BLC.new_zeros((), dtype=torch.float32)
+    if batch.coord_target_idx is None:
+        return loss
+    idx = batch.coord_target_idx
+    if len(idx):
+        logits = model.region.decode_coordinate(h_BLC[idx[:, 0], idx[:, 1]]).float()
+        loss = loss + F.cross_entropy(logits, _soft(batch.coord_target, logits.shape[-1]))
+    idx = batch.size_target_idx
+    if len(idx):
+        logits = model.region.decode_size(h_BLC[idx[:, 0], idx[:, 1]]).float().flatten(0, 1)
+        loss = loss + F.cross_entropy(logits, _soft(batch.size_target.flatten(), logits.shape[-1]))
+    return loss

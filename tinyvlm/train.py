@@ -32,6 +32,7 @@ from engine.models.weights import PREFIX, random_state_dict, save_weights
 
 from .data import PATCH_COLORS, PATCH_SHAPES, ItemStream
 from .language import CAPTION_REWRITES, QUESTION_REWRITES
+from .regions import region_loss, with_regions
 from .tokenizer import build_tokenizer, templates
 
 
@@ -177,7 +178,7 @@ def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None, 
     loss = None
     if not vision_only:
         bos = model.text.embed(torch.tensor([cfg.tokenizer.bos_id]))
-        text_BTC = _with_regions(model, model.text.embed(batch.ids), batch)
+        text_BTC = with_regions(model, model.text.embed(batch.ids), batch)
         x = torch.cat([bos.expand(len(tokens), 1, -1), image_BND.to(text_BTC.dtype), text_BTC], dim=1)
 
         def attend(_layer, q, k, v):
@@ -193,49 +194,6 @@ def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None, 
     aux = aux + (OUTLINE_WEIGHT * probe.outline_loss(feats[is_global], batch.outline[is_global])
                  + TILE_OUTLINE_WEIGHT * probe.outline_loss(feats[~is_global], batch.outline[~is_global])) / AUX_WEIGHT
     return loss, aux, color_acc, shape_acc
-
-
-def _with_regions(model: MoondreamModel, text_BTC: torch.Tensor, batch) -> torch.Tensor:
-    """The text embeddings with each region position's input put in place of its placeholder token:
-    the coordinate or size encoder's, as the region decoder feeds them."""
-    if batch.coord_in_idx is None or not (len(batch.coord_in_idx) or len(batch.size_in_idx)):
-        return text_BTC
-    text_BTC = text_BTC.clone()
-    region = model.region
-    for idx, fed in ((batch.coord_in_idx, region.encode_coordinate(batch.coord_in) if len(batch.coord_in) else None),
-                     (batch.size_in_idx, region.encode_size(batch.size_in) if len(batch.size_in) else None)):
-        if fed is not None:
-            text_BTC[idx[:, 0], idx[:, 1]] = fed.to(text_BTC.dtype)
-    return text_BTC
-
-
-# Bins are ordered: a target spread over its neighbours (a Gaussian of this many bins) rewards a
-# near miss over a far one, where a one-bin target scores every miss alike. A one-bin target left
-# the coordinate and size losses near chance for the first thousand steps (thirty-third session).
-REGION_TARGET_SIGMA_BINS = 2.0
-
-
-def _soft(bins_N: torch.Tensor, k: int) -> torch.Tensor:
-    """(N, k): a Gaussian about each target bin, summing to 1."""
-    d = torch.arange(k, dtype=torch.float32)[None] - bins_N.float()[:, None]
-    return torch.softmax(-0.5 * (d / REGION_TARGET_SIGMA_BINS) ** 2, dim=-1)
-
-
-def region_loss(model: MoondreamModel, h_BLC: torch.Tensor, batch) -> torch.Tensor:
-    """Cross-entropy of the coordinate bins and the size bins where the region blocks want them,
-    against targets spread over the neighbouring bins."""
-    loss = h_BLC.new_zeros((), dtype=torch.float32)
-    if batch.coord_target_idx is None:
-        return loss
-    idx = batch.coord_target_idx
-    if len(idx):
-        logits = model.region.decode_coordinate(h_BLC[idx[:, 0], idx[:, 1]]).float()
-        loss = loss + F.cross_entropy(logits, _soft(batch.coord_target, logits.shape[-1]))
-    idx = batch.size_target_idx
-    if len(idx):
-        logits = model.region.decode_size(h_BLC[idx[:, 0], idx[:, 1]]).float().flatten(0, 1)
-        loss = loss + F.cross_entropy(logits, _soft(batch.size_target.flatten(), logits.shape[-1]))
-    return loss
 
 
 _GROUP_TIMEOUT_S = 120  # how long a process waits on the others before it gives up
