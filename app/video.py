@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
+from app.cli import LOCATE_BATCH, UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.outputs import FORMATS, check_writable, folder_arg, parse_formats, plan_outputs
 from app.prompt_args import check_constraints, prompt_tasks
 
@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
         from app.prompt_args import region_task
 
         task, what = region_task(args)
+        args.batch = LOCATE_BATCH if args.batch is None else args.batch
+        if args.batch < 1:
+            raise UsageError("--batch must be >= 1")
+    elif args.batch is not None:
+        raise UsageError("--batch goes with --detect/--point (captions are batched by the engine)")
     paths, skipped = _inputs(args.files, exclude=ann_dir)
     if len(paths) > 1 and kind in ("srt", "vtt"):
         raise UsageError(f"several files need a folder for their subtitles: -o FOLDER/ --format {kind}")

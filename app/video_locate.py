@@ -99,52 +99,60 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 source = src.source_id
                 # a frame done before needs its pixels only to be drawn again
                 need_rgb = None if plan.annotate else (lambda i: (source, i) not in done)
+                pending: list = []  # frames waiting for their batch, in frame order
+
+                def annotate(frame, pixels: list, info: str) -> None:
+                    nonlocal ann
+                    if ann is None:
+                        plan.annotate.parent.mkdir(parents=True, exist_ok=True)
+                        ann = AnnotatedVideoSink(plan.annotate, frame.rgb.shape[1], frame.rgb.shape[0])
+                    ann.write_image(draw(frame.rgb, pixels, task), found_text(what, len(pixels)), info, frame.pts)
+
+                def locate_pending() -> None:
+                    nonlocal frames, found_total
+                    results = decoder.locate_batch([f.rgb for f in pending], what, task) if pending else []
+                    for frame, result in zip(pending, results):
+                        h, w = frame.rgb.shape[:2]
+                        places = result[key]
+                        pixels = pixel_places(places, w, h, task)
+                        frames += 1
+                        found_total += len(places)
+                        for sub in subs:
+                            sub.write_text(frame.pts, found_text(what, len(places)))
+                        change = None if changes is None else count_change(changes, source, len(places), frame.pts)
+                        if changes is not None and change is None:
+                            pass  # the same number as the last report: no line
+                        elif lines is not None:
+                            record = place_record(source, frame, task, what, places, pixels, result["timings_ms"])
+                            if snapshots is not None:
+                                change["snapshot"] = str(save_snapshot(snapshots, source, frame.index,
+                                                                       draw(frame.rgb, pixels, task)))
+                            lines.write_records([{**record, **(change or {}), "model": args.model, "load_ms": load_ms}])
+                        elif on_terminal:
+                            prefix = f"{file_name(path)}  " if len(paths) > 1 else ""
+                            was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"
+                            tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {places_text(pixels, task)}{was}")
+                        if plan.annotate:
+                            ms = result["timings_ms"].get("total", 0.0)
+                            annotate(frame, pixels, f"#{frame.index} {frame.pts:.3f}s  {ms:.0f} ms")
+                    pending.clear()
+
                 for frame in src.frames(pick=sampling.picker(), need_rgb=need_rgb):
                     prior = done.get((frame.source_id, frame.index))
-                    if prior is not None:  # --resume: written before; drawn again into a new --annotate
+                    if prior is None:
+                        pending.append(frame)
+                        if len(pending) >= args.batch:
+                            locate_pending()
+                    else:  # --resume: written before; drawn again into a new --annotate (after those before it)
+                        locate_pending()
                         replayed += 1
                         for sub in subs:
                             sub.write_text(frame.pts, found_text(what, len(prior["pixels"])))
                         if plan.annotate:
-                            if ann is None:
-                                plan.annotate.parent.mkdir(parents=True, exist_ok=True)
-                                ann = AnnotatedVideoSink(plan.annotate, frame.rgb.shape[1], frame.rgb.shape[0])
-                            ann.write_image(draw(frame.rgb, prior["pixels"], task),
-                                            found_text(what, len(prior["pixels"])),
-                                            f"#{frame.index} {frame.pts:.3f}s", frame.pts)
-                        bar.update(src.decoded - shown)
-                        shown = src.decoded
-                        continue
-                    h, w = frame.rgb.shape[:2]
-                    result = decoder.locate(frame.rgb, what, task)
-                    places = result[key]
-                    pixels = pixel_places(places, w, h, task)
-                    frames += 1
-                    found_total += len(places)
-                    for sub in subs:
-                        sub.write_text(frame.pts, found_text(what, len(places)))
-                    change = None if changes is None else count_change(changes, frame.source_id, len(places), frame.pts)
-                    if changes is not None and change is None:
-                        pass  # the same number as the last report: no line
-                    elif lines is not None:
-                        record = place_record(frame.source_id, frame, task, what, places, pixels, result["timings_ms"])
-                        if snapshots is not None:
-                            change["snapshot"] = str(save_snapshot(snapshots, frame.source_id, frame.index,
-                                                                   draw(frame.rgb, pixels, task)))
-                        lines.write_records([{**record, **(change or {}), "model": args.model, "load_ms": load_ms}])
-                    elif on_terminal:
-                        prefix = f"{file_name(path)}  " if len(paths) > 1 else ""
-                        was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"
-                        tqdm.write(f"{prefix}{frame.pts:9.3f}  {what}: {places_text(pixels, task)}{was}")
-                    if plan.annotate:
-                        if ann is None:
-                            plan.annotate.parent.mkdir(parents=True, exist_ok=True)
-                            ann = AnnotatedVideoSink(plan.annotate, w, h)
-                        ms = result["timings_ms"].get("total", 0.0)
-                        ann.write_image(draw(frame.rgb, pixels, task), found_text(what, len(places)),
-                                        f"#{frame.index} {frame.pts:.3f}s  {ms:.0f} ms", frame.pts)
+                            annotate(frame, prior["pixels"], f"#{frame.index} {frame.pts:.3f}s")
                     bar.update(src.decoded - shown)
                     shown = src.decoded
+                locate_pending()
                 bar.update(src.decoded - shown)
                 bar.close()
                 if src.error:

@@ -260,6 +260,8 @@ def _fake_locate(monkeypatch):
         return {"points": [{"x": 0.1 * i + 0.05, "y": 0.2} for i in range(n)], "timings_ms": {"total": 1.0}}
 
     monkeypatch.setattr(RegionDecoder, "locate", locate)
+    monkeypatch.setattr(RegionDecoder, "locate_batch", lambda self, images, what, task="detect", max_objects=None: [
+        locate(self, im, what, task) for im in images])
 
 
 def _reported(counts: list[tuple[int, float]], hold: int) -> list[tuple[int, int | None, float]]:
@@ -374,3 +376,51 @@ def test_video_detect_says_a_write_error_in_one_line(capsys, small_folder, tmp_p
                  "--model", str(small_folder), "--dtype", "float32"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == f"vlmstream: error: cannot write {tmp_path / 'boxes.jsonl'}: No space left on device"
+
+
+@pytest.mark.parametrize("task", ["detect", "point"])
+def test_locating_several_images_at_once_gives_each_its_own_places(loaded, task, monkeypatch):
+    """`locate_batch`: one forward a step for every image, the places each image gets alone, also
+    when their objects end at different steps (the end token here follows the hidden state, so
+    each image stops at a count of its own)."""
+    eos = loaded.config.tokenizer.eos_id
+    real = loaded.model.text.logits
+
+    def logits(h):
+        out = real(h).clone()
+        stop = (h.float().sum(-1) * 1000).floor() % 3 == 0
+        out[stop, eos] = out[stop].max(-1).values + 1.0
+        out[~stop, eos] = out[~stop].min(-1).values - 1.0
+        return out
+
+    monkeypatch.setattr(loaded.model.text, "logits", logits)
+    decoder = RegionDecoder(loaded)
+    rng = np.random.default_rng(11)
+    images = [rng.integers(0, 256, (48 + 8 * i, 64, 3), dtype=np.uint8) for i in range(6)]
+    alone = [decoder.locate(im, "red circle", task, max_objects=6) for im in images]
+    together = decoder.locate_batch(images, "red circle", task, max_objects=6)
+    key = "objects" if task == "detect" else "points"
+    counts = [len(r[key]) for r in alone]
+    assert len(set(counts)) >= 2 and max(counts) >= 2  # the batch shrinks as images finish
+    assert [r[key] for r in together] == [r[key] for r in alone]
+    assert all(r["timings_ms"]["batch"] == 6 for r in together) and decoder.locate_batch([], "star") == []
+
+
+def test_video_detect_locates_frames_in_batches_with_the_same_places(capsys, small_folder, tmp_path):
+    """`video --detect --batch N`: frames located N at a time give the lines one at a time gives,
+    in frame order; --batch is for region tasks only, and >= 1."""
+    clip = _clip(tmp_path / "clip.mp4", 7, 10)
+    model = ["--model", str(small_folder), "--dtype", "float32"]
+    rows = {}
+    for batch in (1, 3):
+        out = tmp_path / f"b{batch}.jsonl"
+        assert main(["video", str(clip), "--detect", "red circle", "--batch", str(batch), "-o", str(out), *model]) == 0
+        rows[batch] = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["index"] for r in rows[3]] == list(range(7))
+    assert [(r["objects"], r["pixels"]) for r in rows[3]] == [(r["objects"], r["pixels"]) for r in rows[1]]
+    assert {r["timings_ms"]["batch"] for r in rows[3]} == {3, 1}  # 3 + 3 + the last one
+    capsys.readouterr()
+    for bad in (["--detect", "star", "--batch", "0"], ["--caption", "short", "--batch", "2"]):
+        assert main(["video", str(clip), *bad, *model]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vlmstream: error: --batch") and err.count("\n") == 1
