@@ -393,17 +393,21 @@ class Service:
         return {task: what.strip(), key: found[key], "pixels": pixels, "width": w, "height": h,
                 "timings_ms": found["timings_ms"], "picture": draw(rgb, pixels, task)}
 
-    def _locator(self, what: str, task: str) -> Callable[[np.ndarray], dict]:
-        """rgb -> the places of `what` through the engine's model's region head, one frame at a
-        time for every page and feed (a live feed's frames and an image's take turns). A model
-        whose head was not trained: a RequestError now, before anything starts."""
+    def _region_decoder(self):
+        """The engine's model's region decoder, and the lock under which every page and feed takes
+        its turn with it (a live feed's frames, an image's, a video job's batches). A model whose
+        head was not trained: a RequestError now, before anything starts."""
         from engine.region_decoder import RegionDecoder
 
         engine = self.engine()
         with self._lock:
             if self._region is None or self._region[0] is not engine:  # one per engine: a reload drops it
                 self._region = (engine, RegionDecoder(engine.loaded), threading.Lock())
-            _, decoder, lock = self._region
+            return self._region[1:]
+
+    def _locator(self, what: str, task: str) -> Callable[[np.ndarray], dict]:
+        """rgb -> the places of `what` through the engine's model's region head."""
+        decoder, lock = self._region_decoder()
 
         def locate(rgb: np.ndarray) -> dict:
             with lock:
@@ -411,12 +415,18 @@ class Service:
 
         return locate
 
-    def _region_of(self, task: dict | list[dict]) -> Callable[[np.ndarray], dict] | None:
-        """A live feed's task's locate function ({"detect": OBJECT} or {"point": OBJECT}), else None."""
+    @staticmethod
+    def _region_task(task: dict | list[dict]) -> tuple[str, str] | None:
+        """("detect" or "point", OBJECT) for a region task, else None."""
         from pipelines.feed import REGION_TASKS
 
         region = next((k for k in REGION_TASKS if k in task), None) if isinstance(task, dict) else None
-        return self._locator(task[region], region) if region else None
+        return (region, task[region]) if region else None
+
+    def _region_of(self, task: dict | list[dict]) -> Callable[[np.ndarray], dict] | None:
+        """A live feed's task's locate function ({"detect": OBJECT} or {"point": OBJECT}), else None."""
+        region = self._region_task(task)
+        return self._locator(region[1], region[0]) if region else None
 
     def caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                       on_progress: Callable[[int, int | None], None] | None = None,
@@ -433,10 +443,16 @@ class Service:
                 raise UIError("every n-th frame must be >= 1")
             with self._lock:
                 self._writing.add(out_dir)
-            locate = self._region_of(task)
-            if locate is not None:  # {"detect": OBJECT} or {"point": OBJECT}
-                (kind, what), = task.items()
-                return run_locate_job(locate, path, kind, what, out_dir, every_n, on_progress, stop, changes,
+            region = self._region_task(task)
+            if region is not None:  # {"detect": OBJECT} or {"point": OBJECT}: LOCATE_BATCH frames a turn
+                kind, what = region
+                decoder, lock = self._region_decoder()
+
+                def locate_many(rgbs: list[np.ndarray]) -> list[dict]:
+                    with lock:
+                        return decoder.locate_batch(rgbs, what, kind)
+
+                return run_locate_job(locate_many, path, kind, what, out_dir, every_n, on_progress, stop, changes,
                                       self.reading)
             return run_video_job(self.engine(), self.params(), path, task, out_dir, every_n, on_progress, stop,
                                  changes, self.reading)

@@ -82,18 +82,21 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
             "x_real_time": round(speed, 2), "warnings": summary.errors, "cancelled": cancelled}
 
 
-def run_locate_job(locate: Callable[[np.ndarray], dict], path: str, task: str, what: str, out_dir: Path,
-                   every_n: int = 1, on_progress: Callable[[int, int | None], None] | None = None,
+def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, task: str, what: str,
+                   out_dir: Path, every_n: int = 1, on_progress: Callable[[int, int | None], None] | None = None,
                    stop: threading.Event | None = None, changes: bool = False,
                    reading: Reading = AS_SHOWN) -> dict:
     """`video --detect` (or `--point`) for the web UI: the places of `what` in every n-th frame
-    through `locate` (the region decoder, one frame at a time) into out_dir: places.jsonl (the
-    lines of `video --detect -o`), places.srt/.vtt (the number found, a cue while it stays the
-    same) and annotated.mp4 with the places drawn; the rows shown give
-    the places in pixels. With `changes`, the rows and the JSONL hold the frames where the count
-    found changes. Setting `stop` ends the job at its next frame with what is done."""
+    through `locate` (the region decoder's `locate_batch`, LOCATE_BATCH frames a call) into
+    out_dir: places.jsonl (the lines of `video --detect -o`), places.srt/.vtt (the number found, a
+    cue while it stays the same) and annotated.mp4 with the places drawn; the rows shown give the
+    places in pixels. With `changes`, the rows and the JSONL hold the frames where the count found
+    changes. Setting `stop` ends the job at its next frame with what is done (the frames of a
+    batch not yet located are dropped)."""
+    import itertools
     import time
 
+    from app.cli import LOCATE_BATCH
     from pipelines.changes import AnswerChanges
     from pipelines.locator import draw, found_text, pixel_places, place_record, places_text
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
@@ -112,25 +115,34 @@ def run_locate_job(locate: Callable[[np.ndarray], dict], path: str, task: str, w
     duration = 1.0 / (src.fps or 30.0)
     subs = [SubtitleSink(paths["srt"], "srt", duration), SubtitleSink(paths["vtt"], "vtt", duration)]
     try:
-        for frame in src.frames(pick=lambda index, pts: index % every_n == 0):
+        pending: list = []  # frames waiting for their batch, in frame order
+        # None after the last frame: the batch it leaves is located too
+        for frame in itertools.chain(src.frames(pick=lambda index, pts: index % every_n == 0), [None]):
             if stop is not None and stop.is_set():
                 cancelled = True
                 break
-            h, w = frame.rgb.shape[:2]
-            result = locate(frame.rgb)
-            pixels = pixel_places(result[key], w, h, task)
-            frames += 1
-            found = found_text(what, len(pixels))
-            for sub in subs:  # every frame's count, as captions' subtitles hold every answer
-                sub.write_text(frame.pts, found)
-            if tracker is None or tracker.observe(0, found, frame.pts) is not None:
-                lines.write_records([place_record(src.source_id, frame, task, what, result[key], pixels,
-                                                  result["timings_ms"])])
-                rows.append({"index": frame.index, "pts": frame.pts, "text": f"{what}: {places_text(pixels, task)}",
-                             "ms": round(result["timings_ms"].get("total", 0.0), 1)})
-            if video is None:
-                video = AnnotatedVideoSink(paths["mp4"], w, h)
-            video.write_image(draw(frame.rgb, pixels, task), found, f"#{frame.index} {frame.pts:.3f}s", frame.pts)
+            if frame is not None:
+                pending.append(frame)
+                if len(pending) < LOCATE_BATCH:
+                    continue
+            for frame, result in zip(pending, locate([f.rgb for f in pending]) if pending else []):
+                h, w = frame.rgb.shape[:2]
+                pixels = pixel_places(result[key], w, h, task)
+                frames += 1
+                found = found_text(what, len(pixels))
+                for sub in subs:  # every frame's count, as captions' subtitles hold every answer
+                    sub.write_text(frame.pts, found)
+                if tracker is None or tracker.observe(0, found, frame.pts) is not None:
+                    lines.write_records([place_record(src.source_id, frame, task, what, result[key], pixels,
+                                                      result["timings_ms"])])
+                    rows.append({"index": frame.index, "pts": frame.pts,
+                                 "text": f"{what}: {places_text(pixels, task)}",
+                                 "ms": round(result["timings_ms"].get("total", 0.0), 1)})
+                if video is None:
+                    video = AnnotatedVideoSink(paths["mp4"], w, h)
+                video.write_image(draw(frame.rgb, pixels, task), found, f"#{frame.index} {frame.pts:.3f}s",
+                                  frame.pts)
+            pending.clear()
             if on_progress:
                 on_progress(src.decoded, total)
     finally:
