@@ -424,3 +424,15 @@ def test_video_detect_locates_frames_in_batches_with_the_same_places(capsys, sma
         assert main(["video", str(clip), *bad, *model]) == 2
         err = capsys.readouterr().err
         assert err.startswith("vlmstream: error: --batch") and err.count("\n") == 1
+
+
+def test_a_batch_of_raw_and_encoded_images_locates_each_as_alone(loaded, rgb_image):
+    """A batch may mix frames and images encoded before (as eval-tiny passes them): each gets the
+    places it gets alone."""
+    decoder = RegionDecoder(loaded)
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (64 + 16 * i, 80, 3), dtype=np.uint8) for i in range(3)] + [rgb_image]
+    alone = [decoder.locate(im, "star", "detect", max_objects=3)["objects"] for im in images]
+    mixed = [images[0], decoder.reference.encode_image(images[1]), images[2], decoder.reference.encode_image(rgb_image)]
+    for batch in (images, mixed):
+        assert [r["objects"] for r in decoder.locate_batch(batch, "star", "detect", max_objects=3)] == alone
