@@ -436,3 +436,46 @@ def test_a_batch_of_raw_and_encoded_images_locates_each_as_alone(loaded, rgb_ima
     mixed = [images[0], decoder.reference.encode_image(images[1]), images[2], decoder.reference.encode_image(rgb_image)]
     for batch in (images, mixed):
         assert [r["objects"] for r in decoder.locate_batch(batch, "star", "detect", max_objects=3)] == alone
+
+
+def test_eval_tiny_scores_detect_and_point_against_the_scenes_truth(loaded, monkeypatch):
+    """eval-tiny's region figures (a model whose head is trained): a decoder that gives the true
+    boxes scores 1 everywhere; one box too many costs precision and the count, not recall; boxes
+    half a box off (IoU < 0.5) and points outside every box are misses."""
+    from collections import defaultdict
+
+    import tinyvlm.evaluate as ev
+
+    truth: list = []
+    real_located = ev.located
+
+    def located(scene, phrase):
+        truth[:] = real_located(scene, phrase)
+        return list(truth)
+
+    def decoder_giving(boxes):
+        def locate(self, image, what, task="detect", max_objects=None):
+            got = boxes(list(truth))
+            if task == "detect":
+                return {"objects": [dict(zip(("x_min", "y_min", "x_max", "y_max"), b)) for b in got]}
+            return {"points": [{"x": (b[0] + b[2]) / 2, "y": (b[1] + b[3]) / 2} for b in got]}
+        return locate
+
+    monkeypatch.setattr(ev, "located", located)
+    cases = {
+        "true": lambda t: t,
+        "one more": lambda t: t + [(0.0, 0.0, 0.01, 0.01)],
+        "off": lambda t: [(b[2] + 0.01, b[1], 2 * b[2] - b[0] + 0.01, b[3]) for b in t],  # beside it
+    }
+    scores = {}
+    for name, boxes in cases.items():
+        monkeypatch.setattr(RegionDecoder, "locate", decoder_giving(boxes))
+        hits = defaultdict(lambda: [0, 0])
+        ev.evaluate_regions(loaded, 12, ev.RENDERERS["world"], hits, lambda k: None)
+        scores[name] = {k: v[0] / v[1] for k, v in hits.items() if v[1]}
+    assert scores["true"] == {f"{t}_{k}": 1.0 for t in ("detect", "point") for k in ("recall", "precision", "count")}
+    more = scores["one more"]
+    assert more["detect_recall"] == more["point_recall"] == 1.0
+    assert more["detect_precision"] < 1.0 and more["detect_count"] == more["point_count"] == 0.0
+    off = scores["off"]
+    assert off["detect_recall"] == off["point_recall"] == 0.0 and off["detect_count"] == 1.0
