@@ -122,6 +122,19 @@ def test_image_detect_and_point_on_the_command_line(capsys, small_folder, tmp_pa
         assert all(abs(a - b) <= 0.55 for a, b in zip(box, want))
     assert main([*args, "--point", "star"]) == 0
     assert capsys.readouterr().out.startswith("star: ")
+    # several images: located a batch at a time, each as alone, in the order given, with a progress bar
+    decoder = RegionDecoder(load_model(str(small_folder), device="cpu", dtype="float32"))
+    names = [f"{i}.png" for i in range(6)]
+    rgbs = [np.random.default_rng(10 + i).integers(0, 256, (60 + 10 * i, 90, 3), dtype=np.uint8) for i in range(6)]
+    for name, im in zip(names, rgbs):
+        Image.fromarray(im).save(tmp_path / name)
+    assert main(["image", *(str(tmp_path / n) for n in names), "--detect", "star", "--json", *args[2:]]) == 0
+    captured = capsys.readouterr()
+    rows = [json.loads(x) for x in captured.out.splitlines()]
+    assert [Path(r["image"]).name for r in rows] == names
+    assert [r["objects"] for r in rows] == [[{k: round(v, 4) for k, v in o.items()}
+                                             for o in decoder.locate(im, "star")["objects"]] for im in rgbs]
+    assert [r["timings_ms"]["batch"] for r in rows] == [4, 4, 4, 4, 2, 2] and "6/6" in captured.err
     assert main([*args, "--point", "  "]) == 2
     assert main([*args, "--detect", "star", "--choices", "a,b"]) == 2
     assert "--detect gives places" in capsys.readouterr().err
