@@ -1,8 +1,8 @@
 """`vlmstream live SOURCE --detect OBJECT` / `--point OBJECT`: where an object is in live video.
 
-The region decoder (engine/region_decoder.py) takes each source's newest frame in turn
-(pipelines/locator.py): its pace is the frame rate, frames that come while it works are passed
-over and counted. Each located frame is a terminal line (time, latency, places in pixels) or,
+The region decoder (engine/region_decoder.py) takes the newest frame of every source at once, in
+one batch (pipelines/locator.py): its pace is the frame rate, frames that come while it works are
+passed over and counted. Each located frame is a terminal line (time, latency, places in pixels) or,
 with -o, a JSON line (places as fractions and in pixels, the UTC time, the timings with the
 end-to-end latency); `--annotate` records the frames with their boxes or points drawn. With
 `--changes`, a frame is reported only when the number found differs from the source's last report
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     sources = [LocateSource(label, live.frames, realtime=live.paced, loop=args.duration is not None and live.loops,
                             connection=live.connection) for live, label in zip(opened, labels)]
     locator = LiveLocator(lambda rgb: decoder.locate(rgb, what, task), sources, what, task, fps=args.fps,
-                          on_result=show)
+                          on_result=show, locate_many=lambda rgbs: decoder.locate_batch(rgbs, what, task))
     interrupted = False
     t0 = time.perf_counter()
     try:

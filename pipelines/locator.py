@@ -1,10 +1,10 @@
 """Where an object is in the newest frame of live sources (`live --detect` / `--point`).
 
-Moondream 2's region protocol runs one frame at a time (engine/region_decoder.py: batch 1, a
-host sync a step; the engine does not batch it), so a live run of it is latest-frame-wins at the
-decoder's own pace: one worker thread takes each source's newest frame in turn (round robin: one
-model serves them all), locates the object and reports the frame with its places and its
-end-to-end latency (capture to result). Frames that arrive while it works are overwritten, never
+Moondream 2's region protocol runs beside the engine (engine/region_decoder.py: a host sync a
+step; the engine does not batch it), so a live run of it is latest-frame-wins at the decoder's
+own pace: one worker thread takes the newest frame of every source that has one (one model serves
+them all; with `locate_many`, located in one batch call, else one after the other), and reports
+each frame with its places and its end-to-end latency (capture to result). Frames that arrive while it works are overwritten, never
 queued, so lag does not build up; they are counted. A source that fails (an unreachable stream, an
 unreadable file) ends alone, its error kept; an error of the decoder ends the run and is raised
 by `check()`. `close()` stops the sources and joins every thread.
@@ -153,14 +153,19 @@ class _State:
 
 class LiveLocator:
     def __init__(self, locate: Callable[[np.ndarray], dict], sources: list[LocateSource], what: str,
-                 task: str = "detect", fps: float = 60.0, on_result: Callable[[Located], None] | None = None):
+                 task: str = "detect", fps: float = 60.0, on_result: Callable[[Located], None] | None = None,
+                 locate_many: Callable[[list[np.ndarray]], list[dict]] | None = None):
         """locate: rgb -> the decoder's result ({"objects" or "points": [...], "timings_ms": {...}}).
+        locate_many: several frames -> their results, as `locate` gives each (the region decoder's
+        `locate_batch`): each pass then locates the newest frame of every source that has one in a
+        single call, so that with several cameras each waits ~one batch, not one decode per camera.
         on_result runs on the worker thread, once per located frame, in each source's frame order."""
         if task not in ("detect", "point"):
             raise ValueError(f"task must be detect or point, got {task!r}")
         if not 0 < fps < float("inf"):  # NaN too
             raise ValueError(f"fps must be a finite number > 0, got {fps}")
-        self._locate, self.what, self.task, self.fps, self.on_result = locate, what, task, fps, on_result
+        self._locate_many = locate_many or (lambda rgbs: [locate(rgb) for rgb in rgbs])
+        self.what, self.task, self.fps, self.on_result = what, task, fps, on_result
         self._key = "objects" if task == "detect" else "points"
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -189,7 +194,7 @@ class LiveLocator:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                worked = False
+                ready: list[tuple[_State, Frame]] = []  # the newest frame of each source that has one
                 for s in self._states:
                     if s.ended or self._stop.is_set():
                         continue
@@ -207,17 +212,19 @@ class LiveLocator:
                         s.above_fps += 1  # the source is faster than --fps
                         continue
                     s.next_t = max(s.next_t + 1.0 / self.fps, now - 1.0 / self.fps)
-                    self._one(s, frame.load())
-                    worked = True
+                    ready.append((s, frame.load()))
+                if ready:
+                    results = self._locate_many([frame.rgb for _, frame in ready])
+                    for (s, frame), result in zip(ready, results):
+                        self._one(s, frame, result)
                 if all(s.ended for s in self._states):
                     break
-                if not worked:
+                if not ready:
                     self._stop.wait(0.005)  # no source has a new frame yet
         except BaseException as e:  # the decoder failed: the run ends and the caller hears of it
             self.exception = e
 
-    def _one(self, s: _State, frame: Frame) -> None:
-        result = self._locate(frame.rgb)
+    def _one(self, s: _State, frame: Frame, result: dict) -> None:
         end_to_end = (time.perf_counter() - frame.captured_at) * 1000.0
         places = result[self._key]
         h, w = frame.rgb.shape[:2]

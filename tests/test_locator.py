@@ -12,12 +12,12 @@ from pipelines.frame import Frame, SourceError
 from pipelines.locator import LiveLocator, LocateSource, draw, pixel_places
 
 
-def _frames(n: int, fps: float, name: str, fail_after: int | None = None):
+def _frames(n: int, fps: float, name: str, fail_after: int | None = None, offset: int = 0):
     def frames():
         for i in range(n):
             if fail_after is not None and i == fail_after:
                 raise SourceError(f"{name} went away")
-            rgb = np.full((8, 12, 3), i % 256, np.uint8)  # the frame's index, readable in its pixels
+            rgb = np.full((8, 12, 3), (i + offset) % 256, np.uint8)  # the frame's index (+ offset), in its pixels
             yield Frame(name, i, i / fps, rgb)
     return frames
 
@@ -117,3 +117,33 @@ def test_places_in_pixels_and_drawn():
     assert img.sum() == 0 and out[10, 50].tolist() == [255, 60, 200] and out[35, 50].sum() == 0
     with pytest.raises(ValueError):
         LiveLocator(lambda rgb: {}, [], "star", task="caption")
+
+
+def test_several_sources_are_located_together_each_with_its_own_places():
+    """With `locate_many`, a pass locates the newest frame of every source in one call: each
+    result goes to the frame it was asked for (its source, its index), in each source's order."""
+    calls, results = [], []
+
+    def locate_many(rgbs):
+        calls.append(len(rgbs))
+        time.sleep(0.02)
+        return [{"objects": [{"x_min": 0.0, "y_min": 0.0, "x_max": (int(rgb[0, 0, 0]) + 1) / 256,
+                              "y_max": 1.0}], "timings_ms": {"total": 20.0}} for rgb in rgbs]
+
+    def single(rgb):
+        raise AssertionError("a pass of several sources must go through locate_many")
+
+    sources = [LocateSource(n, _frames(60, 60.0, n, offset=k * 100)) for k, n in enumerate(("a", "b", "c"))]
+    loc = LiveLocator(single, sources, "star", locate_many=locate_many, on_result=results.append)
+    try:
+        _wait(loc)
+    finally:
+        loc.close()
+    loc.check()
+    assert max(calls) == 3 and sum(calls) == len(results)  # the three cameras in one call
+    for k, name in enumerate(("a", "b", "c")):
+        mine = [r for r in results if r.label == name]
+        indices = [r.frame.index for r in mine]
+        assert len(mine) >= 5 and indices == sorted(indices)
+        # each box is the one its own frame's pixels asked for
+        assert all(r.places[0]["x_max"] == ((r.frame.index + 100 * k) % 256 + 1) / 256 for r in mine)
