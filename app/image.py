@@ -76,7 +76,7 @@ def _locate(args: argparse.Namespace) -> int:
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
     from pipelines.image_file import check_image, read_image
-    from pipelines.locator import pixel_places, places_text
+    from pipelines.locator import batched, pixel_places, places_text
     from pipelines.stream import redact
 
     task, what = region_task(args)
@@ -87,8 +87,7 @@ def _locate(args: argparse.Namespace) -> int:
     decoder = RegionDecoder(loaded)  # a model whose region head is untrained: RequestError, exit 2
     key = "objects" if task == "detect" else "points"
     bar = tqdm(total=len(paths), desc="images", unit="image", file=sys.stderr, disable=len(paths) < 2)
-    for start in range(0, len(paths), LOCATE_BATCH):
-        chunk = paths[start:start + LOCATE_BATCH]
+    for chunk in batched(paths, LOCATE_BATCH):
         rgbs = [read_image(path) for path in chunk]
         for path, rgb, found in zip(chunk, rgbs, decoder.locate_batch(rgbs, what, task)):
             h, w = rgb.shape[:2]

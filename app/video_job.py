@@ -93,12 +93,11 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     places in pixels. With `changes`, the rows and the JSONL hold the frames where the count found
     changes. Setting `stop` ends the job at its next frame with what is done (the frames of a
     batch not yet located are dropped)."""
-    import itertools
     import time
 
     from app.cli import LOCATE_BATCH
     from pipelines.changes import AnswerChanges
-    from pipelines.locator import draw, found_text, pixel_places, place_record, places_text
+    from pipelines.locator import batched, count_change, draw, found_text, pixel_places, place_record, places_text
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
     from pipelines.sources import FileSource
 
@@ -115,24 +114,18 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     duration = 1.0 / (src.fps or 30.0)
     subs = [SubtitleSink(paths["srt"], "srt", duration), SubtitleSink(paths["vtt"], "vtt", duration)]
     try:
-        pending: list = []  # frames waiting for their batch, in frame order
-        # None after the last frame: the batch it leaves is located too
-        for frame in itertools.chain(src.frames(pick=lambda index, pts: index % every_n == 0), [None]):
+        for batch in batched(src.frames(pick=lambda index, pts: index % every_n == 0), LOCATE_BATCH):
             if stop is not None and stop.is_set():
                 cancelled = True
                 break
-            if frame is not None:
-                pending.append(frame)
-                if len(pending) < LOCATE_BATCH:
-                    continue
-            for frame, result in zip(pending, locate([f.rgb for f in pending]) if pending else []):
+            for frame, result in zip(batch, locate([f.rgb for f in batch])):
                 h, w = frame.rgb.shape[:2]
                 pixels = pixel_places(result[key], w, h, task)
                 frames += 1
                 found = found_text(what, len(pixels))
                 for sub in subs:  # every frame's count, as captions' subtitles hold every answer
                     sub.write_text(frame.pts, found)
-                if tracker is None or tracker.observe(0, found, frame.pts) is not None:
+                if tracker is None or count_change(tracker, 0, len(pixels), frame.pts) is not None:
                     lines.write_records([place_record(src.source_id, frame, task, what, result[key], pixels,
                                                       result["timings_ms"])])
                     rows.append({"index": frame.index, "pts": frame.pts,
@@ -142,7 +135,6 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
                     video = AnnotatedVideoSink(paths["mp4"], w, h)
                 video.write_image(draw(frame.rgb, pixels, task), found, f"#{frame.index} {frame.pts:.3f}s",
                                   frame.pts)
-            pending.clear()
             if on_progress:
                 on_progress(src.decoded, total)
     finally:

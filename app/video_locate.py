@@ -50,9 +50,8 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
     from pipelines.changes import AnswerChanges
-    from pipelines.locator import (count_change, draw, found_text, pixel_places, place_record, places_text,
-                                   save_snapshot)
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
+    from pipelines.locator import count_change, draw, found_text, pixel_places, place_record, places_text
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, save_snapshot
     from pipelines.sources import FileSource, SourceError, file_name
 
     from app.cli import realtime_dtype

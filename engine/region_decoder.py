@@ -1,7 +1,8 @@
 """Detect and point: where things are in an image, through the model's region head.
 
 Moondream 2's protocol, greedy, as the reference decoder runs (a contiguous KV buffer, a host
-sync a step), for one image or several in step (`locate_batch`: the same prompt on every image). The prompt is the detect (or point) template around " <object>";
+sync a step), for one image or several in step (`locate_batch`: the same prompt on every
+image). The prompt is the detect (or point) template around " <object>";
 its last hidden state (before the final LayerNorm) is read by the coordinate decoder for an
 object's x centre (argmax over the bins, / bins), which goes back in as the next input through
 the coordinate encoder (Fourier features) in place of a token embedding; then y the same way;

@@ -22,7 +22,7 @@ import numpy as np
 
 from .live import LiveResult
 from .prompts import prompt_key
-from .sinks import FrameResult, JsonlSink, file_label
+from .sinks import FrameResult, JsonlSink, save_snapshot
 
 
 _PARTS = re.compile(r"[,;]|\band\b")
@@ -118,19 +118,12 @@ class ChangedAnswersSink:
                 if c is not None:
                     records.append({**r.to_dict(), "previous": c.previous, "since": round(c.since_pts, 6)})
             if records and self.snapshots is not None and rgb is not None:
-                shot = str(self._snapshot(results[0], rgb))  # an OSError fails this video's outputs
+                r = results[0]  # an OSError fails this video's outputs
+                shot = str(save_snapshot(self.snapshots, r.source, r.index, rgb))
                 for x in records:
                     x["snapshot"] = shot
             if records:
                 self.sink.write_records(records)
-
-    def _snapshot(self, r: FrameResult, rgb: np.ndarray) -> Path:
-        from PIL import Image
-
-        source = file_label(str(Path(r.source).with_suffix("")), 80)
-        path = self.snapshots / f"{source or 'video'}_{r.index:07d}.jpg"
-        Image.fromarray(np.ascontiguousarray(rgb)).save(path, quality=90)
-        return path
 
     def close(self) -> None:
         self.sink.close()

@@ -4,10 +4,10 @@ Moondream 2's region protocol runs beside the engine (engine/region_decoder.py: 
 step; the engine does not batch it), so a live run of it is latest-frame-wins at the decoder's
 own pace: one worker thread takes the newest frame of every source that has one (one model serves
 them all; with `locate_many`, located in one batch call, else one after the other), and reports
-each frame with its places and its end-to-end latency (capture to result). Frames that arrive while it works are overwritten, never
-queued, so lag does not build up; they are counted. A source that fails (an unreachable stream, an
-unreadable file) ends alone, its error kept; an error of the decoder ends the run and is raised
-by `check()`. `close()` stops the sources and joins every thread.
+each frame with its places and its end-to-end latency (capture to result). Frames that arrive
+while it works are overwritten, never queued, so lag does not build up; they are counted. A
+source that fails (an unreachable stream, an unreadable file) ends alone, its error kept; an
+error of the decoder ends the run and is raised by `check()`. `close()` stops the sources and joins every thread.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -60,6 +59,19 @@ def found_text(what: str, n: int) -> str:
     return f"{what}: {n} found" if n else f"{what}: none found"
 
 
+def batched(items: Iterable, n: int) -> Iterator[list]:
+    """Lists of up to n consecutive items (the last may be shorter), as they come: frames for
+    `RegionDecoder.locate_batch` without holding a whole video."""
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def count_change(changes, key, found: int, pts: float) -> dict | None:
     """`--changes` for places: the number found is the answer followed (boxes jitter from frame to
     frame; an object coming or going is the event). The fields a reported line adds (`previous`:
@@ -68,17 +80,6 @@ def count_change(changes, key, found: int, pts: float) -> dict | None:
     if c is None:
         return None
     return {"previous": None if c.previous is None else int(c.previous), "since": round(c.since_pts, 6)}
-
-
-def save_snapshot(folder: Path, source: str, index: int, rgb: np.ndarray) -> Path:
-    """A change's frame as a JPEG, named by source and frame index (names sort by file, then time)."""
-    from PIL import Image
-
-    from .sinks import file_label
-
-    path = folder / f"{file_label(str(Path(source).with_suffix('')), 80) or 'video'}_{index:07d}.jpg"
-    Image.fromarray(np.ascontiguousarray(rgb)).save(path, quality=90)
-    return path
 
 
 def draw(rgb: np.ndarray, pixels: list[list[int]], task: str) -> np.ndarray:

@@ -279,3 +279,13 @@ class AnnotatedVideoSink:
         for packet in self._stream.encode():
             self._container.mux(packet)
         self._container.close()
+
+
+def save_snapshot(folder: Path, source: str, index: int, rgb: np.ndarray) -> Path:
+    """A change's frame as a JPEG named by its video and frame index, so that names sort by
+    video, then time (`video --changes --snapshots`, with captions or places)."""
+    from PIL import Image
+
+    path = folder / f"{file_label(str(Path(source).with_suffix('')), 80) or 'video'}_{index:07d}.jpg"
+    Image.fromarray(np.ascontiguousarray(rgb)).save(path, quality=90)
+    return path
