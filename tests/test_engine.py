@@ -65,16 +65,16 @@ def test_image_crops_reach_the_device_before_their_step(small_folder, images, mo
     """A step's function runs in the compute stream's context on CUDA, where copying the crops
     would wait for the step in flight: they are copied when the step is launched, by the engine
     thread. On CPU the step runs on the device worker, so the thread tells where the copy is."""
-    import engine.runner as runner_module
+    import engine.step_inputs as inputs_module
 
     threads = []
-    stage = runner_module.stage_crops
+    stage = inputs_module.stage_crops
 
     def recording(crops, device):
         threads.append(threading.current_thread().name)
         return stage(crops, device)
 
-    monkeypatch.setattr(runner_module, "stage_crops", recording)
+    monkeypatch.setattr(inputs_module, "stage_crops", recording)
     with _engine(small_folder, vision_thread=False) as eng:
         outs = [eng.submit(img, caption="short", params=GREEDY) for img in images[:3]]
         assert all(h.result(timeout=60).finish_reason in ("stop", "length") for h in outs)
