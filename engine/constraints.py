@@ -20,6 +20,13 @@ import torch
 from .errors import RequestError
 
 DENSE_LIMIT = 1 << 24  # states x vocabulary entries kept as a dense table
+MAX_MATCH = 8192  # the longest answer a bounded constraint may spell out (compiles in ~1.5 s)
+# JSON Schema keywords outlines-core accepts and does not enforce in the regex it builds.
+UNENFORCED = frozenset({
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems",
+    "contains", "minContains", "maxContains", "maxProperties", "propertyNames", "dependentRequired",
+    "dependentSchemas", "dependencies", "if", "then", "else", "unevaluatedItems", "unevaluatedProperties",
+})
 
 
 class ConstraintError(RequestError):
@@ -68,9 +75,19 @@ def to_regex(constraint: Constraint) -> str:
         from outlines_core.json_schema import build_regex_from_schema
 
         try:
-            return build_regex_from_schema(constraint.schema)
+            key = _unenforced(json.loads(constraint.schema))
+        except ValueError:
+            key = None  # not JSON: outlines-core says so below
+        if key is not None:
+            raise ConstraintError(f"the JSON schema keyword {key!r} is not supported: answers could break it "
+                                  "(for a few allowed values, list them with enum)")
+        try:
+            pattern = build_regex_from_schema(constraint.schema)
         except Exception as e:  # outlines-core raises ValueError / its own errors
             raise ConstraintError(f"cannot compile the JSON schema: {_first_line(e)}") from None
+        if _matches_empty(pattern):  # e.g. an empty enum: no JSON value is valid
+            raise ConstraintError("no JSON value is valid against that schema")
+        return pattern
     raise ConstraintError(f"unknown constraint {constraint!r} (use Regex, Choice or JsonSchema)")
 
 
@@ -119,6 +136,11 @@ def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, 
     from outlines_core import Index, Vocabulary
 
     pattern = to_regex(constraint)
+    longest = _longest_match(pattern)
+    if longest is not None and longest > MAX_MATCH:
+        # The automaton grows with it: a{20000} took 4 s and 0.5 GB, a{1000000} never ended.
+        raise ConstraintError(f"the constraint allows answers of {longest} characters; at most {MAX_MATCH} "
+                              "(fewer repetitions, or an open-ended * or +)")
     try:
         index = Index(pattern, Vocabulary(eos_id, token_bytes(tokenizer, vocab_size, eos_id)))
     except Exception as e:
@@ -174,3 +196,67 @@ def _bytes_to_unicode() -> dict[int, str]:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _unenforced(node: Any) -> str | None:
+    """The first keyword of UNENFORCED in a schema or its subschemas (not in property names,
+    enum or const values), or None."""
+    if isinstance(node, list):  # tuple-style items, or a list of subschemas
+        return next(filter(None, map(_unenforced, node)), None)
+    if not isinstance(node, dict):
+        return None
+    found = next((k for k in node if k in UNENFORCED), None)
+    if found is not None:
+        return found
+    subschemas = [node.get(k) for k in ("items", "additionalItems", "additionalProperties", "not",
+                                        "anyOf", "oneOf", "allOf", "prefixItems")]
+    for k in ("properties", "patternProperties", "$defs", "definitions"):
+        if isinstance(node.get(k), dict):
+            subschemas += node[k].values()
+    return next(filter(None, map(_unenforced, subschemas)), None)
+
+
+def _parse(pattern: str):
+    """Python's parse of a pattern, or None where its syntax is outlines-core's alone."""
+    import re._parser
+
+    try:
+        return re._parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return None
+
+
+def _matches_empty(pattern: str) -> bool:
+    try:
+        return re.fullmatch(pattern, "") is not None
+    except re.error:
+        return False
+
+
+def _longest_match(pattern: str) -> int | None:
+    """The longest string the pattern matches, an open-ended repeat counted once (None where
+    Python cannot parse it)."""
+    tree = _parse(pattern)
+    return None if tree is None else _longest(tree)
+
+
+def _longest(items) -> int:
+    from re._constants import MAXREPEAT
+
+    total = 0
+    for op, av in items:
+        name = str(op)
+        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            low, high, sub = av
+            total += _longest(sub) * (max(low, 1) if high is MAXREPEAT else high)
+        elif name == "SUBPATTERN":
+            total += _longest(av[-1])
+        elif name == "BRANCH":
+            total += max((_longest(b) for b in av[1]), default=0)
+        elif name == "ATOMIC_GROUP":
+            total += _longest(av)
+        elif name == "GROUPREF_EXISTS":
+            total += max(_longest(av[1]), _longest(av[2]) if av[2] is not None else 0)
+        elif name not in ("AT", "ASSERT", "ASSERT_NOT"):
+            total += 1  # one character: a literal, a class, any
+    return total

@@ -15,6 +15,7 @@ released (pages, slot, image) when no launched step includes it any more.
 from __future__ import annotations
 
 import itertools
+import numbers
 import queue
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .config import EngineConfig
-from .constraints import compile_constraint
+from .constraints import Choice, ConstraintError, compile_constraint
 from .detokenizer import WordStreamer
 from .device import Executor, Pending, graph_mode, script_mode, use_triton_kernels
 from .errors import ConfigError, EngineClosedError, RequestError
@@ -84,6 +85,8 @@ class Engine:
         self._closed = False
         self._error: BaseException | None = None
         self._post_lock = threading.Lock()
+        self._posting = 0  # posts past their checks, their message not yet in the inbox
+        self._stopped = False  # the engine thread has ended (or failed) and reads no more messages
         self._automata: dict = {}
 
         # Engine-thread state.
@@ -109,10 +112,11 @@ class Engine:
 
     def encode_image(self, rgb: np.ndarray, priority: int = 0) -> ImageRef:
         """Preprocess an image (in the calling thread) and queue its prefix for encoding."""
+        priority = _priority(priority)
         rgb = as_rgb(rgb)
         t0 = time.perf_counter()
         crops, tiling = overlap_crops(rgb, self.model_config.vision)
-        image = Image(id=next(self._ids), crops=crops, tiling=tiling, priority=int(priority),
+        image = Image(id=next(self._ids), crops=crops, tiling=tiling, priority=priority,
                       staged=self._vision is not None)
         image.timings.preprocess = (time.perf_counter() - t0) * 1000.0
         self._post(("image", image))
@@ -130,8 +134,7 @@ class Engine:
         waiting ones of a lower priority, e.g. a live frame before a batch job's (default 0)."""
         if not isinstance(params, SamplingParams):
             raise RequestError("params must be a SamplingParams")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise RequestError(f"priority must be an integer, got {priority!r}")
+        priority = _priority(priority)
         if draft is not None:
             vocab = self.model_config.text.vocab_size
             try:
@@ -175,6 +178,13 @@ class Engine:
 
     def _compile(self, constraint: Any):
         """Compiled automata are cached per constraint (many frames ask the same thing)."""
+        try:
+            hash(constraint)
+        except TypeError:  # a dict or list given as the constraint, or a Choice holding a list
+            if isinstance(constraint, Choice):
+                raise ConstraintError("Choice needs a non-empty list of non-empty strings") from None
+            raise ConstraintError(f"a constraint is a Regex, Choice or JsonSchema, got a {type(constraint).__name__}"
+                                  ) from None
         with self._post_lock:
             automaton = self._automata.get(constraint)
         if automaton is None:
@@ -235,8 +245,14 @@ class Engine:
         with self._post_lock:
             if self._error is not None:
                 raise EngineClosedError(f"the engine failed: {self._error}") from self._error
-            if self._closed and message[0] in ("image", "request"):
+            if self._closed and message[0] in ("image", "request", "depth", "reset_stats"):
                 raise EngineClosedError("the engine is closed")
+            if self._stopped:  # a late release or cancel: the engine thread let everything go
+                return
+            # Counted until the message is in the inbox: the engine thread does not end (nor
+            # fail everything) while a message that passed the checks above is on its way.
+            if block:
+                self._posting += 1
         if not block:  # from the engine thread itself (a done callback): never wait on ourselves
             self._handle(*message)
             return
@@ -244,6 +260,13 @@ class Engine:
             self._inbox.put(message, timeout=10.0)
         except queue.Full:
             raise RequestError(f"the engine's queue is full ({self.config.max_queue} messages)") from None
+        finally:
+            with self._post_lock:
+                self._posting -= 1
+
+    def _quiet(self) -> bool:
+        """No message is in the inbox or on its way there (called with _post_lock held)."""
+        return self._posting == 0 and self._inbox.empty()
 
     # ------------------------------------------------------------------ engine thread
 
@@ -255,8 +278,11 @@ class Engine:
                 # (e.g. the pool is full of pages that ImageRefs hold): no busy spinning.
                 self._drain(block=stalled or not self._has_work())
                 if self._closing.is_set() and not self._has_work() and self._inbox.empty():
-                    self._drop_images()
-                    break
+                    with self._post_lock:
+                        self._stopped = self._quiet()
+                    if self._stopped:
+                        self._drop_images()
+                        break
                 turn = self._lower_turn()
                 if self._vision is not None:  # images encoded on the vision thread; start the next
                     self._vision.collect()
@@ -274,7 +300,8 @@ class Engine:
                 if self.config.debug_checks:
                     self._check_invariants()
         except BaseException as e:  # a device or engine bug: fail every request, keep the cause
-            self._error = e
+            with self._post_lock:
+                self._error = e
             self._fail_all(e)
 
     def _has_work(self) -> bool:
@@ -543,8 +570,16 @@ class Engine:
         self._inflight.clear()
         for slot in self.runner.slots:
             slot.busy = False
-        while not self._inbox.empty():
-            kind, item = self._inbox.get_nowait()
+        deadline = time.monotonic() + 15.0  # a post waits 10 s at most for room in the inbox
+        while True:
+            try:
+                kind, item = self._inbox.get(timeout=0.05)
+            except queue.Empty:
+                with self._post_lock:
+                    if self._quiet() or time.monotonic() > deadline:
+                        self._stopped = True
+                        break
+                continue
             if kind in ("image", "request", "release"):
                 self._handle(kind, item)
         for seq in list(self._seqs.values()):
@@ -570,3 +605,9 @@ class Engine:
             assert 0 <= img.inflight <= depth
             assert img.waiting == waiting.get(id(img), 0) and img.holders >= img.ref_held + img.waiting
             assert not (img.staged and img.launched and not img.encoding), "launched before the vision stage"
+
+
+def _priority(priority: Any) -> int:
+    if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
+        raise RequestError(f"priority must be an integer, got {priority!r}")
+    return int(priority)

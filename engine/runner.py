@@ -175,7 +175,7 @@ class Runner:
         return self.model.text(x_BTC, pos_BT, self._attend(write, pages_BP, mask))
 
     def _fused(self, x_prefix: torch.Tensor, ids: torch.Tensor, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        """scripted.step_forward over this runner's cache and weights; inputs: `_fused_inputs`."""
+        """scripted.step_forward over this runner's cache and weights; inputs: `step_inputs.fused_inputs`."""
         return self.scripted.step(x_prefix, ids, *inputs, self.k, self.v, *self._text_args, self.exact)
 
     def launch(self, plan: StepPlan, step_id: int) -> tuple[Pending, _Slot]:

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import math
+import numbers
 import secrets
 from dataclasses import dataclass, field, replace
 
 from .errors import RequestError
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
+
+
+def _real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _integer(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -31,21 +41,25 @@ class SamplingParams:
     sticky: float = 0.0
 
     def __post_init__(self) -> None:
-        t, p, n = self.temperature, self.top_p, self.max_tokens
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise RequestError(f"temperature must be a finite number >= 0, got {t!r}")
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        # numpy scalars are numbers too (a value read from an array); kept as plain Python ones.
+        t, p, n, s, k = (self.temperature, self.top_p, self.max_tokens, self.seed, self.sticky)
+        if not _real(t) or not math.isfinite(t) or not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            # Past these the float32 division by it gives 0 or inf, and the sampler nothing sane.
+            raise RequestError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
+                               f"{MAX_TEMPERATURE:g}, got {t!r}")
+        if not _real(p) or not 0 < p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {p!r}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        if not _integer(n) or n < 1:
             raise RequestError(f"max_tokens must be an integer >= 1, got {n!r}")
-        s = self.seed
-        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63):
+        if s is not None and (not _integer(s) or not 0 <= s < 2**63):
             raise RequestError(f"seed must be an integer in [0, 2**63), got {s!r}")
-        k = self.sticky
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k < 0:
+        if not _real(k) or not math.isfinite(k) or k < 0:
             raise RequestError(f"sticky must be a finite number >= 0, got {k!r}")
         if k > 0 and t > 0:
             raise RequestError("sticky needs greedy decoding (temperature 0)")
+        for name, value in (("temperature", float(t)), ("top_p", float(p)), ("max_tokens", int(n)),
+                            ("seed", None if s is None else int(s)), ("sticky", float(k))):
+            object.__setattr__(self, name, value)
 
     def with_seed(self) -> "SamplingParams":
         """A copy whose seed is concrete, so that the run can be repeated."""

@@ -1,5 +1,6 @@
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from engine.reference import ReferenceDecoder
 
 IMAGES = [np.random.default_rng(i).integers(0, 256, size=(60, 80, 3), dtype=np.uint8) for i in range(3)]
 SCHEMA = {"type": "object", "properties": {"shape": {"type": "string", "enum": ["circle", "star"]},
-                                          "count": {"type": "integer", "minimum": 0, "maximum": 9}},
+                                          "count": {"type": "integer", "enum": list(range(10))}},
           "required": ["shape", "count"]}
 CONSTRAINTS = [Regex(r"(red|green|blue) (circle|square|star)"), Choice(["yes", "no", "maybe not"]),
                JsonSchema(SCHEMA), Regex(r"[0-9]{1,3}")]
@@ -25,7 +26,7 @@ def _valid(constraint, text):
     if isinstance(constraint, Choice):
         return text in constraint.options
     obj = json.loads(text)
-    return set(obj) == {"shape", "count"} and obj["shape"] in ("circle", "star") and isinstance(obj["count"], int)
+    return set(obj) == {"shape", "count"} and obj["shape"] in ("circle", "star") and obj["count"] in range(10)
 
 
 def _outlines_accepts(loaded, constraint, tokens):
@@ -90,10 +91,38 @@ def test_sparse_automaton_equals_dense(small, monkeypatch):
         assert torch.equal(dense.advance(states, tok)[ok], sparse.advance(states, tok)[ok])
 
 
-@pytest.mark.parametrize("bad", [Regex("(unclosed"), Choice([]), JsonSchema('{"type": "nonsense"}'),
-                                 "not a constraint", Regex("a{3,1}")])
+@pytest.mark.parametrize("bad", [
+    Regex("(unclosed"), Choice([]), JsonSchema('{"type": "nonsense"}'), "not a constraint", Regex("a{3,1}"),
+    {"type": "string"}, ["yes", "no"], Choice(["yes", ["no"]]),  # unhashable: a TypeError before
+    # Keywords outlines-core ignores: answers broke them ('8' for a maximum of 5).
+    JsonSchema({"type": "integer", "maximum": 5}), JsonSchema({"type": "integer", "minimum": 5, "maximum": 1}),
+    JsonSchema({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}),
+    JsonSchema({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
+    JsonSchema({"enum": []}),  # no JSON value: the answer was ''
+    Regex("a{1000000}"), JsonSchema({"type": "string", "maxLength": 100000}),  # never finished compiling
+], ids=repr)
 def test_constraints_that_cannot_compile(small_folder, bad):
     with Engine(EngineConfig(model=str(small_folder))) as eng:
-        with pytest.raises(ConstraintError):
+        t0 = time.perf_counter()
+        with pytest.raises(ConstraintError) as err:
             eng.submit(IMAGES[0], question="x?", constraint=bad)
+        assert "\n" not in str(err.value) and time.perf_counter() - t0 < 5
         assert eng.submit(IMAGES[0], caption="short", params=SamplingParams(max_tokens=3)).result(30)
+
+
+def test_schema_keywords_are_checked_in_subschemas_only():
+    """A property may be called "maximum", and an enum may hold one; the keyword in a nested
+    subschema is still found."""
+    assert to_regex(JsonSchema({"type": "object", "properties": {"maximum": {"enum": ["minimum"]}}}))
+    nested = {"anyOf": [{"type": "null"}, {"type": "array", "items": {"type": "number", "exclusiveMaximum": 1}}]}
+    with pytest.raises(ConstraintError, match="exclusiveMaximum"):
+        to_regex(JsonSchema(nested))
+
+
+def test_long_but_bounded_constraints_still_compile(small):
+    """The limit is on the longest answer, not on the pattern's look: open-ended repeats and
+    alternations of many options pass."""
+    vocab, eos = small.config.text.vocab_size, small.config.tokenizer.eos_id
+    for c in (Regex("[a-z ]+"), Regex(r"(\d{1,3}\.){3}\d{1,3}"), Choice([f"option {i}" for i in range(300)]),
+              Regex("[a-z]{0,100}(,[a-z]{0,100}){0,50}")):
+        assert compile_constraint(c, small.tokenizer, vocab, eos, small.device).n_states > 1

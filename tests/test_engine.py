@@ -216,12 +216,56 @@ def test_bad_input_leaves_the_engine_serving(small_folder, images):
             eng.submit(np.zeros((10, 10, 5), np.uint8), caption="short")
         with pytest.raises(RequestError):
             eng.submit(images[0], caption="short", params=SamplingParams(temperature=-1.0))
+        # Temperatures that float32 turns into 0 or inf: one such request stopped the engine
+        # for everyone (the sampler indexed past the vocabulary).
+        for t in (1e-40, 1e39):
+            with pytest.raises(RequestError, match="temperature must be 0"):
+                eng.submit(images[0], caption="short", params=SamplingParams(temperature=t, top_p=1.0))
+        with pytest.raises(RequestError, match="must be a string"):
+            eng.submit(images[0], question=b"What color is the star?")
+        with pytest.raises(RequestError, match="not valid text"):
+            eng.submit(images[0], question="What \ud800 is it?")
+        for priority in ("high", None, 1.5):
+            with pytest.raises(RequestError, match="priority must be an integer"):
+                eng.encode_image(images[0], priority=priority)
         assert good.result(timeout=30).finish_reason in ("stop", "length")
-        assert eng.submit(images[1], caption="short", params=GREEDY).result(timeout=30).token_ids
+        # numpy numbers, as read from an array, are numbers
+        params = SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5), seed=np.uint32(7))
+        assert len(eng.submit(images[1], caption="short", params=params).result(timeout=30).token_ids) <= 3
+        assert eng.submit(images[1], caption="short", params=GREEDY, priority=np.int8(1)).result(timeout=30).token_ids
     with pytest.raises(EngineClosedError):
         eng.submit(images[0], caption="short")
     with pytest.raises(EngineClosedError):
         eng.encode_image(images[0])
+    with pytest.raises(EngineClosedError):
+        eng.set_pipeline_depth(1)
+    with pytest.raises(EngineClosedError):
+        eng.reset_stats()
+    _assert_clean(eng)
+
+
+def test_a_request_posted_while_the_engine_closes_is_answered(small_folder, images):
+    """submit() checks that the engine is open, then puts the request in its inbox: a close() in
+    between let the engine thread end first, and the request waited forever."""
+    eng = _engine(small_folder)
+    ref = eng.encode_image(images[0])
+    put, posted = eng._inbox.put, threading.Event()
+
+    def slow_put(message, *args, **kwargs):
+        if message[0] == "request":
+            posted.set()
+            time.sleep(0.5)  # past its checks, not yet in the inbox: close() runs now
+        return put(message, *args, **kwargs)
+
+    eng._inbox.put = slow_put
+    handles = []
+    poster = threading.Thread(target=lambda: handles.append(eng.submit(ref, caption="short", params=GREEDY)))
+    poster.start()
+    assert posted.wait(10)
+    eng.close(timeout=30)
+    poster.join(10)
+    assert handles[0].result(timeout=10).finish_reason in ("stop", "length")
+    ref.release()  # after close: a no-op, not a message nobody reads
     _assert_clean(eng)
 
 

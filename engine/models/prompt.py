@@ -22,8 +22,14 @@ def prompt_ids(
     if (caption is None) == (question is None):
         raise RequestError("give exactly one of caption (short|normal|long) or question")
     if question is not None:
-        if not isinstance(question, str) or not question.strip():
+        if not isinstance(question, str):
+            raise RequestError(f"the question must be a string, got {type(question).__name__}")
+        if not question.strip():
             raise RequestError("the question is empty")
+        try:
+            question.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, e.g. half of an emoji cut from its pair
+            raise RequestError(f"the question is not valid text: {e.reason} at character {e.start}") from None
         asked = asked_prompt(config, question)
         caption, question = asked.get("caption"), asked.get("question")
     templates = config.tokenizer.templates
