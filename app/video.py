@@ -20,14 +20,14 @@ def run(args: argparse.Namespace) -> int:
     from engine.types import SamplingParams
     from concurrent.futures import ThreadPoolExecutor, wait
 
-    from pipelines.batch import BatchSummary, Sampling, caption_file, merge
+    from pipelines.batch import MAX_FPS, BatchSummary, Sampling, caption_file, merge
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
     from pipelines.prompts import prompt_key, prompt_label
     from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
     from pipelines.sources import FileSource, SourceError, file_name
 
-    if args.fps is not None and not 0 < args.fps < float("inf") or args.every_n is not None and args.every_n < 1:
-        raise UsageError("--fps must be a finite number > 0 and --every-n >= 1")  # NaN fails too
+    if args.fps is not None and not 0 < args.fps <= MAX_FPS or args.every_n is not None and args.every_n < 1:
+        raise UsageError(f"--fps must be a finite number > 0 (at most {MAX_FPS:g}) and --every-n >= 1")  # NaN too
     tasks = prompt_tasks(args)
     one_prompt = tasks[0] if len(tasks) == 1 else None  # what a JSONL line without a prompt answered
     out_dir, ann_dir = folder_arg(args.output), folder_arg(args.annotate)

@@ -382,6 +382,7 @@ LIVE_NUMBERS = "--fps, --duration, --max-outage and --deadline-ms must be finite
     (["live", "{clip}", "--max-outage", "0"], LIVE_NUMBERS),
     (["video", "{clip}", "--fps", "inf"], "--fps must be a finite number > 0"),
     (["video", "{clip}", "--fps", "nan"], "--fps must be a finite number > 0"),
+    (["video", "{clip}", "--fps", "1e20"], "at most 1e+06"),  # a hang, deaf to SIGTERM
     (["train-tiny", "--out", "{tmp}", "--max-minutes", "nan"], "time budget"),
     (["train-tiny", "--out", "{tmp}", "--max-minutes", "-1"], "time budget"),
     (["train-tiny", "--out", "{tmp}", "--lr", "nan"], "learning rate"),
@@ -414,6 +415,8 @@ def test_the_pipelines_reject_them_too():
     for n in (0, 2.5, True):
         with pytest.raises(ValueError, match="every_n must be an integer >= 1"):
             Sampling(every_n=n)
+    with pytest.raises(ValueError, match="at most 1e"):
+        Sampling(fps=1e20)
     assert Sampling(fps=2.0).fps == 2.0 and Sampling(every_n=3).every_n == 3
 
 

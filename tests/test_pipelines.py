@@ -2,6 +2,7 @@
 
 import json
 import re
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -99,6 +100,34 @@ def test_a_source_converts_only_the_frames_picked(tmp_path, monkeypatch):
         assert all(np.array_equal(a.rgb, b.rgb) for a, b in zip(picked, expected))
         assert len(converted) == len(expected) < len(pts) or sampling == Sampling()
     assert [f.index for f in Sampling(fps=4).select(every)] == [0, 4, 6, 7, 8]  # at or after 0, .25, .5, .75, 1 s
+
+
+def test_fps_sampling_takes_the_first_frame_at_or_after_each_slot():
+    """Slots at t0 + k / fps; each picks the first frame at or after it, and a frame stands for
+    every slot it is past. Checked against exact fractions; and a rate far above the video's takes
+    every frame at once (it stepped a period at a time: --fps 1e9 took 25 s on a 1 s clip, and at
+    1e20 the period fell below the float spacing of pts and it never ended)."""
+
+    def exact(fps, times):
+        fps, picked, first, slot = Fraction(fps), [], None, None
+        for i, pts in enumerate(map(Fraction, times)):
+            if first is None:
+                first = slot = pts
+            if pts >= slot:
+                slot = first + ((pts - first) * fps // 1 + 1) / fps  # the first slot after this frame
+                picked.append(i)
+        return picked
+
+    rng = np.random.default_rng(5)
+    for fps in (0.5, 3, 4, 7.3, 29.97, 60, 250):
+        # whole numbers of milliseconds, away from the slots' boundaries by more than 1e-9 s
+        times = (np.cumsum(rng.choice([17, 33, 40, 100, 2500], size=300)) / 1000 + 1e-4).tolist()
+        pick = Sampling(fps=fps).picker()
+        assert [i for i, t in enumerate(times) if pick(i, t)] == exact(fps, times), fps
+    times = [i / 30 for i in range(300)] + [3600 + i / 30 for i in range(30)]
+    t0 = time.perf_counter()
+    pick = Sampling(fps=1e6).picker()
+    assert all(pick(i, t) for i, t in enumerate(times)) and time.perf_counter() - t0 < 1
 
 
 @pytest.mark.parametrize("make, needle", [
