@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from app.errors import UsageError
 from app.launcher import keep_freed_memory, sigterm_as_interrupt, stopped_code
@@ -28,10 +28,21 @@ EXIT_USAGE = 2
 LOCATE_BATCH = 4
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own mistakes (a bad number, an unknown option, two flags that exclude each
+    other) in one line like every other: its usage block came first, up to a dozen lines that
+    hid the error, under the prefix `vlmstream image: error:`."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.partition(" ")[2]
+        help_cmd = f"vlmstream {command} --help" if command else "vlmstream --help"
+        self.exit(EXIT_USAGE, f"vlmstream: error: {message} (see {help_cmd})\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
-    p = argparse.ArgumentParser(prog="vlmstream", description="Real-time video understanding with a VLM.")
+    p = _Parser(prog="vlmstream", description="Real-time video understanding with a VLM.")
     try:
         p.add_argument("--version", action="version", version=f"vlmstream {version('vlmstream')}")
     except PackageNotFoundError:  # run from a source tree that was never installed

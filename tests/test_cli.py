@@ -242,6 +242,21 @@ def test_version(capsys):
     assert e.value.code == 0 and capsys.readouterr().out == f"vlmstream {version('vlmstream')}\n"
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["image", "x.png", "--max-tokens", "abc"], "argument --max-tokens: invalid int value: 'abc' (see vlmstream image"),
+    (["video", "x.mp4", "--fps", "2", "--every-n", "3"], "not allowed with argument --fps (see vlmstream video"),
+    (["eval-tiny", "--renderer", "bogus"], "invalid choice: 'bogus'"),
+    (["image", "x.png", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ([], "required: COMMAND"),
+])
+def test_argument_mistakes_are_one_line(argv, needle, capsys):
+    """argparse printed its usage block first (up to a dozen lines) and `vlmstream image: error:`."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("vlmstream: error: ") and err.count("\n") == 1 and needle in err
+
+
 def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(tmp_path):
     """The first second or two of every command loads torch; a Ctrl-C there (a user who typed
     the wrong file) must end like any other interruption."""
