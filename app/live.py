@@ -43,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("a source is listed twice")
     if args.output == "-" and args.json:
         raise UsageError("--json and -o - would both write to standard output")
+    if args.output not in (None, "-") and not args.output.lower().endswith(".jsonl"):
+        # `-o log.srt` wrote JSON lines into what its name called a subtitle file
+        raise UsageError("-o must end in .jsonl (one JSON line per frame), or be - for standard output")
     region = None
     if args.detect is not None or args.point is not None:
         from app.live_locate import check_args

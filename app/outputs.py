@@ -35,7 +35,10 @@ def folder_arg(value: str | None) -> Path | None:
 
 def check_writable(folders: list[Path], files: list[Path]) -> None:
     """Output folders are made now and output files' folders must exist, so a mistyped path is a
-    one-line error before the model loads, not a traceback at the first frame."""
+    one-line error before the model loads, not a traceback at the first frame. Each is tried for
+    real (a file opened to append and removed again if it was new, a scratch file in a folder):
+    permission bits said yes where the write then failed (/proc, a read-only or root-squashed
+    mount, a root user)."""
     for d in folders:
         try:
             d.mkdir(parents=True, exist_ok=True)
@@ -45,11 +48,23 @@ def check_writable(folders: list[Path], files: list[Path]) -> None:
         parent = f.parent if str(f.parent) else Path(".")
         if not parent.is_dir():
             raise UsageError(f"cannot write {f}: no folder {parent}")
-        if f.is_dir() or not os.access(parent, os.W_OK):
-            raise UsageError(f"cannot write {f}: " + ("it is a folder" if f.is_dir() else "permission denied"))
+        if f.is_dir():
+            raise UsageError(f"cannot write {f}: it is a folder")
+        _try_writing(f, f)
     for d in folders:
-        if not os.access(d, os.W_OK):
-            raise UsageError(f"cannot write into {d}: permission denied")
+        _try_writing(d / f".vlmstream-write-check-{os.getpid()}", d)
+
+
+def _try_writing(path: Path, named: Path) -> None:
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as e:
+        where = f"into {named}" if named != path else str(named)
+        raise UsageError(f"cannot write {where}: {e.strerror or e}") from None
 
 
 def parse_formats(text: str) -> tuple[str, ...]:

@@ -120,7 +120,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     results = []
     with Engine(engine_cfg) as engine:
         _run(engine, 2, _images(1, cfg.image_size), 4)  # warm-up: allocator, kernels, caches
-        if progress:
+        if progress and cfg.frames:
             progress(f"frame rate, {cfg.frames} frames of {cfg.image_size[1]}x{cfg.image_size[0]}")
         frames = frame_rate(engine, cfg.frames, cfg.image_size) if cfg.frames else None
         for n in cfg.streams:

@@ -15,6 +15,7 @@ released (pages, slot, image) when no launched step includes it any more.
 from __future__ import annotations
 
 import itertools
+import os
 import numbers
 import queue
 import threading
@@ -67,6 +68,7 @@ class Engine:
         if n_pages < need:
             raise ConfigError(f"kv_pages={n_pages} cannot hold one full-context request ({need} pages)")
         self._reserve_pages = need
+        _check_kv_fits(n_pages, ps, self.loaded, cfg)
         self.pool = PagePool(n_pages, ps)
         self._executor = Executor(self.loaded.device)
         kernels = use_triton_kernels(cfg.triton_kernels, self.loaded.device)
@@ -611,3 +613,22 @@ def _priority(priority: Any) -> int:
     if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
         raise RequestError(f"priority must be an integer, got {priority!r}")
     return int(priority)
+
+
+def _check_kv_fits(n_pages: int, page_size: int, loaded, cfg: EngineConfig) -> None:
+    """The KV cache is allocated whole at start: one that cannot fit is a ConfigError, not the
+    allocator's RuntimeError (max_batch_size=100000 asked for 81 GB) or, on a CPU whose memory
+    is overcommitted, the process killed while zeroing it."""
+    t = loaded.config.text
+    need = 2 * t.n_layers * (n_pages + 1) * page_size * t.n_kv_heads * t.head_dim * loaded.dtype.itemsize
+    if loaded.device.type == "cuda":
+        import torch
+
+        room = torch.cuda.mem_get_info(loaded.device)[0]
+    else:
+        room = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > room:
+        raise ConfigError(f"the KV cache for max_batch_size={cfg.max_batch_size} ({n_pages} pages) takes "
+                          f"{need / 2**30:.1f} GiB, more than the {room / 2**30:.1f} GiB of "
+                          f"{'free GPU memory' if loaded.device.type == 'cuda' else 'memory'}; lower "
+                          "max_batch_size or kv_pages")

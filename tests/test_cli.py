@@ -257,6 +257,27 @@ def test_argument_mistakes_are_one_line(argv, needle, capsys):
     assert e.value.code == 2 and err.startswith("vlmstream: error: ") and err.count("\n") == 1 and needle in err
 
 
+@pytest.mark.parametrize("output", [["-o", "/proc/x.jsonl"], ["-o", "/proc/x.srt"], ["-o", "/proc/out/"],
+                                    ["--annotate", "/proc/a.mp4"]])
+def test_outputs_are_tried_for_real_before_the_run(output, capsys, tmp_path):
+    """os.access said yes to /proc (and to anything for root, on a read-only mount too): -o was a
+    traceback, an .srt or --annotate a warning and exit 1 after the whole run."""
+    clip = sorted(Path(__file__).parent.parent.joinpath("sample_videos").glob("*.mp4"))[0]
+    assert main(["video", str(clip), "--fps", "1", *output]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlmstream: error: cannot ") and "/proc/" in err and err.count("\n") == 1
+
+
+def test_a_checked_output_is_left_as_it_was(tmp_path):
+    from app.outputs import check_writable
+
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text('{"index": 0}\n')
+    new, folder = tmp_path / "new.srt", tmp_path / "out"
+    check_writable([folder], [kept, new])
+    assert kept.read_text() == '{"index": 0}\n' and not new.exists() and list(folder.iterdir()) == []
+
+
 def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(tmp_path):
     """The first second or two of every command loads torch; a Ctrl-C there (a user who typed
     the wrong file) must end like any other interruption."""

@@ -244,6 +244,13 @@ def test_bad_input_leaves_the_engine_serving(small_folder, images):
     _assert_clean(eng)
 
 
+def test_a_kv_cache_larger_than_memory_is_a_config_error(small_folder):
+    """It was the allocator's RuntimeError (bench --streams 100000: 81 GB), or worse, a process
+    killed while zeroing an overcommitted allocation."""
+    with pytest.raises(ConfigError, match="the KV cache for max_batch_size=100000000 .* GiB, more than"):
+        Engine(EngineConfig(model=str(small_folder), max_batch_size=10**8))
+
+
 def test_a_request_posted_while_the_engine_closes_is_answered(small_folder, images):
     """submit() checks that the engine is open, then puts the request in its inbox: a close() in
     between let the engine thread end first, and the request waited forever."""

@@ -192,7 +192,10 @@ def test_live_cli_logs_to_stdout_and_appends_to_a_file(small_folder, tmp_path, c
     restarts = [i for i in range(1, len(rows)) if rows[i]["index"] <= rows[i - 1]["index"]]
     assert len(restarts) == 1 and first_run == len(rows)  # the second run continued the log
     for bad, says in [(["-o", "-", "--json"], "both write to standard output"),
-                      (["-o", str(tmp_path / "no" / "log.jsonl")], "cannot write")]:
+                      (["-o", str(tmp_path / "no" / "log.jsonl")], "cannot write"),
+                      (["-o", str(tmp_path / "log.srt")], "-o must end in .jsonl"),  # JSON lines in a .srt
+                      # permission bits say yes, and /proc takes no file: it was exit 1 after the run
+                      (["--annotate", "/proc/rec.mp4"], "cannot write /proc/rec.mp4: No such file")]:
         assert main(cmd + bad) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1
