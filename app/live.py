@@ -212,8 +212,7 @@ def run(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     if not any(s["frames_in"] for s in per_source):  # a dead camera must not look like a quiet one
-        print("vlmstream: error: no frames received" + (" from any source" if several else "")
-              + (f" within {args.duration:g} s" if args.duration else ""), file=sys.stderr)
+        print(no_frames_line(opened, several, args.duration), file=sys.stderr)
         return 1
     if gave_up:  # a camera gone for good (--max-outage) must not end a supervised run as a success
         return 1
@@ -266,6 +265,14 @@ def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]
              for source, label in zip(sources, labels)]
     names = [n if names.count(n) == 1 else f"{n}_{i + 1}" for i, n in enumerate(names)]
     return [folder / f"{stamp}_{name}.mp4" for name in names]
+
+
+def no_frames_line(opened: list, several: bool, duration: float | None) -> str:
+    """The closing error of a run in which no source sent a frame, with why the first that was
+    still trying had not (it said "no frames received within 3 s" for a refused connection)."""
+    why = next(filter(None, (live.connection.why_nothing() for live in opened if live.connection)), "")
+    return ("vlmstream: error: no frames received" + (" from any source" if several else "")
+            + (f" within {duration:g} s" if duration else "") + (f" ({why})" if why else ""))
 
 
 def open_log(output: str | None):

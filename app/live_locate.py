@@ -46,7 +46,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     from pipelines.sources import SourceError
 
     from app.cli import realtime_dtype
-    from app.live import _snapshot, open_log
+    from app.live import _snapshot, no_frames_line, open_log
 
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
@@ -158,8 +158,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     if interrupted:
         return 130
     if not any(s["frames_in"] for s in stats.values()):  # a dead camera must not look like a quiet one
-        print("vlmstream: error: no frames received" + (" from any source" if several else "")
-              + (f" within {args.duration:g} s" if args.duration else ""), file=sys.stderr)
+        print(no_frames_line(opened, several, args.duration), file=sys.stderr)
         return 1
     if gave_up:
         return 1  # a camera gone for good (--max-outage) must not end a supervised run as a success

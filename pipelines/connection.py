@@ -36,6 +36,7 @@ class Connection:
         self.since = time.perf_counter()  # when the state began (an outage: at the last frame)
         self.outages = 0  # times frames stopped coming (each may take several tries to reopen)
         self.last_frame: float | None = None
+        self.last_reason: str | None = None  # why the last try to (re)open failed: a run that ends meanwhile says it
         self.delay = RETRY_FIRST_S
         self._still_at = STILL_SAID_S[0]  # seconds into an outage at which it is next said to go on
         self._stopped = threading.Event()
@@ -69,6 +70,7 @@ class Connection:
         """Wait before the next try to reopen; False if `stop` came meanwhile (the source ends).
         Raise a SourceError once the source has sent nothing for longer than it may (`started`:
         when this source was first opened)."""
+        self.last_reason = reason
         silent = time.perf_counter() - (self.last_frame or started)
         timed_out = reason.startswith(TIMED_OUT)  # the reason says how long already
         limit = self.max_wait if self.last_frame is None else self.max_outage
@@ -89,6 +91,12 @@ class Connection:
     def say(self, line: str) -> None:
         if self.on_event is not None:
             self.on_event(line)
+
+    def why_nothing(self) -> str:
+        """For a run that ends before this source sent a frame: why it had not, or ''."""
+        if self.last_frame is not None or self.last_reason is None:
+            return ""
+        return f"{self.display}: {self.last_reason}; still trying when the run ended"
 
     def health(self) -> dict:
         """The state, for how many seconds, the outages so far, and the source's `counters`."""

@@ -145,8 +145,17 @@ def test_live_cli_fails_when_no_stream_sends_anything(capsys, small_folder):
     assert main(["live", silent, "--model", str(small_folder), "--duration", "1", "--json"]) == 1
     captured = capsys.readouterr()
     assert json.loads(captured.out)["frames_in"] == 0  # the figures still come, for a script
-    assert captured.err.splitlines()[-1] == "vlmstream: error: no frames received within 1 s"
+    assert captured.err.splitlines()[-1].startswith("vlmstream: error: no frames received within 1 s")
     assert captured.err.count("no frames received") == 1  # said once, not as a warning first
+
+
+def test_live_cli_says_why_a_stream_sent_nothing(capsys, small_folder):
+    """A refused connection ended as "no frames received within 2 s", never saying why."""
+    refused = f"rtsp://127.0.0.1:{_port()}/cam"  # nobody listens there
+    assert main(["live", refused, "--model", str(small_folder), "--duration", "2"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"vlmstream: error: no frames received within 2 s ({refused}: Connection refused; still trying when "
+        "the run ended)")
 
 
 def test_missing_camera_is_a_clear_error(capsys):
