@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import sysconfig
 import tempfile
 import threading
-from collections import deque
-from dataclasses import dataclass
+from collections import OrderedDict, deque
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -53,6 +54,7 @@ VIDEO_JOBS_KEPT = 8
 # at 640x360 (the 60 fps sample: 2.8 MB for 150 s). One per tab, replaced by its next one,
 # removed with the tab.
 RECORD_MAX_S = 600.0
+CLOSED_KEPT = 10_000  # closed sessions remembered, so that a late event cannot bring one back
 
 
 class UIError(Exception):
@@ -98,6 +100,7 @@ class Service:
         self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
         self._region: tuple | None = None  # (engine, its RegionDecoder, a lock: one call at a time)
+        self._closed: OrderedDict[str, None] = OrderedDict()  # the sessions closed last, oldest first
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -119,14 +122,26 @@ class Service:
                               sticky=s.sticky if s.temperature == 0 else 0.0)
 
     def apply(self, settings: Settings) -> str:
-        """Change settings; a new model or device stops every feed and reloads the engine."""
-        if (settings.max_tokens < 1 or not 0.0 <= settings.temperature <= 2.0 or not 0.0 <= settings.sticky <= 10.0
-                or not 1 <= settings.hold <= 600):
-            raise UIError("max tokens must be >= 1, temperature within 0..2, steadiness within 0..10 and "
-                          "frames a change holds within 1..600")
+        """Change settings; a new model or device stops every feed and reloads the engine. One
+        that cannot load is said before anything stops (every tab's feeds and jobs stopped for a
+        mistyped model folder)."""
+        numbers = (settings.max_tokens, settings.temperature, settings.sticky, settings.hold)
+        if (not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in numbers)
+                or settings.max_tokens != int(settings.max_tokens) or settings.hold != int(settings.hold)
+                or settings.max_tokens < 1 or not 0.0 <= settings.temperature <= 2.0
+                or not 0.0 <= settings.sticky <= 10.0 or not 1 <= settings.hold <= 600):
+            raise UIError("max tokens must be a whole number >= 1, temperature within 0..2, steadiness within "
+                          "0..10 and frames a change holds a whole number within 1..600")
+        settings = replace(settings, max_tokens=int(settings.max_tokens), hold=int(settings.hold),
+                           temperature=float(settings.temperature), sticky=float(settings.sticky))
         with self._lock:
-            old, self.settings = self.settings, settings
+            old = self.settings
             reload = (old.model, old.device, old.dtype) != (settings.model, settings.device, settings.dtype)
+            if reload:
+                from engine.models.loader import check_model
+
+                check_model(settings.model, settings.device, settings.dtype)
+            self.settings = settings
             if reload:
                 self.close()
                 try:
@@ -178,6 +193,7 @@ class Service:
         # source round and round), with its recording on the same file as the other's. Per
         # session, so that a slow network source delays no other viewer's Start.
         with self._lock:
+            self._check_open(session)
             starting = self._starting.setdefault(session, threading.Lock())
         with starting:
             return self._start_live(session, source, task, record)
@@ -264,8 +280,12 @@ class Service:
         from pipelines.recorder import Recorder
         from pipelines.sinks import file_label
 
+        from engine.request import as_rgb
+
+        rgb = as_rgb(rgb)  # an ImageError for what is no picture (a grey float frame was a cv2 error)
         key, finished = (session, "push"), None
         with self._lock:
+            self._check_open(session)
             feed = self._feeds.get(key)
             if feed is None or feed.task != task:  # a new prompt starts a new feed
                 new = LiveFeed(self.engine(), task, self.params(), hold=self.settings.hold, locate=self._region_of(task))
@@ -285,8 +305,14 @@ class Service:
                 feed.on_result, finished = None, self._recorders.get(key)
         if finished is not None:
             finished.close()  # kept for a download
-        feed.push(np.ascontiguousarray(rgb[..., :3]), source_id="browser camera")
+        feed.push(rgb, source_id="browser camera")
         return feed
+
+    def _check_open(self, session: str) -> None:
+        """A session's page is gone once closed: a camera frame that arrives after its unload
+        would start a feed that nobody closes (and that takes a share of every viewer's frames)."""
+        if session in self._closed:
+            raise UIError("this page was closed: reload it")
 
     def _share_inflight(self) -> None:
         """Every open feed gets an equal share of DEFAULT_MAX_INFLIGHT frames in flight (at least
@@ -342,6 +368,10 @@ class Service:
         return path
 
     def close_session(self, session: str) -> None:
+        with self._lock:
+            self._closed[session] = None
+            while len(self._closed) > CLOSED_KEPT:
+                self._closed.popitem(last=False)
         self.cancel_video(session)
         with self._lock:
             # a Start still opening its source would install its feed after us: wait for it
@@ -439,8 +469,10 @@ class Service:
         from app.video_job import run_locate_job, run_video_job
 
         try:
-            if every_n < 1:
-                raise UIError("every n-th frame must be >= 1")
+            if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+                raise UIError("no video given")
+            if isinstance(every_n, bool) or not isinstance(every_n, int) or every_n < 1:
+                raise UIError(f"every n-th frame must be a whole number >= 1, got {every_n!r}")
             with self._lock:
                 self._writing.add(out_dir)
             region = self._region_task(task)

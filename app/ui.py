@@ -7,6 +7,7 @@ Gradio and the engine load when `build` or `run` is called.
 """
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -188,6 +189,11 @@ def build(service: Service, source: str | None = None):
               progress=gr.Progress()):
         if not path:
             raise gr.Error("upload a video first")
+        try:  # before the job's stop flag: a job that never starts must not leave one behind
+            task = make_task(kind, question, ckind, ctext, regions=True)
+            every = _number(every_n, 1, "every n-th frame")
+        except UIError as e:
+            raise gr.Error(str(e)) from None
         out_dir = service.video_job_dir()
         stop = service.video_stop(request.session_hash if request else "api")
 
@@ -198,8 +204,7 @@ def build(service: Service, source: str | None = None):
                      unit="frames")
 
         try:
-            out = service.caption_video(path, make_task(kind, question, ckind, ctext, regions=True), out_dir,
-                                        int(every_n or 1), on_progress, stop=stop, changes=bool(changes))
+            out = service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes))
         except (UIError, VlmstreamError, OSError) as e:
             raise gr.Error(str(e)) from None
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
@@ -218,10 +223,13 @@ def build(service: Service, source: str | None = None):
 
     def apply(model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky, hold=Settings.hold):
         try:
-            msg = service.apply(Settings(model=(model or "tiny").strip(), device=device, dtype=service.settings.dtype,
-                                         temperature=float(temperature), max_tokens=int(max_tokens),
-                                         pipelined=bool(pipelined), sticky=float(sticky),
-                                         hold=int(hold if hold is not None else Settings.hold)))
+            # A box left empty comes as None: the setting as it is (float(None) escaped as a TypeError).
+            now = service.settings
+            msg = service.apply(Settings(model=(model or "tiny").strip(), device=device, dtype=now.dtype,
+                                         temperature=_number(temperature, now.temperature, "temperature"),
+                                         max_tokens=_number(max_tokens, now.max_tokens, "max tokens"),
+                                         pipelined=bool(pipelined), sticky=_number(sticky, now.sticky, "steadiness"),
+                                         hold=_number(hold, now.hold, "frames a change holds")))
         except (UIError, VlmstreamError, OSError) as e:
             raise gr.Error(str(e)) from None
         return msg
@@ -412,6 +420,20 @@ def build(service: Service, source: str | None = None):
         demo.unload(closed)
     demo.queue(default_concurrency_limit=None)
     return demo
+
+
+def _number(value, default: int | float, what: str) -> int | float:
+    """A number box's value: empty (None) keeps `default`; else a finite number, whole where
+    `default` is (a whole one that is not is left for the check that says so)."""
+    if value is None or value == "":
+        return default
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise UIError(f"{what} must be a number, got {value!r}") from None
+    if not math.isfinite(x):
+        raise UIError(f"{what} must be a finite number, got {value!r}")
+    return int(x) if isinstance(default, int) and x == int(x) else x
 
 
 def _new_shots(shots: list, shown: float | None) -> tuple[list | None, float | None]:

@@ -332,6 +332,12 @@ def parse_webcam(source: str) -> int | None:
     import os
     import re
 
+    if "\0" in source:
+        raise SourceError("a source name cannot hold a NUL character")
+    try:
+        os.fsencode(source)  # a name from the command line is (undecodable bytes are escaped); one typed may not be
+    except UnicodeEncodeError as e:
+        raise SourceError(f"the source name is not valid text: {e.reason} at character {e.start}") from None
     if not source.startswith("webcam:"):
         device = re.fullmatch(r"/dev/video(\d+)", os.path.realpath(source)) if "://" not in source else None
         return int(device.group(1)) if device else None

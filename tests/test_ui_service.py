@@ -1,6 +1,8 @@
 """The web UI's service layer and views, without a browser: feeds, settings, video jobs, errors."""
 
+import contextlib
 import io
+import itertools
 import json
 import threading
 import time
@@ -611,6 +613,16 @@ def test_a_storm_of_viewers_leaves_nothing_running(tmp_path):
     clip = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")
     failures: list[str] = []
     stop = threading.Event()
+    # A closed tab's id never comes back (its page reloads as a new session): each close gives
+    # its slot a fresh id, and every id used is closed at the end.
+    tabs, used, reloads = ["tab-1", "tab-2"], {"tab-1", "tab-2"}, itertools.count()
+
+    def close(t: str) -> None:
+        s.close_session(t)
+        with contextlib.suppress(ValueError):  # another viewer closed it first
+            new = f"tab-{next(reloads) + 3}"
+            used.add(new)
+            tabs[tabs.index(t)] = new
 
     def viewer(seed: int) -> None:
         rng = random.Random(seed)
@@ -622,14 +634,14 @@ def test_a_storm_of_viewers_leaves_nothing_running(tmp_path):
             lambda t: s.export_log(t, rng.choice(["pull", "push"])),
             lambda t: s.export_shots(t, rng.choice(["pull", "push"])),
             lambda t: s.recording(t, rng.choice(["pull", "push"])),
-            lambda t: s.close_session(t),
+            close,
             lambda t: s.apply(Settings(max_tokens=8, pipelined=rng.random() < 0.7, sticky=rng.choice([0.0, 2.0]))),
             lambda t: s.caption_video(clip, rng.choice(tasks), s.video_job_dir(), every_n=24, stop=s.video_stop(t)),
             lambda t: s.cancel_video(t),
         ]
         while not stop.is_set():
             try:
-                rng.choice(calls)(rng.choice(["tab-1", "tab-2"]))
+                rng.choice(calls)(rng.choice(tabs))
             except UIError:
                 pass
             except Exception as e:  # noqa: BLE001 - any other is the failure this test looks for
@@ -646,7 +658,7 @@ def test_a_storm_of_viewers_leaves_nothing_running(tmp_path):
         for v in viewers:
             v.join(60)
         assert not any(v.is_alive() for v in viewers) and not failures, failures[:3]
-        for tab in ("tab-1", "tab-2"):
+        for tab in list(used):
             s.close_session(tab)
         wait_for(lambda: threads_named("vlmstream-feed", "vlmstream-live") <= before, timeout=15)
         wait_for(lambda: s.engine().stats().kv_pages_in_use == 0, timeout=15)
@@ -664,11 +676,23 @@ def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
     service.apply(Settings(max_tokens=12, pipelined=True))
     assert service.caption_image(rgb, make_task("short"))["text"] == blocking  # same tokens either way
     engine = service.engine()
-    with pytest.raises(VlmstreamError):
-        service.apply(Settings(model=str(tmp_path / "nope"), max_tokens=12))
-    assert service.settings.model == "tiny" and service.engine() is not engine  # old engine replaced, still usable
+    feed = service.start_live("tab-set", "shapes_640x360_60fps.mp4", make_task("short"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    for model, device in ((str(tmp_path / "nope"), "cpu"), (str(broken), "cpu"), ("tiny", "tpu")):
+        with pytest.raises(VlmstreamError):
+            service.apply(Settings(model=model, device=device, max_tokens=12))
+    # said before anything stopped: it closed the engine, and every tab's feeds and video jobs
+    assert service.settings.model == "tiny" and service.engine() is engine
+    assert service.feed("tab-set") is feed and feed.running
+    service.close_session("tab-set")
     with pytest.raises(UIError):
         service.apply(Settings(max_tokens=0))
+    for bad in (dict(max_tokens=float("nan")), dict(max_tokens=2.5), dict(max_tokens="ten"),
+                dict(temperature="hot"), dict(temperature=float("inf")), dict(hold=None)):
+        with pytest.raises(UIError):  # NaN max tokens was taken, and every caption failed after it
+            service.apply(Settings(**{"max_tokens": 12, **bad}))
     with pytest.raises(UIError, match="steadiness"):
         service.apply(Settings(max_tokens=12, sticky=-1.0))
     with pytest.raises(UIError, match="frames a change holds"):
@@ -813,6 +837,54 @@ def test_the_image_tab_detects_and_points_through_the_engines_model(small_folder
         assert points["timings_ms"]["total"] > 0
     finally:
         s.close()
+
+
+def test_odd_inputs_from_a_page_are_one_line_errors_and_leave_nothing_behind(service, tmp_path):
+    """What an audit of the page's callbacks found: conversions that escaped as TypeError or
+    ValueError, a source name that is not text, a camera frame that is no picture (a cv2 error of
+    several lines), a video job's stop flag left behind by a job that never started, and a
+    camera frame after its page closed that started a feed nobody would close."""
+    from app.ui import build
+
+    demo = build(service)
+    fn = {f.name: f.fn for f in demo.fns.values()}
+    apply, video, webcam = fn["apply"], fn["video"], fn["webcam"]
+    with pytest.raises(gr_error()) as e:
+        apply("tiny", "cpu", "hot", 12, True)
+    assert "temperature must be a number" in str(e.value)
+    before = service.settings
+    assert apply("tiny", "cpu", None, None, True, None, None) == "settings applied"  # empty boxes: as they were
+    assert service.settings == before
+    clip = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")
+    for every, question in ((float("nan"), "x"), ("x", "x"), (2, "  ")):
+        with pytest.raises(gr_error()):
+            video(clip, "question", question, every)
+    assert service._video_stops.get("api") is None
+    for source in ("/tmp/\ud800.mp4", "/tmp/a\x00b.mp4"):
+        with pytest.raises(VlmstreamError):
+            service.start_live("tab-odd", source, make_task("short"))
+    for frame in (np.zeros((64, 64), np.float32), np.zeros((0, 0, 3), np.uint8), None):
+        with pytest.raises(VlmstreamError):
+            service.push_frame("tab-odd", frame, make_task("short"))
+    grey = np.full((64, 64), 128, np.uint8)  # a grey frame is a picture
+    assert service.push_frame("tab-odd", grey, make_task("short")) is service.feed("tab-odd", "push")
+    service.close_session("tab-odd")
+    with pytest.raises(UIError, match="closed"):
+        service.push_frame("tab-odd", grey, make_task("short"))
+    with pytest.raises(UIError, match="closed"):
+        service.start_live("tab-odd", "shapes_640x360_60fps.mp4", make_task("short"))
+    assert service.feed("tab-odd", "push") is None and ("tab-odd", "push") not in service._feeds
+    with pytest.raises(UIError, match="no video given"):
+        service.caption_video(None, make_task("short"), tmp_path / "job", stop=service.video_stop("tab-v2"))
+    with pytest.raises(UIError, match="whole number"):
+        service.caption_video(clip, make_task("short"), tmp_path / "job", every_n=2.5, stop=service.video_stop("tab-v2"))
+    assert "tab-v2" not in service._video_stops
+
+
+def gr_error():
+    import gradio as gr
+
+    return gr.Error
 
 
 def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tmp_path):

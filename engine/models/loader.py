@@ -93,6 +93,26 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
                dtype: str | torch.dtype | None = None) -> LoadedModel:
     if isinstance(spec, str) and spec.startswith(RANDOM_PREFIX):
         return random_model(spec[len(RANDOM_PREFIX):], device, dtype)
+    folder, dev, dt, config, tokenizer, weights = _open(spec, device, dtype)
+    with Checkpoint(weights) as ckpt:
+        check_header(ckpt, config)
+        state = {key[len(PREFIX):]: ckpt.read(key, dt, dev) for key in ckpt.keys()}
+    return _assemble(config, state, tokenizer, folder, str(spec))
+
+
+def check_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
+                dtype: str | torch.dtype | None = None) -> None:
+    """Every check load_model makes, with its errors, without reading a weight (a settings page
+    says a mistake before it stops what runs)."""
+    if isinstance(spec, str) and spec.startswith(RANDOM_PREFIX):
+        resolve_dtype(dtype, resolve_device(device))
+        return
+    _, _, _, config, _, weights = _open(spec, device, dtype)
+    with Checkpoint(weights) as ckpt:
+        check_header(ckpt, config)
+
+
+def _open(spec: str | Path, device: str | torch.device, dtype: str | torch.dtype | None) -> tuple:
     folder = resolve_model_dir(spec)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -102,14 +122,9 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
         raise ModelLoadError(str(e)) from None
     tokenizer = Tokenizer(folder / "tokenizer.json")
     weights = folder / "model.safetensors"
-
-    if weights.exists():
-        with Checkpoint(weights) as ckpt:
-            check_header(ckpt, config)
-            state = {key[len(PREFIX):]: ckpt.read(key, dt, dev) for key in ckpt.keys()}
-    else:
+    if not weights.exists():
         raise ModelLoadError(f"{weights} is missing: a model folder needs its model.safetensors")
-    return _assemble(config, state, tokenizer, folder, str(spec))
+    return folder, dev, dt, config, tokenizer, weights
 
 
 def _assemble(config: ModelConfig, state: dict, tokenizer: Tokenizer, path: Path, name: str) -> LoadedModel:
