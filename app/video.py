@@ -83,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, sticky=sticky)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
     reading = reading_arg(args)
-    done = done_frames(out, one_prompt) if args.resume and kind == "jsonl" else {}
+    def warn(message: str) -> None:
+        print(f"vlmstream: warning: {message}", file=sys.stderr)
+
+    done = done_frames(out, one_prompt, warn) if args.resume and kind == "jsonl" else {}
     shared = None  # the one JSONL of every file: opened (afresh, without --resume) once the model is up
     stop, write_failed, pipe_closed = threading.Event(), threading.Event(), threading.Event()
     print_lock = threading.Lock()
@@ -149,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             file_done = done
             if plan.jsonl:
                 plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
-                file_done = done_frames(plan.jsonl, one_prompt) if args.resume else {}
+                file_done = done_frames(plan.jsonl, one_prompt, warn) if args.resume else {}
                 sinks.append(jsonl_sink(JsonlSink(plan.jsonl, append=args.resume)))
             for sub_path, fmt in plan.subtitles:
                 sub_path.parent.mkdir(parents=True, exist_ok=True)

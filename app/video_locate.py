@@ -33,12 +33,13 @@ def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int]
     done: dict[tuple[str, int], dict] = {}
     if path is None or not path.exists():
         return done
-    for line in path.read_text(encoding="utf-8").splitlines():
+    # What follows the last newline was cut short (the sink drops it: done_frames says why).
+    for raw in path.read_bytes().split(b"\n")[:-1]:
         try:
-            r = json.loads(line)
+            r = json.loads(raw.decode("utf-8"))
             if r.get(task) == what and isinstance(r.get("pixels"), list):
                 done[(str(r["source"]), int(r["index"]))] = r
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             continue
     return done
 

@@ -13,7 +13,7 @@ import re
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 import numpy as np
 
@@ -96,22 +96,32 @@ class JsonlSink:
             self._f.close()
 
 
-def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None) -> dict[tuple, FrameResult]:
+def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None,
+                warn: Callable[[str], None] | None = None) -> dict[tuple, FrameResult]:
     """Every answer a previous run wrote to this JSONL, by `FrameResult.key()` (for --resume): a
     resumed run does not ask again, and replays them into its other outputs (subtitles, annotated
-    MP4). Lines without a prompt (written before lines named theirs) count as `default_prompt`'s."""
+    MP4). Lines without a prompt (written before lines named theirs) count as `default_prompt`'s.
+    What follows the last newline is what an interruption cut short, whole-looking or not:
+    JsonlSink drops it, so its frame is asked again (counted done, a whole last line without its
+    newline was lost). Other lines that are no answer are skipped, and `warn` says how many."""
     done: dict[tuple, FrameResult] = {}
     p = Path(path)
     if not p.exists():
         return done
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
-            r = FrameResult.from_json(line)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue  # a line cut by an interruption: that frame is redone
+    bad = 0
+    for raw in p.read_bytes().split(b"\n")[:-1]:
+        if not raw.strip():
+            continue
+        try:  # a byte cut mid-character is a UnicodeDecodeError (a ValueError); an index of 1e999 an OverflowError
+            r = FrameResult.from_json(raw.decode("utf-8"))
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+            bad += 1
+            continue
         if not r.prompt and default_prompt:
             r.prompt = prompt_of(default_prompt)  # the task may carry a constraint: not a field
         done[r.key()] = r
+    if bad and warn is not None:
+        warn(f"{p}: {bad} line(s) that are not answers skipped")
     return done
 
 

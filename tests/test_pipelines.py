@@ -237,6 +237,27 @@ def test_batch_in_order_and_resume(tmp_path, small_folder):
     assert {(r["index"], tuple(r["token_ids"])) for r in again} == {(r["index"], tuple(r["token_ids"])) for r in rows}
 
 
+def test_resume_reads_what_a_killed_run_left_and_redoes_what_it_cut(tmp_path):
+    """A whole last line without its newline counted as done, and the sink then dropped it: that
+    answer was lost. A line cut inside a multi-byte character was a UnicodeDecodeError traceback,
+    an index of 1e999 an OverflowError; lines that are no answer are now counted in a warning."""
+
+    def line(i: int, text: str = "a red star") -> bytes:
+        return json.dumps({"source": "v.mp4", "index": i, "pts": i / 10, "text": text, "caption": "short"},
+                          ensure_ascii=False).encode() + b"\n"
+
+    for tail in (line(4)[:-1], line(4, "un café")[:-4]):  # whole but no newline; cut inside the é
+        out = tmp_path / "o.jsonl"
+        out.write_bytes(line(0) + b"\n" + b"garbage\n" + line(1) + b'{"source": "v.mp4", "index": 1e999}\n'
+                        + line(2, "un café") + tail)
+        warnings: list[str] = []
+        done = done_frames(out, warn=warnings.append)
+        assert sorted(k[1] for k in done) == [0, 1, 2] and [r.text for r in done.values() if r.index == 2] == ["un café"]
+        assert warnings == [f"{out}: 2 line(s) that are not answers skipped"]
+        JsonlSink(out).close()  # what --resume opens: the cut tail goes, frame 4 is asked again
+        assert out.read_bytes().endswith(line(2, "un café"))
+
+
 def test_video_cli(tmp_path, small_folder, capsys):
     path = write_video(tmp_path / "v.mp4", "libx264", n=15)
     srt, mp4 = tmp_path / "o.srt", tmp_path / "o.mp4"
