@@ -160,6 +160,7 @@ class SubtitleSink:
         self._cue = [pts, text, pts]
 
     def _emit(self, start: float, end: float, text: str) -> None:
+        text = cue_text(text, self.fmt)
         if not text:
             return
         self._n += 1
@@ -173,6 +174,19 @@ class SubtitleSink:
             self._emit(self._cue[0], self._cue[2] + self.frame_duration, self._cue[1])
             self._cue = []
         self._f.close()
+
+
+def cue_text(text: str, fmt: str) -> str:
+    """An answer as a cue's text. A blank line would end the cue, and a line holding "-->" reads
+    as a timing line (players dropped it): blank lines go, and in WebVTT &, < and > are escaped
+    (a "<b>" in an answer was applied as bold, a bare & is not allowed); SRT has no escapes, so
+    its "-->" becomes "->"."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if fmt == "vtt":
+        lines = [line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") for line in lines]
+    else:
+        lines = [line.replace("-->", "->") for line in lines]
+    return "\n".join(lines)
 
 
 def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:

@@ -208,6 +208,26 @@ def test_subtitles_merge_and_parse_back(tmp_path, fmt):
     ]
 
 
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_cue_text_cannot_end_a_cue_or_read_as_markup(tmp_path, fmt):
+    """Answers are the model's (or a constraint's) text: a blank line in one ended its cue early,
+    a line of "a --> b" read as a timing line, and in WebVTT "<b>" was applied and a bare & is
+    not allowed."""
+    path = tmp_path / f"s.{fmt}"
+    sink = SubtitleSink(path, fmt, frame_duration=0.5)
+    for i, text in enumerate(["a\n\nb", "x: a --> b", "<b>x & y</b>", "\n \n"]):
+        sink.write(FrameResult("v", i, i * 0.5, text, [], "stop", {}))
+    sink.close()
+    cues = path.read_text().removeprefix("WEBVTT\n\n").split("\n\n")
+    texts = [cue.split("\n", 2 if fmt == "srt" else 1)[-1] for cue in cues if cue.strip()]
+    if fmt == "vtt":
+        assert texts == ["a\nb", "x: a --&gt; b", "&lt;b&gt;x &amp; y&lt;/b&gt;"]
+    else:
+        assert texts == ["a\nb", "x: a -> b", "<b>x & y</b>"]
+    assert all(line.count("-->") == 1 for line in path.read_text().splitlines() if "-->" in line)
+    assert len(re.findall(" --> ", path.read_text())) == 3  # the blank answer has no cue
+
+
 def test_batch_in_order_and_resume(tmp_path, small_folder):
     path = write_video(tmp_path / "v.mp4", "libx264", n=20)
     out = tmp_path / "o.jsonl"
