@@ -248,7 +248,8 @@ class AnnotatedVideoSink:
         import av
 
         self._av = av
-        self.width, self.height = width - width % 2, height - height % 2  # yuv420p wants even sizes
+        # yuv420p wants even sizes, 2x2 at least (a 1x1 video's came out 0 wide: the encoder refused it)
+        self.width, self.height = max(2, width - width % 2), max(2, height - height % 2)
         # A fragment a second, keyframe or not (decoding starts from the first one anyway), each
         # handed to the OS as it is cut.
         options = ({"movflags": "+empty_moov+default_base_moof", "frag_duration": "1000000", "flush_packets": "1"}

@@ -184,3 +184,16 @@ def test_frames_of_another_size_are_fitted_whole_not_cropped(tmp_path):
     assert [f.shape for f in frames] == [(120, 160, 3)] * 3
     assert frames[1][10:50, 100:150].mean() > 200 and frames[1][10:50, 10:60].mean() < 30  # the whole frame, halved
     assert frames[2][5:25, 40:120].mean() < 30 and frames[2][40:55, 40:120].mean() > 170  # 160x60 between bars
+
+
+def test_a_one_pixel_video_is_annotated_at_two_by_two(tmp_path):
+    """yuv420p wants even sizes: a 1x1 video's frames were 0 wide, the encoder refused them, and
+    `video --annotate` stopped every output after the first frame with a traceback."""
+    from pipelines.sinks import AnnotatedVideoSink
+
+    sink = AnnotatedVideoSink(tmp_path / "a.mp4", 1, 1)
+    for i in range(3):
+        sink.write_image(np.full((1, 1, 3), 200, np.uint8), "a red dot", "", i / 10)
+    sink.close()
+    _, frames = _decoded(tmp_path / "a.mp4")
+    assert [f.shape for f in frames] == [(2, 2, 3)] * 3
