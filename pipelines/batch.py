@@ -73,16 +73,17 @@ class Sampling:
             return lambda index, pts: True
         fps, t0, n = self.fps, None, 0
 
-        # Slot n is at t0 + n / fps; a frame is taken at or after its slot (within 1e-9 s), and
-        # the next slot is the first after it. Computed, not stepped a period at a time: --fps 1e9
-        # took 25 s on a 1 s clip, and summed periods drift.
+        # Slot n is at t0 + n / fps; a frame is taken at or after its slot (within a microsecond:
+        # FFmpeg rounds a file's start time to one, so an MPEG-TS frame due at 0.5 s came at
+        # 0.4999997 and the next one was taken instead), and the next slot is the first after it.
+        # Computed, not stepped a period at a time: --fps 1e9 took 25 s on a 1 s clip.
         def pick(index: int, pts: float) -> bool:
             nonlocal t0, n
             if t0 is None:
                 t0 = pts
-            elif pts < t0 + n / fps - 1e-9:
+            elif pts < t0 + n / fps - 1e-6:
                 return False
-            n = max(n + 1, math.floor((pts - t0 + 1e-9) * fps) + 1)
+            n = max(n + 1, math.floor((pts - t0 + 1e-6) * fps) + 1)
             return True
 
         return pick

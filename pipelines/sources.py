@@ -145,7 +145,7 @@ class FileSource:
         # camera's clock reset). A jump is a discontinuity, not time that passed: the frame after it
         # follows the one before, as players play them. An hour's jump left `live` waiting an hour.
         jumps = bool(self._container.format.flags & AVFMT_TS_DISCONT)
-        shift, last, last_shown = 0.0, None, 1.0 / (fps or 30.0)
+        shift, last, last_shown, end = 0.0, None, 1.0 / (fps or 30.0), None
 
         def damage() -> None:
             self.damaged += 1
@@ -166,6 +166,8 @@ class FileSource:
                 tb = float(frame.time_base or 0) or time_base  # a deinterlaced frame's is the filter's
                 shown = ticks * tb if ticks and tb else None
                 last, last_shown = pts, shown or last_shown
+                if frame.time is not None:
+                    end = float(frame.time) + last_shown
                 self.seconds = max(self.seconds, pts - first + (shown or (1.0 / fps if fps else 0.0)))
                 if pick is None or pick(index, pts):
                     if need_rgb is not None and not need_rgb(index):
@@ -183,20 +185,27 @@ class FileSource:
         if self.damaged and self.error is None:
             self.error = (f"{self.name}: {self.damaged} damaged packets skipped (their frames are missing, or "
                           "show decoding damage until the next keyframe)")
-        announced = self._announced_frames()
-        if self.error is None and announced and index < announced * 0.9 and announced - index >= 3:
-            # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
-            self.error = (f"{self.name}: decoding ended after {index} of the {announced} frames its container "
-                          "announces (a truncated or damaged file?)")
+        short = self._cut_short(index, end) if self.error is None and not shift else None
+        if short:  # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
+            self.error = f"{self.name}: decoding ended {short} its container announces (a truncated or damaged file?)"
             self.incomplete = True
 
-    def _announced_frames(self) -> int | None:
-        """`frame_count`, where it is evidence enough of a cut-off file: the container's own count
-        (MP4, MOV), or the duration's worth where the video is its only stream (MKV, WebM: an audio
-        track may run longer than the video)."""
-        if not self._stream.frames and len(self._container.streams) > 1:
-            return None
-        return self.frame_count
+    def _cut_short(self, index: int, end: float | None) -> str | None:
+        """Where decoding ended well before the container's own frame count (MP4, MOV), or before
+        its duration where the video is its only stream (MKV, WebM: an audio track may run longer
+        than the video). By time there, not by the duration's worth of frames at the average rate:
+        a variable-rate file has no such count, nor one whose video starts late (7 s in), and
+        complete ones of both kinds were said to be cut. `end`: the last frame's end, in the
+        file's own time. None when nothing is missing."""
+        if self._stream.frames:
+            announced = self.frame_count
+            if announced and index < announced * 0.9 and announced - index >= 3:
+                return f"after {index} of the {announced} frames"
+        elif len(self._container.streams) == 1 and self._container.duration and end is not None:
+            total = self._container.duration / 1_000_000
+            if end < total * 0.9 and total - end >= 3 / (self.fps or 30.0):
+                return f"at {end:.1f} s of the {total:.1f} s"
+        return None
 
     def close(self) -> None:
         self._closed = True

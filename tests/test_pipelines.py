@@ -120,10 +120,13 @@ def test_fps_sampling_takes_the_first_frame_at_or_after_each_slot():
 
     rng = np.random.default_rng(5)
     for fps in (0.5, 3, 4, 7.3, 29.97, 60, 250):
-        # whole numbers of milliseconds, away from the slots' boundaries by more than 1e-9 s
+        # whole numbers of milliseconds, away from the slots' boundaries by more than 1e-6 s
         times = (np.cumsum(rng.choice([17, 33, 40, 100, 2500], size=300)) / 1000 + 1e-4).tolist()
         pick = Sampling(fps=fps).picker()
         assert [i for i, t in enumerate(times) if pick(i, t)] == exact(fps, times), fps
+    # an MPEG-TS frame 0.3 us early (its start time rounded to the microsecond) is on time
+    pick = Sampling(fps=2).picker()
+    assert [i for i, t in enumerate([0.0, 0.4666664, 0.4999997, 0.5333331]) if pick(i, t)] == [0, 2]
     times = [i / 30 for i in range(300)] + [3600 + i / 30 for i in range(30)]
     t0 = time.perf_counter()
     pick = Sampling(fps=1e6).picker()
@@ -165,7 +168,7 @@ def test_truncated_file_yields_what_decodes_and_says_it_ended_early(tmp_path):
     with FileSource(path) as src:
         frames = list(src.frames())
     assert 5 < len(frames) < 40
-    assert f"after {len(frames)} of the 40 frames" in src.error and "truncated" in src.error and src.incomplete
+    assert f"ended at {len(frames) / 10:.1f} s of the 4.0 s" in src.error and "truncated" in src.error and src.incomplete
     # an MP4 whose index comes first (as the samples are written) and whose data is cut off
     sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
     cut = tmp_path / "cut.mp4"
@@ -185,6 +188,22 @@ def test_truncated_file_yields_what_decodes_and_says_it_ended_early(tmp_path):
     with FileSource(trimmed) as src:
         assert src.frame_count == 315 and sum(1 for _ in src.frames(need_rgb=lambda i: False)) == 315
         assert src.error is None
+    # nor do an MKV of variable frame rate (slowed to a third after 2 s) and one whose video starts
+    # 7 s in: their durations' worth of frames at the average rate made "decoding ended after 480
+    # of the 1038 (690) frames" and exit 1 for complete files; a cut MKV is still said to be cut
+    vfr, late = tmp_path / "vfr.mkv", tmp_path / "late.mkv"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-t", "4", "-i", "testsrc=size=64x48:rate=30",
+                    "-vf", "setpts='if(lt(N,60),PTS,PTS*3-2*60/30/TB)'", "-fps_mode", "vfr", "-c:v", "libx264",
+                    "-preset", "ultrafast", str(vfr)], check=True, timeout=60)
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-itsoffset", "7", "-i", str(vfr), "-c", "copy", str(late)],
+                   check=True, timeout=60)
+    for path in (vfr, late):
+        with FileSource(path) as src:
+            assert sum(1 for _ in src.frames(need_rgb=lambda i: False)) == 120 and src.error is None, src.error
+    data = late.read_bytes()
+    late.write_bytes(data[: len(data) // 2])
+    with FileSource(late) as src:
+        assert sum(1 for _ in src.frames(need_rgb=lambda i: False)) < 100 and "s its container announces" in src.error
 
 
 def _parse_subs(text: str) -> list[tuple[str, str, str]]:
@@ -402,7 +421,7 @@ def test_a_folder_is_every_video_under_it(tmp_path, small_folder, capsys):
     cut = tmp_path / "cut.jsonl"
     assert main(["video", str(root / "a.mp4"), str(root / "day2" / "b.MKV"), "--model", str(small_folder),
                  "-o", str(cut), "--max-tokens", "2"]) == 1
-    assert "of the 40 frames its container announces" in capsys.readouterr().err
+    assert re.search(r"b.MKV: decoding ended at \d\.\d s of the 4\.0 s its container announces", capsys.readouterr().err)
     assert 6 + 20 < len(cut.read_text().splitlines()) < 6 + 40 and (root / "a.mp4").read_bytes() == data
     # the broken file named on its own is the user's mistake, not a skip
     assert main(["video", str(root / "day2" / "broken.mp4"), "--model", str(small_folder)]) == 2
