@@ -28,8 +28,10 @@ from app.cli import reading_arg
 
 
 def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int], dict]:
-    """(source, frame index) -> the line a previous run wrote for this object (for --resume); a
-    line cut short by an interruption, or written for another object, is not done."""
+    """(source_key, frame index) -> the line a previous run wrote for this object (for --resume);
+    a line cut short by an interruption, or written for another object, is not done."""
+    from pipelines.sinks import source_key
+
     done: dict[tuple[str, int], dict] = {}
     if path is None or not path.exists():
         return done
@@ -38,7 +40,7 @@ def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int]
         try:
             r = json.loads(raw.decode("utf-8"))
             if r.get(task) == what and isinstance(r.get("pixels"), list):
-                done[(str(r["source"]), int(r["index"]))] = r
+                done[(source_key(str(r["source"])), int(r["index"]))] = r
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             continue
     return done
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     from engine.region_decoder import RegionDecoder
     from pipelines.changes import AnswerChanges
     from pipelines.locator import count_change, draw, found_text, pixel_places, place_record, places_text
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, save_snapshot
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, save_snapshot, source_key
     from pipelines.sources import FileSource, SourceError, file_name
 
     from app.cli import realtime_dtype
@@ -97,8 +99,9 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 bar = tqdm(total=count, desc=file_name(path), unit="frame", file=sys.stderr)
                 shown = 0
                 source = src.source_id
+                key = source_key(source)  # as done_places keys its lines
                 # a frame done before needs its pixels only to be drawn again
-                need_rgb = None if plan.annotate else (lambda i: (source, i) not in done)
+                need_rgb = None if plan.annotate else (lambda i: (key, i) not in done)
                 pending: list = []  # frames waiting for their batch, in frame order
 
                 def annotate(frame, pixels: list, info: str) -> None:
@@ -138,7 +141,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                     pending.clear()
 
                 for frame in src.frames(pick=sampling.picker(), need_rgb=need_rgb):
-                    prior = done.get((frame.source_id, frame.index))
+                    prior = done.get((key, frame.index))
                     if prior is None:
                         pending.append(frame)
                         if len(pending) >= args.batch:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
 
 from .cuts import CutDetector
 from .prompts import ask, prompt_key, prompt_of
-from .sinks import FrameResult
+from .sinks import FrameResult, source_key
 from .frame import Frame
 from .sources import FileSource
 
@@ -171,14 +171,16 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         # Sticky answers look for scene cuts in every frame, recorded or not (as a full run would).
         pixels_wanted = not done or cuts is not None or any(getattr(sink, "needs_rgb", False) for sink in sinks)
 
+        key = source_key(source.source_id)  # as done_frames keys its answers
+
         def need_rgb(index: int) -> bool:  # a frame whose every answer is recorded is only replayed
-            return pixels_wanted or any((source.source_id, index, prompt_key(t)) not in done for t in tasks)
+            return pixels_wanted or any((key, index, prompt_key(t)) not in done for t in tasks)
 
         for frame in source.frames(pick=sampling.picker(), need_rgb=need_rgb):
             summary.frames_decoded = decoded_before + source.decoded
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
-            items = [done.get((frame.source_id, frame.index, prompt_key(t))) if done else None for t in tasks]
+            items = [done.get((key, frame.index, prompt_key(t))) if done else None for t in tasks]
             if last is None:
                 submit(frame, items, frame.rgb)
                 if len(pending) >= max_inflight:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import threading
 from dataclasses import asdict, dataclass, field
@@ -53,7 +54,17 @@ class FrameResult:
                    {k: str(obj[k]) for k in PROMPT_KEYS if k in obj})
 
     def key(self) -> tuple:
-        return self.source, self.index, prompt_key(self.prompt)
+        """What --resume finds this answer by (`done_frames`)."""
+        return source_key(self.source), self.index, prompt_key(self.prompt)
+
+
+def source_key(source: str) -> str:
+    """A source as --resume matches it: a local path made absolute, so that clip.mp4, ./clip.mp4
+    and /home/me/clip.mp4 (a folder given as vids or /home/me/vids) are one file (spelt otherwise,
+    every frame was asked again and appended twice); a URL as written (its credentials ***)."""
+    if "://" in source or source == "-":
+        return source
+    return os.path.abspath(os.path.expanduser(source))
 
 
 def frame_text(results: list[FrameResult]) -> str:

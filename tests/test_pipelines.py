@@ -297,6 +297,20 @@ def test_resume_reads_what_a_killed_run_left_and_redoes_what_it_cut(tmp_path):
         assert out.read_bytes().endswith(line(2, "un café"))
 
 
+def test_resume_finds_a_file_however_its_path_is_spelt(tmp_path, small_folder, capsys, monkeypatch):
+    """Lines name their source as it was typed: resumed as ./v.mp4 (or with the absolute path),
+    every frame was asked again and appended a second time."""
+    write_video(tmp_path / "v.mp4", "libx264", n=12)
+    monkeypatch.chdir(tmp_path)
+    cmd = ["--model", str(small_folder), "--every-n", "3", "--max-tokens", "2", "-o", "o.jsonl"]
+    assert main(["video", "v.mp4", *cmd]) == 0
+    first = (tmp_path / "o.jsonl").read_text()
+    for spelt in ("./v.mp4", str(tmp_path / "v.mp4")):
+        capsys.readouterr()
+        assert main(["video", spelt, *cmd, "--resume"]) == 0
+        assert "4 skipped (resume)" in capsys.readouterr().err and (tmp_path / "o.jsonl").read_text() == first
+
+
 def test_video_cli(tmp_path, small_folder, capsys):
     path = write_video(tmp_path / "v.mp4", "libx264", n=15)
     srt, mp4 = tmp_path / "o.srt", tmp_path / "o.mp4"
