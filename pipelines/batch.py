@@ -176,7 +176,9 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         def need_rgb(index: int) -> bool:  # a frame whose every answer is recorded is only replayed
             return pixels_wanted or any((key, index, prompt_key(t)) not in done for t in tasks)
 
+        picked: set[int] = set()
         for frame in source.frames(pick=sampling.picker(), need_rgb=need_rgb):
+            picked.add(frame.index)
             summary.frames_decoded = decoded_before + source.decoded
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
@@ -196,6 +198,12 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             next_group()
         while pending:
             finish_one()
+        # A JSONL written with another --fps or --every-n: its other frames stay in it, where a
+        # full run would not have them (and sticky answers drafted from other frames than here).
+        others = {index for k, index, _ in (done or {}) if k == key and index not in picked}
+        if others:
+            summary.errors.append(f"{source.name}: the JSONL also holds answers for {len(others)} frames this run "
+                                  "does not pick (written with another --fps or --every-n?)")
     except BaseException:
         for _, _, ref, _ in staged:
             if ref is not None:

@@ -309,6 +309,10 @@ def test_resume_finds_a_file_however_its_path_is_spelt(tmp_path, small_folder, c
         capsys.readouterr()
         assert main(["video", spelt, *cmd, "--resume"]) == 0
         assert "4 skipped (resume)" in capsys.readouterr().err and (tmp_path / "o.jsonl").read_text() == first
+    # resumed with another rate: frames 0 and 6 are done, 3 and 9 are not this run's, and it says so
+    assert main(["video", "v.mp4", *cmd[:2], "--every-n", "2", *cmd[4:], "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "2 skipped (resume)" in err and "the JSONL also holds answers for 2 frames this run does not pick" in err
 
 
 def test_video_cli(tmp_path, small_folder, capsys):
