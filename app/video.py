@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                 sinks.append(jsonl_sink(JsonlSink(plan.jsonl, append=args.resume)))
             for sub_path, fmt in plan.subtitles:
                 sub_path.parent.mkdir(parents=True, exist_ok=True)
-                sinks.append(SubtitleSink(sub_path, fmt, 1.0 / (src.fps or 30.0)))
+                sinks.append(SubtitleSink(sub_path, fmt, sampling.period(src.fps)))
             if plan.annotate:
                 first = next(src.frames(), None)
                 src.close()
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             for sink in sinks:
                 if sink is not shared:
                     try:
-                        sink.close()
+                        sink.close(src.end) if isinstance(sink, SubtitleSink) else sink.close()
                     except OSError as e:
                         write_failed.set()
                         summary.errors.append(f"{path}: cannot write its results: {e}")

@@ -75,7 +75,7 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
     finally:
         src.close()
         for sink in sinks:
-            sink.close()
+            sink.close(src.end) if isinstance(sink, SubtitleSink) else sink.close()
     speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
     return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
             "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
@@ -111,7 +111,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     src = FileSource(path, reading=reading)
     total = src.frame_count
     lines, video = JsonlSink(paths["jsonl"], append=False), None
-    duration = 1.0 / (src.fps or 30.0)
+    duration = every_n / (src.fps or 30.0)  # what a frame's count stands for
     subs = [SubtitleSink(paths["srt"], "srt", duration), SubtitleSink(paths["vtt"], "vtt", duration)]
     try:
         for batch in batched(src.frames(pick=lambda index, pts: index % every_n == 0), LOCATE_BATCH):
@@ -141,7 +141,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
         src.close()
         lines.close()
         for sub in subs:
-            sub.close()
+            sub.close(src.end)
         if video is not None:
             video.close()
     if frames == 0 and not cancelled:

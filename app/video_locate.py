@@ -95,13 +95,13 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 lines = own or shared
                 for sub_path, fmt in plan.subtitles:
                     sub_path.parent.mkdir(parents=True, exist_ok=True)
-                    subs.append(SubtitleSink(sub_path, fmt, 1.0 / (src.fps or 30.0)))
+                    subs.append(SubtitleSink(sub_path, fmt, sampling.period(src.fps)))
                 bar = tqdm(total=count, desc=file_name(path), unit="frame", file=sys.stderr)
                 shown = 0
                 source = src.source_id
-                key = source_key(source)  # as done_places keys its lines
+                done_key = source_key(source)  # as done_places keys its lines
                 # a frame done before needs its pixels only to be drawn again
-                need_rgb = None if plan.annotate else (lambda i: (key, i) not in done)
+                need_rgb = None if plan.annotate else (lambda i: (done_key, i) not in done)
                 pending: list = []  # frames waiting for their batch, in frame order
 
                 def annotate(frame, pixels: list, info: str) -> None:
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                     pending.clear()
 
                 for frame in src.frames(pick=sampling.picker(), need_rgb=need_rgb):
-                    prior = done.get((key, frame.index))
+                    prior = done.get((done_key, frame.index))
                     if prior is None:
                         pending.append(frame)
                         if len(pending) >= args.batch:
@@ -163,9 +163,11 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 incomplete += src.incomplete
             finally:
                 src.close()
-                for f in (own, ann, *subs):
+                for f in (own, ann):
                     if f is not None:
                         f.close()
+                for sub in subs:
+                    sub.close(src.end)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was written stays whole
         interrupted = True
     except BrokenPipeError:  # -o - into a reader that has had enough

@@ -60,6 +60,13 @@ class Sampling:
                                          or self.every_n < 1):
             raise ValueError(f"every_n must be an integer >= 1, got {self.every_n!r}")
 
+    def period(self, video_fps: float | None) -> float:
+        """Seconds between the frames processed: how long each one's answer stands for."""
+        rate = video_fps or 30.0
+        if self.fps:
+            return max(1.0 / self.fps, 1.0 / rate)
+        return (self.every_n or 1) / rate
+
     def select(self, frames: Iterable[Frame]) -> Iterator[Frame]:
         pick = self.picker()
         return (f for f in frames if pick(f.index, f.pts))

@@ -135,7 +135,8 @@ class FileSource:
         import av
 
         index, first = 0, None
-        self.decoded, self.seconds, self.damaged = 0, 0.0, 0
+        # end: where the last frame decoded stops showing, in its own times (subtitles end there)
+        self.decoded, self.seconds, self.damaged, self.end = 0, 0.0, 0, None
         fps, time_base = self.fps, float(self._stream.time_base or 0)
         # Times as a player shows them: from the file's start. An MPEG-TS recording's clock starts
         # where the camera's or the broadcast's was (1.4 s after a plain remux, hours into a
@@ -166,6 +167,7 @@ class FileSource:
                 tb = float(frame.time_base or 0) or time_base  # a deinterlaced frame's is the filter's
                 shown = ticks * tb if ticks and tb else None
                 last, last_shown = pts, shown or last_shown
+                self.end = pts + last_shown
                 if frame.time is not None:
                     end = float(frame.time) + last_shown
                 self.seconds = max(self.seconds, pts - first + (shown or (1.0 / fps if fps else 0.0)))

@@ -315,6 +315,22 @@ def test_resume_finds_a_file_however_its_path_is_spelt(tmp_path, small_folder, c
     assert "2 skipped (resume)" in err and "the JSONL also holds answers for 2 frames this run does not pick" in err
 
 
+def test_a_sampled_frames_cue_lasts_until_the_next_sample_or_the_end(tmp_path, small_folder):
+    """Every 5th frame of a 1.5 s clip at 10 fps: the last answer (1.0 s) stands until the
+    clip ends at 1.5 s; its cue ended a frame after it (1.1 s), and one sampled every 0.5 s of a
+    16 s clip at 15.53 s. A cue never runs past the video."""
+    path = write_video(tmp_path / "v.mp4", "libx264", n=15)
+    for args, last_end in ((["--every-n", "5"], "00:00:01,500"), (["--fps", "4"], "00:00:01,500"),
+                           (["--every-n", "1"], "00:00:01,500")):
+        srt = tmp_path / "o.srt"
+        assert main(["video", str(path), "--model", str(small_folder), *args, "--max-tokens", "2",
+                     "-o", str(srt)]) == 0
+        cues = _parse_subs(srt.read_text())
+        assert cues[-1][1] == last_end and all(a < b for a, b, _ in cues), (args, cues)
+    assert Sampling(fps=4).period(10) == 0.25 and Sampling(fps=50).period(10) == 0.1
+    assert Sampling(every_n=5).period(10) == 0.5 and Sampling().period(None) == 1 / 30
+
+
 def test_video_cli(tmp_path, small_folder, capsys):
     path = write_video(tmp_path / "v.mp4", "libx264", n=15)
     srt, mp4 = tmp_path / "o.srt", tmp_path / "o.mp4"
