@@ -91,6 +91,8 @@ def plan_outputs(paths: list[tuple[str, int | None, Path]], out_dir: Path | None
         ann = ann_dir / rel.with_suffix(".mp4") if ann_dir else annotate
         for target in [*names.values(), *([ann] if ann else [])]:
             key = target.resolve()
+            if target.is_dir():  # said before the model loads (it was exit 1 after the run)
+                raise UsageError(f"cannot write {target}: it is a folder")
             if key in inputs:
                 raise UsageError(f"an output would overwrite the input {inputs[key]}; choose another folder")
             if key in owner:

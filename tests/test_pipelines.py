@@ -542,7 +542,9 @@ def test_a_folder_gives_each_video_its_own_outputs(tmp_path, small_folder, capsy
         (["-o", f"{out}/", "--format", "srt", "--resume"], "--resume needs"),
         (["-o", str(tmp_path / "missing" / "one.jsonl")], "no folder"),
         (["-o", f"{out}/", "--annotate", str(tmp_path / "one")], "--annotate must end in .mp4"),
+        (["-o", f"{tmp_path / 'dirs'}/"], "it is a folder"),  # dirs/a.jsonl/ exists: exit 1 after the run
     ]:
+        (tmp_path / "dirs" / "a.jsonl").mkdir(parents=True, exist_ok=True)
         assert main(["video", str(root), "--model", "/no/such/model", *bad]) == 2, bad
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, (bad, err)
