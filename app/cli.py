@@ -400,7 +400,10 @@ def check_not_empty(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the top parser, which would name its own help, not the command's
+        parser.exit(EXIT_USAGE, f"vlmstream: error: unrecognized arguments: {' '.join(unknown)} "
+                                f"(see vlmstream {args.command} --help)\n")
     keep_freed_memory()
     with sigterm_as_interrupt() as term:  # `kill`, `timeout`, systemd: ended as Ctrl-C ends it
         try:

@@ -31,9 +31,10 @@ _PARTS = re.compile(r"[,;]|\band\b")
 def answer_key(text: str) -> tuple[tuple[str, ...], ...]:
     """What two answers must share to be the same: per line (one per prompt, when a frame has
     several), the parts between commas, semicolons and "and", lower-cased, their spacing and end
-    punctuation normalised, in any order. Conservative: "black and white" against "white and
-    black" still differ, as does any change inside a part. On the cuts sample, 5 of the 20
-    caption changes `video --changes` reported before were such reorders."""
+    punctuation normalised, in any order ("black and white" is "white and black"). Conservative:
+    any change inside a part still differs, so swapped colours ("a red star and a blue square"
+    against "a blue star and a red square") are a change. On the cuts sample, 5 of the 20
+    caption changes `video --changes` reported before were reorders."""
     lines = []
     for line in text.lower().splitlines() or [""]:
         parts = (" ".join(p.split()).strip(" .!?'\"") for p in _PARTS.split(line))

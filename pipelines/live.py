@@ -124,6 +124,7 @@ class LiveSession:
             if len(self._inflight) >= self.max_inflight:
                 self.dropped += 1
                 return False
+            frame = frame.load()  # a live source's frame comes unconverted: only a frame taken is converted
             # Consecutive frames mostly get the same caption: the latest one is the draft the
             # engine verifies several tokens a step against (the answer stays the greedy one, or
             # with sticky answers keeps it where the frame reads nearly the same). After a scene

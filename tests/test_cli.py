@@ -246,7 +246,7 @@ def test_version(capsys):
     (["image", "x.png", "--max-tokens", "abc"], "argument --max-tokens: invalid int value: 'abc' (see vlmstream image"),
     (["video", "x.mp4", "--fps", "2", "--every-n", "3"], "not allowed with argument --fps (see vlmstream video"),
     (["eval-tiny", "--renderer", "bogus"], "invalid choice: 'bogus'"),
-    (["image", "x.png", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["image", "x.png", "--frobnicate"], "unrecognized arguments: --frobnicate (see vlmstream image --help)"),
     ([], "required: COMMAND"),
 ])
 def test_argument_mistakes_are_one_line(argv, needle, capsys):

@@ -68,6 +68,23 @@ def test_newer_result_cancels_older_frames(small_folder, monkeypatch):
     assert eng.stats().kv_pages_in_use == 0
 
 
+def test_a_live_sources_unconverted_frames_are_converted_when_taken(small_folder):
+    """open_live's frames come without their pixels (converted on demand): the README's own
+    example, `for frame in open_live(...).frames(): session.offer(frame)`, was an ImageError."""
+    rgb = np.random.default_rng(1).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    converted = []
+    results = []
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        s = LiveSession(eng, {"caption": "short"}, SamplingParams(max_tokens=3), max_inflight=1,
+                        on_result=results.append)
+        frames = [Frame("cam", i, i / 10, None, convert=lambda: converted.append(1) or rgb) for i in range(3)]
+        taken = [s.offer(f) for f in frames]  # with one in flight, those offered meanwhile are dropped
+        _wait(lambda: s.in_flight == 0 and s.completed >= 1)
+        s.close()
+    assert taken[0] and len(converted) == sum(taken)  # a frame dropped at intake is never converted
+    assert results and all(np.array_equal(r.frame.rgb, rgb) for r in results)
+
+
 def test_a_frame_that_finished_just_before_a_newer_one_won_is_not_reported():
     """Completions are queued; when a newer frame's result is handled first, the older frame's
     (already finished, still queued) must not be reported after it: captions never step back."""
