@@ -276,11 +276,10 @@ class Service:
         """A browser camera frame; the session's pushed feed starts on the first one. Ticking
         `record` (or streaming with it ticked) starts a recording of the camera's captioned frames,
         replacing the last; unticking it finishes the file, kept for `recording(session, "push")`."""
+        from engine.request import as_rgb
         from pipelines.feed import LiveFeed
         from pipelines.recorder import Recorder
         from pipelines.sinks import file_label
-
-        from engine.request import as_rgb
 
         rgb = as_rgb(rgb)  # an ImageError for what is no picture (a grey float frame was a cv2 error)
         key, finished = (session, "push"), None

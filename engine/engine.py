@@ -15,8 +15,8 @@ released (pages, slot, image) when no launched step includes it any more.
 from __future__ import annotations
 
 import itertools
-import os
 import numbers
+import os
 import queue
 import threading
 import time
