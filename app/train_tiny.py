@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import sys
 from pathlib import Path
 
 from app.cli import UsageError
+from app.outputs import check_writable
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,15 +25,18 @@ def run(args: argparse.Namespace) -> int:
                           freeze_vision=args.freeze_vision, **kw)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    try:
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create the output folder {cfg.out}: {e.strerror or e}") from None
-    if not os.access(cfg.out, os.W_OK):
-        raise UsageError(f"cannot write into {cfg.out}: permission denied")
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    # The run writes beside --out and moves its files in at the end (train()): that folder must
+    # take files, and nothing is created before the run has anything to put there.
+    check_writable([out.parent if str(out.parent) else Path(".")], [])
     try:
         report = train(cfg)
-    except ValueError as e:  # an --init folder that cannot be continued
+    except ValueError as e:  # an --init folder that cannot be continued, a run that diverged
         raise UsageError(str(e)) from None
+    except KeyboardInterrupt:
+        print(f"vlmstream: train-tiny stopped: {out} left as it was", file=sys.stderr)
+        raise
     print(json.dumps(report))
     return 0

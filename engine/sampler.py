@@ -46,7 +46,9 @@ def sample(
     if all_greedy:  # known on the host: skip the sampling kernels altogether
         return greedy
     t = torch.where(temperature_B > 0, temperature_B, torch.ones_like(temperature_B)).float()
-    probs = torch.softmax(logits / t[:, None], dim=-1)
+    # A model whose weights hold NaN (a diverged training run) gives NaN logits: its tokens are
+    # garbage but in range (an index past the vocabulary stopped the engine for every request).
+    probs = torch.softmax(logits / t[:, None], dim=-1).nan_to_num_(nan=0.0)
     p_sorted = probs.sort(dim=-1, descending=True).values
     # Mass of the strictly more probable tokens, for each sorted entry: the exclusive cumulative
     # sum at the first entry of its group of equal values.

@@ -79,3 +79,14 @@ def test_suppress_only_selected_rows():
     logits = torch.zeros(2, 5)
     suppress(logits, 3, torch.tensor([True, False]))
     assert logits[0, 3] == float("-inf") and logits[1, 3] == 0 and logits[0, 2] == 0
+
+
+def test_nan_logits_give_tokens_in_the_vocabulary():
+    """A diverged model's NaN logits made an index past the vocabulary (466 of 466), and the
+    engine stopped for every request."""
+    logits = torch.randn(4, 50)
+    logits[0] = float("nan")
+    logits[1, 7] = float("nan")
+    out = sample(logits, torch.tensor([1.0, 0.7, 0.0, 1.0]), torch.tensor([0.9, 1.0, 0.5, 0.3]),
+                 torch.tensor([0.999, 0.5, 0.1, 0.0]))
+    assert out.shape == (4,) and bool(((out >= 0) & (out < 50)).all())

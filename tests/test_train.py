@@ -222,6 +222,10 @@ def test_a_run_continues_from_a_weights_folder_and_may_change_the_tiling(tmp_pat
     assert main(["train-tiny", "--init", str(tmp_path / "empty"), "--out", str(tmp_path / "y")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vlmstream: error: ") and "model.safetensors" in err and err.count("\n") == 1
+    assert not (tmp_path / "y").exists()  # a refused --init creates no --out
+    (other / "config.json").unlink()  # it was read as Moondream 2's layout: "another architecture"
+    with pytest.raises(ValueError, match="holds no config.json"):
+        train(TrainConfig(out=tmp_path / "x", init=other, steps=1, processes=1), progress=False)
     with pytest.raises(ValueError, match="tiling"):
         TrainConfig(tiling="tiles")
 
@@ -323,8 +327,29 @@ def test_a_sigterm_whose_interrupt_was_lost_still_stops_training(tmp_path):
             pass  # swallowed, as by a finalizer
         assert term and stop_requested()
         with pytest.raises(KeyboardInterrupt):
-            train(TrainConfig(out=tmp_path, steps=50, batch_size=2, warmup=1, processes=1), progress=False)
+            train(TrainConfig(out=tmp_path / "out", steps=50, batch_size=2, warmup=1, processes=1), progress=False)
     assert not stop_requested()  # the block is over: a later run in this process trains
+    assert list(tmp_path.iterdir()) == []  # nothing written: neither --out nor the run's own folder
+
+
+def test_a_run_that_diverges_or_stops_leaves_the_folder_as_it_was(tmp_path):
+    """--lr 1e9 trained on NaN to the end, saved NaN weights and said nothing; and an interrupted
+    run had already written its tokenizer, config and loss curve into --out (the shipped folder by
+    default), beside the old weights: a config saying the region head was trained, over weights
+    whose head was not, drew boxes at random."""
+    import pytest
+
+    from tinyvlm.train import TrainConfig, train
+
+    out = tmp_path / "weights"
+    out.mkdir()
+    before = {name: f"the previous run's {name}".encode() for name in ("config.json", "model.safetensors")}
+    for name, data in before.items():
+        (out / name).write_bytes(data)
+    with pytest.raises(ValueError, match="training diverged: the loss is not a number at step"):
+        train(TrainConfig(out=out, steps=8, batch_size=2, warmup=1, processes=1, lr=1e9, regions=2), progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights"]  # the run's own folder is gone
 
 
 

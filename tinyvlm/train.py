@@ -12,6 +12,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -200,10 +202,30 @@ _GROUP_TIMEOUT_S = 120  # how long a process waits on the others before it gives
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
+    """Train, and write the weights folder `cfg.out` whole at the end. A run writes into a folder
+    of its own beside `out` and moves its files into `out` only once the weights are saved: an
+    interrupted or failed run leaves `out` as it was. Before, it wrote the tokenizer, config and
+    loss curve first, so a run stopped on the shipped folder (the default) paired the old weights
+    with a new config (one that said the region head was trained: boxes at random)."""
     tok = build_tokenizer()
     init = None if cfg.init is None else _read_init(Path(cfg.init), cfg, tok)  # before `out` (maybe the same) changes
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    work = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        report = _train_all(replace(cfg, out=work), tok, init, progress)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("tokenizer.json", "config.json", "loss.csv", "loss.png", "model.safetensors"):
+            os.replace(work / name, out / name)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def _train_all(cfg: TrainConfig, tok: Tokenizer, init: dict | None, progress: bool) -> dict:
+    """Every training process of a run, writing into `cfg.out`."""
+    out = Path(cfg.out)
     tok.save(str(out / "tokenizer.json"))
     if cfg.processes == 1:
         return _train(cfg, 0, progress, init=init)
@@ -258,8 +280,9 @@ def _read_init(folder: Path, cfg: TrainConfig, tok: Tokenizer) -> dict[str, torc
     it holds the tokenizer `tok` and the architecture a run would train (ValueError otherwise)."""
     from engine.models.loader import load_model, read_config
 
-    if not (folder / "model.safetensors").is_file() or not (folder / "tokenizer.json").is_file():
-        raise ValueError(f"{folder} holds no model.safetensors and tokenizer.json to continue from")
+    missing = [n for n in ("model.safetensors", "tokenizer.json", "config.json") if not (folder / n).is_file()]
+    if missing:  # without its config.json a folder read as Moondream 2's layout: "another architecture"
+        raise ValueError(f"{folder} holds no {' and no '.join(missing)} to continue from")
     if Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab() != tok.get_vocab():
         raise ValueError(f"{folder} has another tokenizer than train-tiny builds: it cannot be continued")
 
@@ -389,6 +412,11 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
         stats = [math.nan if vision_only else loss.item(), aux.item(), color_acc, shape_acc]
         if cfg.processes > 1:
             stats = _average(params, stats, cfg.processes)
+        if not all(math.isfinite(x) for x in stats[1:2] + ([] if vision_only else stats[:1])):
+            # Averaged over the processes: every one of them stops here. (--lr 1e9 trained on
+            # NaN to the end and saved NaN weights, and said nothing.)
+            raise ValueError(f"training diverged: the loss is not a number at step {step} (a lower --lr?); "
+                             "nothing was written")
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         rows.append((step, round(stats[0], 5), round(stats[1], 5), round((stats[2] + stats[3]) / 2, 4),
