@@ -177,10 +177,12 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
         while pending:
             finish()
         bar.close()
-    print(f"vlmstream: {done} images answered" + (f", {failed + skipped} could not be read" if failed + skipped else ""),
-          file=sys.stderr)
-    # 1: the others are answered, not all (a script sees it); as `video` does
-    return 2 if not done else 1 if failed or skipped else 0
+    print(f"vlmstream: {done} image{'' if done == 1 else 's'} answered"
+          + (f", {failed + skipped} could not be read" if failed + skipped else ""), file=sys.stderr)
+    if not done:  # a closing count alone did not say the run failed
+        print("vlmstream: error: none of the images could be read", file=sys.stderr)
+        return 2
+    return 1 if failed or skipped else 0  # 1: the others are answered, not all (a script sees it); as `video` does
 
 
 def _inputs(names: list[str], check) -> tuple[list[Path], bool, int]:
@@ -191,8 +193,9 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool, int]:
     from pipelines.sources import is_remote
     from pipelines.sources import files_under
 
-    if len(set(names)) != len(names):
-        raise UsageError("an image is listed twice")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise UsageError(f"{twice} is listed twice")
     paths: list[Path] = []
     skipped = 0
     for name in names:
@@ -212,7 +215,10 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool, int]:
             except ImageError as e:
                 skipped += 1
                 print(f"vlmstream: warning: skipped: {e}", file=sys.stderr)
-    paths = list(dict.fromkeys(paths))
+    # One answer a file, however it was reached (a.png, ./a.png, sub/../a.png, or in a folder
+    # named too), under the name it was first given.
+    seen: set = set()
+    paths = [p for p in paths if not ((k := p if isinstance(p, str) else p.resolve()) in seen or seen.add(k))]
     if not paths:
         raise UsageError("none of the image files found can be read")
     return paths, len(names) == 1 and not Path(names[0]).is_dir(), skipped

@@ -479,9 +479,12 @@ def test_several_images_and_folders_answer_one_line_each(capsys, tmp_path, small
     assert main(["image", str(folder / "a.png"), str(SCENE), *model]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"{folder / 'a.png'}: {single['text']}", f"{SCENE}: {single['text']}"]
+    # one answer a file however it is reached, under the name first given (sub/../a.png was asked twice)
+    assert main(["image", str(folder / "a.png"), str(folder / "sub" / ".." / "a.png"), str(SCENE), *model]) == 0
+    assert capsys.readouterr().out.splitlines() == lines
     # named images are checked before the model loads; mistakes are one line, exit 2
     for args, needle in [([str(SCENE), str(folder / "broken.png")], "not an image"),
-                         ([str(SCENE), str(SCENE)], "listed twice"),
+                         ([str(SCENE), str(SCENE)], f"{SCENE} is listed twice"),
                          ([str(tmp_path / "empty")], "no image files")]:
         (tmp_path / "empty").mkdir(exist_ok=True)
         assert main(["image", *args, "--model", "/no/such/model"]) == 2
