@@ -327,14 +327,26 @@ def realtime_dtype(device: str, dtype: str | None) -> str | None:
 
 
 def image_dtype(model: str, device: str, dtype: str | None) -> str | None:
-    """`vlmstream image`'s dtype when none is given. The tiny model keeps fp32 on CPU (its
-    held-out figures, EVAL.md); a Moondream 2 folder runs as its checkpoint is stored, in bf16,
-    where the CPU computes it natively: with the full-size layout on the AMX kind, 4-5x faster
-    than fp32 and half the memory (BENCHMARKS.md)."""
-    from engine.models.loader import TINY_DIR
+    """`vlmstream image`'s dtype when none is given. A checkpoint stored in bf16 (Moondream 2's)
+    runs as stored where the CPU computes bf16 natively: with the full-size layout on the AMX
+    kind, 4-5x faster than fp32 and half the memory (BENCHMARKS.md). Others run in fp32 on CPU:
+    the tiny model (stored in fp16; its held-out figures are fp32's, EVAL.md), and a train-tiny
+    folder too, so that `image` answers as `eval-tiny` scored it (by its path, a copy of tiny ran
+    in bf16)."""
+    from engine.errors import VlmstreamError
+    from engine.models.checkpoint import Checkpoint
+    from engine.models.loader import RANDOM_PREFIX, resolve_model_dir
 
-    tiny = model == "tiny" or Path(model).expanduser().resolve() == TINY_DIR.resolve()
-    return dtype if tiny else realtime_dtype(device, dtype)
+    if dtype is not None:
+        return dtype
+    if str(model).startswith(RANDOM_PREFIX):
+        return realtime_dtype(device, dtype)
+    try:
+        with Checkpoint(resolve_model_dir(model) / "model.safetensors") as ckpt:
+            stored_bf16 = any(ckpt.dtype_name(key) == "BF16" for key in ckpt.keys())
+    except (VlmstreamError, OSError):
+        return dtype  # the loader says what is wrong with the folder
+    return realtime_dtype(device, dtype) if stored_bf16 else dtype
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

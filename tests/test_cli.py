@@ -357,11 +357,18 @@ def test_realtime_commands_pick_bf16_only_on_cpus_that_compute_it_natively(monke
     assert realtime_dtype("cpu", None) is None  # fp32
 
 
-def test_image_runs_moondream_folders_in_bf16_where_the_cpu_computes_it(monkeypatch, capsys, small_folder):
+def test_image_runs_moondream_folders_in_bf16_where_the_cpu_computes_it(monkeypatch, capsys, tmp_path):
     """A Moondream 2 checkpoint is stored in bf16: loaded as fp32 on CPU it took twice the memory
-    and 4-5x the time (BENCHMARKS.md). The tiny model keeps fp32, in which its accuracy is measured."""
+    and 4-5x the time (BENCHMARKS.md). The tiny model keeps fp32, in which its accuracy is
+    measured, and so does a copy of it (a train-tiny folder: by its path it ran in bf16, not as
+    eval-tiny scored it)."""
     import engine.device as device
+    from conftest import small_config, write_folder
     from engine.models.loader import TINY_DIR
+
+    small_folder = write_folder(tmp_path / "bf16", small_config(), seed=1, dtype=torch.bfloat16)
+    tiny_copy = tmp_path / "tiny-copy"
+    shutil.copytree(TINY_DIR, tiny_copy)
 
     image = str(ROOT / "sample_videos" / "scene.png")
 
@@ -375,6 +382,7 @@ def test_image_runs_moondream_folders_in_bf16_where_the_cpu_computes_it(monkeypa
     assert json.loads(capsys.readouterr().out.splitlines()[0])["dtype"] == "bfloat16"  # a folder: through the engine
     assert dtype_of("--model", str(small_folder), "--dtype", "float32") == "float32"
     assert dtype_of() == "float32" and dtype_of("--model", str(TINY_DIR)) == "float32"
+    assert dtype_of("--model", str(tiny_copy)) == "float32"
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda cpuinfo=None: False)
     assert dtype_of("--model", str(small_folder)) == "float32"  # bf16 emulated: slower than fp32
 
