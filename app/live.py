@@ -151,18 +151,23 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            # the run ended because its sources did (before --duration): on an error, it failed
-            gave_up = not any(f.running for f in feeds) and any(isinstance(f.exception, SourceError) for f in feeds)
+            # The run ended because its sources did (before --duration) on an error, or a source
+            # that had sent frames failed for good (--max-outage) while others went on: it failed.
+            # (With a second source beside it, a camera gone for good ended the run with 0.)
+            gave_up = (not any(f.running for f in feeds) and any(isinstance(f.exception, SourceError) for f in feeds)
+                       or any(isinstance(f.exception, SourceError) and f.session.frames_in for f in feeds))
             for feed in feeds:
                 feed.close(cancel=False)
         never_read = [f for f in feeds if isinstance(f.exception, SourceError) and not f.session.frames_in]
         if never_read and len(never_read) == len(feeds):
             raise never_read[0].exception  # nothing was ever read: a plain error
         some_came = any(f.session.frames_in for f in feeds)
-        for feed, label in zip(feeds, labels):
+        for feed, label, live in zip(feeds, labels, opened):
             # a stream that broke off, or never came beside others that did (when none came, the
-            # closing error says so, once)
-            problem = feed.error or (None if feed.session.frames_in or not some_came else "no frames received")
+            # closing error says so, once), with why it had not where it said (Connection refused)
+            why = live.connection.last_reason if live.connection and live.connection.last_frame is None else None
+            problem = feed.error or (None if feed.session.frames_in or not some_came
+                                     else "no frames received" + (f" ({why})" if why else ""))
             if problem:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
         per_source = [f.snapshot().counters for f in feeds]
@@ -177,7 +182,9 @@ def run(args: argparse.Namespace) -> int:
             if label in recorders:  # after the feeds: their last frames are in
                 rec = recorders[label]
                 rec.close()
-                s["recording"] = {"path": str(rec.path), "frames": rec.written, "skipped": rec.skipped}
+                # no path where nothing was recorded: no file was made (a stream that sent no keyframe)
+                s["recording"] = {"path": str(rec.path) if rec.path.exists() else None, "frames": rec.written,
+                                  "skipped": rec.skipped}
                 if rec.error is not None and not write_error:
                     write_error.append((str(rec.path), rec.error))
     if log is not None and log is not sys.stdout:

@@ -111,7 +111,10 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         interrupted = True
     finally:
         # the run ended because its sources did (before --duration): on an error, it failed
-        gave_up = not locator.running and any(isinstance(e, SourceError) for e in locator.exceptions().values())
+        # As live's: a source that had sent frames and failed for good fails the run, others or not
+        failed = [label for label, e in locator.exceptions().items() if isinstance(e, SourceError)]
+        read = {label: st["frames_in"] for label, st in locator.stats().items()}
+        gave_up = bool(failed) and (not locator.running or any(read.get(label) for label in failed))
         locator.close()
         for rec in recorders.values():
             rec.close()

@@ -96,6 +96,13 @@ class StreamSource:
         elif scheme not in STREAM_SCHEMES:
             raise SourceError(f"unsupported URL scheme {scheme!r} in {self.display} "
                               f"(use one of {', '.join(STREAM_SCHEMES)})")
+        else:
+            from urllib.parse import urlsplit
+
+            try:  # udp://host:99999 waited as for a quiet stream, then said "nothing came"
+                urlsplit(url).port
+            except ValueError as e:
+                raise SourceError(f"{self.display}: {e}") from None
         self.source_id = source_id or self.display
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.reconnect, self.pace = reconnect, pace

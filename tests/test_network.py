@@ -485,6 +485,33 @@ def test_a_protocol_this_ffmpeg_lacks_is_said_at_once_with_a_way_round(monkeypat
     assert time.monotonic() - t0 < 1.0  # not after the 30 s of retries an outage gets
 
 
+def test_a_stream_given_up_beside_another_source_still_fails_the_run(monkeypatch, capsys, small_folder):
+    """--max-outage gives up on a camera for a supervisor to restart the run: with a second source
+    beside it, the run went on to its end and exited 0, and the camera stayed gone."""
+    from pipelines.frame import Frame
+
+    def frames(self):
+        rgb = np.zeros((120, 160, 3), np.uint8)
+        for i in range(10):
+            time.sleep(1 / 30)
+            self.connection.frame()
+            yield Frame(self.source_id, i, i / 30, rgb)
+        raise SourceError(f"cannot read {self.display}: nothing came for 2.1 s")
+
+    monkeypatch.setattr(StreamSource, "_frames", frames)
+    clip = str(Path(__file__).resolve().parents[1] / "sample_videos" / "shapes_640x360_60fps.mp4")
+    assert main(["live", clip, "rtsp://127.0.0.1:9/cam", "--model", str(small_folder), "--json", "--max-tokens", "2",
+                 "--max-outage", "2", "--duration", "3"]) == 1
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["sources"]["rtsp://127.0.0.1:9/cam"]["stream"]["state"] == "failed"
+    assert stats["sources"][clip]["completed"] > 0
+
+
+def test_an_impossible_port_is_said_at_once(capsys):
+    assert main(["live", "udp://127.0.0.1:99999", "--duration", "4"]) == 2
+    assert capsys.readouterr().err == "vlmstream: error: udp://127.0.0.1:99999: Port out of range 0-65535\n"
+
+
 @pytest.mark.parametrize("gives_up", [False, True])
 def test_live_cli_says_an_outage_while_it_lasts(monkeypatch, capsys, small_folder, gives_up):
     """A run of hours shows a camera's outage when it happens (stderr), and the figures carry how
