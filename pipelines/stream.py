@@ -69,6 +69,27 @@ BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
 STDIN = "-"  # the live source name of standard input: a stream piped in
 
 
+def wait_for_input(fd: int, timeout: float) -> None:
+    """Wait until a pipe has data; a SourceError if none comes within `timeout` seconds, or if it
+    ends first. A program piped into `live -` may take seconds to start its camera, but one that
+    never sends anything (`sleep 80 | vlmstream live -`) kept the run waiting until it exited,
+    and a pipe closed at once (`true | ...`) was called "Invalid data"."""
+    import fcntl
+    import select
+    import struct
+    import termios
+
+    readable, _, _ = select.select([fd], [], [], timeout)
+    if not readable:
+        raise SourceError(f"cannot read standard input: nothing came for {timeout:g} s")
+    try:
+        waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:  # not a pipe (a file redirected in): FFmpeg reads it as it is
+        return
+    if waiting == 0:  # readable with nothing to read: the writer closed it
+        raise SourceError("cannot read standard input: it ended before any data came")
+
+
 class StreamSource:
     """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP...), or standard input
     (`STDIN`: a program's stream piped in, read once).
@@ -126,6 +147,8 @@ class StreamSource:
     def _open(self):
         import av
 
+        if self.url == "pipe:0":  # FFmpeg's timeouts do not reach a pipe's read: it waited for ever
+            wait_for_input(0, self.open_timeout)
         return av.open(self.url, timeout=(self.open_timeout, self.read_timeout), options=self._options)
 
     def frames(self) -> Iterator[Frame]:

@@ -728,3 +728,24 @@ def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
     feed.close()
     assert time.perf_counter() - t0 < 2 and not feed._grabber._thread.is_alive()
     assert live.connection.health()["state"] == "ended"
+
+
+def test_a_pipe_that_sends_nothing_is_an_error_after_the_wait():
+    """FFmpeg's timeouts never reach a pipe's read: `sleep 80 | vlmstream live -` waited the 80 s
+    and then said "Invalid data found", as did a pipe closed at once (`true | ...`)."""
+    from pipelines.stream import wait_for_input
+
+    r, w = os.pipe()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match="nothing came for 0.3 s"):
+            wait_for_input(r, 0.3)
+        assert 0.25 < time.monotonic() - t0 < 5
+        os.write(w, b"\x47")  # a program that starts sending: read on
+        wait_for_input(r, 0.3)
+        os.read(r, 1)
+        os.close(w)
+        with pytest.raises(SourceError, match="ended before any data came"):
+            wait_for_input(r, 0.3)
+    finally:
+        os.close(r)
