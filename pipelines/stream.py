@@ -64,6 +64,7 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+STALE_AFTER, BURST_S = 0.9, 0.05  # a silence this share of the read timeout; the burst it ends (see _frames)
 STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error
 BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
 STDIN = "-"  # the live source name of standard input: a stream piped in
@@ -196,9 +197,25 @@ class StreamSource:
                 stream = main_video(container)
                 # A live stream faster than this machine decodes: keyframes only until caught up
                 guard = CatchUp(stream.codec_context) if self._clocked and not recording else None
-                before = None if guard is None else (lambda: guard.packet(time.perf_counter()))
+                # When a live stream's read times out, the MPEG-TS demuxer lets go of the packets it
+                # held, at once: frames from before the break, handed over as new ones a read
+                # timeout late. They reset the outage's clock ("back after 2.7 s" from an outage of
+                # 5.7; --max-outage measured from them). Packets that come after such a silence,
+                # in one burst, are left out; the stream's next packets are read as ever.
+                arrived = [time.perf_counter(), None]  # the last packet's arrival; when a burst after a silence began
+
+                def before() -> None:
+                    now = time.perf_counter()
+                    if not recording and now - arrived[0] > STALE_AFTER * self.read_timeout:
+                        arrived[1] = now
+                    arrived[0] = now
+                    if guard is not None:
+                        guard.packet(now)
+
                 catch_ups = self.catch_ups
                 for frame in decoded(container, stream, self._damage, before, self.reading):
+                    if arrived[1] is not None and arrived[0] - arrived[1] < BURST_S:
+                        continue
                     if guard is not None:
                         guard.frame(frame.time, time.perf_counter())
                         if catch_ups + guard.catch_ups > self.catch_ups:
