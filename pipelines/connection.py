@@ -80,10 +80,17 @@ class Connection:
         if self.last_frame is not None and silent >= self._still_at:
             self.say(f"still reconnecting: nothing for {span(silent)}" + ("" if timed_out else f" ({reason})"))
             self._still_at = min(2 * self._still_at, self._still_at + STILL_SAID_S[1])
-        if self._stopped.wait(self.delay):
+        left = self.remaining(started)
+        if self._stopped.wait(self.delay if left is None else min(self.delay, max(0.0, left))):
             return False
         self.delay = min(self.delay * 2, RETRY_MAX_S)
         return True
+
+    def remaining(self, started: float) -> float | None:
+        """Seconds before this source is given up (`retry`'s limit, from `started` or its last
+        frame), or None where it never is."""
+        limit = self.max_wait if self.last_frame is None else self.max_outage
+        return None if limit is None else limit - (time.perf_counter() - (self.last_frame or started))
 
     def set(self, state: str, since: float | None = None) -> None:
         self.state, self.since = state, time.perf_counter() if since is None else since

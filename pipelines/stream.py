@@ -145,12 +145,16 @@ class StreamSource:
             # before the first frame; the video's parameters come in its first tag
             self._options["analyzeduration"] = "500000"
 
-    def _open(self):
+    def _open(self, started: float | None = None):
         import av
 
         if self.url == "pipe:0":  # FFmpeg's timeouts do not reach a pipe's read: it waited for ever
             wait_for_input(0, self.open_timeout)
-        return av.open(self.url, timeout=(self.open_timeout, self.read_timeout), options=self._options)
+        # A try that would outlast the time the source has left ends with it: the last one ran
+        # its whole open timeout past the limit (a server that never answers: said after 38 s of 30).
+        left = None if started is None else self.connection.remaining(started)
+        timeout = self.open_timeout if left is None else min(self.open_timeout, max(0.5, left))
+        return av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options)
 
     def frames(self) -> Iterator[Frame]:
         try:
@@ -167,7 +171,7 @@ class StreamSource:
         connection, index = self.connection, 0
         while not connection.stopped:
             try:
-                container = self._open()
+                container = self._open(t0)
             except (av.FFmpegError, OSError) as e:
                 # A client error (404, 401, 403...) from a stream that never sent a frame is a wrong
                 # URL or password, not an outage: said at once, not after max_wait of retries (the

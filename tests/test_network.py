@@ -84,6 +84,20 @@ def test_unreachable_stream_fails_within_bounded_time():
     assert time.time() - t0 < 10
 
 
+def test_a_server_that_never_answers_is_given_up_at_the_limit_not_a_try_later():
+    """Each try to open ran its whole open timeout, the last one past the limit: `live` said a
+    server that accepts and never answers after 38 s where it promises 30."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)  # connections are taken into the backlog and never answered
+        src = StreamSource(f"http://127.0.0.1:{server.getsockname()[1]}/live.ts", open_timeout=2.5, read_timeout=1,
+                           max_wait=3)
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match="cannot read http://127.0.0.1"):
+            next(src.frames())
+        assert 2.9 < time.monotonic() - t0 < 4.2  # two tries of 2.5 s ended at 5.3 s
+
+
 def test_unsupported_scheme_and_redacted_credentials(capsys):
     with pytest.raises(SourceError, match="unsupported URL scheme 'ftp'"):
         StreamSource("ftp://example/video.mp4")
@@ -476,7 +490,7 @@ def test_an_rtmp_stream_starts_without_probing_for_five_seconds():
 def test_a_protocol_this_ffmpeg_lacks_is_said_at_once_with_a_way_round(monkeypatch):
     import av
 
-    def no_srt(self):
+    def no_srt(self, started=None):
         raise av.ProtocolNotFoundError(-1330794744, "Protocol not found", self.url)
 
     monkeypatch.setattr(StreamSource, "_open", no_srt)
@@ -565,7 +579,7 @@ def test_a_server_that_hangs_up_at_once_is_retried_with_backoff_then_given_up(mo
             pass
 
     opened = []
-    monkeypatch.setattr(StreamSource, "_open", lambda self: opened.append(time.perf_counter()) or HungUp())
+    monkeypatch.setattr(StreamSource, "_open", lambda self, started=None: opened.append(time.perf_counter()) or HungUp())
     src = StreamSource("rtsp://127.0.0.1:9/cam", max_wait=2.0)
     t0 = time.perf_counter()
     with pytest.raises(SourceError, match=r"^cannot read rtsp://127.0.0.1:9/cam: Connection reset by peer$"):
