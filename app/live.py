@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         for feed, label, live in zip(feeds, labels, opened):
             # a stream that broke off, or never came beside others that did (when none came, the
             # closing error says so, once), with why it had not where it said (Connection refused)
-            why = live.connection.last_reason if live.connection and live.connection.last_frame is None else None
+            why = live.connection.why_nothing() if live.connection else None
             problem = feed.error or (None if feed.session.frames_in or not some_came
                                      else "no frames received" + (f" ({why})" if why else ""))
             if problem:
@@ -277,7 +277,8 @@ def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]
 def no_frames_line(opened: list, several: bool, duration: float | None) -> str:
     """The closing error of a run in which no source sent a frame, with why the first that was
     still trying had not (it said "no frames received within 3 s" for a refused connection)."""
-    why = next(filter(None, (live.connection.why_nothing() for live in opened if live.connection)), "")
+    why = next((f"{live.connection.display}: {live.connection.why_nothing()}; still trying when the run ended"
+                for live in opened if live.connection and live.connection.why_nothing()), "")
     return ("vlmstream: error: no frames received" + (" from any source" if several else "")
             + (f" within {duration:g} s" if duration else "") + (f" ({why})" if why else ""))
 

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out} is a file, not a folder")
     # The run writes beside --out and moves its files in at the end (train()): that folder must
     # take files, and nothing is created before the run has anything to put there.
-    check_writable([out.parent if str(out.parent) else Path(".")], [])
+    check_writable([out.parent], [])
     try:
         report = train(cfg)
     except ValueError as e:  # an --init folder that cannot be continued, a run that diverged

@@ -99,11 +99,10 @@ class Connection:
         if self.on_event is not None:
             self.on_event(line)
 
-    def why_nothing(self) -> str:
-        """For a run that ends before this source sent a frame: why it had not, or ''."""
-        if self.last_frame is not None or self.last_reason is None:
-            return ""
-        return f"{self.display}: {self.last_reason}; still trying when the run ended"
+    def why_nothing(self) -> str | None:
+        """For a run that ends before this source sent a frame: why it had not (Connection
+        refused), or None."""
+        return self.last_reason if self.last_frame is None else None
 
     def health(self) -> dict:
         """The state, for how many seconds, the outages so far, and the source's `counters`."""
