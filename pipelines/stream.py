@@ -91,6 +91,20 @@ def wait_for_input(fd: int, timeout: float) -> None:
         raise SourceError("cannot read standard input: it ended before any data came")
 
 
+def nonblocking(fd: int) -> int:
+    """Make reads of `fd` return at once when it holds nothing, and return its flags before, to
+    be set back when done (a shell or program that shares the pipe after us must not inherit it).
+    FFmpeg's read of a pipe then retries, each millisecond, under the read timeout: a program
+    piped in that stalled after sending frames (its camera hung) had kept `live -` waiting for
+    ever, blocked in read(2)."""
+    import fcntl
+    import os
+
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    return flags
+
+
 class StreamSource:
     """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP...), or standard input
     (`STDIN`: a program's stream piped in, read once).
@@ -134,6 +148,7 @@ class StreamSource:
         self.reading = reading
         self._clocked = scheme in CLOCKED_SCHEMES
         self.error: str | None = None
+        self._stdin_flags: int | None = None  # standard input's flags before it was read (see nonblocking)
         self.reconnects = self.damaged = self.catch_ups = 0
         self.max_late = self.late = 0.0  # seconds the decoding fell behind a live stream, at most and now (CatchUp)
         self._behind_said = -float("inf")  # when falling behind was last said (through `connection`)
@@ -150,11 +165,23 @@ class StreamSource:
 
         if self.url == "pipe:0":  # FFmpeg's timeouts do not reach a pipe's read: it waited for ever
             wait_for_input(0, self.open_timeout)
+            self._stdin_flags = nonblocking(0)
         # A try that would outlast the time the source has left ends with it: the last one ran
         # its whole open timeout past the limit (a server that never answers: said after 38 s of 30).
         left = None if started is None else self.connection.remaining(started)
         timeout = self.open_timeout if left is None else min(self.open_timeout, max(0.5, left))
-        return av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options)
+        try:
+            return av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options)
+        except BaseException:
+            self._restore_stdin()
+            raise
+
+    def _restore_stdin(self) -> None:
+        if self._stdin_flags is not None:
+            import fcntl
+
+            fcntl.fcntl(0, fcntl.F_SETFL, self._stdin_flags)
+            self._stdin_flags = None
 
     def frames(self) -> Iterator[Frame]:
         try:
@@ -246,6 +273,7 @@ class StreamSource:
                     raise SourceError(f"cannot read {self.error}") from None
             finally:
                 container.close()
+                self._restore_stdin()
             if not self.reconnect or ended:
                 return
             connection.lost(broke)

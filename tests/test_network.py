@@ -745,6 +745,40 @@ def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
     assert live.connection.health()["state"] == "ended"
 
 
+def test_a_pipe_that_stalls_after_sending_frames_is_an_error_after_the_read_timeout():
+    """A program piped into `live -` that hangs (its camera stopped) while keeping the pipe open:
+    FFmpeg's read of the pipe blocked in read(2), out of reach of its timeouts, and the run waited
+    for ever. Now every frame that came is given, then a SourceError after the read timeout, and
+    standard input is left blocking as it was for whatever reads it next."""
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "shapes_640x360_60fps.mp4"
+    script = """if True:
+        import fcntl, os, time
+        from pipelines.sources import SourceError, StreamSource
+        source = StreamSource("-")
+        source.read_timeout = 1.5
+        t0, n = time.monotonic(), 0
+        try:
+            for frame in source.frames():
+                n += 1
+        except SourceError as e:
+            print(n, time.monotonic() - t0, fcntl.fcntl(0, fcntl.F_GETFL) & os.O_NONBLOCK, e)
+    """
+    # 8 s of video: more than FFmpeg probes when opening (5 s), so the stall comes while reading
+    sender = subprocess.Popen(["sh", "-c", f"ffmpeg -loglevel error -i '{clip}' -t 8 -c copy -f mpegts -; sleep 60"],
+                              stdout=subprocess.PIPE)
+    try:
+        run = subprocess.run([sys.executable, "-c", script], stdin=sender.stdout, capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                             cwd=Path(__file__).resolve().parents[1])
+    finally:
+        sender.kill()
+        sender.stdout.close()
+        sender.wait(30)
+    frames, waited, flags, message = run.stdout.split(" ", 3)
+    assert message.strip() == "cannot read standard input: nothing came for 1.5 s", run.stderr
+    assert int(frames) >= 470 and float(waited) < 20 and flags == "0"
+
+
 def test_a_pipe_that_sends_nothing_is_an_error_after_the_wait():
     """FFmpeg's timeouts never reach a pipe's read: `sleep 80 | vlmstream live -` waited the 80 s
     and then said "Invalid data found", as did a pipe closed at once (`true | ...`)."""
