@@ -97,7 +97,8 @@ def build(service: Service, source: str | None = None):
                 now = time.monotonic()
                 full = now >= slow_at or not feed.running
                 snap = feed.snapshot(full=full)
-                frame = frame_html(snap) if snap.version != version else gr.skip()
+                # before the first frame, each full update says how reaching the source goes
+                frame = frame_html(snap) if snap.version != version or full and snap.frame_rgb is None else gr.skip()
                 version = snap.version
                 if full:
                     slow_at = now + 1.0 / SLOW_HZ

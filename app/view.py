@@ -35,7 +35,7 @@ def _data_uri(jpeg: bytes) -> str:
 
 def frame_html(snap: FeedSnapshot | None, message: str = "") -> str:
     if snap is None or snap.frame_rgb is None:
-        text = html.escape(message or (snap.error if snap and snap.error else "") or "no frame yet")
+        text = html.escape(message or (snap.error if snap and snap.error else "") or waiting(snap))
         return f'<div id="vs-frame" class="vs-empty">{text}</div>'
     info = f"#{snap.index}  {snap.pts:.2f}s  {snap.end_to_end_ms:.0f} ms"
     uri = jpeg_data_uri(annotate(snap.frame_rgb, snap.text, info))
@@ -43,6 +43,17 @@ def frame_html(snap: FeedSnapshot | None, message: str = "") -> str:
             f'<img src="{uri}" style="max-width:100%" alt="current frame"/>'
             f'<div id="vs-caption" data-index="{snap.index}">{html.escape(snap.text)}</div>'
             f'<div class="vs-info">{html.escape(info)}</div></div>')
+
+
+def waiting(snap: FeedSnapshot | None) -> str:
+    """What the frame's place says before the first frame: a stream or camera still being reached
+    says for how long and why the last try failed (an unreachable address had shown "no frame
+    yet" and a running state for the 30 s before it was given up)."""
+    health = snap.counters.get("stream", {}) if snap is not None else {}
+    if health.get("state") not in ("connecting", "reconnecting"):
+        return "no frame yet"
+    text = f"{health['state']} ({health.get('for_s', 0):.0f} s)"
+    return text + (f"; the last try: {health['reason']}" if health.get("reason") else "")
 
 
 def log_text(log: list[LogLine], n: int = 40) -> str:

@@ -105,6 +105,9 @@ class Connection:
         return self.last_reason if self.last_frame is None else None
 
     def health(self) -> dict:
-        """The state, for how many seconds, the outages so far, and the source's `counters`."""
+        """The state, for how many seconds, the outages so far, why the last try to (re)open failed
+        while it is still trying ("reason"), and the source's `counters`."""
+        trying = self.state in ("connecting", "reconnecting") and self.last_reason is not None
         return {"state": self.state, "for_s": round(time.perf_counter() - self.since, 1), "outages": self.outages,
+                **({"reason": self.last_reason} if trying else {}),
                 **(self.counters() if self.counters is not None else {})}

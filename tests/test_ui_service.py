@@ -4,6 +4,7 @@ import contextlib
 import io
 import itertools
 import json
+import re
 import threading
 import time
 from datetime import datetime
@@ -424,6 +425,9 @@ def test_bad_sources_are_one_line_errors(service, tmp_path, monkeypatch):
         assert "\n" not in str(e.value) and str(e.value)
     # an unreachable stream fails in the feed, which reports it instead of dying silently
     feed = service.start_live("tab-d", "udp://127.0.0.1:9?timeout=300000", make_task("short"))
+    # meanwhile the frame's place says it is still trying, for how long, and why the last try failed
+    trying = wait_for(lambda: (s := feed.snapshot()).counters["stream"].get("reason") and s, timeout=30)
+    assert re.search(r">connecting \(\d+ s\); the last try: [^<]+<", frame_html(trying))
     snap = wait_for(lambda: (s := feed.snapshot()).error and s, timeout=90)
     assert not snap.running and "\n" not in snap.error
     health = snap.counters["stream"]  # the page's "stream" cell: how the network source is doing
@@ -726,7 +730,6 @@ def test_views_render_what_the_snapshot_holds():
     pts = [LatencyPoint(100.0 + i, i, {"queue": 1.0, "vision": 5.0, "prefill": 3.0, "decode": 20.0 + i}, 30.0 + i)
            for i in range(300)]
     svg = chart_svg(pts, 30.0)
-    import re
 
     bars = int(re.search(r'data-bars="(\d+)"', svg).group(1))
     assert 60 <= bars <= 120 and svg.count('class="vs-bar"') == 4 * bars  # thinned, every stage stacked
