@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     print_lock = threading.Lock()
 
     # --changes: each source's answers are followed, and only the new ones reported
+    names = dict(zip(labels, file_names(args.sources, labels)))  # the snapshots' names for the sources
     changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
 
     recorders: dict = {}  # label -> Recorder, with --annotate (started once the model is up)
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                     return
                 if snapshots is not None and not write_error:
                     try:
-                        shot = str(_snapshot(snapshots, label if several else "", r))
+                        shot = str(_snapshot(snapshots, names[label] if several else "", r))
                     except OSError as e:  # a run that cannot keep its pictures stops and says so (the
                         write_error.append((f"a snapshot in {snapshots}", e))  # change is still logged)
                 lines = [(f"{prompt_label(r.prompts[c.prompt])}: " if len(r.prompts) > 1 else "") + c.text
@@ -232,26 +233,34 @@ _SUMMED = ("frames_in", "submitted", "completed", "cancelled_stale", "cancelled_
            "dropped", "achieved_fps")
 
 
-def _snapshot(folder: Path, label: str, r) -> Path:
+def _snapshot(folder: Path, source: str, r) -> Path:
     """The frame of a change as a JPEG named by the UTC time it was saved (names sort in time
-    order), the source (with several) and the frame's index."""
+    order), the source's `file_names` name (with several) and the frame's index."""
     from datetime import datetime, timezone
 
     from PIL import Image
 
-    from pipelines.sinks import file_label
-
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
-    source = file_label(label)
     path = folder / f"{stamp}{'_' + source if source else ''}_{r.frame.index}.jpg"
     Image.fromarray(r.frame.rgb).save(path, quality=90)
     return path
 
 
+def file_names(sources: list[str], labels: list[str]) -> list[str]:
+    """Each source as its recordings and snapshots name it: a file's name without its folder and
+    suffix, a stream's address without credentials, made unique. Snapshots had carried a file's
+    whole path (_work_clips_door.mp4) where its recording said door."""
+    from pipelines.sinks import file_label
+
+    names = [file_label(Path(source).stem if Path(source).is_file() else label) or "source"
+             for source, label in zip(sources, labels)]
+    return [n if names.count(n) == 1 else f"{n}_{i + 1}" for i, n in enumerate(names)]
+
+
 def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]) -> list[Path] | None:
     """--annotate: OUT.mp4 (one source), or FOLDER/: a file per source named by the UTC time the
-    run began and the source (a file's name, a stream's address without credentials), so a
-    restarted job starts new files beside the old ones."""
+    run began and the source (`file_names`), so a restarted job starts new files beside the old
+    ones."""
     if not annotate:
         return None
     folder = folder_arg(annotate)
@@ -265,13 +274,8 @@ def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]
     check_writable([folder], [])
     from datetime import datetime, timezone
 
-    from pipelines.sinks import file_label
-
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    names = [file_label(Path(source).stem if Path(source).is_file() else label) or "source"
-             for source, label in zip(sources, labels)]
-    names = [n if names.count(n) == 1 else f"{n}_{i + 1}" for i, n in enumerate(names)]
-    return [folder / f"{stamp}_{name}.mp4" for name in names]
+    return [folder / f"{stamp}_{name}.mp4" for name in file_names(sources, labels)]
 
 
 def no_frames_line(opened: list, several: bool, duration: float | None) -> str:

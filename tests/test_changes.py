@@ -1,6 +1,7 @@
 """`live --changes`: answers reported when they change, after holding for --hold frames."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,23 @@ def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--hold N goes with --changes" in err and "--snapshots goes with --changes" in err
     assert "cannot create the output folder" in err
+
+
+def test_several_sources_name_their_snapshots_as_their_recordings(tmp_path, capsys):
+    """With several sources, a snapshot's name says which source it is from, by the name its
+    recording has (the file's name): it had carried the file's whole path."""
+    other = tmp_path / "door cam.mp4"
+    other.write_bytes(CLIP.read_bytes())
+    log = tmp_path / "events.jsonl"
+    assert main(["live", str(CLIP), str(other), "--duration", "3", "--max-tokens", "4", "--changes",
+                 "-o", str(log), "--snapshots", str(tmp_path / "shots"), "--annotate", str(tmp_path / "rec") + "/"]) == 0
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    names = {Path(r["source"]).name: Path(r["snapshot"]).name for r in rows}
+    assert set(names) == {CLIP.name, other.name}
+    recorded = sorted(p.stem.split("_", 1)[1] for p in (tmp_path / "rec").iterdir())
+    assert recorded == ["cuts_640x360_30fps", "door_cam"]
+    for source, name in [(CLIP.name, recorded[0]), (other.name, recorded[1])]:
+        assert re.fullmatch(rf"\d{{8}}T\d{{6}}\.\d{{3}}Z_{name}_\d+\.jpg", names[source]), names
 
 
 def test_a_snapshot_that_cannot_be_written_stops_the_run_but_keeps_the_change(tmp_path, capsys, monkeypatch):
