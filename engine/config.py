@@ -212,11 +212,19 @@ class ModelConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
         if not isinstance(data, Mapping):
             raise ConfigError("config must be a JSON object")
-        if set(data) == {"config"}:
+        if "config" in data:
+            # Hugging Face's wrapper: the real 2025-06-21 folder's config.json is {"architectures":
+            # ["HfMoondream"], "auto_map": ..., "config": {}, "model_type": "moondream1",
+            # "torch_dtype": "bfloat16", ...}. Its other keys are that library's, not the model's:
+            # they are left alone (they had made the real folder an error), but a section of ours
+            # beside "config" is a mistake worth saying.
+            beside = sorted(SECTIONS & set(data))
+            if beside:
+                raise ConfigError(f'"{beside[0]}" must go inside "config" (config.json has a "config" object)')
             data = data["config"]
             if not isinstance(data, Mapping):
                 raise ConfigError('"config" must be a JSON object')
-        _reject_unknown(data, {"text", "vision", "region", "tokenizer"}, "config")
+        _reject_unknown(data, SECTIONS, "config")
         tok = dict(_section(data, "tokenizer"))
         templates = tok.pop("templates", None)
         rewrites = _rewrites(tok.pop("question_rewrites", []), "question_rewrites")
@@ -277,6 +285,10 @@ def _reject_unknown(data: Mapping[str, Any], known: set[str], where: str) -> Non
         raise ConfigError(f"unknown field {where}.{unknown[0]} (known: {', '.join(sorted(known))})")
 
 
+SECTIONS = frozenset({"text", "vision", "region", "tokenizer"})
+MAX_INT, MAX_LAYERS, MAX_CONTEXT = 1 << 20, 1024, 1 << 15  # what config.json may ask (see _build)
+
+
 def _build(cls: type, data: Mapping[str, Any], where: str):
     names = {f.name for f in dataclasses.fields(cls) if f.name not in ("templates", "question_rewrites",
                                                                         "caption_rewrites")}
@@ -295,6 +307,12 @@ def _build(cls: type, data: Mapping[str, Any], where: str):
             raise ConfigError(f"{where}.{key} must be an integer, got {value!r}")
         if value < 0 or (value == 0 and not key.endswith("_id")):
             raise ConfigError(f"{where}.{key} must be positive, got {value}")
+        # Far above any Moondream-family model's, and low enough that a slip (an extra zero or
+        # ten) is said here: 10**12 layers had built shape tables until memory ran out, and a
+        # context of 10**9 was a 2 TB allocation traceback.
+        most = MAX_LAYERS if key.endswith("n_layers") else MAX_CONTEXT if key == "max_context" else MAX_INT
+        if value > most:
+            raise ConfigError(f"{where}.{key} is {value}, more than {most} (a mistake in config.json?)")
     return cls(**data)
 
 
@@ -337,6 +355,9 @@ def _templates(data: Any) -> Templates:
             raise ConfigError(f"{where}.caption must be a JSON object")
         _reject_unknown(data["caption"], set(CAPTION_LENGTHS), f"{where}.caption")
         caption.update({k: _ids(v, f"{where}.caption.{k}") for k, v in data["caption"].items()})
+        empty = [k for k in CAPTION_LENGTHS if not caption[k]]
+        if empty:  # a caption prompt of no tokens: nothing to prefill, and the decoder failed on it
+            raise ConfigError(f"{where}.caption.{empty[0]} must not be empty")
     prompts = {}
     for name in ("query", "detect", "point"):
         base = getattr(default, name)

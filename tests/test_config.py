@@ -30,6 +30,15 @@ def test_round_trip_and_wrapper(tmp_path):
     assert ModelConfig.from_dict(c.to_dict()) == c
     (tmp_path / "config.json").write_text(json.dumps({"config": c.to_dict()}))
     assert read_config(tmp_path) == c
+    # The real folder's config.json (vikhyatk/moondream2, 2025-06-21): Hugging Face's keys around
+    # an empty "config", which had been refused ("unknown field config.architectures")
+    hf = {"architectures": ["HfMoondream"], "auto_map": {"AutoConfig": "hf_moondream.HfConfig",
+          "AutoModelForCausalLM": "hf_moondream.HfMoondream"}, "config": {}, "model_type": "moondream1",
+          "torch_dtype": "bfloat16", "transformers_version": "4.44.0"}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert read_config(tmp_path) == ModelConfig()
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "config": c.to_dict()}))
+    assert read_config(tmp_path) == c
 
 
 def test_absent_config_takes_defaults(tmp_path):
@@ -55,6 +64,11 @@ def test_absent_config_takes_defaults(tmp_path):
     ({"tokenizer": {"question_rewrites": [["(?P<s>star)", r"\g<shape>"]]}}, "question_rewrites[0]"),
     ({"tokenizer": {"caption_rewrites": [["describe it", "medium"]]}}, "caption_rewrites[0]: 'medium'"),
     ({"tokenizer": {"caption_rewrites": [["describe (it", "long"]]}}, "caption_rewrites[0]"),
+    ({"tokenizer": {"templates": {"caption": {"short": []}}}}, "caption.short must not be empty"),
+    ({"text": {"n_layers": 10 ** 12}}, "text.n_layers is 1000000000000, more than 1024"),
+    ({"text": {"max_context": 10 ** 9}}, "text.max_context is 1000000000, more than 32768"),
+    ({"vision": {"enc_dim": 10 ** 7}}, "vision.enc_dim is 10000000, more than 1048576"),
+    ({"config": {}, "text": {"n_layers": 2}}, '"text" must go inside "config"'),
 ])
 def test_invalid_configs_name_the_field(data, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):

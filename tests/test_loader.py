@@ -83,8 +83,22 @@ def test_invalid_tokenizer(tmp_path, small_folder):
 def test_missing_weights(tmp_path, small_folder):
     folder = _copy(small_folder, tmp_path)
     (folder / "model.safetensors").unlink()
-    with pytest.raises(ModelLoadError, match="model.safetensors is missing"):
+    with pytest.raises(ModelLoadError, match="model.safetensors is missing: a model folder needs"):
         load_model(folder)
+    (folder / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match=r"split into shards \(model.safetensors.index.json\)"):
+        load_model(folder)
+
+
+def test_a_hugging_face_cache_folder_names_its_snapshot(tmp_path, small_folder):
+    """models--vikhyatk--moondream2/ (the cache's layout) had said only "tokenizer.json is missing"."""
+    root = tmp_path / "models--vikhyatk--moondream2"
+    (root / "refs").mkdir(parents=True)
+    snapshot = root / "snapshots" / "abc123"
+    shutil.copytree(small_folder, snapshot)
+    with pytest.raises(ModelLoadError, match=f"Hugging Face cache folder: .*e.g. {snapshot}$"):
+        load_model(root)
+    assert load_model(snapshot).config == load_model(small_folder).config
 
 
 @pytest.mark.parametrize("damage", ["truncate", "empty", "garbage", "bad_header"])
@@ -103,6 +117,47 @@ def test_corrupt_safetensors(tmp_path, small_folder, damage):
     with pytest.raises(ModelLoadError, match="model.safetensors") as e:
         load_model(folder)
     assert "\n" not in str(e.value)
+
+
+def _edit_header(path, edit) -> None:
+    """Rewrite a safetensors file's JSON header through `edit(header)`, its data unchanged."""
+    import json
+    import struct
+
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8: 8 + n])
+    edit(header)
+    text = json.dumps(header).encode() if isinstance(header, dict) else header
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n:])
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda h, k: h[k].update(data_offsets=[str(o) for o in h[k]["data_offsets"]]), "corrupt header entry for"),
+    (lambda h, k: h[k].update(data_offsets=[float(o) for o in h[k]["data_offsets"]]), "corrupt header entry for"),
+    (lambda h, k: h[k].update(dtype=[h[k]["dtype"]]), "corrupt header entry for"),
+    (lambda h, k: h[k].update(shape=[True] * len(h[k]["shape"])), "corrupt header entry for"),
+    (lambda h, k: h.update({k: [1, 2]}), "corrupt header entry for"),
+    (lambda h, k: h.update({"copy": {**h[k]}}), "overlap"),
+])
+def test_corrupt_header_entries_are_one_line_errors(tmp_path, small_folder, edit, needle):
+    """Entries of the wrong JSON type had been TypeError tracebacks, and overlapping weights loaded."""
+    folder = _copy(small_folder, tmp_path)
+    _edit_header(folder / "model.safetensors", lambda h: edit(h, next(k for k in h if k != "__metadata__")))
+    with pytest.raises(ModelLoadError, match=needle) as e:
+        load_model(folder)
+    assert "\n" not in str(e.value)
+
+
+def test_a_header_nested_too_deep_is_an_error(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    path = folder / "model.safetensors"
+    deep = b"[" * 100000 + b"]" * 100000
+    _edit_header(path, lambda h: None)
+    data = path.read_bytes()
+    path.write_bytes(len(deep).to_bytes(8, "little") + deep + data[8:])
+    with pytest.raises(ModelLoadError, match="nested too deep"):
+        load_model(folder)
 
 
 def _edit_weights(folder, edit):

@@ -11,6 +11,7 @@ one tensor, not the model plus the whole file.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import struct
 import warnings
@@ -55,26 +56,34 @@ class Checkpoint:
             header = json.loads(self._file.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise self._fail(f"corrupt header ({e})") from None
+        except RecursionError:  # JSON nested thousands deep
+            raise self._fail("corrupt header (nested too deep)") from None
         if not isinstance(header, dict):
             raise self._fail("corrupt header (not a JSON object)")
         header.pop("__metadata__", None)
         self._data_start = 8 + n
         data_size = size - self._data_start
+        spans = []
         for key, e in header.items():
-            try:
-                dtype, shape, (begin, end) = e["dtype"], e["shape"], e["data_offsets"]
-                numel = 1
-                for d in shape:
-                    numel *= int(d)
-            except (KeyError, TypeError, ValueError):
-                raise self._fail(f"corrupt header entry for {key}") from None
+            # Every field of the type the format says: offsets of "10" or 10.0, or a dtype given as
+            # a list, had been tracebacks (str - str, unhashable list, frombuffer's count).
+            if not (isinstance(e, dict) and isinstance(e.get("dtype"), str) and _ints(e.get("shape"))
+                    and _ints(e.get("data_offsets")) and len(e["data_offsets"]) == 2):
+                raise self._fail(f"corrupt header entry for {key}")
+            dtype, shape, (begin, end) = e["dtype"], e["shape"], e["data_offsets"]
             if dtype not in DTYPES:
                 raise self._fail(f"weight {key} has unknown dtype {dtype}")
-            if end - begin != numel * DTYPES[dtype].itemsize or begin < 0:
+            if end - begin != math.prod(shape) * DTYPES[dtype].itemsize or begin < 0 or min(shape, default=0) < 0:
                 raise self._fail(f"header entry for {key} does not match its shape and dtype")
             if end > data_size:
                 raise self._fail(f"file is truncated: weight {key} ends at byte {self._data_start + end}, "
                                  f"the file has {size}")
+            if end > begin:
+                spans.append((begin, end, key))
+        spans.sort()
+        for (_, end, key), (begin, _, other) in zip(spans, spans[1:]):
+            if begin < end:  # two weights reading the same bytes: not a file any writer makes
+                raise self._fail(f"weights {key} and {other} overlap")
         return header
 
     def keys(self) -> list[str]:
@@ -123,3 +132,8 @@ class Checkpoint:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _ints(value) -> bool:
+    """A JSON list of integers (true and false are not)."""
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)

@@ -114,6 +114,10 @@ def check_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
 
 def _open(spec: str | Path, device: str | torch.device, dtype: str | torch.dtype | None) -> tuple:
     folder = resolve_model_dir(spec)
+    snapshots = sorted((folder / "snapshots").glob("*/model.safetensors"))
+    if snapshots and not (folder / "model.safetensors").exists():  # a Hugging Face cache's models--owner--name
+        raise ModelLoadError(f"{folder} is a Hugging Face cache folder: point the model at one of its snapshots, "
+                             f"e.g. {snapshots[0].parent}")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     try:
@@ -123,6 +127,9 @@ def _open(spec: str | Path, device: str | torch.device, dtype: str | torch.dtype
     tokenizer = Tokenizer(folder / "tokenizer.json")
     weights = folder / "model.safetensors"
     if not weights.exists():
+        if (folder / "model.safetensors.index.json").exists():
+            raise ModelLoadError(f"{weights} is missing: the weights are split into shards "
+                                 "(model.safetensors.index.json), and one model.safetensors is read")
         raise ModelLoadError(f"{weights} is missing: a model folder needs its model.safetensors")
     return folder, dev, dt, config, tokenizer, weights
 
