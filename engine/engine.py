@@ -14,12 +14,14 @@ released (pages, slot, image) when no launched step includes it any more.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import numbers
 import os
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +111,7 @@ class Engine:
 
         self._thread = threading.Thread(target=self._loop, name="vlmstream-engine", daemon=True)
         self._thread.start()
+        _open_engines.add(self)
 
     # ------------------------------------------------------------------ public API (any thread)
 
@@ -222,14 +225,17 @@ class Engine:
         self._post(("reset_stats", None))
 
     def close(self, cancel: bool = False, timeout: float = 600.0) -> None:
-        """Finish (or with cancel=True, cancel) all requests, free every page, join the threads."""
+        """Finish (or with cancel=True, cancel) all requests, free every page, join the threads.
+        After a TimeoutError, a second call waits again (it had returned at once, the engine still
+        running). From a done callback, which runs on the engine thread, it starts the closing and
+        returns: the engine ends once the callback returns and the requests are done."""
         with self._post_lock:
-            if self._closed:
-                return
             self._closed = True
-        if cancel:
-            self._inbox.put(("cancel_all", None))
+        if cancel and self._thread.is_alive():
+            self._inbox.put(("cancel_all", None), timeout=10.0)
         self._closing.set()
+        if threading.current_thread() is self._thread:
+            return  # joining would wait on ourselves
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"engine did not drain within {timeout} s")
@@ -245,9 +251,10 @@ class Engine:
 
     def _post(self, message: tuple, block: bool = True) -> None:
         with self._post_lock:
-            if self._error is not None:
+            new = message[0] in ("image", "request", "depth", "reset_stats")
+            if self._error is not None and new:  # a release or cancel after a failure is moot: not an error
                 raise EngineClosedError(f"the engine failed: {self._error}") from self._error
-            if self._closed and message[0] in ("image", "request", "depth", "reset_stats"):
+            if self._closed and new:
                 raise EngineClosedError("the engine is closed")
             if self._stopped:  # a late release or cancel: the engine thread let everything go
                 return
@@ -301,6 +308,9 @@ class Engine:
                     self._commit(self._inflight.popleft())
                 if self.config.debug_checks:
                     self._check_invariants()
+            self._executor.close()  # here too for a close() from a done callback, which cannot join
+            if self._vision is not None:
+                self._vision.close()
         except BaseException as e:  # a device or engine bug: fail every request, keep the cause
             with self._post_lock:
                 self._error = e
@@ -607,6 +617,21 @@ class Engine:
             assert 0 <= img.inflight <= depth
             assert img.waiting == waiting.get(id(img), 0) and img.holders >= img.ref_held + img.waiting
             assert not (img.staged and img.launched and not img.encoding), "launched before the vision stage"
+
+
+_open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A program that ends without close(): its requests are cancelled and the engine's threads
+    joined before the interpreter goes down under them (a TorchScript call still running then had
+    aborted the process: "terminate called without an active exception", exit 134)."""
+    for engine in list(_open_engines):
+        try:
+            engine.close(cancel=True, timeout=30.0)
+        except Exception:  # a failed or stuck engine: nothing more to do at exit
+            pass
 
 
 def _priority(priority: Any) -> int:

@@ -8,6 +8,7 @@ any thread, and idempotent. An `ImageRef` keeps an image prefix alive for furthe
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -50,16 +51,26 @@ class RequestHandle:
             self._ended = True
             self._cond.notify_all()
         for fn in callbacks:
+            self._call(fn)
+
+    def _call(self, fn) -> None:
+        # A caller's callback that raises is logged, as concurrent.futures does: raised on the
+        # engine thread it had been taken for a device failure, failing every request, and a
+        # second one killed the thread with requests left waiting for ever.
+        try:
             fn(self)
+        except Exception:
+            logging.getLogger("vlmstream").exception("a done callback of request %d raised", self.id)
 
     def add_done_callback(self, fn) -> None:
         """Call fn(handle) once the request has finished (at once if it already has). It runs on
-        the engine thread: it must be quick and must not wait on the engine."""
+        the engine thread: it must be quick and must not wait on the engine. An exception it
+        raises is logged (logger "vlmstream"), not raised."""
         with self._cb_lock:
             if not self._done.is_set():
                 self._callbacks.append(fn)
                 return
-        fn(self)
+        self._call(fn)
 
     # caller side
     def done(self) -> bool:

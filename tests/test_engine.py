@@ -313,6 +313,90 @@ def test_pillow_images_are_read_upright_as_the_rgb_they_show(small_folder, image
     _assert_clean(eng)
 
 
+def test_a_done_callback_that_raises_is_logged_and_harms_no_other_request(small_folder, images, caplog):
+    """A caller's callback raised on the engine thread was taken for a device failure: every
+    request in flight failed, and a second one killed the thread with handles left waiting."""
+    eng = _engine(small_folder)
+    ref = eng.encode_image(images[3])
+    handles = [eng.submit(img, caption="long", params=GREEDY) for img in images[:3]]
+    for h in handles:
+        h.add_done_callback(lambda h: 1 / 0)
+    assert {h.result(timeout=30).finish_reason for h in handles} <= {"stop", "length"}
+    logged = lambda: sum("a done callback of request" in r.getMessage() for r in caplog.records)  # noqa: E731
+    deadline = time.monotonic() + 10  # a handle is done just before its callbacks run
+    while logged() < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert logged() == 3
+    late = eng.submit(ref, caption="short", params=GREEDY)
+    late.result(timeout=30)
+    late.add_done_callback(lambda h: 1 / 0)  # after the end: called at once, on this thread, logged too
+    assert logged() == 4
+    ref.release()
+    eng.close(timeout=30)
+    _assert_clean(eng)
+
+
+def test_close_from_a_done_callback_and_again_after_a_timeout(small_folder, images):
+    """close() in a done callback joined its own thread (RuntimeError); a second close() after a
+    TimeoutError returned at once with the engine still running."""
+    eng = _engine(small_folder)
+    first = eng.submit(images[0], caption="short", params=GREEDY)
+    first.add_done_callback(lambda h: eng.close())
+    first.result(timeout=30)
+    eng._thread.join(30)
+    _assert_clean(eng)
+    with pytest.raises(EngineClosedError):
+        eng.submit(images[0], caption="short")
+    eng = _engine(small_folder)
+    long = SamplingParams(max_tokens=150, ignore_eos=True)
+    handles = [eng.submit(img, caption="long", params=long) for img in images * 2]
+    with pytest.raises(TimeoutError):
+        eng.close(timeout=0.01)
+    eng.close(timeout=60)  # waits, this time
+    assert all(h.done() for h in handles)
+    _assert_clean(eng)
+
+
+def test_a_failed_engine_takes_releases_and_cancels_quietly(small_folder, images):
+    """After a device failure, `with engine.encode_image(...)` raised again on leaving its block."""
+    eng = _engine(small_folder)
+    ref = eng.encode_image(images[0])
+    eng.submit(ref, caption="short", params=GREEDY).result(timeout=30)
+
+    def lost(*args):
+        raise RuntimeError("device lost")
+
+    eng.runner.launch = lost  # the next step fails as on a device error
+    h = eng.submit(ref, caption="long", params=GREEDY)
+    assert h.result(timeout=30).finish_reason == "error"
+    eng._thread.join(30)
+    ref.release()
+    h.cancel()
+    with pytest.raises(EngineClosedError, match="the engine failed"):
+        eng.submit(images[0], caption="short")
+
+
+def test_a_program_that_ends_without_close_exits_cleanly(small_folder):
+    """With requests running under TorchScript, the interpreter went down under the engine thread:
+    "terminate called without an active exception", exit 134."""
+    import subprocess
+    import sys
+
+    script = f"""if True:
+        import numpy as np, torch
+        torch.set_num_threads(1)
+        from engine import Engine, EngineConfig, SamplingParams
+        eng = Engine(EngineConfig(model={str(small_folder)!r}))
+        rng = np.random.default_rng(0)
+        hs = [eng.submit(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8), caption="long",
+                         params=SamplingParams(max_tokens=150, ignore_eos=True)) for _ in range(8)]
+        print("leaving")
+    """
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0 and run.stdout == "leaving\n", run.stderr
+
+
 def test_close_with_cancel_finishes_every_handle(small_folder, images):
     eng = _engine(small_folder)
     handles = [eng.submit(images[i % 4], caption="long", params=SamplingParams(max_tokens=200, ignore_eos=True))
