@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             for sink in sinks:
                 if sink is not shared:
                     try:
-                        sink.close(src.end) if isinstance(sink, SubtitleSink) else sink.close()
+                        sink.close(src.end)
                     except OSError as e:
                         write_failed.set()
                         summary.errors.append(f"{path}: cannot write its results: {e}")

@@ -75,7 +75,7 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
     finally:
         src.close()
         for sink in sinks:
-            sink.close(src.end) if isinstance(sink, SubtitleSink) else sink.close()
+            sink.close(src.end)
     speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
     return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
             "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
@@ -143,7 +143,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
         for sub in subs:
             sub.close(src.end)
         if video is not None:
-            video.close()
+            video.close(src.end)
     if frames == 0 and not cancelled:
         raise UIError(src.error or "the video has no frames")
     seconds = time.perf_counter() - started

@@ -163,11 +163,9 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 incomplete += src.incomplete
             finally:
                 src.close()
-                for f in (own, ann):
+                for f in (own, ann, *subs):
                     if f is not None:
-                        f.close()
-                for sub in subs:
-                    sub.close(src.end)
+                        f.close(src.end)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was written stays whole
         interrupted = True
     except BrokenPipeError:  # -o - into a reader that has had enough

@@ -126,5 +126,5 @@ class ChangedAnswersSink:
             if records:
                 self.sink.write_records(records)
 
-    def close(self) -> None:
-        self.sink.close()
+    def close(self, end: float | None = None) -> None:
+        self.sink.close(end)

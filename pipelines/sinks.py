@@ -102,7 +102,8 @@ class JsonlSink:
             self._f.write(text)
             self._f.flush()
 
-    def close(self) -> None:
+    def close(self, end: float | None = None) -> None:
+        """end: where the video ends (the other sinks' argument; lines need none)."""
         if self._own:
             self._f.close()
 
@@ -279,9 +280,11 @@ class AnnotatedVideoSink:
         # One encoder thread: x264's own threads cost more CPU in all (3.6 against 2.2 ms a 640x360
         # frame here), taken from the engine's cores, beside which this sink always runs.
         self._stream.options = {"crf": "23", "preset": "veryfast", "threads": "1"}
-        if fragmented:  # no B-frames: a fragmented file has no edit list to start its reordered frames at 0 s
-            self._stream.options["bf"] = "0"
+        # No B-frames: a fragmented file has no edit list to start reordered frames at 0 s, and
+        # without reordering the last packet is the last frame, which close(end) lengthens.
+        self._stream.options["bf"] = "0"
         self._last_pts = -1
+        self._held = None  # the newest packet (see _mux)
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
         self.write_frame([r], rgb)
@@ -299,8 +302,7 @@ class AnnotatedVideoSink:
         frame = self._av.VideoFrame.from_ndarray(img, format="rgb24")
         pts = max(int(round(seconds * 1000)), self._last_pts + 1)  # strictly increasing
         frame.pts, self._last_pts = pts, pts
-        for packet in self._stream.encode(frame):
-            self._container.mux(packet)
+        self._mux(self._stream.encode(frame))
 
     def _fit(self, rgb: np.ndarray) -> np.ndarray:
         """The frame at the video's size: a stream can change resolution on the way (an HLS
@@ -318,10 +320,24 @@ class AnnotatedVideoSink:
         out[top: top + fh, left: left + fw] = cv2.resize(rgb, (fw, fh), interpolation=cv2.INTER_AREA)
         return out
 
-    def close(self) -> None:
-        for packet in self._stream.encode():
-            self._container.mux(packet)
+    def close(self, end: float | None = None) -> None:
+        """end: where the video ends, if known: the last frame is shown until then, as the last
+        cue of the subtitles is (it lasted a millisecond, so a sampled video's annotated copy was
+        shorter than the video, and a one-frame video's lasted 0.001 s)."""
+        self._mux(self._stream.encode())
+        last, self._held = self._held, None
+        if last is not None:
+            if end is not None:
+                last.duration = max(last.duration or 0, round(end * 1000) - self._last_pts)
+            self._container.mux(last)
         self._container.close()
+
+    def _mux(self, packets) -> None:
+        """Mux all but the newest packet, which is held: close() may lengthen it."""
+        for packet in packets:
+            if self._held is not None:
+                self._container.mux(self._held)
+            self._held = packet
 
 
 def save_snapshot(folder: Path, source: str, index: int, rgb: np.ndarray) -> Path:

@@ -344,6 +344,9 @@ def test_video_cli(tmp_path, small_folder, capsys):
         s = c.streams.video[0]
         assert s.codec_context.name == "h264" and s.codec_context.pix_fmt == "yuv420p"
         assert sum(1 for _ in c.decode(s)) == 3
+        # as long as the video (15 frames at 10 fps): the last sample shows until its end (it
+        # lasted a millisecond, so the copy was 1.001 s long)
+        assert c.duration / 1e6 == pytest.approx(1.5, abs=0.002)
     assert main(["video", str(tmp_path / "missing.mp4")]) == 2
     assert main(["video", str(path), "-o", str(tmp_path / "x.txt")]) == 2
     assert "error" in capsys.readouterr().err
