@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import NoReturn, Sequence
 
 from app.errors import UsageError

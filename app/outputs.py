@@ -14,6 +14,7 @@ from pathlib import Path
 from app.cli import UsageError
 
 FORMATS = ("jsonl", "srt", "vtt")
+NAME_MAX = 255  # bytes in a file name: Linux's file systems, and most others
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ def plan_outputs(paths: list[tuple[str, int | None, Path]], out_dir: Path | None
     overwrite an input, are a UsageError before anything runs."""
     plans, owner = {}, {}
     inputs = {Path(p).resolve(): p for p, _, _ in paths}
+    # and by the file itself: a hard link to a video is another path to it (it was overwritten)
+    inputs.update((_file_id(Path(p)), p) for p, _, _ in paths)
     for path, _, rel in paths:
         names = {f: out_dir / rel.with_suffix("." + f) for f in formats} if out_dir else {}
         if subtitles:  # -o OUT.srt: one file
@@ -93,10 +96,18 @@ def plan_outputs(paths: list[tuple[str, int | None, Path]], out_dir: Path | None
             key = target.resolve()
             if target.is_dir():  # said before the model loads (it was exit 1 after the run)
                 raise UsageError(f"cannot write {target}: it is a folder")
-            if key in inputs:
-                raise UsageError(f"an output would overwrite the input {inputs[key]}; choose another folder")
+            if len(os.fsencode(target.name)) > NAME_MAX:  # a long video name: each file failed after the run
+                raise UsageError(f"cannot write {target}: its name is longer than {NAME_MAX} bytes")
+            same = inputs.get(key) or target.exists() and inputs.get(_file_id(target))
+            if same:
+                raise UsageError(f"an output would overwrite the input {same}; choose another folder")
             if key in owner:
                 raise UsageError(f"{owner[key]} and {path} would both write {target}; caption them in separate runs")
             owner[key] = path
         plans[path] = Outputs(names.get("jsonl"), tuple((p, f) for f, p in names.items() if f != "jsonl"), ann)
     return plans
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino

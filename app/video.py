@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     if snapshots and not (kind == "jsonl" or "jsonl" in formats):
         raise UsageError("--snapshots needs a JSONL output (-o OUT.jsonl, -o -, or -o FOLDER/), whose lines name "
                          "the pictures")
+    if snapshots and out and resolved(snapshots) == resolved(out):  # it was made, then -o failed on it
+        raise UsageError(f"--snapshots {snapshots} is -o's file: the pictures need a folder")
     if snapshots:
         check_writable([snapshots], [])
     ann_file = Path(args.annotate) if args.annotate and not ann_dir else None
@@ -263,14 +265,17 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
 
     if len(set(names)) != len(names):
         raise UsageError("a file is listed twice")
-    excluded = exclude.resolve() if exclude else None
+    excluded = resolved(exclude) if exclude else None
     found: list[tuple[str, Path | None]] = []  # a named file keeps its spelling: it is the JSONL's source
     for name in names:
         p = Path(name)
         if p.is_dir():
             videos = video_files(p)
-            if excluded and excluded != p.resolve() and excluded.is_relative_to(p.resolve()):
-                videos = [v for v in videos if not v.resolve().is_relative_to(excluded)]
+            if excluded and excluded == resolved(p):  # a second run would take the annotated videos for inputs
+                raise UsageError(f"--annotate {exclude} is an input folder: give the annotated videos a folder of "
+                                 f"their own (a subfolder will do: --annotate {exclude / 'annotated'}/)")
+            if excluded and excluded.is_relative_to(resolved(p)):
+                videos = [v for v in videos if not resolved(v).is_relative_to(excluded)]
             if not videos:
                 raise UsageError(f"no video files in {p} (looked for .mp4, .mkv, .webm, .mov, .avi and other "
                                  "video extensions, in subfolders too)")
@@ -279,7 +284,7 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
             found.append((name, None))
     paths, seen, skipped = [], set(), []
     for p, rel in found:
-        key = Path(p).resolve()
+        key = resolved(Path(p))
         if key in seen:
             continue
         seen.add(key)
@@ -294,3 +299,12 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
     if not paths:
         raise UsageError(f"none of the {len(found)} video files found can be read")
     return paths, skipped
+
+
+def resolved(path: Path) -> Path:
+    """The path with its links followed; a link that loops as it is, made absolute (resolve()
+    raised RuntimeError: a traceback for a bad link in a folder of videos). Opening it says why."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))

@@ -120,7 +120,21 @@ def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None,
     p = Path(path)
     if not p.exists():
         return done
-    bad = 0
+    bad, where = 0, {}
+    beside = os.path.dirname(os.path.abspath(p))
+
+    def key(r: FrameResult) -> tuple:
+        # A relative source is a path from where the first run ran, unknown now. From here, or
+        # else from the JSONL's folder (a run that wrote `-o out.jsonl` where it ran): resumed
+        # from another folder, every frame had been asked again and appended twice.
+        k = r.key()
+        if r.source not in where:
+            at = k[0]
+            if "://" not in r.source and not os.path.isabs(os.path.expanduser(r.source)) and not os.path.exists(at):
+                there = os.path.join(beside, r.source)
+                at = there if os.path.exists(there) else at
+            where[r.source] = at
+        return (where[r.source], *k[1:])
     for raw in p.read_bytes().split(b"\n")[:-1]:
         if not raw.strip():
             continue
@@ -131,7 +145,7 @@ def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None,
             continue
         if not r.prompt and default_prompt:
             r.prompt = prompt_of(default_prompt)  # the task may carry a constraint: not a field
-        done[r.key()] = r
+        done[key(r)] = r
     if bad and warn is not None:
         warn(f"{p}: {bad} line(s) that are not answers skipped")
     return done
@@ -244,8 +258,9 @@ _caption_band = functools.lru_cache(maxsize=64)(_band)
 
 def file_label(text: str, limit: int = 60) -> str:
     """A source (path, URL without credentials, session id) as part of a file name: runs of other
-    characters than letters, digits, '.' and '-' become '_', and the last `limit` are kept."""
-    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")[-limit:]
+    characters than letters, digits, '.' and '-' become '_', and the last `limit` are kept, never
+    starting with a dot (../clip.mp4's snapshots were hidden files, .._clip_0000000.jpg)."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")[-limit:].lstrip("._")
 
 
 @functools.lru_cache(maxsize=8)

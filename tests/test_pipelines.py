@@ -1,6 +1,7 @@
 """Video sources, sinks and batch captioning on generated media."""
 
 import json
+import os
 import re
 import time
 from fractions import Fraction
@@ -309,10 +310,60 @@ def test_resume_finds_a_file_however_its_path_is_spelt(tmp_path, small_folder, c
         capsys.readouterr()
         assert main(["video", spelt, *cmd, "--resume"]) == 0
         assert "4 skipped (resume)" in capsys.readouterr().err and (tmp_path / "o.jsonl").read_text() == first
+    # resumed from another folder: the lines' source (clips/v.mp4) is found from the JSONL's folder
+    (tmp_path / "clips").mkdir()
+    write_video(tmp_path / "clips" / "v.mp4", "libx264", n=12)
+    assert main(["video", "clips/v.mp4", *cmd[:-1], "c.jsonl"]) == 0
+    lines = (tmp_path / "c.jsonl").read_text()
+    monkeypatch.chdir(tmp_path / "clips")
+    capsys.readouterr()
+    assert main(["video", "v.mp4", *cmd[:-1], "../c.jsonl", "--resume"]) == 0
+    assert "4 skipped (resume)" in capsys.readouterr().err and (tmp_path / "c.jsonl").read_text() == lines
+    monkeypatch.chdir(tmp_path)
     # resumed with another rate: frames 0 and 6 are done, 3 and 9 are not this run's, and it says so
     assert main(["video", "v.mp4", *cmd[:2], "--every-n", "2", *cmd[4:], "--resume"]) == 0
     err = capsys.readouterr().err
     assert "2 skipped (resume)" in err and "the JSONL also holds answers for 2 frames this run does not pick" in err
+
+
+def test_folders_with_odd_links_and_outputs_are_said_before_the_run(tmp_path, capsys, monkeypatch):
+    """Each was a traceback, a file destroyed, or a run that worked once and then never again."""
+    root = tmp_path / "clips"
+    root.mkdir()
+    write_video(root / "a.avi", "mpeg4", n=3)
+    (root / "loop1.mp4").symlink_to("loop2.mp4")  # a link loop: resolve() raised RuntimeError
+    (root / "loop2.mp4").symlink_to("loop1.mp4")
+    bad = ["--model", "/no/such/model"]  # every check comes before the model loads
+    assert main(["video", str(root / "loop1.mp4"), *bad]) == 2
+    assert "video not found" in capsys.readouterr().err
+    # annotated videos put among the inputs were read as inputs by the next run (which refused)
+    assert main(["video", str(root), *bad, "--annotate", f"{root}/"]) == 2
+    assert f"--annotate {root} is an input folder" in capsys.readouterr().err
+    # a hard link to the input is the input: it was overwritten by its annotated copy
+    os.link(root / "a.avi", tmp_path / "hard.mp4")
+    assert main(["video", str(root / "a.avi"), *bad, "--annotate", str(tmp_path / "hard.mp4")]) == 2
+    assert "would overwrite the input" in capsys.readouterr().err
+    # an output name longer than a file name may be: found when the file's outputs were opened
+    long = root / ("x" * 251 + ".mp4")
+    write_video(long, "mpeg4", n=2)
+    assert main(["video", str(long), *bad, "-o", f"{tmp_path / 'out'}/"]) == 2
+    assert "its name is longer than 255 bytes" in capsys.readouterr().err
+    long.unlink()
+    # --snapshots the same path as -o: its folder was made, then -o failed on it
+    assert main(["video", str(root / "a.avi"), *bad, "--changes", "--snapshots", str(tmp_path / "o.jsonl"),
+                 "-o", str(tmp_path / "o.jsonl")]) == 2
+    assert "-o's file" in capsys.readouterr().err and not (tmp_path / "o.jsonl").exists()
+
+
+def test_snapshots_of_a_file_above_are_not_hidden(tmp_path, small_folder, monkeypatch):
+    """../g2.mp4's snapshots were named .._g2_0000000.jpg: hidden, `ls` showed none."""
+    write_video(tmp_path / "v.mp4", "libx264", n=6)
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    assert main(["video", "../v.mp4", "--model", str(small_folder), "--max-tokens", "2", "--every-n", "3",
+                 "--changes", "--snapshots", "shots", "-o", "o.jsonl"]) == 0
+    names = [p.name for p in (tmp_path / "run" / "shots").iterdir()]
+    assert names and all(n.startswith("v_") for n in names), names
 
 
 def test_a_sampled_frames_cue_lasts_until_the_next_sample_or_the_end(tmp_path, small_folder):
@@ -537,7 +588,7 @@ def test_a_folder_gives_each_video_its_own_outputs(tmp_path, small_folder, capsy
     write_video(root / "a.mkv", "mpeg4", n=2)  # a.mp4's outputs' names
     for bad, says in [
         (["-o", f"{out}/"], "both write"),
-        (["--annotate", str(root)], "would overwrite the input"),
+        (["--annotate", str(root)], "is an input folder"),
         (["-o", str(tmp_path / "one.srt")], "-o FOLDER/ --format srt"),
         (["--annotate", str(tmp_path / "one.mp4")], "--annotate FOLDER/"),
         (["-o", f"{out}/", "--format", "srt,mp3"], "--format takes"),
