@@ -122,7 +122,7 @@ class Engine:
         t0 = time.perf_counter()
         crops, tiling = overlap_crops(rgb, self.model_config.vision)
         image = Image(id=next(self._ids), crops=crops, tiling=tiling, priority=priority,
-                      staged=self._vision is not None)
+                      staged=self._vision is not None, n_crops=len(crops))
         image.timings.preprocess = (time.perf_counter() - t0) * 1000.0
         self._post(("image", image))
         return ImageRef(self, image)
@@ -162,7 +162,8 @@ class Engine:
             raise RequestError("that ImageRef belongs to another engine")
         handle = RequestHandle(self, next(self._ids))
         seq = Sequence(id=handle.id, prompt=ids, params=params, image=ref._image, handle=handle,
-                       capacity=min(params.max_tokens, room), constraint=automaton, priority=priority)
+                       capacity=min(params.max_tokens, room), constraint=automaton, priority=priority,
+                       waits_vision=not (ref._image.ready or ref._image.embeds is not None))
         # A constrained answer is verified a token a step (its automaton's state lives on the
         # device): its draft serves stickiness alone.
         if draft and params.temperature == 0 and (params.sticky or self._max_draft and automaton is None):
@@ -449,10 +450,13 @@ class Engine:
         record.slot.busy = False
         step = record.plan
         now = time.perf_counter()
+        crops = sum(img.n_crops for img in step.images) or 1
         for img in step.images:
             img.inflight -= 1
             img.ready = True
-            img.timings.vision += result.busy_ms.get("images", 0.0)  # after the vision stage's part, if any
+            # its share of the encoder's time in this step, by crops (each image had been given
+            # the whole of it); after the vision stage's part, if any
+            img.timings.vision += result.busy_ms.get("images", 0.0) * img.n_crops / crops
             self._maybe_release_image(img)
         for seq in self._members(step):
             seq.inflight -= 1

@@ -68,8 +68,11 @@ class SamplingParams:
 
 @dataclass
 class StageTimings:
-    """Milliseconds per stage of one request. `queue` (submit to admission) and `first_token`
-    (submit to the first answer token) are measured by the engine only."""
+    """Milliseconds per stage of one request. preprocess + queue + vision + prefill + decode =
+    total: `queue` is the wait from submit to admission and `prefill` from admission to the
+    first token, each less the image encoding this request waited for in it (`vision`; see
+    Sequence.output). `queue` and `first_token` (submit to the first answer token, not a stage)
+    are measured by the engine only."""
 
     preprocess: float = 0.0
     vision: float = 0.0
