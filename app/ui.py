@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 from app.service import RECORD_MAX_S, Service, Settings, UIError, sample_videos
 from app.task import make_task
@@ -78,6 +79,11 @@ def build(service: Service, source: str | None = None):
                 autoplayed.pop(sid, None)
             paused.discard(sid)
         except (UIError, VlmstreamError, OSError) as e:
+            # A bad form (an empty question) fails before start_live: the feed that plays (the
+            # sample) is stopped too, else its frames covered the message within a page update.
+            service.stop_live(sid)
+            autoplayed.pop(sid, None)
+            e = _upload_named(e, upload)
             # Again for two seconds: the previous feed's loop may have passed its check that it
             # still owns the page just before it was stopped, and its last frame must not land on
             # the message (once it did, in a browser test on a loaded machine, after 0.25 s).
@@ -207,7 +213,7 @@ def build(service: Service, source: str | None = None):
         try:
             out = service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes))
         except (UIError, VlmstreamError, OSError) as e:
-            raise gr.Error(str(e)) from None
+            raise gr.Error(str(_upload_named(e, path))) from None
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
         note = (f"{out['frames']} frames {'located' if locating else 'captioned'} in {out['seconds']} s "
                 f"({out['x_real_time']}x real time)"
@@ -242,7 +248,7 @@ def build(service: Service, source: str | None = None):
         with gr.Row():  # clicked by the page itself when it is hidden or shown (HEAD_JS; CSS hides them)
             page_hidden = gr.Button("pause", elem_id="vs-page-hidden")
             page_shown = gr.Button("resume", elem_id="vs-page-shown")
-        with gr.Tab("Live") as live_tab:
+        with gr.Tab("Live"):
             with gr.Row():
                 src = gr.Dropdown(samples + ["webcam:0"], value=default_source, allow_custom_value=True, scale=3,
                                   label="Source: a sample, a webcam index on the server, a URL or a path")
@@ -291,13 +297,15 @@ def build(service: Service, source: str | None = None):
             live_outputs = [frame, counters, chart, log, shots]
             # also an API: gradio_client can follow a live source (frame HTML, counters, chart, log,
             # pictures of the changes)
+            # "multiple": a Start while the user's own feed runs replaces it (Gradio's default,
+            # "once", dropped the click for as long as the running feed's event lasted: for ever)
             start.click(live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
-                        api_name="live")
+                        api_name="live", trigger_mode="multiple")
             stop_btn.click(stop, None, counters, api_name=False, concurrency_limit=None)
             if default_source:
                 demo.load(autoplay, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
                           api_name=False)
-        with gr.Tab("Browser webcam") as cam_tab:
+        with gr.Tab("Browser webcam"):
             # Shown only where the browser withholds the camera (HEAD_JS marks such pages).
             gr.HTML('<div class="vs-error">This page was opened over plain HTTP from another machine, and '
                     'browsers give the camera only to pages served over HTTPS (or from localhost): start '
@@ -342,7 +350,7 @@ def build(service: Service, source: str | None = None):
             cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record, cam_shown],
                        [cam_frame, cam_counters, cam_shots, cam_shown], stream_every=0.1, concurrency_limit=None,
                        show_progress="hidden", api_name=False)
-        with gr.Tab("Video file") as video_tab:
+        with gr.Tab("Video file"):
             with gr.Row():
                 vfile = gr.File(label="Video", file_types=video_file_types(), type="filepath", elem_id="vs-video-file")
                 with gr.Column():
@@ -364,7 +372,7 @@ def build(service: Service, source: str | None = None):
             vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext, vchanges], [vnote, vtable, vfiles, vvideo],
                        api_name="caption_video", concurrency_limit=2)
             vcancel.click(cancel_video, None, None, api_name=False, concurrency_limit=None)
-        with gr.Tab("Image") as image_tab:
+        with gr.Tab("Image"):
             with gr.Row():
                 img = gr.Image(type="numpy", label="Image")
                 with gr.Column():
@@ -407,11 +415,12 @@ def build(service: Service, source: str | None = None):
             sapply.click(apply, [model, device, temperature, max_tokens, pipelined, sticky, hold], sstatus,
                          api_name="apply_settings")
             gr.Timer(1.0).tick(service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
-        for leave in (cam_tab.select, video_tab.select, image_tab.select, page_hidden.click):
-            leave(leave_live, None, None, api_name=False, concurrency_limit=None, show_progress="hidden")
-        for back in (live_tab.select, page_shown.click):
-            back(back_to_live, live_inputs, live_outputs, api_name=False, concurrency_limit=None,
-                 show_progress="hidden")
+        # The page says where it is (HEAD_JS: after tab switches and visibility changes settle):
+        # tabs' own select events, run side by side, left a quick Video file -> Live stopped.
+        page_hidden.click(leave_live, None, None, api_name=False, concurrency_limit=None, show_progress="hidden",
+                          trigger_mode="multiple")
+        page_shown.click(back_to_live, live_inputs, live_outputs, api_name=False, concurrency_limit=None,
+                         show_progress="hidden", trigger_mode="multiple")
 
         def closed(request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
             autoplayed.pop(request.session_hash, None)
@@ -421,6 +430,14 @@ def build(service: Service, source: str | None = None):
         demo.unload(closed)
     demo.queue(default_concurrency_limit=None)
     return demo
+
+
+def _upload_named(e: Exception, path: str | None) -> Exception:
+    """The error with an uploaded file named by its name, not by Gradio's scratch path
+    (/tmp/gradio/be5207.../clip.mp4 is not a readable video...)."""
+    if not path or path not in str(e):
+        return e
+    return UIError(str(e).replace(path, Path(path).name))
 
 
 def _number(value, default: int | float, what: str) -> int | float:

@@ -189,15 +189,27 @@ document.addEventListener("click", (e) => {
   if (img) a.href = img.src;
 }, true);
 // The sample a page plays on opening pauses while the page is hidden (another browser tab, a
-// minimised window) and plays again when it is shown on the Live tab (app/ui.py): a page left
-// open in the background kept the server's cores busy for nobody.
-document.addEventListener("visibilitychange", () => {
-  const hidden = document.visibilityState === "hidden";
-  const tab = document.querySelector('button[role="tab"][aria-selected="true"]');
-  if (!hidden && !(tab && tab.innerText.trim() === "Live")) return;
-  const button = document.getElementById(hidden ? "vs-page-hidden" : "vs-page-shown");
-  if (button) button.click();
-});
+// minimised window) or on a tab that wants the engine, and plays again back on Live
+// (app/ui.py): a page left open in the background kept the server's cores busy for nobody.
+// Said once things settle: each tab's own event, run side by side on the server, left a quick
+// Video file -> Live stopped.
+const VS_PAUSING_TABS = ["Browser webcam", "Video file", "Image"];
+let vsSettle = null;
+function vsSayWhere() {
+  clearTimeout(vsSettle);
+  vsSettle = setTimeout(() => {
+    const tab = document.querySelector('button[role="tab"][aria-selected="true"]');
+    const name = tab ? tab.innerText.trim() : "";
+    const away = document.visibilityState === "hidden" || VS_PAUSING_TABS.includes(name);
+    if (!away && name !== "Live") return;  // Settings: as it was
+    const button = document.getElementById(away ? "vs-page-hidden" : "vs-page-shown");
+    if (button) button.click();
+  }, 200);
+}
+document.addEventListener("visibilitychange", vsSayWhere);
+document.addEventListener("click", (e) => {
+  if (e.target.closest && e.target.closest('button[role="tab"]')) vsSayWhere();
+}, true);
 </script>"""
 
 CSS = """

@@ -248,6 +248,33 @@ def test_a_bad_url_is_a_message_in_the_page(server):
         browser.close()
 
 
+def test_start_replaces_a_running_feed_and_a_bad_form_stops_it(server):
+    """A second Start while the user's own feed ran was dropped (Gradio's "once"): the source and
+    prompt could not be changed without Stop. A form mistake (an empty question) flickered for two
+    seconds under the sample's frames, which played on."""
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page()
+        page.goto(server)
+        page.wait_for_selector("#vs-caption", timeout=120_000)
+        page.click("#vs-start")  # the user's own feed of the sample
+        page.wait_for_function("document.querySelector('#vs-counters') && "
+                               "document.querySelector('#vs-counters').innerText.includes('running')", timeout=30_000)
+        page.wait_for_timeout(2000)
+        page.get_by_label("question", exact=True).check()
+        page.get_by_placeholder("How many shapes").fill("How many shapes are there? [one, two, three, four]")
+        page.click("#vs-start")
+        page.wait_for_function("['one', 'two', 'three', 'four'].includes("
+                               "(document.querySelector('#vs-caption') || {}).innerText)", timeout=30_000)
+        page.get_by_placeholder("How many shapes").fill("")
+        page.click("#vs-start")
+        page.wait_for_selector("#vs-frame:has-text('question is empty')", timeout=30_000)
+        page.wait_for_timeout(2500)  # it stays: no frame of the feed it stopped lands on it
+        assert "question is empty" in page.inner_text("#vs-frame")
+        assert "stopped" in page.inner_text("#vs-counters")
+        browser.close()
+
+
 def test_the_webcam_tab_says_when_the_browser_withholds_the_camera(server):
     """Browsers give the camera only to secure pages (HTTPS, or localhost): opened from another
     machine over plain HTTP, the webcam tab's button failed without a word."""
@@ -420,6 +447,13 @@ def test_the_sample_the_page_plays_pauses_while_another_tab_works(server, client
         page = browser.new_page(viewport={"width": 1400, "height": 1300})
         page.goto(server)
         page.wait_for_selector("#vs-caption", timeout=120_000)
+        # a quick look at other tabs and back: it plays on (such a run had left Live stopped)
+        for name in ("Video file", "Live", "Image", "Live", "Browser webcam", "Live"):
+            page.get_by_role("tab", name=name).click()
+            page.wait_for_timeout(30)
+        page.wait_for_timeout(1500)
+        before = page.get_attribute("#vs-frame", "data-index")
+        page.wait_for_function(f"document.querySelector('#vs-frame').dataset.index !== '{before}'", timeout=30_000)
         page.get_by_role("tab", name="Video file").click()
         _engine_paused(client)
         page.get_by_role("tab", name="Live").click()

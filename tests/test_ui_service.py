@@ -863,6 +863,13 @@ def test_odd_inputs_from_a_page_are_one_line_errors_and_leave_nothing_behind(ser
         with pytest.raises(gr_error()):
             video(clip, "question", question, every)
     assert service._video_stops.get("api") is None
+    # an upload that is no video is named by its name, not by Gradio's scratch path
+    upload = tmp_path / "gradio" / "be5207d615" / "fake.mp4"
+    upload.parent.mkdir(parents=True)
+    upload.write_bytes(b"not a video" * 50)
+    with pytest.raises(gr_error()) as e:
+        video(str(upload), "short", "", 1)
+    assert "fake.mp4 is not a readable video" in str(e.value) and "be5207d615" not in str(e.value)
     for source in ("/tmp/\ud800.mp4", "/tmp/a\x00b.mp4"):
         with pytest.raises(VlmstreamError):
             service.start_live("tab-odd", source, make_task("short"))
