@@ -88,11 +88,32 @@ def test_the_trained_questions_are_asked_as_they_are():
     ("Are there black stars?", "Is there a black star?"),
     ("Where's the green circle located?", "Where is the green circle?"),
     ("What is the position of the green circle in the picture?", "Where is the green circle?"),
+    # rewordings an audit found answered far worse (EVAL.md, thirty-sixth session)
+    ("How many shapes can you count?", "How many shapes are there?"),
+    ("Please tell me how many shapes are there.", "How many shapes are there?"),
+    ("Count the number of shapes.", "How many shapes are there?"),
+    ("How many objects does the image contain?", "How many shapes are there?"),
+    ("Hey, what color is the star?", "What color is the star?"),
+    ("What color is the star, please?", "What color is the star?"),
+    ("Could you tell me the color of the star?", "What color is the star?"),
+    ("Which colour does the star have?", "What color is the star?"),
+    ("What's the purple one?", "What shape is the purple object?"),
+    ("The purple object is what shape?", "What shape is the purple object?"),
+    ("Is there a triangle, yes or no?", "Is there a triangle?"),
+    ("Is there a green star? Answer yes or no.", "Is there a green star?"),
+    ("Does the image contain a triangle?", "Is there a triangle?"),
+    ("Any green stars?", "Is there a green star?"),
+    ("Can you spot a green-colored star?", "Is there a green star?"),
+    ("In which part of the image is the green circle?", "Where is the green circle?"),
+    ("Where\u2019s the green circle?", "Where is the green circle?"),
+    ("Tell me where the green circle is.", "Where is the green circle?"),
+    ("Locate the green circle.", "Where is the green circle?"),
+    ("Where are the green circles?", "Where is the green circle?"),
     # not the world's questions: asked as given, to the letter
     ("Is there a dog?", "Is there a dog?"),
     ("where is the CIRCLE", "where is the CIRCLE"),
     ("What shape is the red circle?", "What shape is the red circle?"),
-    ("What is this?", "What is this?"),
+    ("Where is the green one?", "Where is the green one?"),
 ])
 def test_rewordings_reach_the_trained_forms(asked, trained):
     assert asked_prompt(read_config(TINY_DIR), asked) == {"question": trained}
@@ -104,6 +125,9 @@ def test_rewordings_reach_the_trained_forms(asked, trained):
     ("Describe the image in detail.", "long"), ("Describe the scene briefly", "short"),
     ("What shapes are there?", "short"), ("Which objects do you see?", "short"),
     ("What colours are there in the image?", "short"), ("List all the shapes.", "short"),
+    ("What is this?", "normal"), ("Describe it.", "normal"), ("Please describe the image.", "normal"),
+    ("Can you describe this picture?", "normal"), ("Caption", "normal"), ("What is happening in the image?", "normal"),
+    ("Tell me about the image.", "normal"), ("Give a short caption.", "short"), ("describe image in detail", "long"),
 ])
 def test_questions_that_ask_for_a_description_get_a_caption(asked, length):
     assert asked_prompt(read_config(TINY_DIR), asked) == {"caption": length}

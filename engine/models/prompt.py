@@ -50,12 +50,14 @@ def prompt_ids(
 def asked_prompt(config: ModelConfig, question: str) -> dict[str, str]:
     """What the model is asked for a question: {"caption": length} where one of the config's
     caption rewrites fully matches it, else {"question": the first question rewrite's form, or
-    the question as given}. Patterns match the question in lower case, spaces collapsed, end
-    punctuation dropped."""
+    the question as given}. Patterns match the question in lower case, spaces collapsed, a
+    typographic apostrophe made straight, end punctuation, a leading "please", "hey" (...) and a
+    trailing "please" or "yes or no" dropped."""
     tok = config.tokenizer
     if not (tok.caption_rewrites or tok.question_rewrites):
         return {"question": question}
-    text = " ".join(question.split()).rstrip(" ?.!").lower()
+    text = " ".join(question.split()).replace("\u2019", "'").lower().rstrip(" ?.!…")
+    text = _COURTESY_HEAD.sub("", _COURTESY_TAIL.sub("", text)).rstrip(" ?.!,…")
     for pattern, length in _compiled(tok.caption_rewrites):
         if pattern.fullmatch(text):
             return {"caption": length}
@@ -64,6 +66,14 @@ def asked_prompt(config: ModelConfig, question: str) -> dict[str, str]:
         if m:
             return {"question": m.expand(replacement)}
     return {"question": question}
+
+
+# Words around a question that change nothing it asks ("Where’s the star?" curly, "Hey,
+# what color...", "..., please?", "Is there a star? Answer yes or no."): with them, no rewrite
+# matched, and the tiny model, trained on the bare forms, answered them far worse (EVAL.md).
+_COURTESY_HEAD = re.compile(r"^(?:(?:please|hey|hi|hello|ok|okay|so)\b,? ?|(?:can|could|would) you (?:please )?"
+                            r"(?=tell me |describe|caption|summari|count |give |write |name |identify |list ))+")
+_COURTESY_TAIL = re.compile(r"(?:,? please|,? yes or no|[?.,]? (?:please )?answer (?:with )?(?:yes or no|in one word))$")
 
 
 @functools.lru_cache(maxsize=8)
