@@ -42,7 +42,7 @@ def _question_rewrites() -> tuple[tuple[str, str], ...]:
     asks_where = (f"(?:where(?: is| are|'s| exactly is| can i find| does| do)?|tell me where|locate|find|"
                   f"(?:in )?(?:which|what) part of {img}(?: is| are)?|where in {img} (?:is|are))")
     placed = "(?: (?:located|placed|positioned|situated|at|appear|appears|is|are|in|lying))?"
-    on = f"(?: (?:in|on) (?:the|this) (?:image|picture|photo|frame|scene|video|screen))?"
+    on = "(?: (?:in|on) (?:the|this) (?:image|picture|photo|frame|scene|video|screen))?"
     return (
         (f"(?:tell me )?how many {things}(?: (?:are|r) there| are visible| are shown| (?:do|can) you (?:see|count)|"
          f" can be seen| there are| are| does {img} (?:contain|have|show))?{where}(?: in total| altogether)?",
