@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
+from engine.errors import EngineClosedError
 from engine.types import SamplingParams
 
 if TYPE_CHECKING:  # not at run time: the command line checks its arguments before torch loads
@@ -59,6 +60,8 @@ class Sampling:
         if self.every_n is not None and (isinstance(self.every_n, bool) or not isinstance(self.every_n, int)
                                          or self.every_n < 1):
             raise ValueError(f"every_n must be an integer >= 1, got {self.every_n!r}")
+        if self.fps is not None and self.every_n is not None:  # every_n picked, fps timed the subtitles
+            raise ValueError("give fps or every_n, not both")
 
     def period(self, video_fps: float | None) -> float:
         """Seconds between the frames processed: how long each one's answer stands for."""
@@ -131,6 +134,10 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         for t, item in zip(tasks, items):
             if not isinstance(item, FrameResult):  # asked now (else recorded by an earlier run)
                 out = item.result(timeout=600)
+                if out.finish_reason not in ("stop", "length"):  # the engine was closed or failed under it
+                    # Not written: a cut-off answer passed for the frame's, and --resume counted it done.
+                    raise EngineClosedError(f"{source.name}: frame {frame.index} was {out.finish_reason} "
+                                            "(the engine was closed or failed)")
                 item = FrameResult(frame.source_id, frame.index, round(frame.pts, 6), out.text, out.token_ids,
                                    out.finish_reason, out.timings_ms, prompt_of(t))
                 new.append(item)

@@ -56,8 +56,8 @@ class AnswerChanges:
     returns the answers that changed."""
 
     def __init__(self, hold: int = 1):
-        if hold < 1:
-            raise ValueError("hold must be >= 1")
+        if isinstance(hold, bool) or not isinstance(hold, int) or hold < 1:  # nan acted as 1, inf held for ever
+            raise ValueError(f"hold must be an integer >= 1, got {hold!r}")
         self.hold = hold
         # key -> (answer, since pts, its answer_key)
         self._current: dict[Hashable, tuple[str, float, tuple]] = {}

@@ -261,7 +261,7 @@ class LiveFeed:
     def snapshot(self, full: bool = True) -> FeedSnapshot:
         """The newest result; with full=False, without log, latency history and counters (cheap
         enough for every page update, while those change the page only a couple of times a second)."""
-        stats, error = {}, self.error
+        stats, error = {}, self.error or (self.session.error if self.session is not None else None)
         if full and self._locator is not None:
             stats = self._located_stats()
         elif full:
@@ -314,4 +314,7 @@ class LiveFeed:
             self._pump.join(timeout)
         if cancel:
             self.session.cancel_all()
-        self.session.close(timeout if cancel else max(timeout, 30.0))
+        try:
+            self.session.close(timeout if cancel else max(timeout, 30.0))
+        except TimeoutError as e:  # an on_result that hangs: said where the feed's errors are
+            self.error = self.error or str(e)

@@ -9,6 +9,7 @@ for the frames that complete (older ones are cancelled when a newer one wins).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -114,14 +115,19 @@ class LiveSession:
         self._latency: dict[str, deque[float]] = {s: deque(maxlen=LATENCY_WINDOW) for s in STAGES}
         self._completions: deque[float] = deque(maxlen=120)
         self._t0 = time.perf_counter()
+        self._closed_at: float | None = None
+        self.error: str | None = None  # the engine failed under the session's frames
         self._thread = threading.Thread(target=self._run, name="vlmstream-live", daemon=True)
         self._thread.start()
 
     def offer(self, frame: Frame) -> bool:
-        """Hand a frame to the session; False if it was dropped because the engine is saturated."""
+        """Hand a frame to the session; False if it was dropped because the engine is saturated,
+        or because the session is closed (an offer then had been taken, its result never came)."""
         with self._lock:
-            self.frames_in += 1
+            if self._stop.is_set():
+                return False
             if len(self._inflight) >= self.max_inflight:
+                self.frames_in += 1
                 self.dropped += 1
                 return False
             frame = frame.load()  # a live source's frame comes unconverted: only a frame taken is converted
@@ -134,6 +140,7 @@ class LiveSession:
             drafts = self._last_answers if self._answers_of >= self._draft_from else None
             handles = ask(self.engine, frame.rgb, self.tasks, self.params, drafts, INTERACTIVE)
             self._inflight.append((frame, handles, time.perf_counter()))
+            self.frames_in += 1  # after ask: a frame it refused (raised) is the caller's, not counted
             self.submitted += 1
         left, count_lock = [len(handles)], threading.Lock()
 
@@ -180,6 +187,11 @@ class LiveSession:
                     continue
                 stale = []
                 answered = all(o.finish_reason in ("stop", "length") for o in outs)
+                if not answered:  # the engine closed under it, or failed: counted, and a failure said
+                    self.cancelled_closed += 1
+                    failed = next((o for o in outs if o.finish_reason == "error"), None)
+                    if failed is not None and self.error is None:
+                        self.error = "the engine failed: a frame's request ended in error"
                 if answered:
                     while self._inflight and self._inflight[0][0].index < frame.index:
                         stale += self._inflight.popleft()[1]
@@ -199,7 +211,11 @@ class LiveSession:
                         self._latency[k].append(v)
                 self._latency["end_to_end"].append(result.end_to_end_ms)
                 if self.on_result:
-                    self.on_result(result)
+                    try:
+                        self.on_result(result)
+                    except Exception:  # logged, as the engine's done callbacks are: it had ended this
+                        # thread, and every frame after was dropped with nothing said
+                        logging.getLogger("vlmstream").exception("on_result raised for frame %d", frame.index)
 
     def _expire(self) -> None:
         if self.deadline_ms is None:
@@ -223,12 +239,20 @@ class LiveSession:
             h.cancel()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Let in-flight frames finish (or be cancelled), then stop the session's thread."""
-        self._stop.set()
+        """Let in-flight frames finish (or be cancelled), then stop the session's thread; a
+        TimeoutError if it is still running after `timeout` (an on_result that hangs). From
+        on_result, which runs on that thread, it starts the closing and returns."""
+        with self._lock:  # an offer either comes before (and is waited for) or is refused
+            self._stop.set()
+            self._closed_at = self._closed_at or time.perf_counter()
+        if threading.current_thread() is self._thread:
+            return
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the live session's thread still runs after {timeout:g} s")
 
     def stats(self) -> dict:
-        wall = max(time.perf_counter() - self._t0, 1e-9)
+        wall = max((self._closed_at or time.perf_counter()) - self._t0, 1e-9)  # frozen once closed
         c = list(self._completions)
         rolling = (len(c) - 1) / (c[-1] - c[0]) if len(c) > 1 and c[-1] > c[0] else 0.0
         return {

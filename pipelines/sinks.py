@@ -180,6 +180,8 @@ class SubtitleSink:
 
     def write_text(self, pts: float, text: str) -> None:
         """The text of the frame at `pts` (frames in order): one cue while it stays the same."""
+        if self._f.closed:  # it had been kept, then lost without a word
+            raise ValueError("the subtitle file is closed")
         if self._cue and text == self._cue[1]:
             self._cue[2] = pts
             return
@@ -300,6 +302,7 @@ class AnnotatedVideoSink:
         self._stream.options["bf"] = "0"
         self._last_pts = -1
         self._held = None  # the newest packet (see _mux)
+        self._closed = False
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
         self.write_frame([r], rgb)
@@ -339,6 +342,9 @@ class AnnotatedVideoSink:
         """end: where the video ends, if known: the last frame is shown until then, as the last
         cue of the subtitles is (it lasted a millisecond, so a sampled video's annotated copy was
         shorter than the video, and a one-frame video's lasted 0.001 s)."""
+        if self._closed:  # a second close: the file is whole already (it raised EOFError)
+            return
+        self._closed = True
         self._mux(self._stream.encode())
         last, self._held = self._held, None
         if last is not None:

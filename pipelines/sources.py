@@ -382,6 +382,8 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
     again, its frames start over, as a file's do. A live stream or a camera never ends that way
     (it is reopened, `Connection`), so looping it changes nothing.
     """
+    if not isinstance(source, str) or not source.strip():  # "" had been read as the folder "."
+        raise SourceError("no source given: a file, a stream URL, webcam:N or - (standard input)")
     camera = parse_webcam(source)
     if camera is not None:
         cam = WebcamSource(camera, max_outage=max_outage)

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import engine.engine as engine_module
 from engine import Engine, EngineConfig, SamplingParams
@@ -299,3 +300,55 @@ def test_live_cli_asks_several_questions_about_each_frame(small_folder, tmp_path
     assert all(v == ["short", "Is there a star?"] for v in by_frame.values())
     assert list(by_frame) == sorted(by_frame)
     assert main(["live", str(sample), "--question", "Why?", "--question", "Why?"]) == 2
+
+
+def test_a_raising_or_closing_on_result_and_late_offers_keep_the_session_sound(small_folder, caplog):
+    """An on_result that raised ended the session's thread: every later frame was dropped, with
+    nothing said. close() from on_result joined its own thread (RuntimeError); an offer after
+    close() was taken and its result never came; close(timeout) returned with the thread alive."""
+    import threading
+
+    params = SamplingParams(max_tokens=4)
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        s = LiveSession(eng, {"caption": "short"}, params, max_inflight=2, on_result=lambda r: 1 / 0)
+        deadline = time.time() + 30
+        for f in _frames(6):
+            while not s.offer(f):  # it had never freed a place again
+                assert time.time() < deadline, "the session stopped taking frames"
+                time.sleep(0.005)
+        s.close()
+        assert s.completed >= 3 and s.in_flight == 0  # it went on
+        assert sum("on_result raised" in r.getMessage() for r in caplog.records) == s.completed
+        frames_in, fps = s.frames_in, s.stats()["achieved_fps"]
+        assert not s.offer(_frames(1)[0]) and s.frames_in == frames_in  # closed: refused, not taken
+        time.sleep(0.2)
+        assert s.stats()["achieved_fps"] == fps  # measured up to the close, not on
+
+        holder = []
+        s = LiveSession(eng, {"caption": "short"}, params, on_result=lambda r: holder[0].close())
+        holder.append(s)
+        assert s.offer(_frames(1)[0])
+        s._thread.join(30)
+        assert not s._thread.is_alive() and s.completed == 1
+
+        release = threading.Event()
+        s = LiveSession(eng, {"caption": "short"}, params, on_result=lambda r: release.wait(30))
+        assert s.offer(_frames(1)[0])
+        _wait(lambda: s.completed == 1)
+        with pytest.raises(TimeoutError, match="still runs after 0.2 s"):
+            s.close(timeout=0.2)
+        release.set()
+        s.close()
+
+
+def test_frames_the_engine_drops_under_a_session_are_counted(small_folder):
+    """The engine closed (cancelling) under a session: its frames left every counter."""
+    eng = Engine(EngineConfig(model=str(small_folder)))
+    s = LiveSession(eng, {"caption": "long"}, SamplingParams(max_tokens=200, ignore_eos=True), max_inflight=4)
+    for f in _frames(4):
+        assert s.offer(f)
+    eng.close(cancel=True)
+    s.close()
+    st = s.stats()
+    assert st["submitted"] == 4 and st["completed"] + st["cancelled_closed"] + st["cancelled_stale"] == 4
+    assert st["cancelled_closed"] >= 1 and s.in_flight == 0

@@ -836,3 +836,52 @@ def test_a_recording_whose_clock_starts_late_or_jumps_is_timed_from_its_start(tm
         assert main(["live", str(path), "--duration", "2", "--json", "--model", str(small_folder),
                      "--max-tokens", "2"]) == 0
         assert json.loads(capsys.readouterr().out)["frames_in"] > frames
+
+
+def test_answers_cut_short_by_the_engine_closing_are_not_written(tmp_path, small_folder):
+    """The engine closed (cancelling) under caption_file: cut-off answers ("a red star, a green
+    triangle, a red ") were written as the frames' own, and --resume counted them done."""
+    from engine import EngineClosedError
+
+    path = write_video(tmp_path / "v.mp4", "libx264", n=12)
+    out = tmp_path / "o.jsonl"
+    eng = Engine(EngineConfig(model=str(small_folder)))
+    sink = JsonlSink(out)
+    closed = []
+
+    def close_once(r):
+        if not closed:
+            closed.append(True)
+            eng.close(cancel=True)
+
+    with FileSource(path) as src, pytest.raises(EngineClosedError, match="was cancelled"):
+        caption_file(eng, src, [sink], {"caption": "long"}, SamplingParams(max_tokens=200, ignore_eos=True),
+                     Sampling(), on_frame=close_once)
+    sink.close()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows and all(r["finish_reason"] == "length" for r in rows)
+
+
+def test_odd_arguments_to_the_pipeline_pieces_are_errors(tmp_path):
+    from pipelines.changes import AnswerChanges
+    from pipelines.sinks import AnnotatedVideoSink
+    from pipelines.sources import open_live
+
+    with pytest.raises(ValueError, match="not both"):  # every_n picked the frames, fps timed their cues
+        Sampling(fps=2, every_n=3)
+    for hold in (float("nan"), float("inf"), 1.5, 0, True):
+        with pytest.raises(ValueError, match="hold must be an integer >= 1"):
+            AnswerChanges(hold)
+    for source in ("", "  "):
+        with pytest.raises(SourceError, match="no source given"):  # it had said ". is a folder"
+            open_live(source)
+    subs = SubtitleSink(tmp_path / "a.srt", "srt", 0.5)
+    subs.write(FrameResult("v", 0, 0.0, "a red star", [], "stop", {}))
+    subs.close()
+    with pytest.raises(ValueError, match="closed"):  # the first write after close was lost silently
+        subs.write(FrameResult("v", 1, 0.5, "a blue star", [], "stop", {}))
+    video = AnnotatedVideoSink(tmp_path / "a.mp4", 64, 48)
+    video.write_image(np.zeros((48, 64, 3), np.uint8), "x", "y", 0.0)
+    video.close(0.5)
+    video.close(0.5)  # the second had raised EOFError
+    assert _frames_in(tmp_path / "a.mp4") == 1
