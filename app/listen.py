@@ -31,10 +31,12 @@ def tls_arguments(certfile: str | None, keyfile: str | None) -> dict:
 
 
 def read_auth(path: str) -> list[tuple[str, str]]:
-    """The (user, password) pairs of an --auth-file: one 'user:password' a line; blank lines and
-    lines starting with # are skipped."""
+    """The (user, password) pairs of an --auth-file: one 'user:password' a line (spaces around
+    the colon ignored); blank lines and lines starting with # are skipped, a user named twice is
+    a mistake. A byte-order mark (Windows Notepad's UTF-8) is no part of the first name: it had
+    made that user unable to log in, as had "dave : x" (the page strips what is typed)."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"--auth-file: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     pairs = []
@@ -43,8 +45,11 @@ def read_auth(path: str) -> list[tuple[str, str]]:
         if not line or line.startswith("#"):
             continue
         user, sep, password = line.partition(":")
+        user, password = user.strip(), password.strip()
         if not sep or not user or not password:
             raise UsageError(f"--auth-file {path}, line {n}: expected user:password")
+        if any(user == u for u, _ in pairs):  # the last had silently won
+            raise UsageError(f"--auth-file {path}, line {n}: {user} is named twice")
         pairs.append((user, password))
     if not pairs:
         raise UsageError(f"--auth-file {path} has no user:password line")

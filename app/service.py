@@ -149,9 +149,14 @@ class Service:
                 except Exception:
                     self.settings = old
                     raise
-            elif self._engine is not None and old.pipelined != settings.pipelined:
-                self._engine.set_pipeline_depth(2 if settings.pipelined else 1)
-                self._engine.reset_stats()
+            else:
+                if self._engine is not None and old.pipelined != settings.pipelined:
+                    self._engine.set_pipeline_depth(2 if settings.pipelined else 1)
+                    self._engine.reset_stats()
+                # feeds that run take them from their next frame (they had kept theirs until a new Start)
+                for feed in self._feeds.values():
+                    if feed.session is not None:
+                        feed.session.set_params(self.params())
         return "engine reloaded" if reload else "settings applied"
 
     def engine_stats(self) -> dict:
@@ -545,11 +550,13 @@ class Service:
     def close(self) -> None:
         """Stop every feed and close the engine (a later call to `engine()` opens a new one)."""
         with self._lock:
-            for key in list(self._feeds):
-                self._feeds.pop(key).close()
+            for key in list(self._feeds):  # each page says why it stopped, and keeps its captions to export
+                feed = self._feeds.pop(key)
+                feed.error = feed.error or "stopped: the engine was reloaded (Settings); Start again"
+                feed.close()
+                self._ended[key] = feed
             for recorder in self._recorders.values():  # finished files stay for their downloads
                 recorder.close()
-            self._ended.clear()
             if self._engine is not None:
                 self._engine.close(cancel=True)
                 self._engine = None

@@ -96,8 +96,9 @@ def build(service: Service, source: str | None = None):
         try:
             while True:
                 if service.feed(sid) is not feed:  # replaced by a new Start: that one owns the page now
-                    if service.feed(sid) is None:  # stopped: make sure the page says so
-                        yield gr.skip(), counters_html(feed.snapshot().counters, service.engine_stats(), False), \
+                    if service.feed(sid) is None:  # stopped: make sure the page says so (and why)
+                        snap = feed.snapshot()
+                        yield gr.skip(), counters_html(snap.counters, service.engine_stats(), False, snap.error), \
                             gr.skip(), gr.skip(), gr.skip()
                     return
                 now = time.monotonic()
@@ -371,7 +372,9 @@ def build(service: Service, source: str | None = None):
             vvideo = gr.Video(label="Annotated video")
             vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext, vchanges], [vnote, vtable, vfiles, vvideo],
                        api_name="caption_video", concurrency_limit=2)
-            vcancel.click(cancel_video, None, None, api_name=False, concurrency_limit=None)
+            # also an API: a gradio_client's job.cancel() cannot stop a running job (Gradio ends the
+            # event, not the work); /cancel_video from the same Client does
+            vcancel.click(cancel_video, None, None, api_name="cancel_video", concurrency_limit=None)
         with gr.Tab("Image"):
             with gr.Row():
                 img = gr.Image(type="numpy", label="Image")
@@ -485,6 +488,9 @@ def run(args: argparse.Namespace) -> int:
         open_live(args.source)  # a missing file or camera, a bad URL scheme: SourceError, exit 2
     dtype = realtime_dtype(args.device, args.dtype)
     service = Service(Settings(model=args.model, device=args.device, dtype=dtype), reading_arg(args))
+    # Gradio's copies of uploads and results in this server's own folder, removed with it when the
+    # server stops (in /tmp/gradio they stayed: exports, recordings, every video job's files)
+    os.environ.setdefault("GRADIO_TEMP_DIR", str(service._scratch_dir() / "gradio"))
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
         demo = build(service, args.source)

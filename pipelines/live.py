@@ -155,6 +155,13 @@ class LiveSession:
             h.add_done_callback(one_done)
         return True
 
+    def set_params(self, params: SamplingParams) -> None:
+        """Sampling for the frames offered from now on (the web UI's Settings while a feed runs)."""
+        with self._lock:
+            self.params = params
+            if params.sticky and self._cuts is None:
+                self._cuts = CutDetector()
+
     def set_max_inflight(self, n: int) -> None:
         """Change the intake limit of a running session (frames already in flight stay)."""
         if n < 1:

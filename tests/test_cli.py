@@ -142,13 +142,17 @@ def test_ui_auth_file_mistakes_and_the_warning_for_a_ui_on_the_network(capsys, t
         port = str(sock.getsockname()[1])
     (tmp_path / "bad.txt").write_text("alice\n")
     (tmp_path / "empty.txt").write_text("# nobody\n\n")
+    (tmp_path / "twice.txt").write_text("bob:1\nbob:2\n")
     for name, needle in [("bad.txt", "line 1: expected user:password"), ("empty.txt", "has no user:password line"),
-                         ("missing.txt", "cannot read")]:
+                         ("missing.txt", "cannot read"), ("twice.txt", "line 2: bob is named twice")]:
         assert main(["ui", "--port", port, "--auth-file", str(tmp_path / name), "--model", "/no/such/model"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("vlmstream: error: --auth-file") and needle in err and err.count("\n") == 1, err
     (tmp_path / "users.txt").write_text("# who may watch\nalice:wonder:land\n\nbob:pw\n")
     assert listen.read_auth(str(tmp_path / "users.txt")) == [("alice", "wonder:land"), ("bob", "pw")]
+    # Notepad's UTF-8 (a byte-order mark) and spaces around the colon: each user can still log in
+    (tmp_path / "notepad.txt").write_bytes("alice:wonder\r\ndave : x\r\n".encode("utf-8-sig"))
+    assert listen.read_auth(str(tmp_path / "notepad.txt")) == [("alice", "wonder"), ("dave", "x")]
     assert listen.loopback("127.0.0.1") and listen.loopback("localhost") and listen.loopback("::1")
     assert not listen.loopback("0.0.0.0") and not listen.loopback("no.such.host.invalid")
     # Listening beyond this machine without a password: said, before anything loads.

@@ -129,6 +129,16 @@ def test_api_captions_a_video_with_downloads(client):
     _, table, _, _ = client.predict(handle_file(str(SAMPLES / "cuts_640x360_30fps.mp4")), "question",
                                     "Is there a star?", 120, "choices", "yes, no", api_name="/caption_video")
     assert len(table["data"]) >= 3 and {r[2] for r in table["data"]} <= {"yes", "no"}
+    # a job is cancelled through the API as the page's button does (a client's job.cancel() ended
+    # Gradio's event only: the job ran to its end and held one of the two video slots)
+    job = client.submit(handle_file(str(SAMPLES / "shapes_1280x720_30fps.mp4")), "long", "", 1,
+                        api_name="/caption_video")
+    t0 = time.time()
+    while not job.done() and time.time() - t0 < 60:  # again until it lands: the job may not have begun
+        time.sleep(1.0)
+        client.predict(api_name="/cancel_video")
+    note = job.result(timeout=60)[0]
+    assert "cancelled" in note, note
 
 
 def download(page, button: str, box: str) -> Path:

@@ -32,6 +32,7 @@ def service():
     s = Service(Settings(max_tokens=12))
     yield s
     s.close()
+    s.remove_outputs()  # its scratch folder: none left in /tmp
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,7 @@ def untrained(untrained_folder):
     s = Service(Settings(model=str(untrained_folder), max_tokens=12))
     yield s
     s.close()
+    s.remove_outputs()  # its scratch folder: none left in /tmp
 
 
 def wait_for(pred, timeout=60.0):
@@ -690,6 +692,13 @@ def test_settings_switch_blocking_and_reject_a_bad_model(service, tmp_path):
     # said before anything stopped: it closed the engine, and every tab's feeds and video jobs
     assert service.settings.model == "tiny" and service.engine() is engine
     assert service.feed("tab-set") is feed and feed.running
+    # a setting that needs no reload reaches the feed that runs (it had waited for a new Start)
+    wait_for(lambda: feed.snapshot().counters["completed"] >= 1)
+    service.apply(Settings(max_tokens=2, sticky=0.0))
+    n = feed.snapshot().counters["completed"]
+    wait_for(lambda: feed.snapshot().counters["completed"] >= n + 6)
+    assert all(len(json.loads(line)["token_ids"]) <= 2 for line in feed.records()[-3:])
+    service.apply(Settings(max_tokens=12))
     service.close_session("tab-set")
     with pytest.raises(UIError):
         service.apply(Settings(max_tokens=0))
@@ -840,6 +849,7 @@ def test_the_image_tab_detects_and_points_through_the_engines_model(small_folder
         assert points["timings_ms"]["total"] > 0
     finally:
         s.close()
+        s.remove_outputs()  # its scratch folder: none left in /tmp
 
 
 def test_odd_inputs_from_a_page_are_one_line_errors_and_leave_nothing_behind(service, tmp_path):
@@ -934,6 +944,7 @@ def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tm
     finally:
         demo.close()
         s.close()
+        s.remove_outputs()  # its scratch folder: none left in /tmp
 
 
 def test_the_live_tab_detects_an_object_in_each_newest_frame(small_folder, untrained, tmp_path):
@@ -1008,6 +1019,7 @@ def test_the_live_tab_detects_an_object_in_each_newest_frame(small_folder, untra
             untrained.push_frame("t", rgb, {"detect": "star"})
     finally:
         s.close()
+        s.remove_outputs()  # its scratch folder: none left in /tmp
 
 
 def test_a_video_job_detects_an_object_in_every_nth_frame(small_folder, untrained, tmp_path):
@@ -1058,3 +1070,21 @@ def test_a_video_job_detects_an_object_in_every_nth_frame(small_folder, untraine
             Path(cut["paths"]["jsonl"]).read_text().splitlines()[0])
     finally:
         s.close()
+        s.remove_outputs()  # its scratch folder: none left in /tmp
+
+
+def test_a_reload_tells_each_page_why_its_feed_stopped_and_keeps_its_captions(small_folder):
+    """Another viewer's Settings (a new model) ended every live page with no reason given, and
+    its captions could no longer be exported."""
+    s = Service(Settings(model=str(small_folder), max_tokens=4))
+    try:
+        feed = s.start_live("tab-r", "shapes_640x360_60fps.mp4", make_task("short"))
+        wait_for(lambda: feed.snapshot().counters["completed"] >= 3)
+        assert s.apply(Settings(model="tiny", max_tokens=4)) == "engine reloaded"
+        snap = feed.snapshot()
+        assert not snap.running and "the engine was reloaded" in snap.error
+        assert s.feed("tab-r") is None
+        assert len(s.export_log("tab-r").read_text().splitlines()) >= 3
+    finally:
+        s.close()
+        s.remove_outputs()
