@@ -182,11 +182,12 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="decode throughput: pipelined vs blocking",
                            description="Throughput of pipelined vs blocking decoding at several concurrencies.")
-    _add_model_args(bench)
+    _add_model_args(bench, random=True)
     bench.add_argument("--streams", default="1,8,32", metavar="N,N,...",
                        help="concurrent requests per run (default 1,8,32)")
     bench.add_argument("--tokens", type=int, default=64, metavar="N", help="answer tokens per request (default 64)")
-    bench.add_argument("--repeats", type=int, default=3, metavar="N", help="runs per mode, medians (default 3)")
+    bench.add_argument("--repeats", type=int, default=3, metavar="N",
+                       help="runs per mode, at least, and on until each mode has run 3 s; medians (default 3)")
     bench.add_argument("--frames", type=int, default=240, metavar="N",
                        help="also caption N distinct 640x360 frames and report frames/s (0 skips; default 240)")
     bench.add_argument("--no-script", action="store_true",
@@ -304,10 +305,17 @@ def check_changes_args(args: argparse.Namespace) -> None:
 _NATIVE_BF16 = "bfloat16 on cuda and on CPUs with bf16 matrix instructions (AVX512-BF16, AMX), else float32"
 
 
-def _add_model_args(p: argparse.ArgumentParser, default: str = "float32 on cpu, bfloat16 on cuda") -> None:
-    """--model, --device, and --dtype with `default` as the help's account of what no --dtype means."""
-    p.add_argument("--model", default="tiny", metavar="tiny|DIR",
-                   help="'tiny' (embedded default) or a local Moondream 2 folder (default: tiny)")
+def _add_model_args(p: argparse.ArgumentParser, default: str = "float32 on cpu, bfloat16 on cuda",
+                    random: bool = False) -> None:
+    """--model, --device, and --dtype with `default` as the help's account of what no --dtype means.
+    random: the model may also be a layout with random weights (bench)."""
+    if random:
+        p.add_argument("--model", default="tiny", metavar="tiny|DIR|random:LAYOUT",
+                       help="'tiny', a local Moondream 2 folder, or random:moondream2 / random:tiny (that "
+                            "layout with random weights; default: tiny)")
+    else:
+        p.add_argument("--model", default="tiny", metavar="tiny|DIR",
+                       help="'tiny' (embedded default) or a local Moondream 2 folder (default: tiny)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help=f"weights and activations (default: {default})")

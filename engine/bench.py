@@ -125,6 +125,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
         frames = frame_rate(engine, cfg.frames, cfg.image_size) if cfg.frames else None
         for n in cfg.streams:
             images = _images(n, cfg.image_size)
+            for depth in (2, 1):  # this batch size's first steps (shapes new to TorchScript, the allocator) untimed
+                _run(engine, depth, images, 4)
             runs: dict[int, list[dict]] = {2: [], 1: []}
             r = 0
             while r < cfg.repeats or (r < cfg.max_repeats and min(sum(x["wall_s"] for x in runs[d])
