@@ -254,7 +254,13 @@ def file_names(sources: list[str], labels: list[str]) -> list[str]:
 
     names = [file_label(Path(source).stem if Path(source).is_file() else label) or "source"
              for source, label in zip(sources, labels)]
-    return [n if names.count(n) == 1 else f"{n}_{i + 1}" for i, n in enumerate(names)]
+    unique: list[str] = []
+    for i, n in enumerate(names):
+        k, name = i + 1, n
+        while name in unique or names.count(n) > 1 and name == n:  # door_2.mp4 beside a/door.mp4 and b/door.mp4
+            name, k = f"{n}_{k}", k + 1
+        unique.append(name)
+    return unique
 
 
 def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]) -> list[Path] | None:

@@ -86,19 +86,20 @@ def plan_outputs(paths: list[tuple[str, int | None, Path]], out_dir: Path | None
     plans, owner = {}, {}
     inputs = {Path(p).resolve(): p for p, _, _ in paths}
     # and by the file itself: a hard link to a video is another path to it (it was overwritten)
-    inputs.update((_file_id(Path(p)), p) for p, _, _ in paths)
+    inputs.update((_file_id(Path(p)), p) for p, _, _ in paths if _file_id(Path(p)))  # (a URL has none)
     for path, _, rel in paths:
         names = {f: out_dir / rel.with_suffix("." + f) for f in formats} if out_dir else {}
         if subtitles:  # -o OUT.srt: one file
             names = {subtitles[1]: subtitles[0]}
         ann = ann_dir / rel.with_suffix(".mp4") if ann_dir else annotate
         for target in [*names.values(), *([ann] if ann else [])]:
+            # first: asking the file system about a name too long raised ENAMETOOLONG (a traceback)
+            if len(os.fsencode(target.name)) > NAME_MAX:  # a long video name: each file failed after the run
+                raise UsageError(f"cannot write {target}: its name is longer than {NAME_MAX} bytes")
             key = target.resolve()
             if target.is_dir():  # said before the model loads (it was exit 1 after the run)
                 raise UsageError(f"cannot write {target}: it is a folder")
-            if len(os.fsencode(target.name)) > NAME_MAX:  # a long video name: each file failed after the run
-                raise UsageError(f"cannot write {target}: its name is longer than {NAME_MAX} bytes")
-            same = inputs.get(key) or target.exists() and inputs.get(_file_id(target))
+            same = inputs.get(key) or inputs.get(_file_id(target))
             if same:
                 raise UsageError(f"an output would overwrite the input {same}; choose another folder")
             if key in owner:
@@ -108,6 +109,10 @@ def plan_outputs(paths: list[tuple[str, int | None, Path]], out_dir: Path | None
     return plans
 
 
-def _file_id(path: Path) -> tuple[int, int]:
-    st = path.stat()
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """The file itself (device, inode), whatever path reaches it; None where there is none yet."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return None
     return st.st_dev, st.st_ino

@@ -249,7 +249,7 @@ def build(service: Service, source: str | None = None):
         with gr.Row():  # clicked by the page itself when it is hidden or shown (HEAD_JS; CSS hides them)
             page_hidden = gr.Button("pause", elem_id="vs-page-hidden")
             page_shown = gr.Button("resume", elem_id="vs-page-shown")
-        with gr.Tab("Live"):
+        with gr.Tab("Live", elem_id="vs-tab-live"):
             with gr.Row():
                 src = gr.Dropdown(samples + ["webcam:0"], value=default_source, allow_custom_value=True, scale=3,
                                   label="Source: a sample, a webcam index on the server, a URL or a path")
@@ -306,7 +306,7 @@ def build(service: Service, source: str | None = None):
             if default_source:
                 demo.load(autoplay, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
                           api_name=False)
-        with gr.Tab("Browser webcam"):
+        with gr.Tab("Browser webcam", elem_id="vs-tab-webcam"):
             # Shown only where the browser withholds the camera (HEAD_JS marks such pages).
             gr.HTML('<div class="vs-error">This page was opened over plain HTTP from another machine, and '
                     'browsers give the camera only to pages served over HTTPS (or from localhost): start '
@@ -351,7 +351,7 @@ def build(service: Service, source: str | None = None):
             cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record, cam_shown],
                        [cam_frame, cam_counters, cam_shots, cam_shown], stream_every=0.1, concurrency_limit=None,
                        show_progress="hidden", api_name=False)
-        with gr.Tab("Video file"):
+        with gr.Tab("Video file", elem_id="vs-tab-video"):
             with gr.Row():
                 vfile = gr.File(label="Video", file_types=video_file_types(), type="filepath", elem_id="vs-video-file")
                 with gr.Column():
@@ -375,7 +375,7 @@ def build(service: Service, source: str | None = None):
             # also an API: a gradio_client's job.cancel() cannot stop a running job (Gradio ends the
             # event, not the work); /cancel_video from the same Client does
             vcancel.click(cancel_video, None, None, api_name="cancel_video", concurrency_limit=None)
-        with gr.Tab("Image"):
+        with gr.Tab("Image", elem_id="vs-tab-image"):
             with gr.Row():
                 img = gr.Image(type="numpy", label="Image")
                 with gr.Column():
@@ -396,7 +396,7 @@ def build(service: Service, source: str | None = None):
             for button, task in ((idetect, "detect"), (ipoint, "point")):
                 button.click(lambda rgb, what, task=task: locate(rgb, what, task), [img, iobject],
                              [itext, iplaces, itimings], api_name=f"{task}_image", concurrency_limit=None)
-        with gr.Tab("Settings"):
+        with gr.Tab("Settings", elem_id="vs-tab-settings"):
             s = service.settings
             with gr.Row():
                 model = gr.Textbox(s.model, label="Model: tiny or a Moondream 2 folder")

@@ -193,22 +193,26 @@ document.addEventListener("click", (e) => {
 // (app/ui.py): a page left open in the background kept the server's cores busy for nobody.
 // Said once things settle: each tab's own event, run side by side on the server, left a quick
 // Video file -> Live stopped.
-const VS_PAUSING_TABS = ["Browser webcam", "Video file", "Image"];
+// Which tab shows is read from the panels (app/ui.py gives each an id), not from the tab buttons:
+// on a narrow window Gradio moves tabs into an overflow menu whose items are no tab buttons.
+const VS_PAUSING_TABS = ["vs-tab-webcam", "vs-tab-video", "vs-tab-image"];
 let vsSettle = null;
 function vsSayWhere() {
   clearTimeout(vsSettle);
   vsSettle = setTimeout(() => {
-    const tab = document.querySelector('button[role="tab"][aria-selected="true"]');
-    const name = tab ? tab.innerText.trim() : "";
+    const name = ["vs-tab-live", "vs-tab-webcam", "vs-tab-video", "vs-tab-image", "vs-tab-settings"].find((id) => {
+      const panel = document.getElementById(id);
+      return panel && panel.offsetParent !== null;
+    }) || "";
     const away = document.visibilityState === "hidden" || VS_PAUSING_TABS.includes(name);
-    if (!away && name !== "Live") return;  // Settings: as it was
+    if (!away && name !== "vs-tab-live") return;  // Settings: as it was
     const button = document.getElementById(away ? "vs-page-hidden" : "vs-page-shown");
     if (button) button.click();
   }, 200);
 }
 document.addEventListener("visibilitychange", vsSayWhere);
 document.addEventListener("click", (e) => {
-  if (e.target.closest && e.target.closest('button[role="tab"]')) vsSayWhere();
+  if (!(e.target.closest && e.target.closest("#vs-page-hidden, #vs-page-shown"))) vsSayWhere();
 }, true);
 </script>"""
 

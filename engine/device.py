@@ -254,7 +254,7 @@ class Executor:
             return self.busy_s
 
     def close(self, timeout: float = 10.0) -> None:
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():  # again after it ended: its queue has no reader
             self._stop.set()
             try:
                 self._jobs.put(None, timeout=timeout)

@@ -109,6 +109,7 @@ class Engine:
         self._prefixes_dropped = 0
         self._higher_run = 0  # admissions of the top priority in a row while a lower one waited
 
+        self._shut = False  # close() has joined every thread
         self._thread = threading.Thread(target=self._loop, name="vlmstream-engine", daemon=True)
         self._thread.start()
         _open_engines.add(self)
@@ -232,6 +233,8 @@ class Engine:
         returns: the engine ends once the callback returns and the requests are done."""
         with self._post_lock:
             self._closed = True
+        if self._shut:  # closed and joined already (by a with block, then by hand, then at exit)
+            return
         if cancel and self._thread.is_alive():
             self._inbox.put(("cancel_all", None), timeout=10.0)
         self._closing.set()
@@ -243,6 +246,8 @@ class Engine:
         self._executor.close()
         if self._vision is not None:
             self._vision.close()
+        self._shut = True
+        _open_engines.discard(self)
 
     def __enter__(self) -> "Engine":
         return self

@@ -118,6 +118,8 @@ class Sequence:
             t.first_token = (self.first_token_at - self.submitted_at) * 1000.0 + t.preprocess
             prefill = (self.first_token_at - (self.admitted_at or self.first_token_at)) * 1000.0
             t.decode = (now - self.first_token_at) * 1000.0
+        elif self.admitted_at is not None:  # admitted, ended before its first token (cancelled, failed)
+            prefill = (now - self.admitted_at) * 1000.0
         waited = queue if img.staged else prefill
         t.vision = min(img.timings.vision, waited) if self.waits_vision else 0.0
         t.queue = queue - t.vision if img.staged else queue

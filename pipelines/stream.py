@@ -7,6 +7,7 @@ appear in messages.
 
 from __future__ import annotations
 
+import atexit
 import time
 from typing import Iterator
 
@@ -166,6 +167,9 @@ class StreamSource:
         if self.url == "pipe:0":  # FFmpeg's timeouts do not reach a pipe's read: it waited for ever
             wait_for_input(0, self.open_timeout)
             self._stdin_flags = nonblocking(0)
+            # and at exit: a run that ends (--duration) while the read waits in FFmpeg's retries
+            # never reaches the restore after it
+            atexit.register(self._restore_stdin)
         # A try that would outlast the time the source has left ends with it: the last one ran
         # its whole open timeout past the limit (a server that never answers: said after 38 s of 30).
         left = None if started is None else self.connection.remaining(started)
@@ -177,11 +181,12 @@ class StreamSource:
             raise
 
     def _restore_stdin(self) -> None:
-        if self._stdin_flags is not None:
+        flags, self._stdin_flags = self._stdin_flags, None
+        if flags is not None:
             import fcntl
 
-            fcntl.fcntl(0, fcntl.F_SETFL, self._stdin_flags)
-            self._stdin_flags = None
+            fcntl.fcntl(0, fcntl.F_SETFL, flags)
+            atexit.unregister(self._restore_stdin)
 
     def frames(self) -> Iterator[Frame]:
         try:

@@ -608,7 +608,16 @@ def test_stages_add_up_to_the_total(small_folder, images, vision_thread):
         busy = eng.stats().busy_seconds + eng.stats().vision_busy_seconds - busy
         again = eng.submit(ref, caption="short", params=GREEDY).result(timeout=30)  # its prefix encoded before
         ref.release()
-    for o in [ref_first, *outs, again]:
+        # ended before their first token, or in the middle: the stages still add up
+        long = SamplingParams(max_tokens=200, ignore_eos=True)
+        cut = [eng.submit(img, caption="long", params=long) for img in images * 2]
+        eng.close(cancel=True)
+    t0 = time.perf_counter()
+    eng.close()  # a third close (the with block's was the second)...
+    assert time.perf_counter() - t0 < 2  # ...returns at once (it had waited 10 s on a queue nobody read)
+    cut = [h.result(timeout=10) for h in cut]
+    assert any(not o.token_ids for o in cut)  # some ended before their first token
+    for o in [ref_first, *outs, again, *cut]:
         t = o.timings_ms
         parts = t["preprocess"] + t["queue"] + t["vision"] + t["prefill"] + t["decode"]
         assert parts == pytest.approx(t["total"], abs=0.01) and min(t.values()) >= 0, t

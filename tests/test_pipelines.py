@@ -319,7 +319,13 @@ def test_resume_finds_a_file_however_its_path_is_spelt(tmp_path, small_folder, c
     capsys.readouterr()
     assert main(["video", "v.mp4", *cmd[:-1], "../c.jsonl", "--resume"]) == 0
     assert "4 skipped (resume)" in capsys.readouterr().err and (tmp_path / "c.jsonl").read_text() == lines
+    # the first run named it ../v.mp4 from clips/: its lines are found from the folder above too
+    assert main(["video", "../v.mp4", *cmd[:-1], "up.jsonl"]) == 0
+    lines = (tmp_path / "clips" / "up.jsonl").read_text()
     monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["video", "v.mp4", *cmd[:-1], "clips/up.jsonl", "--resume"]) == 0
+    assert "4 skipped (resume)" in capsys.readouterr().err and (tmp_path / "clips" / "up.jsonl").read_text() == lines
     # resumed with another rate: frames 0 and 6 are done, 3 and 9 are not this run's, and it says so
     assert main(["video", "v.mp4", *cmd[:2], "--every-n", "2", *cmd[4:], "--resume"]) == 0
     err = capsys.readouterr().err
@@ -346,6 +352,7 @@ def test_folders_with_odd_links_and_outputs_are_said_before_the_run(tmp_path, ca
     # an output name longer than a file name may be: found when the file's outputs were opened
     long = root / ("x" * 251 + ".mp4")
     write_video(long, "mpeg4", n=2)
+    (tmp_path / "out").mkdir()  # existing: asking it about the long name raised ENAMETOOLONG
     assert main(["video", str(long), *bad, "-o", f"{tmp_path / 'out'}/"]) == 2
     assert "its name is longer than 255 bytes" in capsys.readouterr().err
     long.unlink()

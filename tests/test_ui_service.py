@@ -1,12 +1,14 @@
 """The web UI's service layer and views, without a browser: feeds, settings, video jobs, errors."""
 
 import contextlib
+import gc
 import io
 import itertools
 import json
 import re
 import threading
 import time
+import weakref
 from datetime import datetime
 from pathlib import Path
 
@@ -1080,7 +1082,10 @@ def test_a_reload_tells_each_page_why_its_feed_stopped_and_keeps_its_captions(sm
     try:
         feed = s.start_live("tab-r", "shapes_640x360_60fps.mp4", make_task("short"))
         wait_for(lambda: feed.snapshot().counters["completed"] >= 3)
+        old = weakref.ref(s.engine())
         assert s.apply(Settings(model="tiny", max_tokens=4)) == "engine reloaded"
+        gc.collect()
+        assert old() is None  # the feed kept for Export does not keep the old engine (weights, KV pool)
         snap = feed.snapshot()
         assert not snap.running and "the engine was reloaded" in snap.error
         assert s.feed("tab-r") is None
