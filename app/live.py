@@ -254,11 +254,15 @@ def file_names(sources: list[str], labels: list[str]) -> list[str]:
 
     names = [file_label(Path(source).stem if Path(source).is_file() else label) or "source"
              for source, label in zip(sources, labels)]
+    # A name no other source has is kept; the others get the first free _1, _2...: door_2.mp4
+    # beside a/door.mp4 and b/door.mp4 stays door_2, they become door_1 and door_3
+    taken = {n for n in names if names.count(n) == 1}
     unique: list[str] = []
-    for i, n in enumerate(names):
-        k, name = i + 1, n
-        while name in unique or names.count(n) > 1 and name == n:  # door_2.mp4 beside a/door.mp4 and b/door.mp4
+    for n in names:
+        name, k = n, 1
+        while names.count(n) > 1 and (name == n or name in taken):
             name, k = f"{n}_{k}", k + 1
+        taken.add(name)
         unique.append(name)
     return unique
 

@@ -217,3 +217,18 @@ def test_video_changes_on_the_terminal_and_its_mistakes(tmp_path, capsys):
                          (["--sticky", "-1"], "--sticky must be a number >= 0")]:
         assert main(["video", str(CLIP), *bad]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_sources_keep_their_own_file_names_where_they_can(tmp_path, monkeypatch):
+    """door_2.mp4 beside a/door.mp4 and b/door.mp4: b's recording and snapshots had been named
+    door_2, and door_2.mp4's door_2_3."""
+    from app.live import file_names
+
+    for name in ("door_2.mp4", "a/door.mp4", "b/door.mp4"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    for sources, want in [(["a/door.mp4", "b/door.mp4", "door_2.mp4"], ["door_1", "door_3", "door_2"]),
+                          (["door_2.mp4", "a/door.mp4", "b/door.mp4"], ["door_2", "door_1", "door_3"]),
+                          (["a/door.mp4", "b/door.mp4"], ["door_1", "door_2"])]:
+        assert file_names(sources, sources) == want

@@ -863,7 +863,7 @@ def test_odd_inputs_from_a_page_are_one_line_errors_and_leave_nothing_behind(ser
 
     demo = build(service)
     fn = {f.name: f.fn for f in demo.fns.values()}
-    apply, video, webcam = fn["apply"], fn["video"], fn["webcam"]
+    apply, video = fn["apply"], fn["video"]
     with pytest.raises(gr_error()) as e:
         apply("tiny", "cpu", "hot", 12, True)
     assert "temperature must be a number" in str(e.value)
