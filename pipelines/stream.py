@@ -7,9 +7,9 @@ appear in messages.
 
 from __future__ import annotations
 
-import atexit
+import io
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .catch_up import CatchUp
 from .connection import TIMED_OUT, Connection
@@ -69,9 +69,10 @@ STALE_AFTER, BURST_S = 0.9, 0.05  # a silence this share of the read timeout; th
 STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error
 BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
 STDIN = "-"  # the live source name of standard input: a stream piped in
+POLL_S = 0.1  # how often a read of standard input that waits looks whether its consumer is gone
 
 
-def wait_for_input(fd: int, timeout: float) -> None:
+def wait_for_input(fd: int, timeout: float, stopped: Callable[[], bool] = lambda: False) -> None:
     """Wait until a pipe has data; a SourceError if none comes within `timeout` seconds, or if it
     ends first. A program piped into `live -` may take seconds to start its camera, but one that
     never sends anything (`sleep 80 | vlmstream live -`) kept the run waiting until it exited,
@@ -81,8 +82,13 @@ def wait_for_input(fd: int, timeout: float) -> None:
     import struct
     import termios
 
-    readable, _, _ = select.select([fd], [], [], timeout)
+    waited, readable = 0.0, False
+    while not readable and waited < timeout and not stopped():  # a consumer gone (--duration) ends the wait
+        readable = bool(select.select([fd], [], [], min(POLL_S, timeout - waited))[0])
+        waited += POLL_S
     if not readable:
+        if stopped():
+            return
         raise SourceError(f"cannot read standard input: nothing came for {timeout:g} s")
     try:
         waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
@@ -92,18 +98,34 @@ def wait_for_input(fd: int, timeout: float) -> None:
         raise SourceError("cannot read standard input: it ended before any data came")
 
 
-def nonblocking(fd: int) -> int:
-    """Make reads of `fd` return at once when it holds nothing, and return its flags before, to
-    be set back when done (a shell or program that shares the pipe after us must not inherit it).
-    FFmpeg's read of a pipe then retries, each millisecond, under the read timeout: a program
-    piped in that stalled after sending frames (its camera hung) had kept `live -` waiting for
-    ever, blocked in read(2)."""
-    import fcntl
-    import os
+class PipeReader(io.RawIOBase):
+    """Standard input as PyAV reads it. FFmpeg's own pipe read blocks in read(2), out of reach of
+    its timeouts: a program piped in that stalled (its camera hung) kept `live -` waiting for
+    ever, and a run's --duration could not end it. Here each read waits for data at most
+    `timeout` seconds (then a TimeoutError), and reads as the end once `stopped()` (the consumer
+    is gone)."""
 
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-    return flags
+    def __init__(self, fd: int, timeout: float, stopped: Callable[[], bool]):
+        super().__init__()
+        self._fd, self._timeout, self._stopped = fd, timeout, stopped
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        import os
+        import select
+
+        waited = 0.0
+        while not self._stopped():
+            if select.select([self._fd], [], [], POLL_S)[0]:
+                data = os.read(self._fd, len(buffer))  # what the pipe holds, at once; b"" at its end
+                buffer[: len(data)] = data
+                return len(data)
+            waited += POLL_S
+            if waited >= self._timeout:
+                raise TimeoutError(f"{TIMED_OUT} {self._timeout:.1f} s")
+        return 0
 
 
 class StreamSource:
@@ -149,7 +171,6 @@ class StreamSource:
         self.reading = reading
         self._clocked = scheme in CLOCKED_SCHEMES
         self.error: str | None = None
-        self._stdin_flags: int | None = None  # standard input's flags before it was read (see nonblocking)
         self.reconnects = self.damaged = self.catch_ups = 0
         self.max_late = self.late = 0.0  # seconds the decoding fell behind a live stream, at most and now (CatchUp)
         self._behind_said = -float("inf")  # when falling behind was last said (through `connection`)
@@ -164,29 +185,17 @@ class StreamSource:
     def _open(self, started: float | None = None):
         import av
 
-        if self.url == "pipe:0":  # FFmpeg's timeouts do not reach a pipe's read: it waited for ever
-            wait_for_input(0, self.open_timeout)
-            self._stdin_flags = nonblocking(0)
-            # and at exit: a run that ends (--duration) while the read waits in FFmpeg's retries
-            # never reaches the restore after it
-            atexit.register(self._restore_stdin)
+        if self.url == "pipe:0":  # read through PipeReader: FFmpeg's timeouts do not reach a pipe's read
+            wait_for_input(0, self.open_timeout, lambda: self.connection.stopped)
+            if self.connection.stopped:  # the run ended while the program piped in had not begun
+                return None
+            reader = PipeReader(0, self.read_timeout, lambda: self.connection.stopped)
+            return av.open(reader, mode="r", timeout=None)
         # A try that would outlast the time the source has left ends with it: the last one ran
         # its whole open timeout past the limit (a server that never answers: said after 38 s of 30).
         left = None if started is None else self.connection.remaining(started)
         timeout = self.open_timeout if left is None else min(self.open_timeout, max(0.5, left))
-        try:
-            return av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options)
-        except BaseException:
-            self._restore_stdin()
-            raise
-
-    def _restore_stdin(self) -> None:
-        flags, self._stdin_flags = self._stdin_flags, None
-        if flags is not None:
-            import fcntl
-
-            fcntl.fcntl(0, fcntl.F_SETFL, flags)
-            atexit.unregister(self._restore_stdin)
+        return av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options)
 
     def frames(self) -> Iterator[Frame]:
         try:
@@ -204,6 +213,8 @@ class StreamSource:
         while not connection.stopped:
             try:
                 container = self._open(t0)
+                if container is None:
+                    return
             except (av.FFmpegError, OSError) as e:
                 # A client error (404, 401, 403...) from a stream that never sent a frame is a wrong
                 # URL or password, not an outage: said at once, not after max_wait of retries (the
@@ -278,7 +289,6 @@ class StreamSource:
                     raise SourceError(f"cannot read {self.error}") from None
             finally:
                 container.close()
-                self._restore_stdin()
             if not self.reconnect or ended:
                 return
             connection.lost(broke)

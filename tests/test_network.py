@@ -780,6 +780,41 @@ def test_a_pipe_that_stalls_after_sending_frames_is_an_error_after_the_read_time
     assert int(frames) >= 470 and float(waited) < 20 and flags == "0"
 
 
+def test_a_pipe_read_ends_when_its_consumer_is_gone():
+    """`live - --duration 5` while the program piped in had stalled (or not begun): the read waited
+    out its 30 s timeout in FFmpeg, and the run ended 5-7 s late. Now the waiting read ends within
+    a poll of the stop."""
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "shapes_640x360_60fps.mp4"
+    script = """if True:
+        import threading, time
+        from pipelines.sources import StreamSource
+        source = StreamSource("-")
+        done = []
+        def read():
+            for _ in source.frames():
+                pass
+            done.append(time.monotonic())
+        threading.Thread(target=read, daemon=True).start()
+        time.sleep(float(__import__("sys").argv[1]))
+        stopped = time.monotonic()
+        source.connection.stop()
+        time.sleep(2)
+        print(round(done[0] - stopped, 2) if done else "still reading")
+    """
+    for sender, wait in ((f"ffmpeg -loglevel error -i '{clip}' -t 8 -c copy -f mpegts -; sleep 30", "3"),
+                         ("sleep 30", "1")):  # stalled after sending, and never begun
+        feeder = subprocess.Popen(["sh", "-c", sender], stdout=subprocess.PIPE)
+        try:
+            run = subprocess.run([sys.executable, "-c", script, wait], stdin=feeder.stdout, capture_output=True,
+                                 text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                 cwd=Path(__file__).resolve().parents[1])
+        finally:
+            feeder.kill()
+            feeder.stdout.close()
+            feeder.wait(30)
+        assert run.stdout.strip() != "still reading" and float(run.stdout) < 1.0, (sender, run.stdout, run.stderr)
+
+
 def test_a_pipe_that_sends_nothing_is_an_error_after_the_wait():
     """FFmpeg's timeouts never reach a pipe's read: `sleep 80 | vlmstream live -` waited the 80 s
     and then said "Invalid data found", as did a pipe closed at once (`true | ...`)."""
