@@ -60,8 +60,8 @@ def build(service: Service, source: str | None = None):
     samples = sample_videos()
     default_source = source or (DEFAULT_SAMPLE if DEFAULT_SAMPLE in samples else (samples[0] if samples else ""))
 
-    # The sample a page plays on opening pauses while the page is on another tab that works
-    # (Browser webcam, Video file, Image), or hidden in the browser, and plays again back on Live:
+    # The sample a page plays on opening stops while the page is on another tab that works
+    # (Browser webcam, Video file, Image), or hidden in the browser, and starts over back on Live:
     # it took 3/4 of the engine from those tabs (a video job beside it took 4x as long), and a page
     # left open in the background kept the cores busy for nobody. A feed the user started keeps
     # running (a camera watched for its changes, a recording).

@@ -188,8 +188,8 @@ document.addEventListener("click", (e) => {
   const img = a && a.querySelector("img");
   if (img) a.href = img.src;
 }, true);
-// The sample a page plays on opening pauses while the page is hidden (another browser tab, a
-// minimised window) or on a tab that wants the engine, and plays again back on Live
+// The sample a page plays on opening stops while the page is hidden (another browser tab, a
+// minimised window) or on a tab that wants the engine, and starts over back on Live
 // (app/ui.py): a page left open in the background kept the server's cores busy for nobody.
 // Said once things settle: each tab's own event, run side by side on the server, left a quick
 // Video file -> Live stopped.
