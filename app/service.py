@@ -554,10 +554,7 @@ class Service:
                 feed = self._feeds.pop(key)
                 feed.error = feed.error or "stopped: the engine was reloaded (Settings); Start again"
                 feed.close()
-                self._ended[key] = feed
-            for feed in self._ended.values():  # kept for Export, not with the old engine (its weights, its KV pool)
-                if feed.session is not None:
-                    feed.session.engine = None
+                self._ended[key] = feed  # its session let go of the engine when it closed
             for recorder in self._recorders.values():  # finished files stay for their downloads
                 recorder.close()
             if self._engine is not None:

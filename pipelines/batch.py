@@ -20,7 +20,6 @@ answers depend only on the file and the settings, never on timing.
 from __future__ import annotations
 
 import math
-
 import threading
 import time
 from collections import deque

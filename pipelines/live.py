@@ -223,6 +223,7 @@ class LiveSession:
                     except Exception:  # logged, as the engine's done callbacks are: it had ended this
                         # thread, and every frame after was dropped with nothing said
                         logging.getLogger("vlmstream").exception("on_result raised for frame %d", frame.index)
+        self.engine = None  # done with it: a closed session kept for its results (the UI's Export) must not pin it
 
     def _expire(self) -> None:
         if self.deadline_ms is None:

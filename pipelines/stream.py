@@ -72,22 +72,32 @@ STDIN = "-"  # the live source name of standard input: a stream piped in
 POLL_S = 0.1  # how often a read of standard input that waits looks whether its consumer is gone
 
 
+def readable_within(fd: int, timeout: float, stopped: Callable[[], bool]) -> bool:
+    """Whether `fd` has data (or its end) within `timeout` seconds; looked at every POLL_S, and
+    False at once when `stopped()`."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while not stopped():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if select.select([fd], [], [], min(POLL_S, left))[0]:
+            return True
+    return False
+
+
 def wait_for_input(fd: int, timeout: float, stopped: Callable[[], bool] = lambda: False) -> None:
     """Wait until a pipe has data; a SourceError if none comes within `timeout` seconds, or if it
     ends first. A program piped into `live -` may take seconds to start its camera, but one that
     never sends anything (`sleep 80 | vlmstream live -`) kept the run waiting until it exited,
     and a pipe closed at once (`true | ...`) was called "Invalid data"."""
     import fcntl
-    import select
     import struct
     import termios
 
-    waited, readable = 0.0, False
-    while not readable and waited < timeout and not stopped():  # a consumer gone (--duration) ends the wait
-        readable = bool(select.select([fd], [], [], min(POLL_S, timeout - waited))[0])
-        waited += POLL_S
-    if not readable:
-        if stopped():
+    if not readable_within(fd, timeout, stopped):
+        if stopped():  # a consumer gone (--duration) ends the wait
             return
         raise SourceError(f"cannot read standard input: nothing came for {timeout:g} s")
     try:
@@ -114,18 +124,14 @@ class PipeReader(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         import os
-        import select
 
-        waited = 0.0
-        while not self._stopped():
-            if select.select([self._fd], [], [], POLL_S)[0]:
-                data = os.read(self._fd, len(buffer))  # what the pipe holds, at once; b"" at its end
-                buffer[: len(data)] = data
-                return len(data)
-            waited += POLL_S
-            if waited >= self._timeout:
-                raise TimeoutError(f"{TIMED_OUT} {self._timeout:.1f} s")
-        return 0
+        if readable_within(self._fd, self._timeout, self._stopped):
+            data = os.read(self._fd, len(buffer))  # what the pipe holds, at once; b"" at its end
+            buffer[: len(data)] = data
+            return len(data)
+        if self._stopped():
+            return 0
+        raise TimeoutError(f"{TIMED_OUT} {self._timeout:.1f} s")
 
 
 class StreamSource:
