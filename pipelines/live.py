@@ -3,7 +3,7 @@
 Policies: at most `max_inflight` frames in the engine (a frame offered beyond that is dropped
 at intake); when a frame's result completes, every older frame still in flight is stale and is
 cancelled (the engine releases it through its reference counts); a request older than
-`deadline_ms` is cancelled. Results reach `on_result` in completion order, which is frame order
+`deadline_ms` is cancelled, and one that finishes past it is not reported. Results reach `on_result` in completion order, which is frame order
 for the frames that complete (older ones are cancelled when a newer one wins).
 """
 
@@ -183,7 +183,7 @@ class LiveSession:
                 continue
             outs = [h.result() for h in handles]
             with self._lock:
-                for i, (f, hs, _) in enumerate(self._inflight):
+                for i, (f, hs, offered) in enumerate(self._inflight):
                     if hs is handles:
                         del self._inflight[i]
                         break
@@ -191,6 +191,11 @@ class LiveSession:
                     # Already taken out: a newer frame won (or its deadline passed, or the session
                     # was closed) while this one's completion waited in the queue. It was counted
                     # as cancelled then; reporting it now would step back in time.
+                    continue
+                if self.deadline_ms is not None and (time.perf_counter() - offered) * 1000.0 > self.deadline_ms:
+                    # finished in time for the engine but handled too late here (this thread was
+                    # held, or results queued up): past the deadline is past it, as _expire says
+                    self.cancelled_deadline += 1
                     continue
                 stale = []
                 answered = all(o.finish_reason in ("stop", "length") for o in outs)

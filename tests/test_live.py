@@ -2,6 +2,7 @@
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import engine.engine as engine_module
 from engine import Engine, EngineConfig, SamplingParams
 from engine.runner import StepResult
+from engine.types import RequestOutput
 from pipelines.grabber import LatestFrameGrabber
 from pipelines.live import LIVE_STICKY, LiveSession
 from pipelines.sources import Frame
@@ -86,38 +88,44 @@ def test_a_live_sources_unconverted_frames_are_converted_when_taken(small_folder
     assert results and all(np.array_equal(r.frame.rgb, rgb) for r in results)
 
 
+class _HeldHandle:
+    """A request handle that finishes when the test says so."""
+
+    def __init__(self, gate: threading.Event | None = None):
+        self.callbacks, self.out, self.gate = [], None, gate
+
+    def add_done_callback(self, fn):
+        self.callbacks.append(fn)
+
+    def result(self, timeout=None):
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        return self.out
+
+    def cancel(self):
+        pass  # too late: it has finished, as a real handle would have
+
+    def finish(self, text):
+        self.out = RequestOutput(text, [1], "stop")
+        for fn in self.callbacks:
+            fn(self)
+
+
+class _HeldEngine:
+    """An engine whose requests finish only when the test finishes their handles."""
+
+    def __init__(self, gate: threading.Event | None = None):
+        self.handles, self.gate = [], gate
+
+    def submit(self, rgb, params=None, draft=None, **task):
+        self.handles.append(_HeldHandle(self.gate))
+        return self.handles[-1]
+
+
 def test_a_frame_that_finished_just_before_a_newer_one_won_is_not_reported():
     """Completions are queued; when a newer frame's result is handled first, the older frame's
     (already finished, still queued) must not be reported after it: captions never step back."""
-    from engine.types import RequestOutput
-
-    class Handle:
-        def __init__(self):
-            self.callbacks, self.out = [], None
-
-        def add_done_callback(self, fn):
-            self.callbacks.append(fn)
-
-        def result(self, timeout=None):
-            return self.out
-
-        def cancel(self):
-            pass  # too late: it has finished, as a real handle would have
-
-        def finish(self, text):
-            self.out = RequestOutput(text, [1], "stop")
-            for fn in self.callbacks:
-                fn(self)
-
-    class Engine:
-        def __init__(self):
-            self.handles = []
-
-        def submit(self, rgb, params=None, draft=None, **task):
-            self.handles.append(Handle())
-            return self.handles[-1]
-
-    engine, reported = Engine(), []
+    engine, reported = _HeldEngine(), []
     s = LiveSession(engine, {"caption": "short"}, max_inflight=3, on_result=lambda r: reported.append(r.frame.index))
     try:
         frames = _frames(3)
@@ -132,6 +140,29 @@ def test_a_frame_that_finished_just_before_a_newer_one_won_is_not_reported():
     finally:
         s.close()
     assert reported == [1, 2] and s.cancelled_stale == 1
+
+
+def test_a_result_handled_past_its_deadline_is_not_reported():
+    """A frame's request may finish in time and still be handled late: this thread was held, or
+    results had queued up. Its caption is as stale as one that never came, and is not reported
+    (deadlines had been checked only while no result waited)."""
+    gate, reported = threading.Event(), []
+    engine = _HeldEngine(gate)
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3, deadline_ms=50,
+                    on_result=lambda r: reported.append(r.frame.index))
+    try:
+        for f in _frames(2):
+            assert s.offer(f)
+        for h in engine.handles:
+            h.finish("in time")
+        _wait(lambda: s._finished.qsize() == 1)  # the first is taken, and its result read is held
+        time.sleep(0.1)  # past both deadlines
+        gate.set()
+        _wait(lambda: s.in_flight == 0 and s._finished.empty())
+    finally:
+        gate.set()
+        s.close()
+    assert reported == [] and s.completed == 0 and s.cancelled_deadline == 2
 
 
 def test_intake_drops_when_saturated_and_deadlines_cancel(small_folder, monkeypatch):

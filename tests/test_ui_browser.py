@@ -37,14 +37,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_ui(*args: str, scheme: str = "http", log_name: str = "ui_server.log"):
+def running_ui(*args: str, scheme: str = "http", log_name: str = "ui_server.log", env: dict | None = None):
     """`vlmstream ui` started as a user starts it; yields its URL once it answers."""
     port = free_port()
     exe = Path(sys.executable).with_name("vlmstream")
     ARTIFACTS.mkdir(exist_ok=True)
     log = open(ARTIFACTS / log_name, "w")
     p = subprocess.Popen([str(exe), "ui", "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     url = f"{scheme}://127.0.0.1:{port}/"
     tls = ssl.create_default_context()
     tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE  # a self-signed certificate
@@ -309,7 +309,7 @@ def test_the_webcam_tab_says_when_the_browser_withholds_the_camera(server):
 def test_ui_serves_https_and_asks_a_password(tmp_path):
     """What sharing the UI on a network takes: HTTPS (the camera, above) and a password (its page
     plays any file or URL the server reaches)."""
-    from gradio_client import Client
+    from gradio_client import Client, handle_file
 
     openssl = shutil.which("openssl")
     if not openssl:
@@ -318,13 +318,19 @@ def test_ui_serves_https_and_asks_a_password(tmp_path):
     subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
                     "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
     users.write_text("# who may watch\nalice:wonder land\n")
+    tmp = tmp_path / "tmp"  # the server's temporary folder, to see what it leaves there
+    tmp.mkdir()
     with running_ui("--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--auth-file", str(users),
-                    scheme="https", log_name="ui_server_https.log") as url:
+                    scheme="https", log_name="ui_server_https.log", env={"TMPDIR": str(tmp)}) as url:
         with pytest.raises(Exception, match="login|credentials"):
             Client(url, verbose=False, ssl_verify=False)
-        stats = Client(url, auth=("alice", "wonder land"), verbose=False, ssl_verify=False).predict(
-            api_name="/engine_stats")
-        assert stats["kv_pages_total"] > 0
+        client = Client(url, auth=("alice", "wonder land"), verbose=False, ssl_verify=False)
+        assert client.predict(api_name="/engine_stats")["kv_pages_total"] > 0
+        # Gradio's copy of an upload lies in this server's own folder (in /tmp/gradio it outlived
+        # the server, as did every export and video job's files)
+        client.predict(handle_file(str(SAMPLES / "scene.png")), "short", "", "none", "", api_name="/caption_image")
+        uploads = [f.name for f in tmp.glob("vlmstream-ui-*/gradio/**/*") if f.is_file()]
+        assert "scene.png" in uploads, sorted(tmp.rglob("*"))
         with playwright_api.sync_playwright() as p:
             browser = launch(p)
             page = browser.new_context(ignore_https_errors=True).new_page()
@@ -337,6 +343,7 @@ def test_ui_serves_https_and_asks_a_password(tmp_path):
             page.get_by_text("Click to Access Webcam").wait_for(timeout=30_000)
             assert page.evaluate("window.isSecureContext") and not page.locator("#vs-cam-insecure").is_visible()
             browser.close()
+    assert not list(tmp.glob("vlmstream-ui-*")), "the server's files outlived it"
 
 
 def write_y4m(path: Path, frames: list[np.ndarray], fps: int = 15) -> None:
