@@ -114,6 +114,12 @@ class TokenAutomaton:
             self.tok = torch.tensor(tok, device=device)
             self.dst = torch.tensor(dst, device=device)
 
+    @property
+    def nbytes(self) -> int:
+        """Device memory held by the tables."""
+        tensors = (self.table,) if self.dense else (self.src, self.tok, self.dst)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def allowed(self, state_R: torch.Tensor) -> torch.Tensor:
         """Boolean (R, vocab) mask of the tokens allowed in each row's state."""
         if self.dense:

@@ -214,7 +214,8 @@ class Executor:
             # until the step is done.
             pending._keep = fn
             pending._finish(result)
-            self._cuda_pending.append((start, end))
+            with self._lock:  # stats() reads the list from other threads
+                self._cuda_pending.append((start, end))
             return pending
         try:
             self._jobs.put((fn, pending, on_done), timeout=timeout)
@@ -242,15 +243,15 @@ class Executor:
 
     def busy_seconds(self) -> float:
         """Time the device spent in step functions (CUDA: measured by events of finished steps)."""
-        if self._thread is None:
-            still = []
-            for start, end in self._cuda_pending:
-                if end.query():
-                    self.busy_s += start.elapsed_time(end) / 1000.0
-                else:
-                    still.append((start, end))
-            self._cuda_pending = still
-        with self._lock:
+        with self._lock:  # stats() from two threads counted a finished step twice; a launch could be lost
+            if self._thread is None:
+                still = []
+                for start, end in self._cuda_pending:
+                    if end.query():
+                        self.busy_s += start.elapsed_time(end) / 1000.0
+                    else:
+                        still.append((start, end))
+                self._cuda_pending = still
             return self.busy_s
 
     def close(self, timeout: float = 10.0) -> None:

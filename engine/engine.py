@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,9 @@ from .scheduler import Budget, StepPlan, own_pages, plan
 from .sequence import Image, Sequence
 from .vision_stage import VisionStage, vision_thread_mode
 from .types import EngineStats, SamplingParams
+
+
+CONSTRAINT_CACHE_BYTES = 256 << 20  # compiled constraints kept for reuse, least recently used dropped first
 
 
 @dataclass
@@ -91,7 +94,7 @@ class Engine:
         self._post_lock = threading.Lock()
         self._posting = 0  # posts past their checks, their message not yet in the inbox
         self._stopped = False  # the engine thread has ended (or failed) and reads no more messages
-        self._automata: dict = {}
+        self._automata: OrderedDict = OrderedDict()  # least recently used first
 
         # Engine-thread state.
         self._waiting: deque[Sequence] = deque()
@@ -194,11 +197,18 @@ class Engine:
                                   ) from None
         with self._post_lock:
             automaton = self._automata.get(constraint)
+            if automaton is not None:
+                self._automata.move_to_end(constraint)
         if automaton is None:
             automaton = compile_constraint(constraint, self.loaded.tokenizer, self.model_config.text.vocab_size,
                                            self.model_config.tokenizer.eos_id, self.loaded.device)
             with self._post_lock:
                 self._automata[constraint] = automaton
+                # Bounded: choices that change with every frame had kept every table (at Moondream
+                # 2's vocabulary, 12 MB each). A request holds its own automaton, evicted or not.
+                held = sum(a.nbytes for a in self._automata.values())
+                while held > CONSTRAINT_CACHE_BYTES and len(self._automata) > 1:
+                    held -= self._automata.popitem(last=False)[1].nbytes
         return automaton
 
     def stats(self) -> EngineStats:
@@ -616,14 +626,27 @@ class Engine:
             self._maybe_release_image(img)
 
     def _check_invariants(self) -> None:
-        depth = 2
+        """After the commits (debug_checks): fewer than `pipeline_depth` steps in flight, and the
+        count of in-flight steps each sequence and image keeps (what releases them) is exactly
+        the number of those steps that include it."""
+        assert len(self._inflight) < self._depth, (len(self._inflight), self._depth)
+        seqs: dict[int, int] = {}
+        images: dict[int, int] = {}
+        for record in self._inflight:
+            for seq in self._members(record.plan):
+                assert seq.id in self._seqs, f"request {seq.id} released while a step holds it"
+                seqs[seq.id] = seqs.get(seq.id, 0) + 1
+            for img in record.plan.images:
+                assert img.id in self._images, f"image {img.id} released while a step holds it"
+                images[img.id] = images.get(img.id, 0) + 1
         for seq in self._seqs.values():
-            assert 0 <= seq.inflight <= depth, (seq.id, seq.inflight)
+            assert seq.inflight == seqs.get(seq.id, 0), (seq.id, seq.inflight, seqs.get(seq.id, 0))
+        for img in self._images.values():
+            assert img.inflight == images.get(img.id, 0), (img.id, img.inflight, images.get(img.id, 0))
         waiting: dict[int, int] = {}
         for seq in self._waiting:
             waiting[id(seq.image)] = waiting.get(id(seq.image), 0) + 1
         for img in self._images.values():
-            assert 0 <= img.inflight <= depth
             assert img.waiting == waiting.get(id(img), 0) and img.holders >= img.ref_held + img.waiting
             assert not (img.staged and img.launched and not img.encoding), "launched before the vision stage"
 

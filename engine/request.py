@@ -103,7 +103,11 @@ class RequestHandle:
         if self._cancel_sent or self._done.is_set():
             return
         self._cancel_sent = True
-        self._engine._post(("cancel", self.id), block=threading.current_thread() is not self._engine._thread)
+        try:
+            self._engine._post(("cancel", self.id), block=threading.current_thread() is not self._engine._thread)
+        except BaseException:  # not sent (the engine's queue stayed full): a retry must send it
+            self._cancel_sent = False
+            raise
 
 
 class ImageRef:

@@ -75,6 +75,27 @@ def test_choice_always_completes(small_folder):
     assert all(o.finish_reason == "stop" and o.text in ("yes", "no") for o in outs)
 
 
+def test_compiled_constraints_kept_for_reuse_are_bounded(small_folder, monkeypatch):
+    """Choices that change with every frame (the objects seen, say) had each kept its table for the
+    engine's life: at Moondream 2's vocabulary 12 MB apiece, without end. The cache now holds
+    what its budget allows, the most recently used; a request keeps its own automaton either way."""
+    import engine.engine as engine_module
+
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        one = eng._compile(Choice(["answer 0", "other 0"])).nbytes
+        monkeypatch.setattr(engine_module, "CONSTRAINT_CACHE_BYTES", 5 * one)
+        hot = Choice(["yes", "no"])
+        for i in range(40):
+            eng.check_constraint(Choice([f"answer {i}", f"other {i}"]))
+            eng.check_constraint(hot)  # asked all along: it stays
+        assert sum(a.nbytes for a in eng._automata.values()) <= 5 * one
+        assert len(eng._automata) < 10 and hot in eng._automata
+        assert Choice(["answer 39", "other 39"]) in eng._automata and Choice(["answer 0", "other 0"]) not in eng._automata
+        out = eng.submit(IMAGES[0], question="Is there a star?", constraint=Choice(["answer 0", "other 0"]),
+                         params=SamplingParams(max_tokens=20)).result(30)  # compiled again
+        assert out.text in ("answer 0", "other 0")
+
+
 def test_sparse_automaton_equals_dense(small, monkeypatch):
     c = JsonSchema(SCHEMA)
     dense = compile_constraint(c, small.tokenizer, small.config.text.vocab_size, 0, small.device)
