@@ -129,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
         check_constraints(engine, tasks)  # before any frame is asked
         # warm-up: the first step pays one-time costs a live stream should not see
         first = opened[0]  # a file's first frame warms up (a stream's would cost another connection)
-        warm = next(first.frames()).load().rgb if first.paced else np.zeros((240, 320, 3), np.uint8)
+        frame = next(first.frames(), None) if first.paced else None
+        if first.paced and frame is None and not several:  # a recording cut off after its header
+            raise SourceError(f"{labels[0]}: no frame could be decoded")
+        warm = frame.load().rgb if frame is not None else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
         recorders.update((label, Recorder(path)) for label, path in zip(labels, recordings or []))
         for live, label in zip(opened, labels):

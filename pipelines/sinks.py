@@ -225,19 +225,38 @@ def cue_text(text: str, fmt: str) -> str:
 
 
 def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
-    """A copy of the frame with its caption (one line per answer) and a line of info drawn in a
-    band at the bottom."""
+    """A copy of the frame with its caption (each answer from a new line, wrapped to the frame's
+    width, at most half the frame's height) and a line of info drawn in a band at the bottom."""
     h, w = rgb.shape[:2]
-    # At most half the frame: a band taller than a small frame (under 36 rows) left no room for
-    # the caption and the drawing failed (a 16x16 video). Text that small is unreadable, but the
-    # frame is still written.
-    band = max(1, min(max(18, h // 14), h // 2))
-    lines = tuple(line[:200] for line in text.strip().splitlines()[: max(1, h // band - 2)]) or ("",)
+    # Sized by the height, and by the width for portrait frames: a phone's 1080x1920 video had
+    # 96-px letters, 20 to the line. At most half the frame: a band taller than a small frame
+    # (under 36 rows) left no room for the caption and the drawing failed (a 16x16 video).
+    # Text that small is unreadable, but the frame is still written.
+    band = max(1, min(max(18, min(h // 14, w // 24)), h // 2))
+    lines = _wrapped(text, w, band)[: max(1, h // (2 * band))]
     top = h - (len(lines) + 1) * band
     img = np.array(rgb)  # a writable copy
     img[max(top, 0):h - band] = _caption_band(lines, w, band, (255, 255, 255))[max(-top, 0):]
     img[h - band:] = _band((info,), w, band, (255, 220, 0))  # new every frame: not cached
     return img
+
+
+@functools.lru_cache(maxsize=64)
+def _wrapped(text: str, width: int, band: int) -> tuple[str, ...]:
+    """The text's lines broken between words to fit `width` pixels in the band's font (a long
+    caption ran off the frame's right edge, its end lost). A word wider than that keeps a line."""
+    font, room = _font(max(1, int(band * 0.7))), width - 12
+    out: list[str] = []
+    for answer in text.strip().splitlines():
+        line = ""
+        for word in answer.split():
+            longer = f"{line} {word}" if line else word
+            if line and font.getlength(longer) > room:
+                out.append(line)
+                longer = word
+            line = longer
+        out.append(line)
+    return tuple(out) or ("",)
 
 
 def _band(lines: tuple[str, ...], width: int, band: int, colour: tuple[int, int, int]) -> np.ndarray:

@@ -22,6 +22,7 @@ from .stream import STDIN, StreamSource, redact
 
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
+AVFMT_NOTIMESTAMPS = 0x80  # ... of one that stores none: a raw H.264/H.265 stream (a camera's export)
 DISCONTINUITY_S = 10.0  # a frame this much after the one before, or before it at all: a jump (as ffplay)
 EPSILON_S = 1e-3
 
@@ -105,7 +106,14 @@ class FileSource:
 
     @property
     def fps(self) -> float | None:
-        rate = self._open_stream.average_rate or self._stream.guessed_rate
+        stream = self._open_stream
+        if self._container.format.flags & AVFMT_NOTIMESTAMPS:
+            # A raw stream's "average" is the demuxer's default of 25; the rate the stream itself
+            # states (its SPS) is the decoder's. A 15 fps camera's export ran 1.67x fast, its
+            # frames' times (index / fps: it has no others) too early, --fps picked other frames.
+            rate = stream.codec_context.framerate or stream.guessed_rate or stream.average_rate
+        else:
+            rate = stream.average_rate or stream.guessed_rate
         return float(rate) if rate else None
 
     @property

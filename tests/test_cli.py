@@ -502,3 +502,16 @@ def test_several_images_and_folders_answer_one_line_each(capsys, tmp_path, small
         assert main(["image", *args, "--model", "/no/such/model"]) == 2
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, err
+
+
+def test_live_on_a_file_cut_off_after_its_header_is_one_line(capsys, tmp_path):
+    """A recording that died right after its header (or a copy cut short) has a video stream and
+    no frame: `live` was a StopIteration traceback, exit 1; `video` says the same thing in a line."""
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    whole, cut = tmp_path / "whole.mkv", tmp_path / "cut.mkv"
+    subprocess.run([shutil.which("ffmpeg"), "-y", "-loglevel", "error", "-i", str(clip), "-t", "1", "-c", "copy",
+                    str(whole)], check=True)
+    cut.write_bytes(whole.read_bytes()[:1500])
+    assert main(["live", str(cut), "--duration", "30", "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "cut.mkv: no frame could be decoded" in err and err.count("\n") == 1, err

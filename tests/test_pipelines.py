@@ -66,6 +66,26 @@ def test_file_sources_decode_every_frame(tmp_path, name, codec, pix_fmt, size):
     assert frames[3].pts == pytest.approx(0.3, abs=1e-6)
 
 
+def test_a_raw_h264_stream_keeps_its_own_frame_rate(tmp_path):
+    """A camera's export as a bare .h264/.h265 stream stores no timestamps: frame times come from
+    the rate. FFmpeg's raw demuxer says 25 fps whatever the stream says (its SPS): a 10 fps
+    camera's file had its times 2.5x too early, and `live` played it 2.5x fast."""
+    import shutil
+    import subprocess
+
+    ffmpeg = shutil.which("ffmpeg")
+    assert ffmpeg, "ffmpeg is missing: the README's test command installs it"
+    mp4 = write_video(tmp_path / "cam.mp4", "libx264")  # 12 frames at 10 fps
+    raw = tmp_path / "cam.h264"
+    subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-i", str(mp4), "-c", "copy", "-bsf:v", "h264_mp4toannexb",
+                    str(raw)], check=True)
+    with FileSource(raw) as src:
+        assert src.fps == pytest.approx(10.0)
+        frames = list(src.frames())
+        assert src.error is None and src.seconds == pytest.approx(1.2)
+    assert [round(f.pts, 6) for f in frames] == [round(i / 10, 6) for i in range(12)]
+
+
 def test_variable_frame_rate_keeps_timestamps(tmp_path):
     pts = [0, 40, 100, 110, 300, 330, 700]
     path = write_video(tmp_path / "vfr.mkv", "libx264", n=len(pts), pts=pts, time_base=Fraction(1, 1000))

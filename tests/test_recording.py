@@ -83,9 +83,20 @@ def _annotate_reference(rgb, text, info):
     img = Image.fromarray(np.ascontiguousarray(rgb))
     draw = ImageDraw.Draw(img)
     w, h = img.size
-    band = max(1, min(max(18, h // 14), h // 2))  # at most half a small frame
-    lines = [line[:200] for line in text.strip().splitlines()][: max(1, h // band - 2)] or [""]
+    band = max(1, min(max(18, min(h // 14, w // 24)), h // 2))  # at most half a small frame
     font = _font(max(1, int(band * 0.7)))
+    lines = []
+    for answer in text.strip().splitlines() or [""]:  # words added while the line fits
+        words = answer.split()
+        while words:
+            n = 1
+            while n < len(words) and font.getlength(" ".join(words[: n + 1])) <= w - 12:
+                n += 1
+            lines.append(" ".join(words[:n]))
+            words = words[n:]
+        if not answer.split():
+            lines.append("")
+    lines = lines[: max(1, h // (2 * band))]
     top = h - (len(lines) + 1) * band
     draw.rectangle((0, top, w, h), fill=(0, 0, 0))
     for i, line in enumerate(lines):
@@ -94,17 +105,39 @@ def _annotate_reference(rgb, text, info):
     return np.asarray(img)
 
 
-@pytest.mark.parametrize("size", [(360, 640), (120, 160), (1080, 1920), (20, 30), (16, 16), (35, 48)])
+LONG = ("a large green circle in the top left, a small red star in the bottom right, a large purple square in "
+        "the center and a small white triangle in the middle left, on a noisy grey background, four shapes")
+
+
+@pytest.mark.parametrize("size", [(360, 640), (120, 160), (1080, 1920), (1920, 1080), (20, 30), (16, 16), (35, 48)])
 def test_annotated_frames_are_drawn_as_before_with_cached_captions(size):
     rng = np.random.default_rng(size[0])
     texts = ["a red circle and a small blue star", "", "one\ntwo\nthree\n" + "x" * 300,
-             "\n".join(f"question {i}: yes" for i in range(40))]
+             "\n".join(f"question {i}: yes" for i in range(40)), LONG, "yes\n\n" + LONG]
     for _ in range(2):  # the second time from the cache
         for i, text in enumerate(texts):
             rgb = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
             rgb.flags.writeable = False  # frames from PyAV may be read-only
             out = annotate(rgb, text, f"#{i} 0.500s  45 ms")
             assert out.shape == rgb.shape and np.array_equal(out, _annotate_reference(rgb, text, f"#{i} 0.500s  45 ms"))
+
+
+@pytest.mark.parametrize("size", [(360, 640), (1920, 1080), (720, 1280)])
+def test_a_long_caption_is_wrapped_whole_inside_the_frame(size):
+    """A long caption ran off the frame's right edge ("... in the bottom ri"), and a portrait
+    phone video's letters were 96 px high, 20 to the line: the rest of every caption was lost."""
+    from pipelines.sinks import _wrapped
+
+    h, w = size
+    out = annotate(np.zeros((h, w, 3), np.uint8), LONG, "#1 0.033s  40 ms")
+    band = max(18, min(h // 14, w // 24))
+    lines = _wrapped(LONG, w, band)
+    font = _font(int(band * 0.7))
+    assert " ".join(lines).split() == LONG.split()  # every word, in order
+    assert all(font.getlength(line) <= w - 12 for line in lines)
+    assert len(lines) + 1 <= h // (2 * band)  # all shown, in at most half the frame
+    assert out[h - (len(lines) + 1) * band: h - band].any()  # drawn there
+    assert w > h or band <= 46  # portrait 1080 wide: about 60 characters to the line, not 20
 
 
 def test_a_recording_keeps_its_first_max_seconds_and_ignores_frames_after_close(tmp_path):
