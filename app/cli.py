@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
                          description="Caption images or answer a question about them (one image: the reference "
                                      "decoder, word by word; several: the engine, answers in order).")
     img.add_argument("image", nargs="+", metavar="IMAGE|FOLDER",
-                     help="image files (any format Pillow reads; an http(s) URL names one on a web server), or "
+                     help="image files (any format Pillow reads; an http(s) URL names one on a web server; - "
+                          "the one piped into standard input), or "
                           "folders: every image under them; one image "
                           "prints its answer as it comes, several a line each (\"IMAGE: answer\")")
     _add_model_args(img, "float32 for the tiny model on cpu, else " + _NATIVE_BF16)

@@ -39,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
     task = prompt_tasks(args, default_caption="normal")[0]
     paths, one, skipped = _inputs(args.image, check_image)
+    t0 = time.perf_counter()
     rgb = read_image(paths[0]) if one else None  # the single image's every error is a usage error
+    read_ms = (time.perf_counter() - t0) * 1000.0
 
     dtype = image_dtype(args.model, args.device, args.dtype)
     if not one:
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = decoder.generate(rgb, params=params, on_text=None if args.json else on_text, **task)
     if args.json:
-        json.dump(_record(args, result, asked, loaded, load_ms), out)
+        json.dump({**_record(args, result, asked, loaded, load_ms), "read_ms": round(read_ms, 3)}, out)
     out.write("\n")
     out.flush()
     return 0
@@ -157,9 +159,10 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
                 if args.json:
                     out.write(json.dumps({"image": redact(str(path)), "error": str(item)}) + "\n")
             else:
-                result = item.result(timeout=600.0)
+                handle, read_ms = item
+                result = handle.result(timeout=600.0)
                 if args.json:
-                    record = _record(args, result, asked, engine.loaded, load_ms)
+                    record = {**_record(args, result, asked, engine.loaded, load_ms), "read_ms": round(read_ms, 3)}
                     out.write(json.dumps({"image": redact(str(path)), **record}, ensure_ascii=False) + "\n")
                 else:
                     out.write(f"{redact(str(path))}: {result.text}\n")
@@ -169,7 +172,10 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
 
         for path in paths:
             try:
-                pending.append((path, engine.submit(read_image(path), params=params, **task)))
+                t_read = time.perf_counter()
+                rgb = read_image(path)
+                read_ms = (time.perf_counter() - t_read) * 1000.0
+                pending.append((path, (engine.submit(rgb, params=params, **task), read_ms)))
             except ImageError as e:  # unreadable, or it failed to decode
                 pending.append((path, e))
             while len(pending) > IMAGES_IN_FLIGHT:

@@ -48,6 +48,7 @@ def build(service: Service, source: str | None = None):
 
     from app.view import chart_svg, counters_html, frame_html, log_text, shots_html
     from engine import VlmstreamError
+    from engine.request import as_rgb
     from pipelines.feed import EXPORT_LINES, SHOTS
     from pipelines.locator import places_text
 
@@ -172,22 +173,22 @@ def build(service: Service, source: str | None = None):
         return (frame_html(snap), counters_html(snap.counters, service.engine_stats(), True, snap.error),
                 gr.skip() if shots is None else shots_html(shots), shown)
 
-    def image(rgb, kind, question, ckind, ctext):
-        if rgb is None:
+    def image(picture, kind, question, ckind, ctext):
+        if picture is None:
             raise gr.Error("upload an image first")
         try:
-            out = service.caption_image(rgb, make_task(kind, question, ckind, ctext))
+            out = service.caption_image(as_rgb(picture), make_task(kind, question, ckind, ctext))
         except (UIError, VlmstreamError) as e:
             raise gr.Error(str(e)) from None
         return out["text"], out
 
-    def locate(rgb, what, task):
-        if rgb is None:
+    def locate(picture, what, task):
+        if picture is None:
             raise gr.Error("upload an image first")
         if not (what or "").strip():
             raise gr.Error(f"say what to {task}: the object is empty")
         try:
-            out = service.locate_image(rgb, what, task)
+            out = service.locate_image(as_rgb(picture), what, task)
         except VlmstreamError as e:
             raise gr.Error(str(e)) from None
         picture = out.pop("picture")
@@ -377,7 +378,9 @@ def build(service: Service, source: str | None = None):
             vcancel.click(cancel_video, None, None, api_name="cancel_video", concurrency_limit=None)
         with gr.Tab("Image", elem_id="vs-tab-image"):
             with gr.Row():
-                img = gr.Image(type="numpy", label="Image")
+                # As uploaded, read as `vlmstream image` reads a file (Gradio's RGB conversion
+                # showed what lies under transparent pixels; a palette came as its indices)
+                img = gr.Image(type="pil", image_mode=None, label="Image")
                 with gr.Column():
                     ikind = gr.Radio(PROMPTS, value="normal", label="Prompt")
                     iquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)

@@ -143,25 +143,29 @@ class ImageRef:
         self.release()
 
 
+BEHIND_ALPHA = 128  # what a transparent pixel shows: mid grey
+
+
 def as_rgb(rgb: Any) -> np.ndarray:
     """A caller's image as a contiguous (H, W, 3) uint8 array: grey ((H, W), (H, W, 1)), grey with
-    alpha ((H, W, 2)) and RGBA converted; a Pillow image (what Moondream's own API takes) too."""
+    alpha ((H, W, 2)) and RGBA converted, transparency over mid grey (`flatten_alpha`); a Pillow
+    image (what Moondream's own API takes) too."""
     if not isinstance(rgb, np.ndarray):
         from PIL import Image as PILImage
 
         if not isinstance(rgb, PILImage.Image):
             raise ImageError(f"expected an RGB image as a numpy array or a Pillow image, got {type(rgb).__name__}")
         rgb = pil_to_rgb(rgb)  # an empty one is caught below, as an empty array is
-    if rgb.ndim == 3 and rgb.shape[2] in (1, 2):  # what OpenCV and PIL give for grey (and grey + alpha)
+    if rgb.dtype != np.uint8:
+        raise ImageError(f"expected a uint8 image, got {rgb.dtype}")
+    if rgb.ndim == 3 and rgb.shape[2] in (2, 4):  # grey or RGB, with alpha
+        rgb = flatten_alpha(rgb)
+    if rgb.ndim == 3 and rgb.shape[2] == 1:  # what OpenCV and PIL give for grey
         rgb = rgb[:, :, 0]
     if rgb.ndim == 2:
         rgb = np.repeat(rgb[:, :, None], 3, axis=2)
-    elif rgb.ndim == 3 and rgb.shape[2] == 4:
-        rgb = rgb[:, :, :3]
     if rgb.ndim != 3 or rgb.shape[2] != 3:
         raise ImageError(f"expected an image array of shape (H, W, 3), got {rgb.shape}")
-    if rgb.dtype != np.uint8:
-        raise ImageError(f"expected a uint8 image, got {rgb.dtype}")
     if rgb.shape[0] == 0 or rgb.shape[1] == 0:
         raise ImageError(f"the image is empty ({rgb.shape[1]}x{rgb.shape[0]})")
     return np.ascontiguousarray(rgb)
@@ -170,10 +174,23 @@ def as_rgb(rgb: Any) -> np.ndarray:
 _WIDE_INT_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
 
 
+def flatten_alpha(image_HWC: np.ndarray) -> np.ndarray:
+    """Colour channels + alpha (uint8) as they show over mid grey. Dropping the alpha, as
+    Moondream's reference preprocessing does, showed what an exporter left under transparent
+    pixels: black (a logo's background read as "a black circle ..."), or an erased drawing
+    (described, and counted). Mid grey: the tiny model's world has no white or black
+    backgrounds (they are object colours)."""
+    colour, alpha = image_HWC[:, :, :-1], image_HWC[:, :, -1:]
+    if alpha.min(initial=255) == 255:
+        return colour
+    a = alpha.astype(np.uint16)
+    return ((colour.astype(np.uint16) * a + BEHIND_ALPHA * (255 - a) + 127) // 255).astype(np.uint8)
+
+
 def pil_to_rgb(img: Any) -> np.ndarray:
     """A Pillow image as an (H, W, 3) uint8 RGB array, upright by its EXIF orientation (a phone's
-    photo held sideways), with grey, palette, alpha, CMYK, 16-bit and float images converted
-    (alpha dropped, as Moondream's reference preprocessing does)."""
+    photo held sideways), with grey, palette, CMYK, 16-bit and float images converted, and
+    transparency shown over mid grey (`flatten_alpha`)."""
     from PIL import ImageOps
 
     try:
@@ -190,8 +207,8 @@ def pil_to_rgb(img: Any) -> np.ndarray:
         scale = 255.0 if f.max(initial=0.0) <= 1.0 else 1.0
         gray = np.clip(np.rint(f * scale), 0, 255).astype(np.uint8)
         return np.repeat(gray[:, :, None], 3, axis=2)
-    if mode == "P" and "transparency" in img.info:
-        img = img.convert("RGBA")
+    if "A" in img.getbands() or "a" in img.getbands() or "transparency" in img.info:
+        return np.ascontiguousarray(flatten_alpha(np.asarray(img.convert("RGBA"), dtype=np.uint8)))
     if img.mode != "RGB":
         img = img.convert("RGB")
     return np.asarray(img, dtype=np.uint8).copy()

@@ -2,13 +2,15 @@
 
 Any format Pillow reads, from a file or from a web server (an http or https URL, fetched with a
 time limit and a size cap). EXIF orientation is applied; grayscale, palette, alpha, CMYK and
-16-bit or float images are converted to 8-bit RGB (alpha is dropped, as Moondream's reference
-preprocessing does). Every failure is an `ImageError` with a one-line message.
+16-bit or float images are converted to 8-bit RGB (transparency shown over mid grey:
+`engine.request.flatten_alpha`). Every failure is an `ImageError` with a one-line message.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import sys
 import threading
 import warnings
 from collections import OrderedDict
@@ -23,7 +25,7 @@ from engine.errors import ImageError
 from engine.request import pil_to_rgb
 
 from .sources import is_remote, unknown_host
-from .stream import redact
+from .stream import readable_within, redact
 
 
 FETCH_TIMEOUT_S = 15.0  # to connect, and between two reads
@@ -35,19 +37,73 @@ _kept: OrderedDict[str, bytes] = OrderedDict()
 _kept_lock = threading.Lock()
 
 
+STDIN = "-"  # `vlmstream image -`: the image piped in
+
+
 def fetch(url: str, keep: bool = False) -> bytes:
     """An image's bytes from a web server; every failure is an ImageError naming the URL
     (without its password). keep: hold them for the next fetch of the URL (which takes them)."""
+    return _kept_or(url, _download, keep)
+
+
+def _kept_or(name: str, load, keep: bool) -> bytes:
     with _kept_lock:
-        data = _kept.pop(url, None)
+        data = _kept.pop(name, None)
     if data is None:
-        data = _download(url)
+        data = load(name)
     if keep:
         with _kept_lock:
-            _kept[url] = data
+            _kept[name] = data
             while sum(map(len, _kept.values())) > FETCH_KEEP_BYTES and len(_kept) > 1:
                 _kept.popitem(last=False)
     return data
+
+
+def _is_pipe(name: str | Path) -> bool:
+    """Standard input ("-"), or a pipe by name (/dev/stdin, a shell's <(...)): read once, its
+    size unknown (0) until then."""
+    if str(name) == STDIN:
+        return True
+    try:
+        return Path(name).is_fifo() or Path(name).is_char_device()
+    except OSError:
+        return False
+
+
+def _read_pipe(name: str) -> bytes:
+    """Everything a pipe holds until its writer closes it; an ImageError when nothing comes for
+    FETCH_TIMEOUT_S (a writer that never writes), or beyond FETCH_MAX_BYTES."""
+    shown = "standard input" if name == STDIN else name
+    if name == STDIN:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise ImageError("nothing is piped into standard input (-): e.g. rpicam-still -o - | vlmstream image -")
+        fd, owned = sys.stdin.fileno(), False
+    else:
+        try:  # without waiting for a writer: a named pipe nobody writes to is "nothing came"
+            fd, owned = os.open(name, os.O_RDONLY | os.O_NONBLOCK), True
+        except OSError as e:
+            raise ImageError(f"{name} could not be read: {e.strerror}") from None
+    chunks, size = [], 0
+    try:
+        while True:
+            if not readable_within(fd, FETCH_TIMEOUT_S, lambda: False):
+                raise ImageError(f"cannot read {shown}: nothing came for {FETCH_TIMEOUT_S:g} s")
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > FETCH_MAX_BYTES:
+                raise ImageError(f"{shown} is over {FETCH_MAX_BYTES >> 20} MB: not an image to caption")
+    finally:
+        if owned:
+            os.close(fd)
+    if not size:
+        raise ImageError(f"{shown} is empty (nothing came)")
+    return b"".join(chunks)
 
 
 def _download(url: str) -> bytes:
@@ -90,7 +146,8 @@ def _without_credentials(url: str) -> tuple[str, dict]:
 
 
 # What `vlmstream image FOLDER` picks up (any case).
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"})
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".avif", ".bmp", ".gif", ".tif",
+                              ".tiff", ".ppm", ".pgm", ".pbm", ".pnm"})
 
 
 def check_image(path: str | Path) -> None:
@@ -114,6 +171,9 @@ def _opened(name: str | Path, verb: str, keep: bool = False) -> Iterator[Image.I
     if is_remote(name) and not path.exists():  # Path() would print it as "http:/host/..."
         source = io.BytesIO(fetch(str(name), keep))
         path = redact(str(name))  # what messages name
+    elif _is_pipe(name):  # read once: check_image keeps its bytes for read_image
+        source = io.BytesIO(_kept_or(str(name), _read_pipe, keep))
+        path = "standard input" if str(name) == STDIN else path
     elif "://" in str(name) and not path.exists():
         raise ImageError(f"{name} is not an image file or an http(s) URL")
     else:

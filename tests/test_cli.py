@@ -35,6 +35,12 @@ def test_json_output_on_the_sample_image(capsys):
     assert len(r["token_ids"]) <= 8
     assert set(r["timings_ms"]) == {"preprocess", "vision", "prefill", "decode", "total"}
     assert r["timings_ms"]["total"] > 0 and "asked" not in r  # a caption is asked no question
+    assert r["read_ms"] > 0  # reading the file, before the request (0.8 s for a 8000x6000 JPEG)
+    # the stages add up to the total, also with a constraint compiled for the request (4-7 ms short)
+    for extra in ([], ["--question", "Is there a star?", "--choices", "yes,no"]):
+        t = run_json(capsys, SCENE, "--max-tokens", "8", *extra)["timings_ms"]
+        parts = t["preprocess"] + t["vision"] + t["prefill"] + t["decode"]
+        assert parts == pytest.approx(t["total"], abs=0.01), t
 
 
 def test_a_reworded_question_says_what_the_model_was_asked(capsys):
@@ -71,6 +77,35 @@ def test_default_output_is_the_streamed_text(capsys, small_folder):
 def test_converted_images_are_accepted(capsys, tmp_path):
     Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8), "L").convert("P").save(tmp_path / "p.png")
     assert run_json(capsys, tmp_path / "p.png", "--max-tokens", "2")["finish_reason"] in ("stop", "length")
+
+
+def test_an_image_piped_in_is_read_from_standard_input(tmp_path):
+    """`rpicam-still -o - | vlmstream image -`: "-" was "image not found: -", and /dev/stdin was
+    "empty (0 bytes)" (a pipe's size), then read twice (checked, then decoded)."""
+    exe = Path(sys.executable).with_name("vlmstream")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = lambda *args, data: subprocess.run([str(exe), "image", *args, "--max-tokens", "6", "--json"],  # noqa: E731
+                                             input=data, capture_output=True, env=env, timeout=120)
+    want = run(str(SCENE), data=b"")
+    assert want.returncode == 0, want.stderr
+    for name in ("-", "/dev/stdin"):
+        got = run(name, data=SCENE.read_bytes())
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout)["token_ids"] == json.loads(want.stdout)["token_ids"]
+    empty = run("-", data=b"")
+    assert empty.returncode == 2 and empty.stderr.decode() == "vlmstream: error: standard input is empty (nothing came)\n"
+    (tmp_path / "photo.jfif").write_bytes(_jpeg(SCENE))
+    folder = run(str(tmp_path), data=b"")  # a folder picks up what Windows names downloaded JPEGs
+    assert folder.returncode == 0, folder.stderr
+    assert json.loads(folder.stdout)["image"] == str(tmp_path / "photo.jfif")
+
+
+def _jpeg(path: Path) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    Image.open(path).convert("RGB").save(buf, "JPEG", quality=95)
+    return buf.getvalue()
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -9,6 +9,7 @@ import pytest
 from engine import ConfigError, Engine, EngineClosedError, EngineConfig, ImageError, RequestError, SamplingParams
 from engine.models.loader import load_model
 from engine.reference import ReferenceDecoder
+from engine.request import as_rgb
 
 GREEDY = SamplingParams(max_tokens=10)
 
@@ -321,15 +322,25 @@ def test_a_request_posted_while_the_engine_closes_is_answered(small_folder, imag
 
 
 def test_grey_and_alpha_arrays_are_read_as_the_rgb_they_show(small_folder, images):
-    """Arrays as OpenCV and PIL give them: grey (H, W) or (H, W, 1), grey + alpha, RGBA."""
+    """Arrays as OpenCV and PIL give them: grey (H, W) or (H, W, 1), grey + alpha, RGBA. What is
+    transparent shows mid grey, not the colour left under it (dropped, the alpha had shown a
+    logo's black background as black circles, and an erased drawing as if it were there)."""
     grey = images[0][:, :, 1]
     rgb = np.repeat(grey[:, :, None], 3, axis=2)
-    alpha = np.full_like(grey, 7)
+    opaque = np.full_like(grey, 255)
     with _engine(small_folder) as eng:
         ask = lambda img: eng.submit(img, caption="short", params=GREEDY).result(timeout=30).token_ids  # noqa: E731
         want = ask(rgb)
-        assert ask(grey) == ask(grey[:, :, None]) == ask(np.dstack([grey, alpha])) == want
-        assert ask(np.dstack([images[1], np.full(images[1].shape[:2], 7, np.uint8)])) == ask(images[1])
+        assert ask(grey) == ask(grey[:, :, None]) == ask(np.dstack([grey, opaque])) == want
+        hidden = np.zeros_like(images[1])  # what lies under transparent pixels: black, or anything
+        hidden[10:30, 20:50] = images[1][10:30, 20:50]
+        shown = np.full_like(images[1], 128)
+        shown[10:30, 20:50] = images[1][10:30, 20:50]
+        mask = np.zeros(images[1].shape[:2], np.uint8)
+        mask[10:30, 20:50] = 255
+        assert ask(np.dstack([hidden, mask])) == ask(shown)
+    half = as_rgb(np.dstack([np.full((2, 2, 3), 200, np.uint8), np.full((2, 2), 128, np.uint8)]))
+    assert half.shape == (2, 2, 3) and (half == 164).all()  # (200 * 128 + 128 * 127) / 255
     _assert_clean(eng)
 
 
@@ -348,6 +359,8 @@ def test_pillow_images_are_read_upright_as_the_rgb_they_show(small_folder, image
         ask = lambda img: eng.submit(img, caption="short", params=GREEDY).result(timeout=30).token_ids  # noqa: E731
         assert ask(Image.fromarray(images[1])) == ask(images[1])
         assert ask(Image.fromarray(images[1]).convert("RGBA")) == ask(images[1])
+        erased = Image.fromarray(np.dstack([images[1], np.zeros(images[1].shape[:2], np.uint8)]), "RGBA")
+        assert ask(erased) == ask(np.full_like(images[1], 128))  # all transparent: nothing drawn shows
         assert ask(sideways) == ask(images[2])
         assert ask(grey16) == ask(np.repeat(images[0][:, :, 1:2], 3, axis=2))
         with pytest.raises(ImageError, match="empty"):

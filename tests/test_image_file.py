@@ -22,10 +22,15 @@ def test_grayscale(tmp_path):
     assert out[1, 0].tolist() == [200, 200, 200]
 
 
-def test_rgba_drops_alpha(tmp_path):
+def test_rgba_shows_what_is_transparent_as_mid_grey(tmp_path):
     rgba = np.dstack([RGB, np.array([[0, 255], [128, 255]], dtype=np.uint8)])
     Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
-    assert np.array_equal(read_image(tmp_path / "a.png"), RGB)
+    a = rgba[:, :, 3:].astype(int)
+    want = (RGB.astype(int) * a + 128 * (255 - a) + 127) // 255
+    assert np.array_equal(read_image(tmp_path / "a.png"), want)
+    assert (read_image(tmp_path / "a.png")[0, 0] == 128).all()  # fully transparent
+    Image.fromarray(rgba, "RGBA").convert("LA").save(tmp_path / "la.png")
+    assert (read_image(tmp_path / "la.png")[0, 0] == 128).all() and read_image(tmp_path / "la.png").shape == (2, 2, 3)
 
 
 @pytest.mark.parametrize("transparent", [False, True])
@@ -34,7 +39,10 @@ def test_palette(tmp_path, transparent):
     if transparent:
         img.info["transparency"] = 0
     img.save(tmp_path / "p.png", **({"transparency": 0} if transparent else {}))
-    assert np.array_equal(read_image(tmp_path / "p.png"), RGB)
+    want = RGB.copy()
+    if transparent:  # the colour at index 0 is see-through: mid grey shows there
+        want[np.asarray(Image.open(tmp_path / "p.png")) == 0] = 128
+    assert np.array_equal(read_image(tmp_path / "p.png"), want)
 
 
 def test_16bit_grayscale_is_scaled(tmp_path):

@@ -93,12 +93,21 @@ def engine_idle(client, timeout=60.0) -> dict:
         time.sleep(0.5)
 
 
-def test_api_captions_an_image_and_answers_a_question(client):
+def test_api_captions_an_image_and_answers_a_question(client, tmp_path):
     from gradio_client import handle_file
+    from PIL import Image
 
     img = handle_file(str(SAMPLES / "scene.png"))
     text, result = client.predict(img, "normal", "", "none", "", api_name="/caption_image")
     assert text and result["text"] == text and result["finish_reason"] == "stop"
+    # an upload is read as a file is: the scene made all transparent shows what is transparent
+    # (Gradio's own conversion to RGB had shown the drawing under it)
+    scene = np.asarray(Image.open(SAMPLES / "scene.png").convert("RGB"))
+    Image.fromarray(np.dstack([scene, np.zeros(scene.shape[:2], np.uint8)]), "RGBA").save(tmp_path / "clear.png")
+    Image.fromarray(np.full_like(scene, 128)).save(tmp_path / "grey.png")
+    clear, grey = (client.predict(handle_file(str(tmp_path / name)), "normal", "", "none", "", api_name="/caption_image")[0]
+                   for name in ("clear.png", "grey.png"))
+    assert clear == grey != text
     assert {"queue", "vision", "prefill", "decode", "total"} <= set(result["timings_ms"])
     answer, _ = client.predict(img, "question", "How many shapes are there?", "choices", "one, two, three, four",
                                api_name="/caption_image")
