@@ -132,6 +132,11 @@ def make_still() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    # --help answers without rewriting the samples (it had rendered them all)
+    argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Rewrites every sample beside this script, "
+                            "bit for bit.").parse_args()
     make_still()
     for clip in CLIPS:
         make_clip(clip)
