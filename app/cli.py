@@ -200,7 +200,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_cmd_bench)
 
     tr = sub.add_parser("train-tiny", help="train the embedded tiny model on generated scenes (CPU)",
-                        description="Train the tiny model on the procedural scene world; deterministic for a seed.")
+                        description="Train the tiny model on the procedural scene world; deterministic for a seed "
+                                    "when the step count, not the time budget, ends the run.")
     tr.add_argument("--out", default=None, metavar="DIR", help="output folder (default: the embedded tiny folder)")
     tr.add_argument("--steps", type=int, default=30000,
                     help="optimizer steps (default 30000; the time budget ends the run first, and with it "
@@ -216,8 +217,8 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--vision-share", type=float, default=0.25,
                     help="share of the run that trains the vision encoder alone on its dense targets (default 0.25)")
     tr.add_argument("--init", default=None, metavar="DIR",
-                    help="continue from this weights folder (same architecture and tokenizer) instead of random "
-                         "weights, e.g. with --vision-share 0 and a lower --lr")
+                    help="continue from this weights folder (tiny: the embedded one; same architecture and "
+                         "tokenizer) instead of random weights, e.g. with --vision-share 0 and a lower --lr")
     tr.add_argument("--first-item", type=int, default=0,
                     help="index of the first training scene (a continued run takes scenes the first never saw)")
     tr.add_argument("--tiling", default=None, choices=["fill", "moondream"],

@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         nonlocal bar
         if bar is None:
-            bar = tqdm(total=total, desc="eval-tiny", unit="scene", disable=args.json)
+            bar = tqdm(total=total, desc="eval-tiny", unit="scene")  # on stderr, --json or not (a silent minute)
         bar.update(done - bar.n)
 
     report = evaluate(args.model, args.n, args.device, args.dtype, progress, args.renderer)

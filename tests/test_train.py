@@ -306,6 +306,54 @@ def test_sigterm_stops_two_training_processes_at_once(tmp_path):
                 and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]], "a process was left running"
 
 
+def test_ctrl_c_stops_train_tiny_in_one_line(tmp_path):
+    """Ctrl-C reaches the whole foreground group: the render workers and the second training
+    process died of it too, and the command ended with exit 1 and three tracebacks ("DataLoader
+    worker exited unexpectedly") instead of exit 130 and its one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "new" / "weights"
+    p = subprocess.Popen([str(Path(sys.executable).with_name("vlmstream")), "train-tiny", "--out", str(out),
+                          "--steps", "100000", "--batch-size", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (out / f".partial-{p.pid}" / "config.json").exists():  # the loop is about to start
+        assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()[-2000:] if p.poll() else "no start"
+        time.sleep(0.1)
+    time.sleep(3.0)  # into the steps, both processes and their render workers running
+    os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert f"train-tiny stopped: {out} left as it was" in err
+    assert not (tmp_path / "new").exists()  # the folders made for the run are gone with it
+
+
+def test_an_out_folder_on_another_file_system_takes_the_weights(tmp_path):
+    """--out a link to another disk (or a mounted volume): the run wrote beside the link's path and
+    could not rename its files across, so it failed at its end and deleted what it trained."""
+    import os
+    import shutil
+    import tempfile
+
+    from tinyvlm.train import TrainConfig, train
+
+    if not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system at /dev/shm")
+    elsewhere = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        (tmp_path / "link").symlink_to(elsewhere)
+        train(TrainConfig(out=tmp_path / "link", steps=2, batch_size=2, warmup=1, processes=1), progress=False)
+        assert sorted(p.name for p in elsewhere.iterdir()) == ["config.json", "loss.csv", "loss.png",
+                                                              "model.safetensors", "tokenizer.json"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+    finally:
+        shutil.rmtree(elsewhere)
+
+
 def test_a_sigterm_whose_interrupt_was_lost_still_stops_training(tmp_path):
     """The KeyboardInterrupt a SIGTERM raises can be lost (raised inside a finalizer, which Python
     reports and ignores); the handler raises once, so `kill` of train-tiny once left it training

@@ -1,6 +1,10 @@
 """Train the embedded tiny model on CPU: `vlmstream train-tiny`.
 
-Deterministic for a seed (initial weights, data order, dropout-free model). Two training
+Deterministic when the step count ends the run: the seed sets the initial weights, the data
+are the scenes `first_item`, `first_item + 1`, ... in order, and the model has no dropout. The
+learning-rate schedule also follows the time budget (`max_minutes`), so a run the budget ends
+(the default 30000 steps do not fit in 85 minutes on two cores) depends on the machine's pace:
+its step count, and where its stages change, vary from run to run. Two training
 processes (by default) each render their share of a step's scenes in a worker process and
 average their gradients every step, so a step is the same batch as in one process. Writes
 model.safetensors, tokenizer.json and config.json into the output folder (by default the
@@ -201,25 +205,45 @@ def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None, 
 _GROUP_TIMEOUT_S = 120  # how long a process waits on the others before it gives up
 
 
+def _deaf_to_ctrl_c(*_) -> None:
+    """Ctrl-C reaches every process of the terminal's foreground group: the render workers and
+    the other training processes died of it, and PyTorch turned the main process's
+    KeyboardInterrupt into "DataLoader worker exited unexpectedly" (exit 1, three tracebacks).
+    The main process alone takes it, and ends the others."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
     """Train, and write the weights folder `cfg.out` whole at the end. A run writes into a folder
-    of its own beside `out` and moves its files into `out` only once the weights are saved: an
-    interrupted or failed run leaves `out` as it was. Before, it wrote the tokenizer, config and
-    loss curve first, so a run stopped on the shipped folder (the default) paired the old weights
-    with a new config (one that said the region head was trained: boxes at random)."""
+    of its own inside `out` and moves its files into `out` only once the weights are saved: an
+    interrupted or failed run leaves `out` as it was (and removes the folders it made for it).
+    Before, it wrote the tokenizer, config and loss curve first, so a run stopped on the shipped
+    folder (the default) paired the old weights with a new config (one that said the region head
+    was trained: boxes at random). Inside, not beside: an `out` on another file system than its
+    parent (a link to another disk, a mounted volume) could not take the files by a rename, and
+    the finished run was lost at its last step."""
     tok = build_tokenizer()
     init = None if cfg.init is None else _read_init(Path(cfg.init), cfg, tok)  # before `out` (maybe the same) changes
     out = Path(cfg.out)
-    work = out.parent / f".{out.name}.partial-{os.getpid()}"
+    made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
+    work = out / f".partial-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    done = False
     try:
         report = _train_all(replace(cfg, out=work), tok, init, progress)
-        out.mkdir(parents=True, exist_ok=True)
         for name in ("tokenizer.json", "config.json", "loss.csv", "loss.png", "model.safetensors"):
             os.replace(work / name, out / name)
+        done = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        for folder in made if not done else []:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (something else wrote there), or gone
+                break
     return report
 
 
@@ -316,6 +340,8 @@ def _average(params: list[torch.nn.Parameter], stats: list[float], processes: in
 
 def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
            init: dict[str, torch.Tensor] | None = None) -> dict:
+    if rank > 0:  # rank 0 ends this process when it is interrupted
+        _deaf_to_ctrl_c()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
@@ -364,7 +390,8 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     # shutdown that aborts ("terminate called without an active exception") when the loop leaves
     # it mid-batch at the time budget.
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4,
-                                         persistent_workers=False, multiprocessing_context="fork")
+                                         persistent_workers=False, multiprocessing_context="fork",
+                                         worker_init_fn=_deaf_to_ctrl_c)
     batches = iter(loader)
     if cfg.processes > 1:
         import torch.distributed as dist
@@ -422,6 +449,10 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
         rows.append((step, round(stats[0], 5), round(stats[1], 5), round((stats[2] + stats[3]) / 2, 4),
                      round(stats[3], 4), lr, round(time.perf_counter() - t0, 2)))
         if bar:
+            # The run ends at the step count or at the time budget, whichever comes first: sized
+            # by steps alone, a budget-bound run (the default's) showed 0 % and hours to go.
+            spent = time.perf_counter() - t0
+            bar.total = min(cfg.steps, max(step + 1, round((step + 1) * budget_s / max(spent, 1e-9))))
             bar.update(1)
             bar.set_postfix(loss="vision only" if vision_only else f"{rows[-1][1]:.3f}", shape=f"{stats[3]:.2f}")
         if step % 100 == 0 and rank == 0:
