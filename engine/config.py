@@ -400,6 +400,10 @@ class EngineConfig:
     max_batch_size: int = 32
     kv_pages: int | None = None
     page_size: int = 16
+    # Prompt tokens a step may prefill beside its decodes (prompts are chunked to fit). An image
+    # prefix is never cut: Moondream's prefix attends both ways within itself, so a first chunk
+    # would need the keys of the next. A step takes prefixes while they fit, and at least one
+    # (730 tokens for Moondream 2, over the default budget; 82 for the tiny model).
     prefill_token_budget: int = 512
     max_queue: int = 4096
     debug_checks: bool = False
