@@ -1,0 +1,58 @@
+"""The planner alone: a pure selection (it changes nothing it is given) that keeps a step's
+prompt tokens within the prefill budget while running sequences decode beside them."""
+
+import copy
+from collections import deque
+
+from engine.scheduler import Budget, plan
+from engine.sequence import Image, Sequence
+from engine.types import SamplingParams
+
+PREFIX, PAGE = 82, 16
+
+
+def _seq(i: int, image: Image, prompt: int, admitted: bool = False, launched: int = 0) -> Sequence:
+    seq = Sequence(id=i, prompt=list(range(3, 3 + prompt)), params=SamplingParams(max_tokens=40), image=image,
+                   handle=None, capacity=40)
+    if admitted:
+        seq.slot, seq.prefilled, seq.launched = i, prompt, launched
+    return seq
+
+
+def _state(waiting, running, images) -> list:
+    return [copy.deepcopy((s.prefilled, s.launched, s.slot, s.pages, s.inflight, s.finalized)) for s in
+            [*waiting, *running]] + [(img.launched, img.pages, img.inflight) for img in images] + [[s.id for s in waiting]]
+
+
+def test_plan_changes_nothing_and_keeps_prompts_within_the_budget():
+    encoded = Image(id=1, crops=None, tiling=(1, 1), launched=True, ready=True)
+    fresh = [Image(id=2 + k, crops=None, tiling=(1, 1)) for k in range(3)]
+    running = [_seq(10 + k, encoded, 5, admitted=True, launched=1 + k) for k in range(3)]  # decoding
+    long_prompts = [_seq(20 + k, encoded, 50) for k in range(3)]  # on an encoded image: prompt only
+    new_images = [_seq(30 + k, img, 5) for k, img in enumerate(fresh)]
+    waiting = deque(long_prompts + new_images)
+    budget = Budget(free_pages=1000, free_slots=32, prefill_tokens=64, prefix_len=PREFIX, prefix_pages=6)
+    before = _state(waiting, running, [encoded, *fresh])
+
+    step = plan(waiting, running, fresh, budget, PAGE)
+    again = plan(waiting, running, fresh, budget, PAGE)
+
+    assert _state(waiting, running, [encoded, *fresh]) == before  # pure: nothing it was given changed
+    assert [(c.seq.id, c.start, c.length) for c in again.prefills] == [(c.seq.id, c.start, c.length)
+                                                                       for c in step.prefills]
+    assert step.decodes == running  # running sequences decode in every step, prefills or not
+    assert sum(c.length for c in step.prefills) <= budget.prefill_tokens
+    assert [(c.seq.id, c.start, c.length) for c in step.prefills][:2] == [(20, 0, 50), (21, 0, 14)]  # chunked
+    assert not step.images  # no room left in the budget for an image prefix (82 tokens)
+
+
+def test_an_image_prefix_is_never_cut_and_one_goes_even_over_the_budget():
+    """Moondream's prefix attends both ways within itself: it cannot be chunked. A step takes one
+    whole even where it is more than the budget (Moondream 2's 730 against 512), no more."""
+    fresh = [Image(id=2 + k, crops=None, tiling=(1, 1)) for k in range(3)]
+    waiting = deque(_seq(30 + k, img, 5) for k, img in enumerate(fresh))
+    budget = Budget(free_pages=1000, free_slots=32, prefill_tokens=16, prefix_len=PREFIX, prefix_pages=6)
+    step = plan(waiting, [], fresh, budget, PAGE)
+    assert step.images == fresh[:1] and [s.id for s in step.admit] == [30]
+    roomy = Budget(free_pages=1000, free_slots=32, prefill_tokens=2 * PREFIX + 10, prefix_len=PREFIX, prefix_pages=6)
+    assert plan(waiting, [], fresh, roomy, PAGE).images == fresh[:2]
