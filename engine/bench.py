@@ -147,6 +147,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
             identical = all(run["tokens"] == first for run in runs[1] + runs[2])
             results.append({
                 "streams": n,
+                "tokens_made": round(statistics.mean(len(t) for t in first), 1),  # fewer where the context ends them
                 "runs_per_mode": r,
                 **summary,
                 "ratio": statistics.median(pairs),
@@ -181,6 +182,9 @@ def format_table(report: dict) -> str:
              f"and >={report['min_seconds']:g} s (medians; ratio: median of paired runs; decode tok/s)",
              f"{'streams':>7} {'pipelined tok/s':>16} {'blocking tok/s':>15} {'ratio':>6} "
              f"{'busy pipe':>9} {'busy block':>10} {'TTFT ms':>8} {'identical':>9}"]
+    made = min((r["tokens_made"] for r in report["results"] if "tokens_made" in r), default=None)
+    if made is not None and made < report["tokens_per_request"]:
+        lines.append(f"(answers stopped at {made:g} tokens: the model's context ends them before --tokens)")
     for r in report["results"]:
         p, b = r["pipelined"], r["blocking"]
         lines.append(f"{r['streams']:>7} {p['tokens_per_s']:>16.1f} {b['tokens_per_s']:>15.1f} {r['ratio']:>6.3f} "

@@ -19,6 +19,7 @@ def test_bench_json_report(capsys, small_folder):
         assert len(r["pair_ratios"]) == r["runs_per_mode"] >= 2 and all(x > 0 for x in r["pair_ratios"])
         assert r["ratio"] == statistics.median(r["pair_ratios"])
     assert report["frame_rate"]["frames"] == 6 and report["frame_rate"]["frames_per_s"] > 0
+    assert all(r["tokens_made"] == 6 for r in report["results"])
     assert report["decode"] == "torchscript"  # the CPU default
     # which machine made the figures: the CPU's name and its bf16 instructions, no GPU here
     assert report["cpu"] and report["gpu"] is None
@@ -30,6 +31,11 @@ def test_bench_can_decode_eagerly_for_comparison(capsys, small_folder):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "decode=eager" in out and "True" in out.splitlines()[-1]  # tokens identical across modes
+    assert "answers stopped" not in out
+    # more tokens than the context holds: the table says how many each answer really had
+    assert main(["bench", "--model", str(small_folder), "--streams", "1", "--tokens", "100000", "--repeats", "1",
+                 "--frames", "0"]) == 0
+    assert "answers stopped at" in capsys.readouterr().out
 
 
 def test_bench_bad_arguments(capsys):
