@@ -201,7 +201,8 @@ def _parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train-tiny", help="train the embedded tiny model on generated scenes (CPU)",
                         description="Train the tiny model on the procedural scene world; deterministic for a seed "
-                                    "when the step count, not the time budget, ends the run.")
+                                    "when the run keeps ahead of its time budget's pace (the steps, not the clock, "
+                                    "drive its schedule).")
     tr.add_argument("--out", default=None, metavar="DIR", help="output folder (default: the embedded tiny folder)")
     tr.add_argument("--steps", type=int, default=30000,
                     help="optimizer steps (default 30000; the time budget ends the run first, and with it "

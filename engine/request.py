@@ -201,14 +201,21 @@ def pil_to_rgb(img: Any) -> np.ndarray:
     if mode in _WIDE_INT_MODES:
         wide = np.asarray(img).astype(np.int64)
         gray = ((np.clip(wide, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8)
+        if isinstance(img.info.get("transparency"), int):  # a PNG's transparent grey level
+            gray[wide == img.info["transparency"]] = BEHIND_ALPHA
         return np.repeat(gray[:, :, None], 3, axis=2)
+    if mode == "La":  # premultiplied grey + alpha: Pillow converts it to LA only
+        img = img.convert("LA")
     if mode == "F":
         f = np.nan_to_num(np.asarray(img, dtype=np.float64))
         scale = 255.0 if f.max(initial=0.0) <= 1.0 else 1.0
         gray = np.clip(np.rint(f * scale), 0, 255).astype(np.uint8)
         return np.repeat(gray[:, :, None], 3, axis=2)
-    if "A" in img.getbands() or "a" in img.getbands() or "transparency" in img.info:
-        return np.ascontiguousarray(flatten_alpha(np.asarray(img.convert("RGBA"), dtype=np.uint8)))
-    if img.mode != "RGB":
-        img = img.convert("RGB")
+    try:
+        if "A" in img.getbands() or "a" in img.getbands() or "transparency" in img.info:
+            return np.ascontiguousarray(flatten_alpha(np.asarray(img.convert("RGBA"), dtype=np.uint8)))
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+    except ValueError as e:  # a mode Pillow cannot convert ("conversion from X to Y not supported")
+        raise ImageError(f"a Pillow image of mode {mode} cannot be read: {e}") from None
     return np.asarray(img, dtype=np.uint8).copy()

@@ -192,13 +192,14 @@ class LiveSession:
                     # was closed) while this one's completion waited in the queue. It was counted
                     # as cancelled then; reporting it now would step back in time.
                     continue
-                if self.deadline_ms is not None and (time.perf_counter() - offered) * 1000.0 > self.deadline_ms:
-                    # finished in time for the engine but handled too late here (this thread was
-                    # held, or results queued up): past the deadline is past it, as _expire says
-                    self.cancelled_deadline += 1
-                    continue
                 stale = []
                 answered = all(o.finish_reason in ("stop", "length") for o in outs)
+                if answered and self.deadline_ms is not None and (time.perf_counter() - offered) * 1000.0 > self.deadline_ms:
+                    # finished in time for the engine but handled too late here (this thread was
+                    # held, or results queued up): past the deadline is past it, as _expire says.
+                    # (A failure is still said below, late or not.)
+                    self.cancelled_deadline += 1
+                    continue
                 if not answered:  # the engine closed under it, or failed: counted, and a failure said
                     self.cancelled_closed += 1
                     failed = next((o for o in outs if o.finish_reason == "error"), None)

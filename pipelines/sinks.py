@@ -241,22 +241,35 @@ def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
     return img
 
 
+MAX_WORD = 200  # characters of one word drawn (a 5000-character "word" took 119 ms to lay out)
+
+
 @functools.lru_cache(maxsize=64)
 def _wrapped(text: str, width: int, band: int) -> tuple[str, ...]:
     """The text's lines broken between words to fit `width` pixels in the band's font (a long
-    caption ran off the frame's right edge, its end lost). A word wider than that keeps a line."""
-    font, room = _font(max(1, int(band * 0.7))), width - 12
+    caption ran off the frame's right edge, its end lost). A word wider than that keeps a line.
+    Each word is measured once (`_word_px`, cached: captions reuse their words), and a line's
+    width is the sum of its words' and spaces'."""
+    size, room = max(1, int(band * 0.7)), width - 12
+    space = _word_px(" ", size)
     out: list[str] = []
     for answer in text.strip().splitlines():
-        line = ""
+        line, used = [], 0.0
         for word in answer.split():
-            longer = f"{line} {word}" if line else word
-            if line and font.getlength(longer) > room:
-                out.append(line)
-                longer = word
-            line = longer
-        out.append(line)
+            word = word[:MAX_WORD]
+            px = _word_px(word, size)
+            if line and used + space + px > room:
+                out.append(" ".join(line))
+                line, used = [], 0.0
+            used += (space if line else 0.0) + px
+            line.append(word)
+        out.append(" ".join(line))
     return tuple(out) or ("",)
+
+
+@functools.lru_cache(maxsize=4096)
+def _word_px(word: str, size: int) -> float:
+    return _font(size).getlength(word)
 
 
 def _band(lines: tuple[str, ...], width: int, band: int, colour: tuple[int, int, int]) -> np.ndarray:

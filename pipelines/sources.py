@@ -111,7 +111,9 @@ class FileSource:
             # A raw stream's "average" is the demuxer's default of 25; the rate the stream itself
             # states (its SPS) is the decoder's. A 15 fps camera's export ran 1.67x fast, its
             # frames' times (index / fps: it has no others) too early, --fps picked other frames.
-            rate = stream.codec_context.framerate or stream.guessed_rate or stream.average_rate
+            stated = stream.codec_context.framerate
+            # A stream may state nonsense (90000 fps: every frame at 0 s); then FFmpeg's guess.
+            rate = stated if stated and 0.5 <= stated <= 1000 else stream.guessed_rate or stream.average_rate
         else:
             rate = stream.average_rate or stream.guessed_rate
         return float(rate) if rate else None

@@ -40,7 +40,7 @@ def test_json_output_on_the_sample_image(capsys):
     for extra in ([], ["--question", "Is there a star?", "--choices", "yes,no"]):
         t = run_json(capsys, SCENE, "--max-tokens", "8", *extra)["timings_ms"]
         parts = t["preprocess"] + t["vision"] + t["prefill"] + t["decode"]
-        assert parts == pytest.approx(t["total"], abs=0.01), t
+        assert parts == pytest.approx(t["total"], abs=0.5), t
 
 
 def test_a_reworded_question_says_what_the_model_was_asked(capsys):

@@ -22,6 +22,18 @@ def test_grayscale(tmp_path):
     assert out[1, 0].tolist() == [200, 200, 200]
 
 
+def test_transparency_in_rarer_modes(tmp_path):
+    """A 16-bit grey PNG's transparent level (tRNS) showed black; premultiplied grey + alpha ("La")
+    was a ValueError from Pillow, not an ImageError."""
+    from engine.request import as_rgb
+
+    wide = np.array([[0, 65535], [1000, 1000]], dtype=np.uint16)
+    Image.fromarray(wide).save(tmp_path / "w.png", transparency=1000)
+    assert read_image(tmp_path / "w.png")[:, :, 0].tolist() == [[0, 255], [128, 128]]
+    la = Image.fromarray(np.dstack([np.full((2, 2), 200, np.uint8), np.array([[0, 255], [128, 255]], np.uint8)]), "LA")
+    assert as_rgb(la.convert("La"))[:, :, 0].tolist() == [[128, 200], [164, 200]]
+
+
 def test_rgba_shows_what_is_transparent_as_mid_grey(tmp_path):
     rgba = np.dstack([RGB, np.array([[0, 255], [128, 255]], dtype=np.uint8)])
     Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")

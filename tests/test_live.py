@@ -162,7 +162,25 @@ def test_a_result_handled_past_its_deadline_is_not_reported():
     finally:
         gate.set()
         s.close()
-    assert reported == [] and s.completed == 0 and s.cancelled_deadline == 2
+    assert reported == [] and s.completed == 0 and s.cancelled_deadline == 2 and s.error is None
+
+
+def test_a_failure_handled_past_its_deadline_is_still_said():
+    gate = threading.Event()
+    engine = _HeldEngine(gate)
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3, deadline_ms=50)
+    try:
+        assert s.offer(_frames(1)[0])
+        engine.handles[0].finish("")
+        engine.handles[0].out = RequestOutput("", [], "error")
+        _wait(lambda: s._finished.empty())  # taken, and its result read held
+        time.sleep(0.1)
+        gate.set()
+        _wait(lambda: s.in_flight == 0)
+    finally:
+        gate.set()
+        s.close()
+    assert s.error and "engine failed" in s.error and s.cancelled_closed == 1
 
 
 def test_intake_drops_when_saturated_and_deadlines_cancel(small_folder, monkeypatch):

@@ -84,6 +84,12 @@ def test_a_raw_h264_stream_keeps_its_own_frame_rate(tmp_path):
         frames = list(src.frames())
         assert src.error is None and src.seconds == pytest.approx(1.2)
     assert [round(f.pts, 6) for f in frames] == [round(i / 10, 6) for i in range(12)]
+    # a stream that states nonsense (90000 fps: every frame at 0 s) gets FFmpeg's guess instead
+    bogus = tmp_path / "bogus.h264"
+    subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-i", str(mp4), "-c", "copy", "-bsf:v",
+                    "h264_mp4toannexb,h264_metadata=tick_rate=180000/1", str(bogus)], check=True)
+    with FileSource(bogus) as src:
+        assert 1 <= src.fps <= 60 and list(src.frames())[-1].pts > 0.1
 
 
 def test_variable_frame_rate_keeps_timestamps(tmp_path):

@@ -138,6 +138,7 @@ def test_a_long_caption_is_wrapped_whole_inside_the_frame(size):
     assert len(lines) + 1 <= h // (2 * band)  # all shown, in at most half the frame
     assert out[h - (len(lines) + 1) * band: h - band].any()  # drawn there
     assert w > h or band <= 46  # portrait 1080 wide: about 60 characters to the line, not 20
+    assert _wrapped("x" * 5000, w, band) == ("x" * 200,)  # a "word" that long is cut, as lines were
 
 
 def test_a_recording_keeps_its_first_max_seconds_and_ignores_frames_after_close(tmp_path):

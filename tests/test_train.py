@@ -478,3 +478,18 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+def test_a_signal_during_the_final_renames_waits_for_them():
+    """Ctrl-C between two of the five renames left a new tokenizer and config beside the old
+    weights, and the command said the folder was left as it was: they are one change."""
+    import os
+    import signal
+
+    from tinyvlm.train import _signals_held
+
+    before = signal.getsignal(signal.SIGINT)
+    with _signals_held():
+        os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt here
+        renamed = True
+    assert renamed and signal.getsignal(signal.SIGINT) is before

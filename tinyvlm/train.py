@@ -1,10 +1,11 @@
 """Train the embedded tiny model on CPU: `vlmstream train-tiny`.
 
-Deterministic when the step count ends the run: the seed sets the initial weights, the data
-are the scenes `first_item`, `first_item + 1`, ... in order, and the model has no dropout. The
-learning-rate schedule also follows the time budget (`max_minutes`), so a run the budget ends
-(the default 30000 steps do not fit in 85 minutes on two cores) depends on the machine's pace:
-its step count, and where its stages change, vary from run to run. Two training
+Deterministic when the step count alone drives the run: the seed sets the initial weights, the
+data are the scenes `first_item`, `first_item + 1`, ... in order, and the model has no dropout.
+The learning-rate schedule (and the end of the vision-only stage) follows whichever is further
+along, the steps or the time budget (`max_minutes`): a run that falls behind the budget's pace
+at any step (the default one: 30000 steps do not fit in 85 minutes on two cores) depends on the
+machine's pace, its step count and where its stages change varying from run to run. Two training
 processes (by default) each render their share of a step's scenes in a worker process and
 average their gradients every step, so a step is the same batch as in one process. Writes
 model.safetensors, tokenizer.json and config.json into the output folder (by default the
@@ -19,6 +20,7 @@ import math
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -205,6 +207,25 @@ def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None, 
 _GROUP_TIMEOUT_S = 120  # how long a process waits on the others before it gives up
 
 
+@contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM wait until the block is done; the run it ends is then complete, and
+    ends as such. Between two renames, one had left a new tokenizer and config beside the old
+    weights, and the command said the folder was left as it was."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
+        yield
+        return
+    held = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+
+
 def _deaf_to_ctrl_c(*_) -> None:
     """Ctrl-C reaches every process of the terminal's foreground group: the render workers and
     the other training processes died of it, and PyTorch turned the main process's
@@ -234,9 +255,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     done = False
     try:
         report = _train_all(replace(cfg, out=work), tok, init, progress)
-        for name in ("tokenizer.json", "config.json", "loss.csv", "loss.png", "model.safetensors"):
-            os.replace(work / name, out / name)
-        done = True
+        with _signals_held():  # the five renames are one change: never half of them
+            for name in ("tokenizer.json", "config.json", "loss.csv", "loss.png", "model.safetensors"):
+                os.replace(work / name, out / name)
+            done = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
         for folder in made if not done else []:
