@@ -76,6 +76,11 @@ class VisionConfig:
     # or "fill", which also tiles frames too small or too wide for it to (the tiny model's small
     # objects gain 7 points of shape answers at no cost on 640x360 frames; EVAL.md, eleventh session).
     tiling: str = "moondream"
+    # A page of pure white or black around the objects (a drawing on paper, a slide) shown as mid
+    # grey before the crops are cut (engine/models/tiling.py `page_to_grey`). For the tiny model:
+    # its world never has such backgrounds (white and black are object colours there), and on them
+    # it invented white circles and miscounted (EVAL.md, thirty-seventh session).
+    page_to_grey: bool = False
 
     @property
     def grid(self) -> int:

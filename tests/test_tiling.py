@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine.config import ConfigError, ModelConfig, VisionConfig
-from engine.models.tiling import crops_to_tensor, fill_tiling, overlap_crops, reconstruct, select_tiling
+from engine.models.tiling import (crops_to_tensor, fill_tiling, overlap_crops, page_to_grey, reconstruct,
+                                  select_tiling)
 
 MD2 = ModelConfig().vision  # patch 14, crop 378, margin 4 patches = 56 px, window 266 px
 
@@ -217,3 +218,21 @@ def test_normalisation():
 def test_rejects_non_rgb_arrays():
     with pytest.raises(ValueError):
         overlap_crops(np.zeros((10, 10), dtype=np.uint8), MD2)
+
+
+def test_a_white_or_black_page_is_shown_mid_grey_and_what_is_on_it_kept():
+    rgb = np.full((60, 80, 3), 250, np.uint8)  # a white page, slightly off
+    rgb[10:30, 10:30] = (220, 40, 40)  # a red square on it
+    rgb[35:55, 40:70] = (128, 110, 90)  # a brown card on it, holding a white disc
+    rgb[40:50, 50:60] = 245
+    out = page_to_grey(rgb)
+    assert (out[0, 0] == 128).all() and (out[32, 5] == 128).all()  # the page
+    assert (out[10:30, 10:30] == (220, 40, 40)).all() and (out[40:50, 50:60] == 245).all()  # kept
+    assert page_to_grey(np.where(rgb == 250, 5, rgb).astype(np.uint8))[0, 0].tolist() == [128, 128, 128]  # black
+    scene = np.full((60, 80, 3), 150, np.uint8)  # a world background: not a page, nothing changes
+    scene[20:40, 20:40] = 245
+    assert page_to_grey(scene) is scene
+    cfg = VisionConfig(crop_size=56, enc_patch_size=14, overlap_margin=1, max_crops=4)
+    paged = dataclasses.replace(cfg, page_to_grey=True)
+    assert not np.array_equal(overlap_crops(rgb, cfg)[0], overlap_crops(rgb, paged)[0])
+    assert np.array_equal(overlap_crops(rgb, paged)[0], overlap_crops(page_to_grey(rgb), cfg)[0])

@@ -53,7 +53,8 @@ def tiny_config(vocab_size: int, template_ids: dict) -> ModelConfig:
                  "n_heads": 3, "n_kv_heads": 3},
         "vision": {"enc_dim": 96, "enc_patch_size": 14, "enc_n_layers": 2, "enc_ff_dim": 384, "enc_n_heads": 2,
                    "proj_inner_dim": 512, "proj_out_dim": 192, "crop_size": 126, "in_channels": 3,
-                   "max_crops": 8, "overlap_margin": 1, "resample": "bicubic", "tiling": "fill"},
+                   "max_crops": 8, "overlap_margin": 1, "resample": "bicubic", "tiling": "fill",
+                   "page_to_grey": True},
         "region": {"dim": 192, "coord_feat_dim": 64, "coord_out_dim": 256, "size_feat_dim": 64,
                    "size_out_dim": 512, "inner_dim": 256, "trained": False},  # no region task in training
         "tokenizer": {"templates": template_ids, "question_rewrites": [list(r) for r in QUESTION_REWRITES],

@@ -100,10 +100,38 @@ def _resize_bicubic(rgb_1CHW: torch.Tensor, out_HW3: np.ndarray) -> None:
     torch.ops.aten._upsample_bicubic2d_aa.out(rgb_1CHW, [h, w], False, None, None, out=dst)
 
 
+PAGE_TOLERANCE = 40  # per channel, from pure white (255) or black (0)
+PAGE_GREY = 128
+
+
+def page_to_grey(rgb_HW3: np.ndarray) -> np.ndarray:
+    """The frame with its page, if it has one, shown mid grey: where at least half of the frame's
+    edge is near pure white (or black), every near-white (near-black) pixel joined to the edge
+    through such pixels. Objects of that colour inside the page keep it; a frame without such an
+    edge comes back as it is (the check reads the edge alone)."""
+    rgb = rgb_HW3
+    edge = np.concatenate([rgb[0], rgb[-1], rgb[1:-1, 0], rgb[1:-1, -1]]).astype(np.int16)
+    for level in (255, 0):
+        if (np.abs(edge - level).max(axis=1) <= PAGE_TOLERANCE).mean() < 0.5:
+            continue
+        import cv2
+
+        near = (np.abs(rgb.astype(np.int16) - level).max(axis=2) <= PAGE_TOLERANCE).astype(np.uint8)
+        _, labels = cv2.connectedComponents(near, connectivity=4)
+        on_edge = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
+        page = np.isin(labels, on_edge[on_edge > 0])
+        out = np.array(rgb)
+        out[page] = PAGE_GREY
+        return out
+    return rgb
+
+
 def overlap_crops(rgb_HW3: np.ndarray, cfg: VisionConfig) -> tuple[np.ndarray, tuple[int, int]]:
     """Crops (N, C, C, 3) uint8, global first then tiles row-major, and the (rows, cols) tiling."""
     if rgb_HW3.dtype != np.uint8 or rgb_HW3.ndim != 3 or rgb_HW3.shape[2] != 3:
         raise ValueError(f"expected an RGB uint8 array of shape (H, W, 3), got {rgb_HW3.dtype} {rgb_HW3.shape}")
+    if cfg.page_to_grey:
+        rgb_HW3 = page_to_grey(rgb_HW3)
     h, w = rgb_HW3.shape[:2]
     c = cfg.crop_size
     margin = cfg.enc_patch_size * cfg.overlap_margin
