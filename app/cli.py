@@ -142,7 +142,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="frames of a source in the engine at once (default 4, shared out among several "
                            "sources: as many frames a second as more would give on 2 cores, with less latency)")
     live.add_argument("--deadline-ms", type=float, default=None, metavar="D", help="cancel a frame after D ms")
-    live.add_argument("--max-tokens", type=int, default=32, metavar="N", help="answer length limit (default 32)")
+    live.add_argument("--max-tokens", type=int, default=64, metavar="N",
+                      help="answer length limit (default 64: the tiny model's long captions take up to 44)")
     _add_sticky_arg(live, "the previous frame's answer")
     live.add_argument("--no-draft", action="store_true",
                       help="decode every frame's answer token by token, without the previous answer as a draft "

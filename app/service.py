@@ -67,7 +67,7 @@ class Settings:
     device: str = "cpu"
     dtype: str | None = None
     temperature: float = 0.0
-    max_tokens: int = 32
+    max_tokens: int = 64  # the tiny model's long captions take up to 44 tokens (32 cut them mid-sentence)
     pipelined: bool = True
     sticky: float = 2.0  # answers keep the previous frame's (pipelines.live.LIVE_STICKY); 0 = off
     # A new answer gets a picture in the live tabs' Changes once it has held this many frames in a
@@ -213,7 +213,7 @@ class Service:
         if source in sample_videos():
             source = str(SAMPLES_DIR / source)
         if parse_webcam(source) is None and "://" not in source and not Path(source).is_file():
-            raise UIError(f"no such file: {source}")
+            raise UIError(f"{source} is a folder, not a video" if Path(source).is_dir() else f"no such file: {source}")
         live = open_live(source, reading=self.reading)  # a recording (a file, or one over the network) plays as if live, round and round
         recorder = None
         if record:

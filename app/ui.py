@@ -217,7 +217,8 @@ def build(service: Service, source: str | None = None):
         except (UIError, VlmstreamError, OSError) as e:
             raise gr.Error(str(_upload_named(e, path))) from None
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
-        note = (f"{out['frames']} frames {'located' if locating else 'captioned'} in {out['seconds']} s "
+        note = (f"{out['frames']} frame{'' if out['frames'] == 1 else 's'} {'located' if locating else 'captioned'} "
+                f"in {out['seconds']} s "
                 f"({out['x_real_time']}x real time)"
                 + (f", {len(out['rows'])} {'counts' if locating else 'answers'} that changed" if changes else "")
                 + (" — cancelled; the downloads hold the frames done" if out["cancelled"] else "")

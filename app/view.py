@@ -40,7 +40,9 @@ def frame_html(snap: FeedSnapshot | None, message: str = "") -> str:
     info = f"#{snap.index}  {snap.pts:.2f}s  {snap.end_to_end_ms:.0f} ms"
     uri = jpeg_data_uri(annotate(snap.frame_rgb, snap.text, info))
     return (f'<div id="vs-frame" data-version="{snap.version}" data-index="{snap.index}">'
-            f'<img src="{uri}" style="max-width:100%" alt="current frame"/>'
+            # At most the window's height: a portrait source's frame (1080x1920) put its caption
+            # band below the fold
+            f'<img src="{uri}" style="max-width:100%;max-height:80vh;object-fit:contain" alt="current frame"/>'
             f'<div id="vs-caption" data-index="{snap.index}">{html.escape(snap.text)}</div>'
             f'<div class="vs-info">{html.escape(info)}</div></div>')
 

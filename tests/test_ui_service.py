@@ -1093,3 +1093,26 @@ def test_a_reload_tells_each_page_why_its_feed_stopped_and_keeps_its_captions(sm
     finally:
         s.close()
         s.remove_outputs()
+
+
+def test_the_default_settings_let_a_long_caption_finish():
+    """The page's default answer limit was 32 tokens: "long" captions of three or four objects
+    ended mid-sentence ("... a large green square in the"), with nothing on the page to say so."""
+    from tinyvlm.world import render, sample_scene
+
+    s = Service(Settings())
+    try:
+        for i in range(3):
+            rgb = render(sample_scene(np.random.default_rng([99, i]), 640, 360, n_objects=4))
+            out = s.caption_image(rgb, {"caption": "long"})
+            assert out["finish_reason"] == "stop", out["text"]
+    finally:
+        s.close()
+        s.remove_outputs()
+
+
+def test_a_folder_or_a_missing_file_as_the_live_source_says_which(service, tmp_path):
+    with pytest.raises(UIError, match="is a folder, not a video"):  # it said "no such file" of a folder there
+        service.start_live("s-folder", str(tmp_path), make_task("short"))
+    with pytest.raises(UIError, match="no such file"):
+        service.start_live("s-folder", str(tmp_path / "none.mp4"), make_task("short"))
