@@ -372,6 +372,10 @@ def build(service: Service, source: str | None = None):
             vfiles = gr.File(label="Downloads (SRT, VTT, JSONL, annotated MP4; detect and point: JSONL, MP4)",
                              file_count="multiple")
             vvideo = gr.Video(label="Annotated video")
+            # The previous job's results go when a new one starts: a job that then failed left them
+            # under its error, "90 frames captioned" beside the new file's "empty (0 bytes)".
+            vrun.click(lambda: ("", None, None, None), None, [vnote, vtable, vfiles, vvideo], queue=False,
+                       api_name=False, show_progress="hidden")
             vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext, vchanges], [vnote, vtable, vfiles, vvideo],
                        api_name="caption_video", concurrency_limit=2)
             # also an API: a gradio_client's job.cancel() cannot stop a running job (Gradio ends the

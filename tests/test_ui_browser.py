@@ -545,6 +545,15 @@ def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp
         names = {links.nth(i).get_attribute("download") or links.nth(i).inner_text() for i in range(links.count())}
         assert {"captions.srt", "captions.vtt", "captions.jsonl", "annotated.mp4"} <= names, names
         page.screenshot(path=str(ARTIFACTS / "ui_video.png"), full_page=True)
+        # a second file that fails: its error, and the first job's results gone (they had stayed,
+        # "10 frames captioned" beside "empty.mp4 is empty")
+        (tmp_path / "empty.mp4").write_bytes(b"")
+        page.locator("#vs-video-file button[aria-label='Clear']").click()
+        page.locator("#vs-video-file input[type=file]").set_input_files(str(tmp_path / "empty.mp4"))
+        page.wait_for_timeout(1000)
+        page.click("#vs-video-run")
+        page.get_by_text("is empty (0 bytes)").first.wait_for(timeout=60_000)
+        assert "frames captioned" not in page.inner_text("#vs-video-note")
         browser.close()
 
 
