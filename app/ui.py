@@ -157,7 +157,7 @@ def build(service: Service, source: str | None = None):
             try:
                 return str(make_file(request.session_hash, kind))
             except UIError as e:
-                raise gr.Error(str(e)) from None
+                raise _user_error(str(e)) from None
         return run
 
     def webcam(rgb, kind, question, ckind, ctext, record, shown, request: gr.Request):
@@ -175,34 +175,34 @@ def build(service: Service, source: str | None = None):
 
     def image(picture, kind, question, ckind, ctext):
         if picture is None:
-            raise gr.Error("upload an image first")
+            raise _user_error("upload an image first")
         try:
             out = service.caption_image(as_rgb(picture), make_task(kind, question, ckind, ctext))
         except (UIError, VlmstreamError) as e:
-            raise gr.Error(str(e)) from None
+            raise _user_error(str(e)) from None
         return out["text"], out
 
     def locate(picture, what, task):
         if picture is None:
-            raise gr.Error("upload an image first")
+            raise _user_error("upload an image first")
         if not (what or "").strip():
-            raise gr.Error(f"say what to {task}: the object is empty")
+            raise _user_error(f"say what to {task}: the object is empty")
         try:
             out = service.locate_image(as_rgb(picture), what, task)
         except VlmstreamError as e:
-            raise gr.Error(str(e)) from None
+            raise _user_error(str(e)) from None
         picture = out.pop("picture")
         return f"{out[task]}: {places_text(out['pixels'], task)}", gr.Image(picture, visible=True), out
 
     def video(path, kind, question, every_n, ckind="none", ctext="", changes=False, request: gr.Request = None,
               progress=gr.Progress()):
         if not path:
-            raise gr.Error("upload a video first")
+            raise _user_error("upload a video first")
         try:  # before the job's stop flag: a job that never starts must not leave one behind
             task = make_task(kind, question, ckind, ctext, regions=True)
             every = _number(every_n, 1, "every n-th frame")
         except UIError as e:
-            raise gr.Error(str(e)) from None
+            raise _user_error(str(e)) from None
         out_dir = service.video_job_dir()
         stop = service.video_stop(request.session_hash if request else "api")
 
@@ -215,7 +215,7 @@ def build(service: Service, source: str | None = None):
         try:
             out = service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes))
         except (UIError, VlmstreamError, OSError) as e:
-            raise gr.Error(str(_upload_named(e, path))) from None
+            raise _user_error(str(_upload_named(e, path))) from None
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
         note = (f"{out['frames']} frame{'' if out['frames'] == 1 else 's'} {'located' if locating else 'captioned'} "
                 f"in {out['seconds']} s "
@@ -241,7 +241,7 @@ def build(service: Service, source: str | None = None):
                                          pipelined=bool(pipelined), sticky=_number(sticky, now.sticky, "steadiness"),
                                          hold=_number(hold, now.hold, "frames a change holds")))
         except (UIError, VlmstreamError, OSError) as e:
-            raise gr.Error(str(e)) from None
+            raise _user_error(str(e)) from None
         return msg
 
     # Gradio keeps its own copies of uploads and results; hourly, those older than a day go, and all
@@ -361,7 +361,7 @@ def build(service: Service, source: str | None = None):
                     vquestion = gr.Textbox(label=OBJECT_QUESTION_LABEL, lines=2, elem_id="vs-video-question")
                     vckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                     vctext = gr.Textbox("", label=CONSTRAINT_LABEL)
-                    every = gr.Number(1, precision=0, minimum=1, label="Every n-th frame")
+                    every = gr.Number(1, precision=0, label="Every n-th frame")  # checked by the job: one line, no trace
                     vchanges = gr.Checkbox(False, label="Only the answers that change (a table of events; the "
                                                         "JSONL too)", elem_id="vs-video-changes")
                     with gr.Row():
@@ -411,13 +411,13 @@ def build(service: Service, source: str | None = None):
                 device = gr.Dropdown(["cpu", "cuda"], value=s.device, label="Device")
             with gr.Row():
                 temperature = gr.Slider(0.0, 2.0, value=s.temperature, step=0.05, label="Temperature (0 = greedy)")
-                max_tokens = gr.Number(s.max_tokens, precision=0, minimum=1, label="Max tokens")
+                max_tokens = gr.Number(s.max_tokens, precision=0, label="Max tokens")  # checked by apply()
                 pipelined = gr.Checkbox(s.pipelined, label="Pipelined decoding (off = blocking loop)")
             sticky = gr.Slider(0.0, 10.0, value=s.sticky, step=0.5,
                                label="Steady answers (live and video): keep the last frame's answer unless the model "
                                      "prefers another by more than this (logits; 0 = every frame's own answer; "
                                      "greedy only)")
-            hold = gr.Number(s.hold, precision=0, minimum=1, maximum=600,
+            hold = gr.Number(s.hold, precision=0,  # 1..600, checked by apply()
                              label="Changes (live tabs): a new answer gets a picture once it has held this many "
                                    "frames in a row (1 = every change; from the next Start)")
             sapply = gr.Button("Apply", variant="primary")
@@ -449,6 +449,14 @@ def _upload_named(e: Exception, path: str | None) -> Exception:
     if not path or path not in str(e):
         return e
     return UIError(str(e).replace(path, Path(path).name))
+
+
+def _user_error(message: str) -> Exception:
+    """A mistake of the page's user: said on the page in one line, and not logged with a traceback
+    in the server's console (Gradio printed one for every such error)."""
+    import gradio as gr
+
+    return gr.Error(message, print_exception=False)
 
 
 def _number(value, default: int | float, what: str) -> int | float:

@@ -119,6 +119,10 @@ def test_api_captions_an_image_and_answers_a_question(client, tmp_path):
         client.predict(img, "red circle", api_name="/detect_image")
     with pytest.raises(Exception, match="the object is empty"):
         client.predict(img, " ", api_name="/point_image")
+    with pytest.raises(Exception, match="max tokens must be a whole number >= 1"):
+        client.predict("tiny", "cpu", 0.0, 0, True, 2.0, 1, api_name="/apply_settings")
+    # a user's mistakes are said on the page, not logged with a traceback each in the server's console
+    assert "Traceback" not in (ARTIFACTS / "ui_server.log").read_text()
 
 
 def test_api_captions_a_video_with_downloads(client):
