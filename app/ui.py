@@ -505,8 +505,11 @@ def run(args: argparse.Namespace) -> int:
     dtype = realtime_dtype(args.device, args.dtype)
     service = Service(Settings(model=args.model, device=args.device, dtype=dtype), reading_arg(args))
     # Gradio's copies of uploads and results in this server's own folder, removed with it when the
-    # server stops (in /tmp/gradio they stayed: exports, recordings, every video job's files)
-    os.environ.setdefault("GRADIO_TEMP_DIR", str(service._scratch_dir() / "gradio"))
+    # server stops (in /tmp/gradio they stayed: exports, recordings, every video job's files).
+    # Unset again at the end: a second server in this process (tests) must not inherit a removed folder.
+    own_temp = "GRADIO_TEMP_DIR" not in os.environ
+    if own_temp:
+        os.environ["GRADIO_TEMP_DIR"] = str(service._scratch_dir() / "gradio")
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
         demo = build(service, args.source)
@@ -520,4 +523,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         service.close()
         service.remove_outputs()
+        if own_temp:
+            os.environ.pop("GRADIO_TEMP_DIR", None)
     return 0

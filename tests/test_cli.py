@@ -196,6 +196,9 @@ def test_ui_auth_file_mistakes_and_the_warning_for_a_ui_on_the_network(capsys, t
     assert err[0].startswith("vlmstream: warning: the UI on 0.0.0.0 asks no password") and "--auth-file" in err[0]
     assert main(["ui", "--port", port, "--model", "/no/such/model"]) == 2
     assert "warning" not in capsys.readouterr().err
+    # the server's own temporary folder is this run's: not left set for a later server in the process
+    # (one started from this process then put its uploads in the removed folder of the first)
+    assert "GRADIO_TEMP_DIR" not in os.environ
 
 
 def test_cuda_without_cuda(capsys):

@@ -15,7 +15,7 @@ of its patch are object makes each token encode the outline it sees, which shape
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -83,7 +83,8 @@ def outline_mask(scene: Scene, vision: VisionConfig) -> np.ndarray:
     crop, and small objects are where shape answers fail (EVAL.md).
     """
     on = (_draw_objects(scene, scene.width, scene.height) > 0).astype(np.uint8) * 255
-    crops, _ = overlap_crops(np.repeat(on[..., None], 3, axis=2), vision)
+    # A mask, not a picture: its black is no page to show grey (every pixel had become "object")
+    crops, _ = overlap_crops(np.repeat(on[..., None], 3, axis=2), replace(vision, page_to_grey=False))
     return np.stack([_by_cell((c[..., 0] > 127).astype(np.uint8), vision.grid) for c in crops])
 
 
