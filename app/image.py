@@ -30,7 +30,7 @@ IMAGES_IN_FLIGHT = 16
 
 def run(args: argparse.Namespace) -> int:
     from engine.types import SamplingParams
-    from pipelines.image_file import check_image, read_image
+    from pipelines.image_file import check_image
 
     if args.detect is not None or args.point is not None:
         return _locate(args)
@@ -39,9 +39,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
     task = prompt_tasks(args, default_caption="normal")[0]
     paths, one, skipped = _inputs(args.image, check_image)
-    t0 = time.perf_counter()
-    rgb = read_image(paths[0]) if one else None  # the single image's every error is a usage error
-    read_ms = (time.perf_counter() - t0) * 1000.0
+    rgb, read_ms = _timed_read(paths[0]) if one else (None, 0.0)  # the single image's every error is a usage error
 
     dtype = image_dtype(args.model, args.device, args.dtype)
     if not one:
@@ -110,6 +108,15 @@ def _locate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _timed_read(path):
+    """The image's pixels, and the milliseconds it took to decode them (`read_ms`)."""
+    from pipelines.image_file import read_image
+
+    t0 = time.perf_counter()
+    rgb = read_image(path)
+    return rgb, (time.perf_counter() - t0) * 1000.0
+
+
 def _asked(config, task: dict) -> dict:
     """What the model was asked, where its config rewords the question (the tiny model's does):
     {"question": ...}, or {"caption": length} for a question that asks for a description."""
@@ -138,7 +145,6 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
 
     from engine import Engine, EngineConfig
     from engine.errors import ImageError
-    from pipelines.image_file import read_image
     from pipelines.stream import redact
 
     out = sys.stdout
@@ -172,9 +178,7 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
 
         for path in paths:
             try:
-                t_read = time.perf_counter()
-                rgb = read_image(path)
-                read_ms = (time.perf_counter() - t_read) * 1000.0
+                rgb, read_ms = _timed_read(path)
                 pending.append((path, (engine.submit(rgb, params=params, **task), read_ms)))
             except ImageError as e:  # unreadable, or it failed to decode
                 pending.append((path, e))

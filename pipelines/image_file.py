@@ -25,7 +25,7 @@ from engine.errors import ImageError
 from engine.request import pil_to_rgb
 
 from .sources import is_remote, unknown_host
-from .stream import readable_within, redact
+from .stream import STDIN, PipeReader, redact
 
 
 FETCH_TIMEOUT_S = 15.0  # to connect, and between two reads
@@ -35,9 +35,6 @@ FETCH_MAX_BYTES = 64 << 20  # an "image" larger than this is not one a caption i
 FETCH_KEEP_BYTES = 256 << 20
 _kept: OrderedDict[str, bytes] = OrderedDict()
 _kept_lock = threading.Lock()
-
-
-STDIN = "-"  # `vlmstream image -`: the image piped in
 
 
 def fetch(url: str, keep: bool = False) -> bytes:
@@ -83,21 +80,15 @@ def _read_pipe(name: str) -> bytes:
             fd, owned = os.open(name, os.O_RDONLY | os.O_NONBLOCK), True
         except OSError as e:
             raise ImageError(f"{name} could not be read: {e.strerror}") from None
-    chunks, size = [], 0
+    reader, chunks, size = PipeReader(fd, FETCH_TIMEOUT_S, lambda: False), [], 0  # live -'s timed reads
     try:
-        while True:
-            if not readable_within(fd, FETCH_TIMEOUT_S, lambda: False):
-                raise ImageError(f"cannot read {shown}: nothing came for {FETCH_TIMEOUT_S:g} s")
-            try:
-                chunk = os.read(fd, 1 << 20)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                break
+        while chunk := reader.read(1 << 20):
             chunks.append(chunk)
             size += len(chunk)
             if size > FETCH_MAX_BYTES:
                 raise ImageError(f"{shown} is over {FETCH_MAX_BYTES >> 20} MB: not an image to caption")
+    except TimeoutError:
+        raise ImageError(f"cannot read {shown}: nothing came for {FETCH_TIMEOUT_S:g} s") from None
     finally:
         if owned:
             os.close(fd)

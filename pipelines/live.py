@@ -194,7 +194,7 @@ class LiveSession:
                     continue
                 stale = []
                 answered = all(o.finish_reason in ("stop", "length") for o in outs)
-                if answered and self.deadline_ms is not None and (time.perf_counter() - offered) * 1000.0 > self.deadline_ms:
+                if answered and self._late(offered, time.perf_counter()):
                     # finished in time for the engine but handled too late here (this thread was
                     # held, or results queued up): past the deadline is past it, as _expire says.
                     # (A failure is still said below, late or not.)
@@ -231,12 +231,15 @@ class LiveSession:
                         logging.getLogger("vlmstream").exception("on_result raised for frame %d", frame.index)
         self.engine = None  # done with it: a closed session kept for its results (the UI's Export) must not pin it
 
+    def _late(self, offered: float, now: float) -> bool:
+        return self.deadline_ms is not None and (now - offered) * 1000.0 > self.deadline_ms
+
     def _expire(self) -> None:
         if self.deadline_ms is None:
             return
         now = time.perf_counter()
         with self._lock:
-            late = [hs for _, hs, t in self._inflight if (now - t) * 1000.0 > self.deadline_ms]
+            late = [hs for _, hs, t in self._inflight if self._late(t, now)]
             self._inflight = deque(x for x in self._inflight if all(x[1] is not hs for hs in late))
             self.cancelled_deadline += len(late)
         for hs in late:
