@@ -202,7 +202,7 @@ let vsSettle = null;
 function vsSayWhere() {
   clearTimeout(vsSettle);
   vsSettle = setTimeout(() => {
-    const name = ["vs-tab-live", "vs-tab-webcam", "vs-tab-video", "vs-tab-image", "vs-tab-settings"].find((id) => {
+    const name = ["vs-tab-live", ...VS_PAUSING_TABS, "vs-tab-settings"].find((id) => {
       const panel = document.getElementById(id);
       return panel && panel.offsetParent !== null;
     }) || "";
