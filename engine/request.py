@@ -46,6 +46,10 @@ class RequestHandle:
         self._output = output
         with self._cb_lock:
             self._done.set()
+            # A finished handle needs its engine no more (cancel is then a no-op), and a caller may
+            # keep handles long after: a stopped live feed, kept for its Export, had kept the
+            # engine it came from, weights and KV pool, alive past a reload.
+            self._engine = None
             callbacks, self._callbacks = self._callbacks, []
         with self._cond:
             self._ended = True
@@ -100,11 +104,12 @@ class RequestHandle:
                 return
 
     def cancel(self) -> None:
-        if self._cancel_sent or self._done.is_set():
+        engine = self._engine  # read once: _finish may drop it meanwhile (a cancel then finds the request gone)
+        if self._cancel_sent or engine is None or self._done.is_set():
             return
         self._cancel_sent = True
         try:
-            self._engine._post(("cancel", self.id), block=threading.current_thread() is not self._engine._thread)
+            engine._post(("cancel", self.id), block=threading.current_thread() is not engine._thread)
         except BaseException:  # not sent (the engine's queue stayed full): a retry must send it
             self._cancel_sent = False
             raise

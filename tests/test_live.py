@@ -401,3 +401,27 @@ def test_frames_the_engine_drops_under_a_session_are_counted(small_folder):
     st = s.stats()
     assert st["submitted"] == 4 and st["completed"] + st["cancelled_closed"] + st["cancelled_stale"] == 4
     assert st["cancelled_closed"] >= 1 and s.in_flight == 0
+
+
+def test_a_closed_session_does_not_keep_its_engine_through_frames_cancelled_as_it_closed(small_folder, monkeypatch):
+    """CI: the web UI kept a reloaded engine (its weights, its KV pool) alive through a stopped
+    feed. Frames cancelled as the session closed finished after its thread had ended, and their
+    handles, each holding the engine, stayed in the session's queue of finished frames."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(engine_module, "Runner", NewestStopsFirst)  # 15 ms steps: frames still in flight
+    monkeypatch.setattr(NewestStopsFirst, "stop_id", None)
+    eng = Engine(EngineConfig(model=str(small_folder)))
+    s = LiveSession(eng, {"caption": "short"}, SamplingParams(max_tokens=200), max_inflight=3)
+    frames = _frames(3)
+    assert all(s.offer(f) for f in frames)
+    s.cancel_all()
+    s.close(10.0)  # nothing in flight any more: its thread ends before the engine ends the frames
+    eng.close(cancel=True)
+    assert s.engine is None
+    engine_ref = weakref.ref(eng)
+    del eng
+    gc.collect()
+    assert engine_ref() is None
+    assert s.stats()["cancelled_closed"] == 3
