@@ -101,6 +101,12 @@ def decoded(container, stream, on_damage: Callable[[], None],
     import av
 
     deinterlacer = Deinterlacer()
+    sent = made = 0
+    last_pts = None
+
+    def shown(frame) -> Iterator:
+        return deinterlacer.push(frame) if reading.deinterlace else iter((frame,))
+
     for packet in container.demux(stream):
         if before_packet is not None:
             before_packet()
@@ -109,12 +115,41 @@ def decoded(container, stream, on_damage: Callable[[], None],
         except av.InvalidDataError:
             on_damage()
             continue
+        sent += packet.size > 0
         for frame in frames:
-            if reading.deinterlace:
-                yield from deinterlacer.push(frame)
-            else:
-                yield frame
+            made += 1
+            last_pts = frame.pts if frame.pts is not None else last_pts
+            yield from shown(frame)
+    if made < sent and last_pts is not None and stream.codec_context.thread_type & av.codec.context.ThreadType.FRAME:
+        for frame in _frames_after(container, stream, last_pts):
+            yield from shown(frame)
     yield from deinterlacer.flush()
+
+
+def _frames_after(container, stream, pts: int) -> Iterator:
+    """The frames after `pts` that frame threads decoded but never gave: PyAV ends its drain at
+    the first frame the decoder says is damaged (a truncated file's last packet), and the frames
+    the other threads held after it were lost (a file cut short gave 58 of its 60 frames, FFmpeg
+    60). They come from the last keyframe again, decoded one frame at a time. Files only: a
+    network source is not asked twice."""
+    import os
+
+    import av
+
+    if not os.path.isfile(container.name):
+        return
+    try:
+        with av.open(container.name) as again:
+            copy = again.streams[stream.index]
+            again.seek(pts, stream=copy, backward=True, any_frame=False)
+            for packet in again.demux(copy):
+                try:
+                    frames = packet.decode()
+                except av.InvalidDataError:
+                    continue
+                yield from (f for f in frames if f.pts is not None and f.pts > pts)
+    except (av.FFmpegError, OSError, ValueError):  # what the first reading gave stands
+        return
 
 
 def main_video(container):

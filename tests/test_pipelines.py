@@ -172,6 +172,22 @@ def test_bad_files(tmp_path, make, needle):
         FileSource(path)
 
 
+def test_a_truncated_file_gives_every_frame_its_decoder_threads_made(tmp_path):
+    """PyAV ends its drain at the first frame the decoder says is damaged (a truncated file's last
+    packet): the frames the other decoder threads held after it were lost, 240 of the 242 that
+    FFmpeg, or one thread, gives of this cut sample."""
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(sample.read_bytes()[:60_000])
+    with FileSource(cut, threads=False) as one:
+        alone = list(one.frames())
+    with FileSource(cut) as src:  # frame threads, as batch jobs read
+        threaded = list(src.frames())
+    assert len(alone) > 200 and [(f.index, f.pts) for f in threaded] == [(f.index, f.pts) for f in alone]
+    assert all(np.array_equal(a.rgb, b.rgb) for a, b in zip(alone[-4:], threaded[-4:]))
+    assert f"after {len(alone)} of the 480 frames" in src.error
+
+
 def test_audio_only_file(tmp_path):
     import av
 
