@@ -332,6 +332,44 @@ def test_ctrl_c_stops_train_tiny_in_one_line(tmp_path):
     assert not (tmp_path / "new").exists()  # the folders made for the run are gone with it
 
 
+def test_ctrl_c_as_the_second_training_process_starts_is_one_line(tmp_path):
+    """CI, under load: Ctrl-C came while the spawned second process was still importing torch,
+    before it could turn deaf to it, and its KeyboardInterrupt traceback was printed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "weights"
+    p = subprocess.Popen([str(Path(sys.executable).with_name("vlmstream")), "train-tiny", "--out", str(out),
+                          "--steps", "100000", "--batch-size", "4", "--processes", "2"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         start_new_session=True)
+    deadline = time.monotonic() + 120
+    while True:  # the moment it is importing torch, long before it could turn deaf
+        spawned = []
+        for pid in _descendants(p.pid):
+            try:
+                if (b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                        and "libtorch" in Path(f"/proc/{pid}/maps").read_text()):
+                    spawned.append(pid)
+            except OSError:
+                pass
+        if spawned:
+            break
+        assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()[-2000:] if p.poll() else "no spawn"
+        time.sleep(0.005)
+    # What Ctrl-C in a terminal brings it then; the group's own (every process) after it has
+    # had time to show: sent together, this process's end could come before its traceback.
+    os.kill(spawned[0], signal.SIGINT)
+    time.sleep(1.0)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert f"train-tiny stopped: {out} left as it was" in err
+
+
 def test_an_out_folder_on_another_file_system_takes_the_weights(tmp_path):
     """--out a link to another disk (or a mounted volume): the run wrote beside the link's path and
     could not rename its files across, so it failed at its end and deleted what it trained."""

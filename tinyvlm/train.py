@@ -237,6 +237,27 @@ def _deaf_to_ctrl_c(*_) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@contextmanager
+def _children_born_deaf():
+    """Processes started inside ignore Ctrl-C from their first instruction: a spawned training
+    process that got it while still importing torch (two seconds, more on a loaded machine)
+    printed a KeyboardInterrupt traceback before `_deaf_to_ctrl_c` could run. The ignoring is
+    inherited through fork and exec alike (Python then installs no handler of its own; a
+    blocked mask is not kept by spawn). This process ignores it too meanwhile: a Ctrl-C in
+    those milliseconds is lost, and a second one stops the run."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
+        yield
+        return
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+
+
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
     """Train, and write the weights folder `cfg.out` whole at the end. A run writes into a folder
     of its own inside `out` and moves its files into `out` only once the weights are saved: an
@@ -288,8 +309,9 @@ def _train_all(cfg: TrainConfig, tok: Tokenizer, init: dict | None, progress: bo
     others = [ctx.Process(target=_train, args=(cfg, rank, False, port, init)) for rank in range(1, cfg.processes)]
     stopped = False
     try:
-        for p in others:
-            p.start()
+        with _children_born_deaf():
+            for p in others:
+                p.start()
         report = _train(cfg, 0, progress, port, init)
     except BaseException:
         # Interrupted (Ctrl-C, SIGTERM) or failed: the others would wait on this process at their
@@ -415,7 +437,8 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4,
                                          persistent_workers=False, multiprocessing_context="fork",
                                          worker_init_fn=_deaf_to_ctrl_c)
-    batches = iter(loader)
+    with _children_born_deaf():  # its render worker is forked here
+        batches = iter(loader)
     if cfg.processes > 1:
         import torch.distributed as dist
         from datetime import timedelta
