@@ -26,7 +26,7 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
     from pipelines.batch import BatchSummary, Sampling, caption_file
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
     from pipelines.prompts import prompt_key, prompt_label
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, close_all
     from pipelines.sources import FileSource
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -74,8 +74,7 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
                       "run the job again") from None
     finally:
         src.close()
-        for sink in sinks:
-            sink.close(src.end)
+        close_all(sinks, src.end)
     speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
     return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
             "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
@@ -98,7 +97,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     from app.cli import LOCATE_BATCH
     from pipelines.changes import AnswerChanges
     from pipelines.locator import batched, count_change, draw, found_text, pixel_places, place_record, places_text
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, close_all
     from pipelines.sources import FileSource
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -139,11 +138,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
                 on_progress(src.decoded, total)
     finally:
         src.close()
-        lines.close()
-        for sub in subs:
-            sub.close(src.end)
-        if video is not None:
-            video.close(src.end)
+        close_all([lines, *subs, video], src.end)
     if frames == 0 and not cancelled:
         raise UIError(src.error or "the video has no frames")
     seconds = time.perf_counter() - started

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     from engine.region_decoder import RegionDecoder
     from pipelines.changes import AnswerChanges
     from pipelines.locator import count_change, draw, found_text, pixel_places, place_record, places_text
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, save_snapshot, source_key
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, close_all, save_snapshot, source_key
     from pipelines.sources import FileSource, SourceError, file_name
 
     from app.cli import realtime_dtype
@@ -163,9 +163,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 incomplete += src.incomplete
             finally:
                 src.close()
-                for f in (own, ann, *subs):
-                    if f is not None:
-                        f.close(src.end)
+                close_all((own, ann, *subs), src.end)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was written stays whole
         interrupted = True
     except BrokenPipeError:  # -o - into a reader that has had enough

@@ -322,7 +322,15 @@ class AnnotatedVideoSink:
         # handed to the OS as it is cut.
         options = ({"movflags": "+empty_moov+default_base_moof", "frag_duration": "1000000", "flush_packets": "1"}
                    if fragmented else {"movflags": "+faststart"})
-        self._container = av.open(str(path), mode="w", options=options)
+        # The file is ours to close: PyAV kept the descriptor of a file it had opened itself once
+        # writing it failed (a full disk), one a failed recording, for the life of the server.
+        self._file = open(path, "w+b", buffering=0)  # +: the index moved to the front is read back
+        try:
+            self._container = av.open(self._file, mode="w", options=options)
+        except BaseException:
+            self._file.close()
+            raise
+        self._failed: BaseException | None = None  # the first write that failed
         self._stream = self._container.add_stream("libx264", rate=1000)
         self._stream.width, self._stream.height, self._stream.pix_fmt = self.width, self.height, "yuv420p"
         self._stream.time_base = __import__("fractions").Fraction(1, 1000)
@@ -352,7 +360,13 @@ class AnnotatedVideoSink:
         frame = self._av.VideoFrame.from_ndarray(img, format="rgb24")
         pts = max(int(round(seconds * 1000)), self._last_pts + 1)  # strictly increasing
         frame.pts, self._last_pts = pts, pts
-        self._mux(self._stream.encode(frame))
+        if self._failed is not None:  # the file is lost: a caller that goes on is told again
+            raise self._failed
+        try:
+            self._mux(self._stream.encode(frame))
+        except BaseException as e:
+            self._failed = e
+            raise
 
     def _fit(self, rgb: np.ndarray) -> np.ndarray:
         """The frame at the video's size: a stream can change resolution on the way (an HLS
@@ -377,13 +391,26 @@ class AnnotatedVideoSink:
         if self._closed:  # a second close: the file is whole already (it raised EOFError)
             return
         self._closed = True
-        self._mux(self._stream.encode())
-        last, self._held = self._held, None
-        if last is not None:
-            if end is not None:
-                last.duration = max(last.duration or 0, round(end * 1000) - self._last_pts)
-            self._container.mux(last)
-        self._container.close()
+        try:
+            if self._failed is None:  # after a failed write, muxing again crashed the process (SIGSEGV)
+                self._mux(self._stream.encode())
+                last, self._held = self._held, None
+                if last is not None:
+                    if end is not None:
+                        last.duration = max(last.duration or 0, round(end * 1000) - self._last_pts)
+                    self._container.mux(last)
+        finally:
+            try:
+                self._container.close()
+            except Exception:
+                if self._failed is None:
+                    raise
+            finally:
+                try:
+                    self._file.close()
+                except OSError:  # what was left to flush: the failure was said already
+                    if self._failed is None:
+                        raise
 
     def _mux(self, packets) -> None:
         """Mux all but the newest packet, which is held: close() may lengthen it."""
@@ -391,6 +418,22 @@ class AnnotatedVideoSink:
             if self._held is not None:
                 self._container.mux(self._held)
             self._held = packet
+
+
+def close_all(sinks, end: float | None = None) -> None:
+    """Close every sink (None: none made), whatever the others do, and raise the first error
+    after: one whose close raised (a full disk) had left the rest open, an annotated MP4
+    unfinished and its file held."""
+    first = None
+    for sink in sinks:
+        if sink is None:
+            continue
+        try:
+            sink.close(end)
+        except Exception as e:
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def save_snapshot(folder: Path, source: str, index: int, rgb: np.ndarray) -> Path:

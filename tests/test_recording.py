@@ -76,6 +76,67 @@ def test_live_recording_mistakes_and_a_full_disk(tmp_path, capsys, monkeypatch):
     assert log.read_text().count("\n") >= 1  # the run stopped soon, its captions kept
 
 
+def test_a_full_disk_ends_a_recording_with_its_error_not_the_process(tmp_path):
+    """On a real full disk (/dev/full) the MP4 writer's close muxed again after the failed write
+    and the process died (SIGSEGV), the web UI with every viewer's feed; PyAV also kept the
+    file's descriptor. (The test above fails write_image in Python, before the muxer.)"""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os, sys, time, numpy as np
+        from engine.types import RequestOutput
+        from pipelines.frame import Frame
+        from pipelines.live import LiveResult
+        from pipelines.recorder import Recorder
+        from pipelines.sinks import AnnotatedVideoSink
+        rgb = np.random.default_rng(0).integers(0, 255, (360, 640, 3), dtype=np.uint8)
+        r = Recorder(sys.argv[1])
+        for k in range(60):
+            r.add(LiveResult(Frame("cam", k, k / 30, rgb), [RequestOutput("a circle", [1], "stop")], 5.0,
+                             [{"caption": "short"}]))
+            time.sleep(0.01)
+        r.close()
+        print(repr(r.error), flush=True)
+        for fragmented in (False, True):  # a video job's annotated MP4, and a recording's
+            s = AnnotatedVideoSink(sys.argv[1], 640, 360, fragmented)
+            try:
+                for k in range(200):
+                    s.write_image(rgb, "a circle", "#1", k / 30)
+            except OSError as e:
+                print("write:", e.errno, flush=True)
+            s.close()
+        print("open:", sum(os.path.realpath(f"/proc/self/fd/{f}") == "/dev/full" for f in os.listdir("/proc/self/fd")))
+    """)
+    link = tmp_path / "rec.mp4"
+    link.symlink_to("/dev/full")
+    p = subprocess.run([sys.executable, "-c", code, str(link)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0 and "Traceback" not in p.stderr, (p.returncode, p.stderr[-2000:])
+    lines = p.stdout.splitlines()
+    assert "No space left on device" in lines[0] and lines[1:] == ["write: 28", "write: 28", "open: 0"], lines
+
+
+def test_every_output_is_closed_when_one_fails_to(tmp_path):
+    """The web UI's video job closed its outputs one after the other: a JSONL whose close failed
+    (a full disk) left the annotated MP4 after it unfinished, without its index, and its file
+    held open."""
+    from pipelines.sinks import AnnotatedVideoSink, close_all
+
+    class DiskFull:
+        def close(self, end=None):
+            raise OSError(28, "No space left on device")
+
+    video = AnnotatedVideoSink(tmp_path / "a.mp4", 64, 48)
+    video.write_image(np.zeros((48, 64, 3), np.uint8), "a circle", "#0", 0.0)
+    with pytest.raises(OSError, match="No space left"):
+        close_all([DiskFull(), None, video], 2.0)
+    times, frames = _decoded(tmp_path / "a.mp4")
+    assert times == [0.0] and len(frames) == 1
+
+
 def _annotate_reference(rgb, text, info):
     """annotate() as first written: everything drawn with PIL onto the frame."""
     from PIL import Image, ImageDraw
