@@ -75,14 +75,22 @@ class Engine:
         self._reserve_pages = need
         _check_kv_fits(n_pages, ps, self.loaded, cfg)
         self.pool = PagePool(n_pages, ps)
-        self._executor = Executor(self.loaded.device)
-        kernels = use_triton_kernels(cfg.triton_kernels, self.loaded.device)
-        self.runner = Runner(self.loaded, n_pages, ps, cfg.max_batch_size, self._executor, kernels=kernels,
-                             graphs=graph_mode(cfg.cuda_graphs, self.loaded.device),
-                             script=script_mode(cfg.cpu_script, self.loaded.device, kernels),
-                             draft_rows=min(cfg.prefill_token_budget, cfg.max_batch_size * cfg.max_draft))
-        self._vision = (VisionStage(self.runner.vision_prefix, self._wake, self.loaded.device)
-                        if vision_thread_mode(cfg.vision_thread, self.loaded.device) else None)
+        # Each flag checked before a thread starts: an Engine that failed to start left its
+        # executor's thread running, one a try.
+        device = self.loaded.device
+        kernels = use_triton_kernels(cfg.triton_kernels, device)
+        graphs, script = graph_mode(cfg.cuda_graphs, device), script_mode(cfg.cpu_script, device, kernels)
+        staged = vision_thread_mode(cfg.vision_thread, device)
+        self._executor = Executor(device)
+        self._vision = None
+        try:
+            self.runner = Runner(self.loaded, n_pages, ps, cfg.max_batch_size, self._executor, kernels=kernels,
+                                 graphs=graphs, script=script,
+                                 draft_rows=min(cfg.prefill_token_budget, cfg.max_batch_size * cfg.max_draft))
+            self._vision = VisionStage(self.runner.vision_prefix, self._wake, device) if staged else None
+        except BaseException:
+            self._executor.close()
+            raise
         self._free_slots = list(range(cfg.max_batch_size - 1, -1, -1))
         self._max_draft = cfg.max_draft if self.runner.draft_rows else 0
 
@@ -173,10 +181,20 @@ class Engine:
         if draft and params.temperature == 0 and (params.sticky or self._max_draft and automaton is None):
             # Past twice the answer's room a draft can only cost lookups.
             seq.set_draft(draft[: 2 * seq.capacity], mc.tokenizer.eos_id)
-        with ref._lock:
-            if ref._released:
-                raise RequestError("that ImageRef was released")
-            self._post(("request", seq))
+        try:
+            with ref._lock:
+                if ref._released:
+                    raise RequestError("that ImageRef was released")
+                self._post(("request", seq))
+        except BaseException:
+            # The image encoded for this request alone goes too: refused (a full queue), it had
+            # kept its prefix's pages until the engine closed.
+            if own_ref:
+                try:
+                    ref.release()
+                except Exception:  # the refusal is what the caller is to hear of
+                    pass
+            raise
         if own_ref:
             ref.release()
         return handle

@@ -224,6 +224,10 @@ class LiveLocator:
                     self._stop.wait(0.005)  # no source has a new frame yet
         except BaseException as e:  # the decoder failed: the run ends and the caller hears of it
             self.exception = e
+        finally:
+            # Done with it: a stopped feed kept for its results (the UI's Export) held the region
+            # decoder, and through it a reloaded model's weights, until its tab closed.
+            self._locate_many = None
 
     def _one(self, s: _State, frame: Frame, result: dict) -> None:
         end_to_end = (time.perf_counter() - frame.captured_at) * 1000.0

@@ -720,6 +720,42 @@ def test_vision_thread_error_reaches_the_caller(small_folder, images):
     assert eng.pool.n_free == eng.pool.n_pages and not eng._vision._executor._thread.is_alive()
 
 
+def test_a_refused_request_gives_back_the_image_encoded_for_it(small_folder, images):
+    """submit(rgb) encodes the image for the request alone: a request the engine's full queue
+    refused left that image, and its prefix's pages, held until the engine closed."""
+    import queue
+
+    with _engine(small_folder) as eng:
+        real = eng._inbox.put
+
+        def full_for_requests(message, *args, **kwargs):
+            if message[0] == "request":
+                raise queue.Full
+            return real(message, *args, **kwargs)
+
+        eng._inbox.put = full_for_requests
+        for _ in range(3):
+            with pytest.raises(RequestError, match="queue is full"):
+                eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=4))
+        eng._inbox.put = real
+        deadline = time.monotonic() + 30
+        while (eng.stats().images or eng.stats().kv_pages_in_use) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert eng.stats().images == 0 and eng.stats().kv_pages_in_use == 0
+        assert eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=4)).result(30).text
+    _assert_clean(eng)
+
+
+def test_an_engine_that_fails_to_start_leaves_no_thread(small_folder):
+    """Its flags were checked after its executor's thread had started: each failed try left
+    one running, waking ten times a second for the life of the process."""
+    before = threading.active_count()
+    for _ in range(3):
+        with pytest.raises(ConfigError, match="cuda_graphs=True needs a CUDA device"):
+            Engine(EngineConfig(model=str(small_folder), cuda_graphs=True))
+    assert threading.active_count() == before, [t.name for t in threading.enumerate()]
+
+
 def test_vision_thread_is_for_the_cpu():
     import torch
 

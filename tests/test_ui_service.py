@@ -1095,6 +1095,23 @@ def test_a_reload_tells_each_page_why_its_feed_stopped_and_keeps_its_captions(sm
         s.remove_outputs()
 
 
+def test_a_reload_lets_go_of_the_old_model_through_a_stopped_detect_feed(small_folder):
+    """A detect feed kept for Export (a tab's Live view, stopped by another viewer's Settings)
+    held the region decoder, and through it the old model's weights, until the tab closed."""
+    s = Service(Settings(model=str(small_folder), max_tokens=4))
+    try:
+        feed = s.start_live("tab-d", "shapes_640x360_60fps.mp4", make_task("detect", "circle", regions=True))
+        wait_for(lambda: feed.snapshot().counters["completed"] >= 2)
+        old = weakref.ref(s.engine().loaded.model)
+        assert s.apply(Settings(model="tiny", max_tokens=4)) == "engine reloaded"
+        gc.collect()
+        assert old() is None
+        assert "the engine was reloaded" in feed.snapshot().error
+    finally:
+        s.close()
+        s.remove_outputs()
+
+
 def test_the_default_settings_let_a_long_caption_finish():
     """The page's default answer limit was 32 tokens: "long" captions of three or four objects
     ended mid-sentence ("... a large green square in the"), with nothing on the page to say so."""
