@@ -19,15 +19,16 @@ from pipelines.sources import SourceError, StreamSource, open_live, redact
 SENDER = Path(__file__).with_name("stream_sender.py")
 
 
-def _port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+def _port(kind: int = socket.SOCK_DGRAM) -> int:
+    """A port free now, of the kind the test uses it for (UDP, or TCP for RTSP, RTMP, HTTP)."""
+    with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _send(url: str, seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SENDER), url + "?pkt_size=1316", str(seconds)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _send(url: str, seconds: float, wait: bool = False) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SENDER), url + "?pkt_size=1316", str(seconds)] + (["wait"] if wait else []),
+                            stdin=subprocess.PIPE if wait else None, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def test_udp_stream_survives_a_sender_restart(monkeypatch):
@@ -39,9 +40,10 @@ def test_udp_stream_survives_a_sender_restart(monkeypatch):
     url = f"udp://127.0.0.1:{_port()}"
 
     def senders():
-        _send(url, 1.5).wait(30)
-        time.sleep(3.5)  # with the sender's start, longer than max_wait
-        _send(url, 1.5).wait(30)
+        first, second = _send(url, 1.5), _send(url, 1.5, wait=True)  # the second starts up meanwhile
+        first.wait(30)
+        time.sleep(3.8)  # longer than max_wait; shorter than max_outage by more than a loaded machine's delays
+        second.communicate(b"go\n", timeout=30)
 
     t = threading.Thread(target=senders)
     t.start()
@@ -166,7 +168,7 @@ def test_live_cli_fails_when_no_stream_sends_anything(capsys, small_folder):
 
 def test_live_cli_says_why_a_stream_sent_nothing(capsys, small_folder):
     """A refused connection ended as "no frames received within 2 s", never saying why."""
-    refused = f"rtsp://127.0.0.1:{_port()}/cam"  # nobody listens there
+    refused = f"rtsp://127.0.0.1:{_port(socket.SOCK_STREAM)}/cam"  # nobody listens there
     assert main(["live", refused, "--model", str(small_folder), "--duration", "2"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"vlmstream: error: no frames received within 2 s ({refused}: Connection refused; still trying when "
@@ -468,7 +470,7 @@ def test_standard_input_devices_and_named_pipes_are_named_for_what_they_are(tmp_
 def test_an_rtmp_stream_starts_without_probing_for_five_seconds():
     """FFmpeg probes FLV for its whole analyzeduration (5 s by default) before the first frame."""
     clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
-    url = f"rtmp://127.0.0.1:{_port()}/live/cam"
+    url = f"rtmp://127.0.0.1:{_port(socket.SOCK_STREAM)}/live/cam"
     server = subprocess.Popen(["ffmpeg", "-loglevel", "quiet", "-re", "-i", str(clip), "-t", "8", "-c", "copy",
                                "-f", "flv", "-listen", "1", url])
     try:
@@ -668,7 +670,7 @@ def test_a_remote_file_whose_connection_drops_is_read_on_from_where_it_broke_off
 
 
 def test_a_web_server_that_is_down_is_said_at_once(capsys):
-    port = _port()  # nothing listens there
+    port = _port(socket.SOCK_STREAM)  # nothing listens there
     t0 = time.perf_counter()
     assert main(["video", f"http://127.0.0.1:{port}/clip.mp4", "-o", "-"]) == 2
     assert time.perf_counter() - t0 < 5

@@ -183,10 +183,14 @@ def test_stages_add_up_to_the_wall_time(small, rgb_image):
 
     decoder = ReferenceDecoder(small)
     for constraint in (None, Choice(["yes", "no"])):
-        t0 = time.perf_counter()
-        out = decoder.generate(rgb_image, question="Is there a star?", constraint=constraint,
-                               params=SamplingParams(max_tokens=4))
-        wall = (time.perf_counter() - t0) * 1000.0
-        t = out.timings
-        assert t.preprocess + t.vision + t.prefill + t.decode == pytest.approx(t.total, abs=0.5)
-        assert wall - 1.0 <= t.total <= wall
+        untimed, outside = [], []  # ms: within the total but in no stage; within the wall but not the total
+        for _ in range(3):  # the least of three: a busy machine may switch the process out anywhere
+            t0 = time.perf_counter()
+            out = decoder.generate(rgb_image, question="Is there a star?", constraint=constraint,
+                                   params=SamplingParams(max_tokens=4))
+            wall = (time.perf_counter() - t0) * 1000.0
+            t = out.timings
+            assert t.total <= wall
+            untimed.append(abs(t.total - (t.preprocess + t.vision + t.prefill + t.decode)))
+            outside.append(wall - t.total)
+        assert min(untimed) <= 0.5 and min(outside) <= 1.0, (untimed, outside)
