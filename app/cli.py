@@ -15,6 +15,7 @@ import json
 import sys
 from typing import NoReturn, Sequence
 
+from app.console import StandardOutputError, guarded_console
 from app.errors import UsageError
 from app.launcher import keep_freed_memory, sigterm_as_interrupt, stopped_code
 from app.prompt_args import add_constraint_args, add_prompt_args
@@ -428,13 +429,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(EXIT_USAGE, f"vlmstream: error: unrecognized arguments: {' '.join(unknown)} "
                                 f"(see vlmstream {args.command} --help)\n")
     keep_freed_memory()
-    with sigterm_as_interrupt() as term:  # `kill`, `timeout`, systemd: ended as Ctrl-C ends it
+    # `kill`, `timeout`, systemd: ended as Ctrl-C ends it
+    with sigterm_as_interrupt() as term, guarded_console():
         try:
             check_not_empty(args)
             code = args.func(args)
         except VlmstreamError as e:
             print(f"vlmstream: error: {e}", file=sys.stderr)
             return EXIT_USAGE
+        except StandardOutputError as e:  # a redirect onto a full disk: what was done is not all written
+            print(f"vlmstream: error: cannot write standard output: {e.strerror}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             print("vlmstream: " + ("terminated" if term else "interrupted"), file=sys.stderr)
             return stopped_code(term)

@@ -111,13 +111,13 @@ def run(args: argparse.Namespace) -> int:
                     log.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records))
                     log.flush()
                 except OSError as e:  # disk full, a closed pipe: the run stops and says so
-                    write_error.append((args.output, e))
+                    write_error.append((_log_name(args.output), e))
             if not args.json and log is not sys.stdout and not write_error:
                 prefix = f"{label}  " if several else ""
                 try:
                     for line in lines:
                         print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {line}", flush=True)
-                except BrokenPipeError as e:  # piped into a reader that has had enough (`head`): stop
+                except OSError as e:  # `head` closed the pipe, or the disk under a redirect is full: stop
                     write_error.append(("standard output", e))
 
     interrupted = False
@@ -192,7 +192,11 @@ def run(args: argparse.Namespace) -> int:
                 if rec.error is not None and not write_error:
                     write_error.append((str(rec.path), rec.error))
     if log is not None and log is not sys.stdout:
-        log.close()
+        try:
+            log.close()
+        except OSError as e:  # its last flush: said already if a write had failed
+            if not write_error:
+                write_error.append((_log_name(args.output), e))
     if write_error:
         if isinstance(write_error[0][1], BrokenPipeError):  # e.g. piped into `head`: stop quietly
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
@@ -307,7 +311,16 @@ def open_log(output: str | None):
         return None
     if output == "-":
         return sys.stdout
+    from pipelines.sinks import cut_partial_line
+
     try:
+        cut_partial_line(output)  # a line the last run's end (a kill, a full disk) cut short
         return open(output, "a", encoding="utf-8")
     except OSError as e:
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from None
+
+
+def _log_name(output: str | None) -> str:
+    """The log as an error names it: `-o -` (or no -o: `--json` lines) is standard output."""
+    return "standard output" if output in (None, "-") else output
+

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from app.cli import UsageError
+from app.console import StandardOutputError
 from app.prompt_args import region_task
 
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     from pipelines.sources import SourceError
 
     from app.cli import realtime_dtype
-    from app.live import _snapshot, no_frames_line, open_log
+    from app.live import _log_name, _snapshot, no_frames_line, open_log
 
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
                     print(f"{r.label + '  ' if several else ''}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  "
                           f"{what}: {places_text(r.pixels, task)}{was}", flush=True)
             except OSError as e:  # a full disk, a closed pipe: the run stops and says so
-                write_error.append(("standard output" if isinstance(e, BrokenPipeError) else args.output, e))
+                on_stdout = isinstance(e, (BrokenPipeError, StandardOutputError))
+                write_error.append(("standard output" if on_stdout else _log_name(args.output), e))
 
     def say(line: str) -> None:
         with lock:
@@ -119,7 +121,11 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         for rec in recorders.values():
             rec.close()
         if log is not None and log is not sys.stdout:
-            log.close()
+            try:
+                log.close()
+            except OSError as e:  # its last flush: said already if a write had failed
+                if not write_error:
+                    write_error.append((_log_name(args.output), e))
     locator.check()  # the decoder failed: its error, as any other
     stats = locator.stats()
     failed = locator.exceptions()

@@ -71,6 +71,29 @@ def frame_text(results: list[FrameResult]) -> str:
     return answers_text([r.prompt for r in results], [r.text for r in results])
 
 
+def cut_partial_line(path: str | Path) -> None:
+    """Cut a file of lines back to its last whole one: a last line a kill or a full disk left
+    without its newline, appended to, joins the next run's first into one that is no JSON.
+    Truncated in place: the file was rewritten, and a rewrite that failed (the disk full again)
+    lost every line. Anything but a regular file is left alone."""
+    if not os.path.isfile(path):
+        return
+    with open(path, "rb+") as f:
+        end = pos = f.seek(0, os.SEEK_END)
+        while pos > 0:
+            step = min(pos, 1 << 16)
+            pos -= step
+            f.seek(pos)
+            chunk = f.read(step)
+            if pos + step == end and chunk.endswith(b"\n"):
+                return
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                f.truncate(pos + i + 1)
+                return
+        f.truncate(0)
+
+
 class JsonlSink:
     """One JSON object per processed frame; appends (a resumed run continues the file) or, with
     `append=False`, starts the file afresh.
@@ -84,11 +107,10 @@ class JsonlSink:
             self.path, self._f, self._own = None, path, False
             return
         self.path, self._own = Path(path), True
-        if append and self.path.exists():  # drop a line an interruption cut short: its frame is redone
-            data = self.path.read_bytes()
-            if data and not data.endswith(b"\n"):
-                self.path.write_bytes(data[: data.rfind(b"\n") + 1])
+        if append:  # drop a line an interruption cut short: its frame is redone
+            cut_partial_line(self.path)
         self._f = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._failed = False  # a write failed (a full disk): said then, not again at close
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
         self.write_frame([r], rgb)
@@ -99,13 +121,21 @@ class JsonlSink:
     def write_records(self, records: list[dict]) -> None:
         text = "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records)
         with self._lock:
-            self._f.write(text)
-            self._f.flush()
+            try:
+                self._f.write(text)
+                self._f.flush()
+            except OSError:
+                self._failed = True
+                raise
 
     def close(self, end: float | None = None) -> None:
         """end: where the video ends (the other sinks' argument; lines need none)."""
         if self._own:
-            self._f.close()
+            try:
+                self._f.close()  # the fd is closed even when its last flush fails
+            except OSError:
+                if not getattr(self, "_failed", False):
+                    raise
 
 
 def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None,

@@ -276,6 +276,61 @@ def test_a_reader_that_stops_reading_stops_the_run_quietly(argv):
     assert "Traceback" not in err and "Exception" not in err, err
 
 
+@pytest.mark.parametrize("argv", [["image", "{scene}", "--json", "--max-tokens", "8"],
+                                  ["live", "{clip}", "--duration", "2", "--max-tokens", "8"],
+                                  ["live", "{clip}", "--duration", "2", "--max-tokens", "8", "--json"],
+                                  ["live", "{clip}", "--duration", "2", "--point", "star", "--model", "{small}"]])
+def test_standard_output_on_a_full_disk_is_one_line_and_exit_1(argv, small_folder):
+    """A redirect onto a full disk: a traceback (in `live`, one a frame, and exit 0; `live
+    --point` said "cannot write None"), or a whole evaluation finished and lost to one, instead
+    of saying that the results were not written."""
+    exe = Path(sys.executable).with_name("vlmstream")
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([str(exe), *[a.format(clip=clip, scene=SCENE, small=small_folder) for a in argv]],
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 1 and p.stderr.splitlines()[-1:] == [
+        "vlmstream: error: cannot write standard output: No space left on device"], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and "Exception" not in p.stderr, p.stderr[-2000:]
+
+
+def test_standard_error_on_a_full_disk_costs_no_result(tmp_path):
+    """`video ... 2>>job.log` on a full disk: the progress bar failed to draw in a worker thread,
+    held tqdm's lock for ever, and the run hung at exit with nothing in its JSONL."""
+    exe = Path(sys.executable).with_name("vlmstream")
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    out = tmp_path / "a.jsonl"
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([str(exe), "video", str(clip), "--every-n", "60", "--max-tokens", "8", "-o", str(out)],
+                           stdout=subprocess.PIPE, stderr=full, text=True, timeout=120,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0 and len(out.read_text().splitlines()) == 8
+
+
+def test_a_jsonl_on_a_full_disk_is_said_not_raised(tmp_path, capsys):
+    """`video -o` and `live -o` a JSONL on a full disk: the failed write was said, and then the
+    file's close (its buffer flushed again) raised it once more, a traceback after the message."""
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    full = tmp_path / "full.jsonl"
+    full.symlink_to("/dev/full")
+    assert main(["video", str(clip), "--every-n", "120", "--max-tokens", "4", "-o", str(full)]) == 1
+    assert "cannot write its results: [Errno 28] No space left on device" in capsys.readouterr().err
+    assert main(["live", str(clip), "--duration", "1", "--max-tokens", "4", "-o", str(full)]) == 1
+    assert capsys.readouterr().err.endswith(f"vlmstream: error: cannot write {full}: No space left on device\n")
+
+
+def test_a_restarted_live_log_drops_the_line_its_last_run_cut_short(tmp_path, capsys):
+    """A live log whose last run ended mid-line (a full disk, a kill) was appended to as it was:
+    that half line and the new run's first made one line that is no JSON."""
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"index": 0, "text": "a red star"}\n{"index": 1, "te')
+    assert main(["live", str(clip), "--duration", "1", "--max-tokens", "4", "-o", str(log)]) == 0
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines[0] == {"index": 0, "text": "a red star"} and len(lines) > 2 and "source" in lines[1]
+
+
 def test_version(capsys):
     from importlib.metadata import version
 
