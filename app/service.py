@@ -343,9 +343,8 @@ class Service:
         if not lines:
             raise UIError("nothing captioned yet: start a live source first" if kind == "pull" else
                           "nothing captioned yet: start your camera first")
-        path = self.video_job_dir() / "live-captions.jsonl"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        return path
+        return self._export("live-captions.jsonl",
+                            lambda path: path.write_text("\n".join(lines) + "\n", encoding="utf-8"))
 
     def export_shots(self, session: str, kind: str = "pull") -> Path:
         """The change pictures of the session's live feed (or of the last one it stopped) at full
@@ -359,16 +358,32 @@ class Service:
         if not shots:
             raise UIError("no changes yet: start a live source first" if kind == "pull" else
                           "no changes yet: start your camera first")
-        path = self.video_job_dir() / "live-changes.zip"
-        lines = []
-        with zipfile.ZipFile(path, "w") as z:
-            for shot in shots:
-                name = f"change_{shot.number:04d}_frame_{shot.index}.jpg"
-                z.writestr(name, shot.full)  # JPEG: stored, not compressed again
-                when = datetime.fromtimestamp(shot.wall, timezone.utc).isoformat(timespec="milliseconds")
-                lines.append(json.dumps({"number": shot.number, "time": when, "pts": round(shot.pts, 6),
-                                         "index": shot.index, "text": shot.text, "file": name}, ensure_ascii=False))
-            z.writestr("changes.jsonl", "\n".join(lines) + "\n", compress_type=zipfile.ZIP_DEFLATED)
+
+        def write(path: Path) -> None:
+            lines = []
+            with zipfile.ZipFile(path, "w") as z:
+                for shot in shots:
+                    name = f"change_{shot.number:04d}_frame_{shot.index}.jpg"
+                    z.writestr(name, shot.full)  # JPEG: stored, not compressed again
+                    when = datetime.fromtimestamp(shot.wall, timezone.utc).isoformat(timespec="milliseconds")
+                    lines.append(json.dumps({"number": shot.number, "time": when, "pts": round(shot.pts, 6),
+                                             "index": shot.index, "text": shot.text, "file": name},
+                                            ensure_ascii=False))
+                z.writestr("changes.jsonl", "\n".join(lines) + "\n", compress_type=zipfile.ZIP_DEFLATED)
+
+        return self._export("live-changes.zip", write)
+
+    def _export(self, name: str, write: Callable[[Path], None]) -> Path:
+        """A file for a download, among the kept outputs. One the server's disk cannot take is a
+        UIError (a full disk had shown the page a bare "[Errno 28]" and left a part file)."""
+        path = None
+        try:
+            path = self.video_job_dir() / name
+            write(path)
+        except OSError as e:
+            if path is not None:
+                path.unlink(missing_ok=True)
+            raise UIError(f"cannot write {name} on the server: {e.strerror or e}") from None
         return path
 
     def close_session(self, session: str) -> None:

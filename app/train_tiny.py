@@ -47,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"vlmstream: train-tiny stopped: {out} left as it was", file=sys.stderr)
         raise
+    except OSError as e:  # the disk filled (at the end, the weights): said, not a traceback
+        print(f"vlmstream: error: train-tiny could not write into {out}: {e.strerror or e}; {out} left as it was",
+              file=sys.stderr)
+        return 1
     print(json.dumps(report))
     print(f"vlmstream: train-tiny wrote {out}{shipped}", file=sys.stderr)
     return 0

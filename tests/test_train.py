@@ -370,6 +370,23 @@ def test_ctrl_c_as_the_second_training_process_starts_is_one_line(tmp_path):
     assert f"train-tiny stopped: {out} left as it was" in err
 
 
+def test_a_full_disk_at_the_end_of_a_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """The weights are written at the end: a full disk then lost the run to a traceback."""
+    import tinyvlm.train as tt
+    from app.cli import main
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tt, "save_weights", disk_full)
+    out = tmp_path / "weights"
+    assert main(["train-tiny", "--steps", "1", "--batch-size", "2", "--processes", "1", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.endswith(f"vlmstream: error: train-tiny could not write into {out}: No space left on device; "
+                        f"{out} left as it was\n") and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_an_out_folder_on_another_file_system_takes_the_weights(tmp_path):
     """--out a link to another disk (or a mounted volume): the run wrote beside the link's path and
     could not rename its files across, so it failed at its end and deleted what it trained."""

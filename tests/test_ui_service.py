@@ -1112,6 +1112,28 @@ def test_a_reload_lets_go_of_the_old_model_through_a_stopped_detect_feed(small_f
         s.remove_outputs()
 
 
+def test_an_export_the_servers_disk_cannot_take_is_said(small_folder, tmp_path):
+    """Export captions / Download change pictures on a full disk: the page showed a bare
+    "[Errno 28]", the server logged a traceback, and a part file was left to be served."""
+    s = Service(Settings(model=str(small_folder), max_tokens=4))
+    try:
+        feed = s.start_live("tab-x", "shapes_640x360_60fps.mp4", make_task("short"))
+        wait_for(lambda: feed.snapshot().counters["completed"] >= 3 and feed.snapshot().shots)
+        full = tmp_path / "full"
+        full.mkdir()
+        for name in ("live-captions.jsonl", "live-changes.zip"):
+            (full / name).symlink_to("/dev/full")
+        s.video_job_dir = lambda: full
+        with pytest.raises(UIError, match="cannot write live-captions.jsonl on the server: No space left on device"):
+            s.export_log("tab-x")
+        with pytest.raises(UIError, match="cannot write live-changes.zip on the server: No space left on device"):
+            s.export_shots("tab-x")
+        assert not list(full.iterdir())
+    finally:
+        s.close()
+        s.remove_outputs()
+
+
 def test_the_default_settings_let_a_long_caption_finish():
     """The page's default answer limit was 32 tokens: "long" captions of three or four objects
     ended mid-sentence ("... a large green square in the"), with nothing on the page to say so."""

@@ -294,7 +294,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
 def _train_all(cfg: TrainConfig, tok: Tokenizer, init: dict | None, progress: bool) -> dict:
     """Every training process of a run, writing into `cfg.out`."""
     out = Path(cfg.out)
-    tok.save(str(out / "tokenizer.json"))
+    try:
+        tok.save(str(out / "tokenizer.json"))
+    except Exception as e:  # tokenizers says an I/O error as a plain Exception ("... (os error 28)")
+        raise OSError(str(e)) from None
     if cfg.processes == 1:
         return _train(cfg, 0, progress, init=init)
     import socket
