@@ -190,9 +190,11 @@ def run(args: argparse.Namespace) -> int:
                 if sink is not shared:
                     try:
                         sink.close(src.end)
-                    except OSError as e:
+                    except OSError as e:  # named: the others (on another disk, say) are whole
                         write_failed.set()
-                        summary.errors.append(f"{path}: cannot write its results: {e}")
+                        said = f"{path}: cannot write {getattr(sink, 'path', None) or 'its results'}: {e.strerror or e}"
+                        if said not in summary.errors:
+                            summary.errors.append(said)
             src.close()
         return summary
 

@@ -195,7 +195,7 @@ class SubtitleSink:
     def __init__(self, path: str | Path, fmt: str, frame_duration: float):
         """frame_duration: how long a frame's answer stands for, the time between the frames
         processed (every frame's, or a sample's); the last cue lasts that long."""
-        self.fmt, self.frame_duration = fmt, frame_duration
+        self.fmt, self.frame_duration, self.path = fmt, frame_duration, Path(path)
         self._f = open(path, "w", encoding="utf-8")
         if fmt == "vtt":
             self._f.write("WEBVTT\n\n")
@@ -232,13 +232,18 @@ class SubtitleSink:
     def close(self, end: float | None = None) -> None:
         """end: where the video ends, if known: the last cue stops there rather than a whole
         sample's time after its frame (sampled every 0.5 s of a 16 s clip, it ended at 15.53 s)."""
-        if self._cue:
-            stop = self._cue[2] + self.frame_duration
-            if end is not None and end > self._cue[2]:
-                stop = min(stop, end)
-            self._emit(self._cue[0], stop, self._cue[1])
-            self._cue = []
-        self._f.close()
+        try:
+            if self._cue:
+                stop = self._cue[2] + self.frame_duration
+                if end is not None and end > self._cue[2]:
+                    stop = min(stop, end)
+                cue, self._cue = self._cue, []
+                self._emit(cue[0], stop, cue[1])
+        finally:  # the file goes whatever its last cue did (a full disk): a server had kept it open
+            try:
+                self._f.close()
+            except OSError:  # what was left to flush: the write above said it already, if it failed
+                pass
 
 
 def cue_text(text: str, fmt: str) -> str:
@@ -348,6 +353,7 @@ class AnnotatedVideoSink:
         self._av = av
         # yuv420p wants even sizes, 2x2 at least (a 1x1 video's came out 0 wide: the encoder refused it)
         self.width, self.height = max(2, width - width % 2), max(2, height - height % 2)
+        self.path = Path(path)
         # A fragment a second, keyframe or not (decoding starts from the first one anyway), each
         # handed to the OS as it is cut.
         options = ({"movflags": "+empty_moov+default_base_moof", "frag_duration": "1000000", "flush_packets": "1"}

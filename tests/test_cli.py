@@ -331,6 +331,20 @@ def test_a_restarted_live_log_drops_the_line_its_last_run_cut_short(tmp_path, ca
     assert lines[0] == {"index": 0, "text": "a red star"} and len(lines) > 2 and "source" in lines[1]
 
 
+def test_an_output_on_a_full_disk_is_named_and_the_others_are_whole(tmp_path, capsys):
+    """`--annotate` onto a full disk and `-o` onto a good one: the warning said "cannot write its
+    results", as if the captions had failed too, once for each output."""
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    full = tmp_path / "full.mp4"
+    full.symlink_to("/dev/full")
+    out = tmp_path / "a.jsonl"
+    assert main(["video", str(clip), "--every-n", "120", "--max-tokens", "4", "-o", str(out),
+                 "--annotate", str(full)]) == 1
+    err = capsys.readouterr().err
+    assert f"{clip}: cannot write {full}: No space left on device" in err and err.count("warning") == 1, err
+    assert len(out.read_text().splitlines()) == 4
+
+
 def test_version(capsys):
     from importlib.metadata import version
 
