@@ -8,9 +8,11 @@ annotated MP4 was left without its index (unplayable) and a live log's last line
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -24,6 +26,8 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
 
     def handler(signum, frame) -> None:
         if not got:
+            if _after_torch_import(signum):
+                return
             got.append(signum)
             _requested.append(signum)
             raise KeyboardInterrupt
@@ -43,6 +47,43 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
 _requested: list[int] = []  # every SIGTERM taken by a block above, for stop_requested
 
 
+def _torch_importing() -> bool:
+    """Whether `import torch` runs (importlib marks the module's spec meanwhile)."""
+    return bool(getattr(getattr(sys.modules.get("torch"), "__spec__", None), "_initializing", False))
+
+
+def _after_torch_import(signum: int) -> bool:
+    """Whether the signal waits for torch's import to end (then comes again). PyTorch's C++
+    initialisation calls back into Python (pybind11): a KeyboardInterrupt raised there is not
+    caught and aborts the process ("terminate called after throwing an instance of
+    'pybind11::error_already_set'", SIGABRT), seen with a Ctrl-C 0.4-0.6 s into `import torch`
+    (torch.distributed's _c10d_init)."""
+    if not _torch_importing():
+        return False
+    if signum in _deferred:  # pressed again meanwhile: one comes after the import, as one was asked
+        return True
+    _deferred.add(signum)
+
+    def again() -> None:
+        deadline = time.monotonic() + 60  # never lost for good
+        while _torch_importing() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _deferred.discard(signum)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=again, name="vlmstream-signal", daemon=True).start()
+    return True
+
+
+_deferred: set[int] = set()  # signals held until torch's import ends
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C: KeyboardInterrupt, as Python's own handler, except while torch is being imported."""
+    if not _after_torch_import(signum):
+        raise KeyboardInterrupt
+
+
 def stop_requested() -> bool:
     """Whether a SIGTERM came within a `sigterm_as_interrupt` block. A long loop checks it at each
     turn: the KeyboardInterrupt raised at an unlucky moment can be lost (raised inside a finalizer,
@@ -56,6 +97,8 @@ def stopped_code(term: list[int]) -> int:
 
 
 def entry() -> None:
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored (started in the background)
+        signal.signal(signal.SIGINT, _interrupt)
     with sigterm_as_interrupt() as term:
         try:
             from app.cli import main
