@@ -498,10 +498,17 @@ class Service:
             if region is not None:  # {"detect": OBJECT} or {"point": OBJECT}: LOCATE_BATCH frames a turn
                 kind, what = region
                 decoder, lock = self._region_decoder()
+                done = [0]
 
                 def locate_many(rgbs: list[np.ndarray]) -> list[dict]:
+                    with self._lock:  # as a caption job stops: it had run on, keeping the old model
+                        reloaded = self._region is None or self._region[1] is not decoder
+                    if reloaded:
+                        raise UIError(f"the engine was reloaded (Settings) after {done[0]} frames: run the job again")
                     with lock:
-                        return decoder.locate_batch(rgbs, what, kind)
+                        found = decoder.locate_batch(rgbs, what, kind)
+                    done[0] += len(rgbs)
+                    return found
 
                 return run_locate_job(locate_many, path, kind, what, out_dir, every_n, on_progress, stop, changes,
                                       self.reading)

@@ -1137,6 +1137,28 @@ def test_an_export_the_servers_disk_cannot_take_is_said(small_folder, tmp_path):
         s.remove_outputs()
 
 
+def test_a_detect_job_stops_when_the_model_is_reloaded(small_folder, tmp_path):
+    """A caption job stops at a reload ("run the job again"); a detect job ran on to its end on
+    the old model, holding its weights meanwhile."""
+    s = Service(Settings(model=str(small_folder), max_tokens=4))
+    try:
+        old = weakref.ref(s.engine().loaded.model)
+        reloaded = []
+
+        def progress(done, total):
+            if not reloaded:  # another viewer's Settings, while the job runs
+                reloaded.append(s.apply(Settings(model="tiny", max_tokens=4)))
+
+        with pytest.raises(UIError, match=r"the engine was reloaded \(Settings\) after 4 frames: run the job again"):
+            s.caption_video(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), make_task("detect", "circle", regions=True),
+                            tmp_path / "job", every_n=30, on_progress=progress)
+        gc.collect()
+        assert reloaded == ["engine reloaded"] and old() is None
+    finally:
+        s.close()
+        s.remove_outputs()
+
+
 def test_the_default_settings_let_a_long_caption_finish():
     """The page's default answer limit was 32 tokens: "long" captions of three or four objects
     ended mid-sentence ("... a large green square in the"), with nothing on the page to say so."""
