@@ -295,6 +295,7 @@ class Service:
                 new = LiveFeed(self.engine(), task, self.params(), hold=self.settings.hold, locate=self._region_of(task))
                 if feed is not None:
                     new.on_result = feed.on_result  # a recording goes on across the change
+                    new.continue_records(feed)  # and so does the camera's Export
                     self._ended[key] = feed
                     feed.close()
                 feed = self._feeds[key] = new

@@ -253,6 +253,15 @@ class LiveFeed:
         if self.on_result:
             self.on_result(r)
 
+    def continue_records(self, older: "LiveFeed") -> None:
+        """Start this feed's export with the lines of the feed it replaces (a camera's new prompt:
+        the same stream goes on, and its Export had held the new prompt's answers alone)."""
+        lines = older.records()
+        with self._lock:
+            own = list(self._records)
+            self._records.clear()
+            self._records.extend(lines + own)  # the newest EXPORT_LINES kept
+
     def records(self) -> list[str]:
         """The last EXPORT_LINES answers as JSON lines (`LiveResult.records`), oldest first."""
         with self._lock:
