@@ -424,13 +424,13 @@ def test_a_cameras_export_goes_on_across_a_new_prompt(service):
     answers alone: the earlier ones were gone from the page's one download."""
     rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
     for task, kind in ((make_task("short"), "caption"), (make_task("question", "Is there a star?"), "question")):
-        wait_for(lambda: (service.push_frame("tab-e", rgb, task).records()
-                          and any(kind in json.loads(line) for line in service.export_log("tab-e", "push")
+        wait_for(lambda: (service.push_frame("tab-camera-export", rgb, task).records()
+                          and any(kind in json.loads(line) for line in service.export_log("tab-camera-export", "push")
                                   .read_text().splitlines())))
-    lines = [json.loads(line) for line in service.export_log("tab-e", "push").read_text().splitlines()]
+    lines = [json.loads(line) for line in service.export_log("tab-camera-export", "push").read_text().splitlines()]
     kinds = ["caption" if "caption" in x else "question" for x in lines]
     assert kinds == sorted(kinds) and set(kinds) == {"caption", "question"}  # the first prompt's, then the next's
-    service.close_session("tab-e")
+    service.close_session("tab-camera-export")
 
 
 def test_bad_sources_are_one_line_errors(service, tmp_path, monkeypatch):
