@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from app.cli import UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
+from app.launcher import stop_requested
 from app.prompt_args import check_constraints, prompt_tasks
 from app.outputs import check_writable, folder_arg
 
@@ -152,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
                    and not any(rec.error for rec in recorders.values())
                    and (args.duration is None or time.perf_counter() - t0 < args.duration)):
                 time.sleep(0.05)
+                if stop_requested():  # a SIGTERM whose KeyboardInterrupt was lost (in a finalizer)
+                    raise KeyboardInterrupt
         except KeyboardInterrupt:
             interrupted = True
         finally:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from app.cli import UsageError
 from app.console import StandardOutputError
+from app.launcher import stop_requested
 from app.prompt_args import region_task
 
 
@@ -109,6 +110,8 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         while (locator.running and not write_error and not any(rec.error for rec in recorders.values())
                and (args.duration is None or time.perf_counter() - t0 < args.duration)):
             time.sleep(0.05)
+            if stop_requested():  # a SIGTERM whose KeyboardInterrupt was lost (in a finalizer)
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from app.cli import LOCATE_BATCH, UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
+from app.launcher import stop_requested
 from app.outputs import FORMATS, check_writable, folder_arg, parse_formats, plan_outputs
 from app.prompt_args import check_constraints, prompt_tasks
 
@@ -213,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
                 # Poll: a SIGINT the kernel hands to a worker thread is only noticed by the main
                 # thread when it next wakes, so it must never block without a timeout.
                 while wait(futures, timeout=0.1).not_done:
-                    pass
+                    if stop_requested():  # a SIGTERM whose KeyboardInterrupt was lost (in a finalizer)
+                        raise KeyboardInterrupt
                 summaries += [f.result() for f in futures]
             except KeyboardInterrupt:  # Ctrl-C: the workers stop at their next frame
                 interrupted = True

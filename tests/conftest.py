@@ -86,3 +86,19 @@ def rgb_image():
 
     rng = np.random.default_rng(0)
     return rng.integers(0, 256, size=(90, 160, 3), dtype=np.uint8)
+
+
+def lose_a_sigterm(term: list) -> None:
+    """Within a `sigterm_as_interrupt` block: a SIGTERM whose KeyboardInterrupt is lost, as when it
+    is raised inside a finalizer (Python reports it and goes on). The handler raises once."""
+    import signal
+    import time
+
+    from app.launcher import stop_requested
+
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        pass  # swallowed, as by a finalizer
+    assert term and stop_requested()

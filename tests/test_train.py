@@ -413,22 +413,14 @@ def test_a_sigterm_whose_interrupt_was_lost_still_stops_training(tmp_path):
     """The KeyboardInterrupt a SIGTERM raises can be lost (raised inside a finalizer, which Python
     reports and ignores); the handler raises once, so `kill` of train-tiny once left it training
     (found under load in the thirtieth session). The loop checks at each step."""
-    import os
-    import signal
-    import time
-
     import pytest
 
     from app.launcher import sigterm_as_interrupt, stop_requested
+    from conftest import lose_a_sigterm
     from tinyvlm.train import TrainConfig, train
 
     with sigterm_as_interrupt() as term:
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)
-        except KeyboardInterrupt:
-            pass  # swallowed, as by a finalizer
-        assert term and stop_requested()
+        lose_a_sigterm(term)
         with pytest.raises(KeyboardInterrupt):
             train(TrainConfig(out=tmp_path / "out", steps=50, batch_size=2, warmup=1, processes=1), progress=False)
     assert not stop_requested()  # the block is over: a later run in this process trains
