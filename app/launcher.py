@@ -105,7 +105,13 @@ def entry() -> None:
         except KeyboardInterrupt:
             print("vlmstream: " + ("terminated" if term else "interrupted"), file=sys.stderr)
             sys.exit(stopped_code(term))
-    sys.exit(main())
+    code = main()
+    # Done, its outputs closed: a signal in the interpreter's exit (torch's teardown, ~0.4 s) can
+    # stop nothing. It had killed the process (exit -2 or -15 for a finished run), or printed a
+    # KeyboardInterrupt traceback from an atexit callback and exited 0.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    sys.exit(code)
 
 
 # glibc mallopt parameters (malloc.h)

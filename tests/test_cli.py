@@ -366,6 +366,27 @@ def test_a_sigterm_whose_interrupt_was_lost_still_stops_the_run(command, tmp_pat
     assert all(json.loads(line) for line in out.read_text().splitlines())
 
 
+def test_a_signal_after_the_command_is_done_is_ignored(monkeypatch):
+    """Ctrl-C or SIGTERM in the interpreter's exit, the outputs closed (torch's teardown takes
+    ~0.4 s): the process died of it (exit -2 or -15 for a finished run), or printed a
+    KeyboardInterrupt traceback from an atexit callback."""
+    import signal
+
+    import app.cli
+    from app.launcher import entry
+
+    monkeypatch.setattr(app.cli, "main", lambda: 0)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as done:
+            entry()
+        assert done.value.code == 0
+        assert all(signal.getsignal(s) is signal.SIG_IGN for s in before)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def test_version(capsys):
     from importlib.metadata import version
 
