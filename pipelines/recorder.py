@@ -13,6 +13,7 @@ the last second or so still plays.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -35,6 +36,9 @@ class Recorder:
         self._t0: float | None = None
         self._thread = threading.Thread(target=self._run, name="vlmstream-recorder", daemon=True)
         self._thread.start()
+        # Finished at the interpreter's exit if no one closed it: a Ctrl-C while `live` closed its
+        # outputs skipped close(), and the daemon thread died with the last second unwritten.
+        atexit.register(self.close)
 
     def add(self, r: LiveResult) -> None:
         """A completed frame (from the session's result callback: never blocks)."""
@@ -83,6 +87,7 @@ class Recorder:
     def close(self, timeout: float = 60.0) -> None:
         """Encode what is queued, finish the file, join the thread (idempotent). Frames added
         afterwards are ignored."""
+        atexit.unregister(self.close)  # a server makes many: none kept for the exit once closed
         self._closed = True
         deadline = time.monotonic() + timeout
         while self._thread.is_alive():

@@ -137,6 +137,34 @@ def test_every_output_is_closed_when_one_fails_to(tmp_path):
     assert times == [0.0] and len(frames) == 1
 
 
+def test_a_recording_nobody_closed_is_finished_at_exit(tmp_path):
+    """A Ctrl-C while `live` closed its outputs skipped the recorder's close: its daemon thread
+    died with the process, and the recording lost its last second (570 of 600 frames)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys, time, numpy as np
+        from engine.types import RequestOutput
+        from pipelines.frame import Frame
+        from pipelines.live import LiveResult
+        from pipelines.recorder import Recorder
+        r = Recorder(sys.argv[1])
+        for k in range(45):
+            rgb = np.full((48, 64, 3), 5 * k, np.uint8)
+            frame = Frame("cam", k, k / 30, rgb, captured_at=k / 30)
+            r.add(LiveResult(frame, [RequestOutput("a circle", [1], "stop")], 5.0, [{"caption": "short"}]))
+        time.sleep(0.5)  # queued and encoding; the process ends without close()
+    """)
+    path = tmp_path / "rec.mp4"
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=120,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    times, _ = _decoded(path)
+    assert len(times) == 45
+
+
 def _annotate_reference(rgb, text, info):
     """annotate() as first written: everything drawn with PIL onto the frame."""
     from PIL import Image, ImageDraw
