@@ -238,16 +238,26 @@ def _deaf_to_ctrl_c(*_) -> None:
 
 
 @contextmanager
-def _children_born_deaf():
+def _children_born_deaf(spawned: bool):
     """Processes started inside ignore Ctrl-C from their first instruction: a spawned training
     process that got it while still importing torch (two seconds, more on a loaded machine)
-    printed a KeyboardInterrupt traceback before `_deaf_to_ctrl_c` could run. The ignoring is
-    inherited through fork and exec alike (Python then installs no handler of its own; a
-    blocked mask is not kept by spawn). This process ignores it too meanwhile: a Ctrl-C in
-    those milliseconds is lost, and a second one stops the run."""
+    printed a KeyboardInterrupt traceback before `_deaf_to_ctrl_c` could run.
+    spawned: started by exec, which keeps an ignored signal (Python then installs no handler of
+    its own) but not a blocked mask; this process ignores it too meanwhile, the milliseconds
+    that starting takes, so a Ctrl-C then is lost and a second one stops the run. Otherwise
+    forked: the blocked mask of this thread is inherited until the child ignores the signal,
+    and here another thread takes a Ctrl-C meanwhile (ignoring it here had lost one that came
+    as the render worker was forked, and the run trained on)."""
     import signal
     import threading
 
+    if not spawned:
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        return
     if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
         yield
         return
@@ -312,7 +322,7 @@ def _train_all(cfg: TrainConfig, tok: Tokenizer, init: dict | None, progress: bo
     others = [ctx.Process(target=_train, args=(cfg, rank, False, port, init)) for rank in range(1, cfg.processes)]
     stopped = False
     try:
-        with _children_born_deaf():
+        with _children_born_deaf(spawned=True):
             for p in others:
                 p.start()
         report = _train(cfg, 0, progress, port, init)
@@ -440,7 +450,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4,
                                          persistent_workers=False, multiprocessing_context="fork",
                                          worker_init_fn=_deaf_to_ctrl_c)
-    with _children_born_deaf():  # its render worker is forked here
+    with _children_born_deaf(spawned=False):  # its render worker is forked here
         batches = iter(loader)
     if cfg.processes > 1:
         import torch.distributed as dist
