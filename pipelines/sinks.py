@@ -103,6 +103,7 @@ class JsonlSink:
 
     def __init__(self, path: str | Path | TextIO, append: bool = True):
         self._lock = threading.Lock()
+        self._failed = False  # a write failed (a full disk): said then, not again at close
         if not isinstance(path, (str, Path)):  # an open stream (standard output): written, not closed
             self.path, self._f, self._own = None, path, False
             return
@@ -110,7 +111,6 @@ class JsonlSink:
         if append:  # drop a line an interruption cut short: its frame is redone
             cut_partial_line(self.path)
         self._f = open(self.path, "a" if append else "w", encoding="utf-8")
-        self._failed = False  # a write failed (a full disk): said then, not again at close
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
         self.write_frame([r], rgb)
@@ -134,7 +134,7 @@ class JsonlSink:
             try:
                 self._f.close()  # the fd is closed even when its last flush fails
             except OSError:
-                if not getattr(self, "_failed", False):
+                if not self._failed:
                     raise
 
 
@@ -392,12 +392,12 @@ class AnnotatedVideoSink:
 
     def write_image(self, rgb: np.ndarray, text: str, info: str, seconds: float) -> None:
         """One frame with `text` and `info` drawn, shown from `seconds` on (until the next one)."""
+        if self._failed is not None:  # the file is lost: a caller that goes on is told again
+            raise self._failed
         img = annotate(self._fit(rgb), text, info)
         frame = self._av.VideoFrame.from_ndarray(img, format="rgb24")
         pts = max(int(round(seconds * 1000)), self._last_pts + 1)  # strictly increasing
         frame.pts, self._last_pts = pts, pts
-        if self._failed is not None:  # the file is lost: a caller that goes on is told again
-            raise self._failed
         try:
             self._mux(self._stream.encode(frame))
         except BaseException as e:
