@@ -112,7 +112,7 @@ def _fits_first(seq: Sequence, budget: Budget, page_size: int) -> bool:
     """Whether a request can go ahead of the others now: its image encoded (or encodable in the
     step) and its pages free. One that must wait for pages keeps its place in the order: put
     first, it held back every request while nothing ran, and freeing idle prefixes
-    (Engine._drop_idle_prefixes) sizes what the first by priority needs."""
+    (Batch.drop_idle_prefixes) sizes what the first by priority needs."""
     if not (seq.image.launched or seq.image.encodable) or budget.free_slots == 0:
         return False
     need = own_pages(seq, budget.prefix_len, page_size) + (0 if seq.image.launched else budget.prefix_pages)

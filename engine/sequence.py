@@ -40,7 +40,7 @@ class Image:
     embeds: Any = None  # (P, C) prefix embeddings from the vision stage; then only the prefix step remains
     # While the user's ImageRef is held or requests wait for it, the image's crops (or embeds) are
     # kept after its prefix step: its prefix can then give its pages back while no admitted
-    # request uses it, and be encoded again (Engine._drop_idle_prefixes).
+    # request uses it, and be encoded again (Batch.drop_idle_prefixes).
     ref_held: bool = True
     waiting: int = 0  # its requests not admitted yet
 

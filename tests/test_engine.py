@@ -553,13 +553,13 @@ def test_images_encoded_ahead_leave_pages_for_their_requests(small_folder, image
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     for kv_pages, ahead in ((None, 0), (14, 2)):  # the default pool for one slot: 10 pages
         with _engine(small_folder, max_batch_size=1, kv_pages=kv_pages, vision_thread=vision_thread) as eng:
-            assert (eng.pool.n_pages - eng._reserve_pages) // eng._prefix_pages == ahead
+            assert (eng.pool.n_pages - eng._batch.reserve_pages) // eng._batch.prefix_pages == ahead
             refs = [eng.encode_image(img) for img in images]
             deadline = time.time() + 30
-            while eng.stats().kv_pages_in_use < ahead * eng._prefix_pages and time.time() < deadline:
+            while eng.stats().kv_pages_in_use < ahead * eng._batch.prefix_pages and time.time() < deadline:
                 time.sleep(0.01)
             time.sleep(0.5)  # time enough to encode the other images ahead too, were it allowed
-            assert eng.stats().kv_pages_in_use == ahead * eng._prefix_pages
+            assert eng.stats().kv_pages_in_use == ahead * eng._batch.prefix_pages
             handles = [eng.submit(refs[i % 4], caption="short", params=params) for i in range(6)]
             for ref in refs:
                 ref.release()
@@ -605,7 +605,7 @@ def test_more_images_than_the_pool_holds_with_their_refs_kept_or_shared(small_fo
     # second answers that no longer fit beside them; those prefixes give their pages back
     one, longer = SamplingParams(max_tokens=1), SamplingParams(max_tokens=20, ignore_eos=True)
     with _engine(small_folder, max_batch_size=1, kv_pages=9, vision_thread=vision_thread) as eng:
-        assert eng._reserve_pages == 9
+        assert eng._batch.reserve_pages == 9
         outs = _two_prompts_per_image(eng, imgs[:4], one, longer)
         assert eng.stats().prefixes_dropped > 0
     _assert_clean(eng)
@@ -650,8 +650,8 @@ def test_live_frames_that_keep_coming_slow_batch_work_but_do_not_stop_it(small_f
     with _engine(small_folder, max_batch_size=1, vision_thread=vision_thread, lower_turn=lower_turn) as eng:
         # the order of admission as the engine thread makes it (times rebuilt from the requests'
         # timings were off by a step's length on a loaded machine, and the order with them)
-        launch, order = eng._launch, []
-        eng._launch = lambda step: (order.extend(seq.id for seq in step.admit), launch(step))
+        launch, order = eng._batch.launch, []
+        eng._batch.launch = lambda step: (order.extend(seq.id for seq in step.admit), launch(step))
         refs = [eng.encode_image(img) for img in images]
         handles = []
         for i in range(9):

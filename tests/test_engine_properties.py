@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import engine.engine as engine_module
+from engine.batch import Batch
 from engine import Choice, Engine, EngineConfig, Regex, SamplingParams
 from engine.models.loader import load_model
 from engine.reference import ReferenceDecoder
@@ -195,14 +196,14 @@ def test_pipelining_reaches_the_ideal_speedup_on_a_fake_device(small_folder, mon
     monkeypatch.setattr(sys.modules[__name__], "T_FORWARD", 0.04)
     monkeypatch.setattr(sys.modules[__name__], "T_HOST", 0.04)
     monkeypatch.setattr(engine_module, "Runner", FakeRunner)
-    commit = Engine._commit
+    commit = Batch.commit
 
     def slow_commit(self, record):
         record.pending.wait()  # the step's results are in:
         time.sleep(T_HOST)  # host bookkeeping of them (detokenize, stream, finalize...)
         commit(self, record)
 
-    monkeypatch.setattr(Engine, "_commit", slow_commit)
+    monkeypatch.setattr(Batch, "commit", slow_commit)
     n = 20
     walls = {}
     for depth in (1, 2):
