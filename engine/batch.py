@@ -67,6 +67,8 @@ class Batch:
         self.pending_images.append(img)
 
     def add_request(self, seq: Sequence) -> None:
+        if seq.image.id not in self.images:  # submitted with the request (held by no ImageRef)
+            self.add_image(seq.image)
         seq.image.holders += 1
         seq.image.waiting += 1
         seq.image.priority = max(seq.image.priority, seq.priority)

@@ -90,6 +90,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._closing = threading.Event()
         self._closed = False
+        self._cancelling = False  # close(cancel=True): every request is cancelled, those to come too
         self._error: BaseException | None = None
         self._post_lock = threading.Lock()
         self._posting = 0  # posts past their checks, their message not yet in the inbox
@@ -109,15 +110,19 @@ class Engine:
 
     def encode_image(self, rgb: np.ndarray, priority: int = 0) -> ImageRef:
         """Preprocess an image (in the calling thread) and queue its prefix for encoding."""
-        priority = _priority(priority)
+        image = self._image(rgb, _priority(priority))
+        self._post(("image", image))
+        return ImageRef(self, image)
+
+    def _image(self, rgb: np.ndarray, priority: int, held: bool = True) -> Image:
+        """held: by an ImageRef (encode_image); otherwise by its request alone (submit)."""
         rgb = as_rgb(rgb)
         t0 = time.perf_counter()
         crops, tiling = overlap_crops(rgb, self.model_config.vision)
         image = Image(id=next(self._ids), crops=crops, tiling=tiling, priority=priority,
-                      staged=self._vision is not None, n_crops=len(crops))
+                      staged=self._vision is not None, n_crops=len(crops), holders=int(held), ref_held=held)
         image.timings.preprocess = (time.perf_counter() - t0) * 1000.0
-        self._post(("image", image))
-        return ImageRef(self, image)
+        return image
 
     def submit(self, image: np.ndarray | ImageRef, caption: str | None = None, question: str | None = None,
                params: SamplingParams = SamplingParams(), constraint: Any = None,
@@ -148,35 +153,32 @@ class Engine:
                                f"({mc.text.max_context} tokens, {mc.prefix_len} taken by the image)")
         automaton = self._compile(constraint) if constraint is not None else None
         params = params.with_seed()
-        own_ref = not isinstance(image, ImageRef)
-        ref = self.encode_image(image, priority) if own_ref else image
-        if ref._engine is not self:
-            raise RequestError("that ImageRef belongs to another engine")
+        if isinstance(image, ImageRef):
+            ref, img = image, image._image
+            if ref._engine is not self:
+                raise RequestError("that ImageRef belongs to another engine")
+        else:
+            # The image goes in the request's message, held by the request alone: one message,
+            # taken or refused whole. Posted apart (image, request, then the image's release),
+            # a refused request left an image to release, and a refused release (the queue
+            # full) left it held until close, and the request, queued already, unreported.
+            ref, img = None, self._image(image, priority, held=False)
         handle = RequestHandle(self, next(self._ids))
-        seq = Sequence(id=handle.id, prompt=ids, params=params, image=ref._image, handle=handle,
+        seq = Sequence(id=handle.id, prompt=ids, params=params, image=img, handle=handle,
                        capacity=min(params.max_tokens, room), constraint=automaton, priority=priority,
-                       waits_vision=not (ref._image.ready or ref._image.embeds is not None))
+                       waits_vision=not (img.ready or img.embeds is not None))
         # A constrained answer is verified a token a step (its automaton's state lives on the
         # device): its draft serves stickiness alone.
         if draft and params.temperature == 0 and (params.sticky or self._max_draft and automaton is None):
             # Past twice the answer's room a draft can only cost lookups.
             seq.set_draft(draft[: 2 * seq.capacity], mc.tokenizer.eos_id)
-        try:
-            with ref._lock:
-                if ref._released:
-                    raise RequestError("that ImageRef was released")
-                self._post(("request", seq))
-        except BaseException:
-            # The image encoded for this request alone goes too: refused (a full queue), it had
-            # kept its prefix's pages until the engine closed.
-            if own_ref:
-                try:
-                    ref.release()
-                except Exception:  # the refusal is what the caller is to hear of
-                    pass
-            raise
-        if own_ref:
-            ref.release()
+        if ref is None:
+            self._post(("request", seq))
+            return handle
+        with ref._lock:
+            if ref._released:
+                raise RequestError("that ImageRef was released")
+            self._post(("request", seq))
         return handle
 
     def check_constraint(self, constraint: Any) -> None:
@@ -244,8 +246,11 @@ class Engine:
             self._closed = True
         if self._shut:  # closed and joined already (by a with block, then by hand, then at exit)
             return
-        if cancel and self._thread.is_alive():
-            self._inbox.put(("cancel_all", None), timeout=10.0)
+        if cancel:
+            # A flag, not a message: posted to a full inbox it had raised queue.Full after 10 s
+            # (from a done callback, always, the engine thread waiting on itself), closing
+            # nothing. Requests still on their way to the inbox are cancelled as they come.
+            self._cancelling = True
         self._closing.set()
         if threading.current_thread() is self._thread:
             return  # joining would wait on ourselves
@@ -264,7 +269,10 @@ class Engine:
     def __exit__(self, exc_type, *exc) -> None:
         self.close(cancel=exc_type is not None)
 
-    def _post(self, message: tuple, block: bool = True) -> None:
+    def _post(self, message: tuple) -> None:
+        # From the engine thread itself (a done callback) a message is handled at once: put in a
+        # full inbox it had waited 10 s on the thread that empties it, then been refused.
+        block = threading.current_thread() is not self._thread
         with self._post_lock:
             new = message[0] in ("image", "request", "depth", "reset_stats")
             if self._error is not None and new:  # a release or cancel after a failure is moot: not an error
@@ -277,7 +285,7 @@ class Engine:
             # fail everything) while a message that passed the checks above is on its way.
             if block:
                 self._posting += 1
-        if not block:  # from the engine thread itself (a done callback): never wait on ourselves
+        if not block:
             self._handle(*message)
             return
         try:
@@ -302,6 +310,8 @@ class Engine:
                 # Block on the inbox when idle, or when work exists but none can be planned
                 # (e.g. the pool is full of pages that ImageRefs hold): no busy spinning.
                 self._drain(block=stalled or not batch.has_work(self._closing.is_set()))
+                if self._cancelling:  # close(cancel=True): what is running, and what comes
+                    batch.cancel_all()
                 if self._closing.is_set() and not batch.has_work(True) and self._inbox.empty():
                     with self._post_lock:
                         self._stopped = self._quiet()
@@ -358,8 +368,6 @@ class Engine:
             batch.release_ref(item)
         elif kind == "cancel":
             batch.cancel(item)
-        elif kind == "cancel_all":
-            batch.cancel_all()
         elif kind == "depth":
             self._depth = item
         elif kind == "reset_stats":
@@ -383,6 +391,9 @@ class Engine:
             if kind in ("image", "request", "release"):
                 self._handle(kind, item)
         self._batch.fail()
+        # ImageRefs still held give their pages back too: their release is moot now (_post), and
+        # they had kept their prefixes' pages after the failure, and after close.
+        self._batch.drop_images()
 
 
 _open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()

@@ -138,7 +138,7 @@ class ReferenceDecoder:
 
         text_model, cfg, tok = self.model.text, self.config, self.config.tokenizer
         pos = cfg.prefix_len
-        if pos + len(ids) >= cfg.text.max_context:
+        if pos + len(ids) > cfg.text.max_context:  # a prompt up to the last position has room for one token
             raise RequestError(
                 f"the prompt ({len(ids)} tokens) does not fit in the context ({cfg.text.max_context} "
                 f"tokens, {pos} taken by the image)"

@@ -55,15 +55,18 @@ class RequestHandle:
             self._ended = True
             self._cond.notify_all()
         for fn in callbacks:
-            self._call(fn)
+            self._call(fn, on_engine=True)
 
-    def _call(self, fn) -> None:
+    def _call(self, fn, on_engine: bool = False) -> None:
         # A caller's callback that raises is logged, as concurrent.futures does: raised on the
         # engine thread it had been taken for a device failure, failing every request, and a
-        # second one killed the thread with requests left waiting for ever.
+        # second one killed the thread with requests left waiting for ever. There even a
+        # SystemExit (sys.exit in a callback) is logged: it had failed every other request.
         try:
             fn(self)
-        except Exception:
+        except BaseException as e:
+            if not on_engine and not isinstance(e, Exception):
+                raise
             logging.getLogger("vlmstream").exception("a done callback of request %d raised", self.id)
 
     def add_done_callback(self, fn) -> None:
@@ -109,7 +112,7 @@ class RequestHandle:
             return
         self._cancel_sent = True
         try:
-            engine._post(("cancel", self.id), block=threading.current_thread() is not engine._thread)
+            engine._post(("cancel", self.id))
         except BaseException:  # not sent (the engine's queue stayed full): a retry must send it
             self._cancel_sent = False
             raise

@@ -393,6 +393,49 @@ def test_a_done_callback_that_raises_is_logged_and_harms_no_other_request(small_
     _assert_clean(eng)
 
 
+def test_callbacks_that_post_to_a_full_queue_neither_stall_nor_lose_their_message(small_folder, images):
+    """A done callback runs on the engine thread, the one that empties the queue: release(),
+    submit() and close(cancel=True) from it waited 10 s on a full queue and were then refused, the
+    image (or the request's image) held until close, the queued request unreported, nothing
+    closed."""
+    eng = _engine(small_folder, max_queue=1)
+    ref = eng.encode_image(images[0])
+    seen = {}
+
+    def callback(h):
+        t0 = time.monotonic()
+        seen["own"] = eng.submit(ref, caption="normal", params=SamplingParams(max_tokens=2))  # the queue is full now
+        seen["rgb"] = eng.submit(images[1], caption="short", params=SamplingParams(max_tokens=2))
+        ref.release()
+        eng.close(cancel=True)
+        seen["took"] = time.monotonic() - t0
+
+    first = eng.submit(ref, caption="short", params=SamplingParams(max_tokens=2))
+    first.add_done_callback(callback)
+    first.result(timeout=30)
+    eng._thread.join(30)
+    assert seen["took"] < 2.0
+    assert {seen[k].result(timeout=1).finish_reason for k in ("own", "rgb")} <= {"cancelled", "length", "stop"}
+    eng.close(timeout=30)
+    _assert_clean(eng)
+
+
+def test_a_done_callback_that_exits_harms_no_other_request(small_folder, images, caplog):
+    """sys.exit() in a done callback reached the engine loop as a failure: every other request
+    ended with "error" and the engine was dead."""
+    import sys
+
+    with _engine(small_folder) as eng:
+        other = eng.submit(images[0], caption="long", params=SamplingParams(max_tokens=60, ignore_eos=True))
+        h = eng.submit(images[1], caption="short", params=SamplingParams(max_tokens=1))
+        h.add_done_callback(lambda h: sys.exit(0))
+        assert h.result(timeout=30).finish_reason == "length"
+        assert other.result(timeout=30).finish_reason == "length"
+        assert eng.submit(images[2], caption="short", params=GREEDY).result(timeout=30).finish_reason in ("stop", "length")
+    assert any("a done callback of request" in r.getMessage() for r in caplog.records)
+    _assert_clean(eng)
+
+
 def test_close_from_a_done_callback_and_again_after_a_timeout(small_folder, images):
     """close() in a done callback joined its own thread (RuntimeError); a second close() after a
     TimeoutError returned at once with the engine still running."""
@@ -431,6 +474,10 @@ def test_a_failed_engine_takes_releases_and_cancels_quietly(small_folder, images
     h.cancel()
     with pytest.raises(EngineClosedError, match="the engine failed"):
         eng.submit(images[0], caption="short")
+    # The ImageRef held through the failure gave its prefix's pages back (they had stayed in
+    # use for ever, close or not).
+    eng.close(timeout=30)
+    _assert_clean(eng)
 
 
 def test_a_program_that_ends_without_close_exits_cleanly(small_folder):

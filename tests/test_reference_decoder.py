@@ -123,6 +123,22 @@ def test_context_limit_stops_with_length(small, rgb_image):
     assert len(r.token_ids) == cfg.text.max_context - cfg.prefix_len - n_prompt + 1
 
 
+def test_a_prompt_up_to_the_last_position_gets_one_token_as_in_the_engine(small_folder, small, rgb_image):
+    """The reference refused a prompt that ends at the context's last position; the engine gives
+    it its one token (the oracle was off by one)."""
+    from engine import Engine, EngineConfig
+
+    cfg = small.config
+    words = next(n for n in range(1, 400)
+                 if cfg.prefix_len + len(prompt_ids(cfg, small.tokenizer, question="star " * n)) >= cfg.text.max_context)
+    question = "star " * words
+    assert cfg.prefix_len + len(prompt_ids(cfg, small.tokenizer, question=question)) == cfg.text.max_context
+    ref = ReferenceDecoder(small).generate(rgb_image, question=question, params=SamplingParams(max_tokens=5))
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        out = eng.submit(rgb_image, question=question, params=SamplingParams(max_tokens=5)).result(timeout=30)
+    assert len(out.token_ids) == 1 and (ref.token_ids, ref.finish_reason) == (out.token_ids, out.finish_reason)
+
+
 def test_prompt_too_long(small, rgb_image):
     with pytest.raises(RequestError, match="does not fit"):
         ReferenceDecoder(small).generate(rgb_image, question="star " * 200, params=GREEDY)
