@@ -152,6 +152,23 @@ def _frames_after(container, stream, pts: int) -> Iterator:
         return
 
 
+# FFmpeg demuxers that draw a file's bytes as pictures (ANSI art: any text of a few hundred bytes
+# with a .txt, .nfo, .asc ... name or URL is "video" to them), and its playlist of other files by
+# name. A web UI user gave a server path (the --auth-file) or an internal URL ending "?x=.txt" as
+# a source and read its text in the frames.
+TEXT_FORMATS = frozenset({"tty", "bintext", "xbin", "adf", "idf"})
+PLAYLIST_FORMATS = frozenset({"concat"})
+
+
+def refuse_text(container, name: str) -> None:
+    """A container FFmpeg opened as text, or as a list of other files, is closed and refused."""
+    formats = set(container.format.name.split(","))
+    if formats & (TEXT_FORMATS | PLAYLIST_FORMATS):
+        container.close()
+        what = "text" if formats & TEXT_FORMATS else "a list of other files (ffconcat)"
+        raise SourceError(f"{name} is not a readable video: FFmpeg reads it as {what}")
+
+
 def main_video(container):
     """The video stream a player would show: FFmpeg's choice (the most frames, the default
     disposition), not the first. A Matroska file with a cover picture first gave one frame of

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .connection import Connection
-from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels
+from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text
 from .stream import STDIN, StreamSource, redact
 
 
@@ -71,6 +71,7 @@ class FileSource:
                           else unknown_host(self.url) or first_line(e).replace(text, self.name))
                 raise SourceError(f"cannot read {self.name}: {reason}") from None
             raise SourceError(f"{self.name} is not a readable video: {first_line(e)}") from None
+        refuse_text(self._container, self.name)
         if not self._container.streams.video:
             self._container.close()
             raise SourceError(f"{self.name} has no video stream")

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 from .catch_up import CatchUp
 from .connection import TIMED_OUT, Connection
-from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels
+from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text
 
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
@@ -238,6 +238,7 @@ class StreamSource:
                     return
                 continue
             ended, broke, came = False, "the stream ended", index
+            refuse_text(container, self.display)
             try:
                 if not container.streams.video:
                     raise SourceError(f"{self.display} has no video stream")

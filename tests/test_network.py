@@ -262,6 +262,19 @@ def _serve(root: Path, requests: list | None = None):
     return server
 
 
+def test_a_web_page_is_not_drawn_as_frames(tmp_path):
+    """A URL FFmpeg takes for text (any page, given a name ending .txt) was drawn as frames: the
+    web UI showed an internal service's answer to whoever asked for it as a source."""
+    (tmp_path / "config").write_text("secret_key = 0123456789abcdef\n" * 30)
+    server = _serve(tmp_path)
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/config?x=.txt", reconnect=False, pace=False)
+        with pytest.raises(SourceError, match=r"/config\?x=\.txt is not a readable video: FFmpeg reads it as text$"):
+            list(src.frames())
+    finally:
+        server.shutdown()
+
+
 def test_hls_playlist_is_read_segment_after_segment(tmp_path):
     clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
     subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(clip), "-c", "copy", "-f", "hls", "-hls_time", "2",

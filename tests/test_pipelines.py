@@ -172,6 +172,24 @@ def test_bad_files(tmp_path, make, needle):
         FileSource(path)
 
 
+@pytest.mark.parametrize("name", ["users.txt", "notes.nfo", "x.ans", "list.ffconcat"])
+def test_text_is_not_read_as_a_video(tmp_path, name):
+    """FFmpeg draws text of a few hundred bytes named .txt, .nfo, .ans ... as frames (its tty
+    demuxer): a web UI user played the server's --auth-file and read its passwords in the picture.
+    A playlist of other files (concat) is refused too."""
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    path = tmp_path / name
+    if name.endswith(".ffconcat"):  # files beside it (FFmpeg refuses absolute names in one)
+        (tmp_path / "clip.mp4").write_bytes(clip.read_bytes())
+        path.write_text("ffconcat version 1.0\nfile 'clip.mp4'\n")
+    else:
+        path.write_text("alice:correct-horse-battery-staple\n" * 40)
+    what = "a list of other files (ffconcat)" if name.endswith(".ffconcat") else "text"
+    with pytest.raises(SourceError, match=f"^{re.escape(str(path))} is not a readable video: FFmpeg reads it as "
+                                          f"{re.escape(what)}$"):
+        FileSource(path)
+
+
 def test_a_truncated_file_gives_every_frame_its_decoder_threads_made(tmp_path):
     """PyAV ends its drain at the first frame the decoder says is damaged (a truncated file's last
     packet): the frames the other decoder threads held after it were lost, 240 of the 242 that
