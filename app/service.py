@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import shutil
 import sysconfig
 import tempfile
@@ -206,7 +207,6 @@ class Service:
     def _start_live(self, session: str, source: str, task: dict, record: bool) -> object:
         from pipelines.feed import LiveFeed
         from pipelines.recorder import Recorder
-        from pipelines.sinks import file_label
         from pipelines.sources import open_live, parse_webcam
 
         self.stop_live(session)
@@ -218,8 +218,7 @@ class Service:
         recorder = None
         if record:
             self._drop_recording(session, "pull")
-            recorder = Recorder(self._scratch_dir() / f"live-{file_label(session) or 'session'}.mp4",
-                                max_seconds=RECORD_MAX_S)
+            recorder = Recorder(self._recording_path("live"), max_seconds=RECORD_MAX_S)
         try:
             feed = LiveFeed(self.engine(), task, self.params(), live.frames, realtime=live.paced, loop=live.loops,
                             fps=LIVE_FPS, hold=self.settings.hold, on_result=recorder.add if recorder else None,
@@ -254,6 +253,12 @@ class Service:
             raise UIError("nothing recorded yet: no frame was captioned")
         return recorder.path
 
+    def _recording_path(self, kind: str) -> Path:
+        """A new recording's file, named at random: named after the session, its download told
+        the session's id, which Gradio's unauthenticated heartbeat route takes (a closed
+        connection on it closed the session: its feeds stopped, its recording deleted)."""
+        return self._scratch_dir() / f"{kind}-{secrets.token_hex(6)}.mp4"
+
     def _drop_recording(self, session: str, kind: str) -> None:
         with self._lock:
             recorder = self._recorders.pop((session, kind), None)
@@ -284,7 +289,6 @@ class Service:
         from engine.request import as_rgb
         from pipelines.feed import LiveFeed
         from pipelines.recorder import Recorder
-        from pipelines.sinks import file_label
 
         rgb = as_rgb(rgb)  # an ImageError for what is no picture (a grey float frame was a cv2 error)
         key, finished = (session, "push"), None
@@ -303,8 +307,7 @@ class Service:
             was, self._cam_record[session] = self._cam_record.get(session, False), record
             if record and not was:
                 self._drop_recording(session, "push")  # the last one (finished: unticked or downloaded)
-                recorder = self._recorders[key] = Recorder(
-                    self._scratch_dir() / f"camera-{file_label(session) or 'session'}.mp4", max_seconds=RECORD_MAX_S)
+                recorder = self._recorders[key] = Recorder(self._recording_path("camera"), max_seconds=RECORD_MAX_S)
                 feed.on_result = recorder.add
             elif was and not record:
                 feed.on_result, finished = None, self._recorders.get(key)

@@ -302,6 +302,9 @@ def test_a_live_session_records_its_captioned_frames_for_a_download(service):
     # recorder, and one that comes after the recording ended is not in it.
     wait_for(lambda: recorder.written >= 10)
     path = service.recording("tab-r")  # ends the recording; the feed goes on
+    # Its name says nothing of the session (a session's id closes it through Gradio's heartbeat
+    # route, which asks for no login).
+    assert "tab-r" not in path.name and path.name.startswith("live-") and path.suffix == ".mp4"
     with av.open(str(path)) as c:
         times = [float(f.time) for f in c.decode(video=0)]
     assert len(times) == recorder.written >= 10 and times == sorted(times)
@@ -350,6 +353,7 @@ def test_a_camera_records_while_its_record_box_is_ticked(service):
     assert new is not feed and service._recorders[("tab-w", "push")] is recorder
     stream(make_task("normal"), False, lambda f: True)  # unticked: the file is finished
     path = service.recording("tab-w", "push")
+    assert "tab-w" not in path.name and path.name.startswith("camera-")
     with av.open(str(path)) as c:
         times = [float(f.time) for f in c.decode(video=0)]
     assert len(times) == recorder.written > written and times == sorted(times) and recorder.error is None
