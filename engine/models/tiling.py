@@ -116,12 +116,19 @@ def page_to_grey(rgb_HW3: np.ndarray) -> np.ndarray:
             continue
         import cv2
 
-        near = (np.abs(rgb.astype(np.int16) - level).max(axis=2) <= PAGE_TOLERANCE).astype(np.uint8)
-        _, labels = cv2.connectedComponents(near, connectivity=4)
-        on_edge = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
-        page = np.isin(labels, on_edge[on_edge > 0])
+        # One pass for the mask, the page's labels looked up (np.isin sorts them), the grey put
+        # through a mask: a 12000x12000 picture had taken 14 s and 3.1 GB here (int16 copies).
+        lo, hi = (level - PAGE_TOLERANCE, level) if level else (0, PAGE_TOLERANCE)
+        near = cv2.inRange(rgb, (lo,) * 3, (hi,) * 3)
+        n, labels = cv2.connectedComponents(near, connectivity=4)
+        del near
+        keep = np.zeros(n, dtype=bool)
+        keep[np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]])] = True
+        keep[0] = False  # the pixels that are not near the level
+        page = keep[labels]
+        del labels
         out = np.array(rgb)
-        out[page] = PAGE_GREY
+        np.copyto(out, np.uint8(PAGE_GREY), where=page[..., None])
         return out
     return rgb
 
