@@ -19,6 +19,12 @@ from app.task import make_task
 PAGE_HZ = 12.0  # frame + caption updates per second pushed to a watching page (at most)
 SLOW_HZ = 2.0  # chart, counters and log
 MIN_GAP_S = 0.02
+# Updates Gradio holds for a page, unread: past BACKLOG_MAX the page's updates wait (a slow link
+# gets fresh frames, not a growing delay); unread for ORPHAN_S, the feed stops. A feed started
+# through the API by a client that never read its stream ran until the server stopped, its
+# updates piling up in memory (3,000 in minutes), the engine busy for nobody.
+BACKLOG_MAX = int(2 * PAGE_HZ)
+ORPHAN_S = 60.0
 DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
 PROMPTS = ["short", "normal", "long", "question"]
 # The video tabs' (Live, Browser webcam, Video file): detect and point too, a frame at a time
@@ -94,6 +100,7 @@ def build(service: Service, source: str | None = None):
                 time.sleep(0.25)
             return
         version, next_at, slow_at, shown = -1, time.monotonic(), 0.0, None
+        stuck = None  # (updates unread, since when) while the page reads none of them
         try:
             while True:
                 if service.feed(sid) is not feed:  # replaced by a new Start: that one owns the page now
@@ -103,6 +110,16 @@ def build(service: Service, source: str | None = None):
                             gr.skip(), gr.skip(), gr.skip()
                     return
                 now = time.monotonic()
+                backlog = _unread(demo, sid)
+                if backlog is not None and backlog >= BACKLOG_MAX:
+                    if stuck is None or backlog < stuck[0]:  # read from since: not stuck
+                        stuck = (backlog, now)
+                    elif now - stuck[1] > ORPHAN_S:
+                        return  # and the feed stops (below)
+                    time.sleep(1.0 / PAGE_HZ)
+                    next_at = time.monotonic()
+                    continue
+                stuck = None
                 full = now >= slow_at or not feed.running
                 snap = feed.snapshot(full=full)
                 # before the first frame, each full update says how reaching the source goes
@@ -441,6 +458,16 @@ def build(service: Service, source: str | None = None):
         demo.unload(closed)
     demo.queue(default_concurrency_limit=None)
     return demo
+
+
+def _unread(demo, session: str) -> int | None:
+    """The updates Gradio holds for a page that its stream has not read yet (None where this
+    Gradio keeps them elsewhere: its queue's internals, read defensively)."""
+    try:
+        pending = demo._queue.pending_messages_per_session.get(session)
+        return None if pending is None else int(pending.qsize())
+    except Exception:  # another Gradio: no backpressure, as before
+        return None
 
 
 def _upload_named(e: Exception, path: str | None) -> Exception:

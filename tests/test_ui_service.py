@@ -1198,3 +1198,54 @@ def test_a_folder_or_a_missing_file_as_the_live_source_says_which(service, tmp_p
         service.start_live("s-folder", str(tmp_path), make_task("short"))
     with pytest.raises(UIError, match="no such file"):
         service.start_live("s-folder", str(tmp_path / "none.mp4"), make_task("short"))
+
+
+def test_a_feed_whose_page_reads_nothing_pauses_its_updates_then_stops(service, monkeypatch):
+    """A Live started through the API by a client that never read its stream ran until the server
+    stopped: the engine busy for nobody, its updates piling up in Gradio's memory (3,000 in a few
+    minutes). A page behind on its updates gets none until it catches up; one that reads nothing
+    for ORPHAN_S stops its feed."""
+    import asyncio
+    import types
+
+    import app.ui as ui
+
+    monkeypatch.setattr(ui, "ORPHAN_S", 1.5)
+    demo = ui.build(service)
+    live = next(f.fn for f in demo.fns.values() if f.name == "live")
+    request = types.SimpleNamespace(session_hash="tab-orphan")
+    unread = asyncio.Queue()
+    demo._queue.pending_messages_per_session["tab-orphan"] = unread
+    updates = live("cuts_640x360_30fps.mp4", None, "short", "", "none", "", False, request)
+    next(updates)  # the page's first update: it reads nothing from here on
+    for _ in range(ui.BACKLOG_MAX):
+        unread.put_nowait("an update")
+    feed = service.feed("tab-orphan")
+    assert feed is not None and feed.running
+    t0 = time.monotonic()
+    assert list(updates) == []  # none more, and the generator ends
+    assert 1.5 <= time.monotonic() - t0 < 10
+    assert service.feed("tab-orphan") is None and not feed.running
+    # a page that reads slowly is behind for longer than ORPHAN_S and keeps its feed
+    while not unread.empty():
+        unread.get_nowait()
+    updates = live("cuts_640x360_30fps.mp4", None, "short", "", "none", "", False, request)
+    next(updates)
+    for _ in range(ui.BACKLOG_MAX + 8):  # behind until the last read, 3 s from now
+        unread.put_nowait("an update")
+
+    def read_slowly():
+        for _ in range(6):
+            time.sleep(0.5)
+            unread.get_nowait()
+        while not unread.empty():
+            unread.get_nowait()
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    t0 = time.monotonic()
+    next(updates)  # held back while the page was behind, then on
+    assert time.monotonic() - t0 >= 2.5 and service.feed("tab-orphan").running
+    reader.join()
+    updates.close()
+    assert service.feed("tab-orphan") is None
