@@ -160,13 +160,15 @@ TEXT_FORMATS = frozenset({"tty", "bintext", "xbin", "adf", "idf"})
 PLAYLIST_FORMATS = frozenset({"concat"})
 
 
-def refuse_text(container, name: str) -> None:
-    """A container FFmpeg opened as text, or as a list of other files, is closed and refused."""
+def refuse_text(container, name: str):
+    """The container, unless FFmpeg opened it as text or as a list of other files: it is then
+    closed and refused."""
     formats = set(container.format.name.split(","))
     if formats & (TEXT_FORMATS | PLAYLIST_FORMATS):
         container.close()
         what = "text" if formats & TEXT_FORMATS else "a list of other files (ffconcat)"
         raise SourceError(f"{name} is not a readable video: FFmpeg reads it as {what}")
+    return container
 
 
 def main_video(container):

@@ -196,12 +196,12 @@ class StreamSource:
             if self.connection.stopped:  # the run ended while the program piped in had not begun
                 return None
             reader = PipeReader(0, self.read_timeout, lambda: self.connection.stopped)
-            return av.open(reader, mode="r", timeout=None)
+            return refuse_text(av.open(reader, mode="r", timeout=None), self.display)
         # A try that would outlast the time the source has left ends with it: the last one ran
         # its whole open timeout past the limit (a server that never answers: said after 38 s of 30).
         left = None if started is None else self.connection.remaining(started)
         timeout = self.open_timeout if left is None else min(self.open_timeout, max(0.5, left))
-        return av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options)
+        return refuse_text(av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options), self.display)
 
     def frames(self) -> Iterator[Frame]:
         try:
@@ -238,7 +238,6 @@ class StreamSource:
                     return
                 continue
             ended, broke, came = False, "the stream ended", index
-            refuse_text(container, self.display)
             try:
                 if not container.streams.video:
                     raise SourceError(f"{self.display} has no video stream")
