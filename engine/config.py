@@ -381,7 +381,8 @@ def _templates(data: Any) -> Templates:
 class EngineConfig:
     """How an `Engine` runs. `pipeline_depth` 2 overlaps host bookkeeping of step t with the
     device running step t+1; 1 is the blocking baseline (same code, commit after every step).
-    `kv_pages` None sizes the pool for `max_batch_size` full-context sequences plus their images.
+    `kv_pages` None sizes the pool for `max_batch_size` full-context sequences plus their images,
+    on a CPU at most a quarter of the memory available at start (at least one such sequence).
     `cuda_graphs`: decode replayed as CUDA graphs by batch-size bucket (None: on CUDA; False is
     the eager fallback; CUDA only).
     `triton_kernels`: decode attention, KV write and sampling through the Triton kernels of

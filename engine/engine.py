@@ -59,8 +59,8 @@ class Engine:
         ps = cfg.page_size
         prefix_pages = -(-mc.prefix_len // ps)
         per_seq = -(-mc.text.max_context // ps)
-        n_pages = cfg.kv_pages or cfg.max_batch_size * (per_seq + prefix_pages)
         need = prefix_pages + per_seq - mc.prefix_len // ps
+        n_pages = cfg.kv_pages or _default_pages(cfg.max_batch_size * (per_seq + prefix_pages), need, ps, self.loaded)
         if n_pages < need:
             raise ConfigError(f"kv_pages={n_pages} cannot hold one full-context request ({need} pages)")
         _check_kv_fits(n_pages, ps, self.loaded, cfg)
@@ -417,12 +417,43 @@ def _priority(priority: Any) -> int:
     return int(priority)
 
 
+KV_SHARE_CPU = 0.25  # of the memory available at start, for a KV pool sized by default on a CPU
+
+
+def _page_bytes(page_size: int, loaded) -> int:
+    t = loaded.config.text
+    return 2 * t.n_layers * page_size * t.n_kv_heads * t.head_dim * loaded.dtype.itemsize
+
+
+def _default_pages(full: int, need: int, page_size: int, loaded) -> int:
+    """The pool when kv_pages is not given: `full` (max_batch_size full-context requests and
+    their images), on a CPU at most KV_SHARE_CPU of the memory available, and never less than
+    one full-context request (`need`). Moondream 2's full pool for max_batch_size 32 is 16 GiB
+    in bf16, all of it written at start (35 s before any work, 21.5 GB resident for `image`
+    with two pictures), and in fp32 33 GiB, refused on a 24 GB machine. Requests that do not fit
+    wait for pages, as with a small kv_pages; real answers are far shorter than the context."""
+    if loaded.device.type != "cpu":
+        return full
+    return max(need, min(full, int(_available_memory() * KV_SHARE_CPU) // _page_bytes(page_size, loaded)))
+
+
+def _available_memory() -> int:
+    """What the kernel says can be allocated without swapping (MemAvailable), else all of it."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _check_kv_fits(n_pages: int, page_size: int, loaded, cfg: EngineConfig) -> None:
     """The KV cache is allocated whole at start: one that cannot fit is a ConfigError, not the
     allocator's RuntimeError (max_batch_size=100000 asked for 81 GB) or, on a CPU whose memory
     is overcommitted, the process killed while zeroing it."""
-    t = loaded.config.text
-    need = 2 * t.n_layers * (n_pages + 1) * page_size * t.n_kv_heads * t.head_dim * loaded.dtype.itemsize
+    need = (n_pages + 1) * _page_bytes(page_size, loaded)
     if loaded.device.type == "cuda":
         import torch
 

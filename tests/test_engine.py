@@ -292,8 +292,8 @@ def test_bad_input_leaves_the_engine_serving(small_folder, images):
 def test_a_kv_cache_larger_than_memory_is_a_config_error(small_folder):
     """It was the allocator's RuntimeError (bench --streams 100000: 81 GB), or worse, a process
     killed while zeroing an overcommitted allocation."""
-    with pytest.raises(ConfigError, match="the KV cache for max_batch_size=100000000 .* GiB, more than"):
-        Engine(EngineConfig(model=str(small_folder), max_batch_size=10**8))
+    with pytest.raises(ConfigError, match=r"the KV cache for max_batch_size=32 \(1000000000 pages\) .* GiB, more than"):
+        Engine(EngineConfig(model=str(small_folder), kv_pages=10**9))  # a default pool is sized to fit
 
 
 def test_a_request_posted_while_the_engine_closes_is_answered(small_folder, images):
@@ -508,6 +508,30 @@ def test_close_with_cancel_finishes_every_handle(small_folder, images):
     eng.close(cancel=True)
     assert all(h.done() for h in handles)
     assert {h.result().finish_reason for h in handles} <= {"cancelled", "length"}
+    _assert_clean(eng)
+
+
+def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small_folder, images, monkeypatch):
+    """Sized for max_batch_size full-context requests, Moondream 2's default pool was 17 GiB in
+    bf16, written whole at start (21.5 GB resident for two pictures), and 33 GiB in fp32: refused
+    on a 24 GB machine with advice (max_batch_size, kv_pages) the CLI has no option for."""
+    import engine.engine as engine_module
+
+    with _engine(small_folder) as eng:
+        full, page = eng.pool.n_pages, engine_module._page_bytes(eng.config.page_size, eng.loaded)
+        need = eng._batch.reserve_pages
+    assert full > 3 * need
+    monkeypatch.setattr(engine_module, "_available_memory", lambda: 4 * page * (need + 2))
+    with _engine(small_folder) as eng:
+        assert eng.pool.n_pages == need + 2  # a quarter of it
+        hs = [eng.submit(images[i % 4], caption="long", params=SamplingParams(max_tokens=40, ignore_eos=True))
+              for i in range(12)]  # more than fits at once: they wait for pages
+        assert all(len(h.result(timeout=60).token_ids) == 40 for h in hs)
+    monkeypatch.setattr(engine_module, "_available_memory", lambda: 0)
+    with _engine(small_folder) as eng:
+        assert eng.pool.n_pages == need  # one full-context request, whatever the memory says
+    with _engine(small_folder, kv_pages=full) as eng:
+        assert eng.pool.n_pages == full  # asked for: as asked
     _assert_clean(eng)
 
 
