@@ -85,6 +85,35 @@ def run(args: argparse.Namespace) -> int:
         with print_lock:
             print(f"vlmstream: warning: {line}", file=sys.stderr, flush=True)
 
+    def close_feeds(feeds: list, cancel: bool) -> bool:
+        """Stop the feeds, then their frames in flight finish, reported and recorded (with cancel,
+        a Ctrl-C, they are cancelled); the run's figures and recordings are taken after. A slow
+        model's frames take a while: said after 2 s, and a Ctrl-C meanwhile cancels them. The
+        wait had ended after 30 s (Moondream 2 on a CPU: 25-70 s a frame) with a false warning,
+        a summary short of the frames still to come, and recordings closed before them. True if
+        a Ctrl-C came meanwhile."""
+        waiting = sum(f.session.in_flight for f in feeds)
+
+        def notice() -> None:
+            with print_lock:
+                print(f"vlmstream: waiting for the {waiting} frame{'s' * (waiting != 1)} in flight "
+                      "(Ctrl-C cancels them)", file=sys.stderr, flush=True)
+
+        timer = threading.Timer(2.0, notice)
+        timer.daemon = True
+        if waiting and not cancel:
+            timer.start()
+        try:
+            for feed in feeds:
+                feed.close(cancel=cancel, timeout=30.0 if cancel else None)
+            return False
+        except KeyboardInterrupt:
+            for feed in feeds:
+                feed.close(cancel=True, timeout=30.0)
+            return True
+        finally:
+            timer.cancel()
+
     def show(label: str, r) -> None:
         if label in recorders:
             recorders[label].add(r)  # every completed frame, whether its answers changed or not
@@ -163,8 +192,7 @@ def run(args: argparse.Namespace) -> int:
             # (With a second source beside it, a camera gone for good ended the run with 0.)
             gave_up = (not any(f.running for f in feeds) and any(isinstance(f.exception, SourceError) for f in feeds)
                        or any(isinstance(f.exception, SourceError) and f.session.frames_in for f in feeds))
-            for feed in feeds:
-                feed.close(cancel=False)
+            interrupted = close_feeds(feeds, cancel=interrupted) or interrupted
         never_read = [f for f in feeds if isinstance(f.exception, SourceError) and not f.session.frames_in]
         if never_read and len(never_read) == len(feeds):
             raise never_read[0].exception  # nothing was ever read: a plain error

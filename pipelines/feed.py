@@ -306,24 +306,25 @@ class LiveFeed:
                 else 0.0, "cancelled_stale": st["overwritten"], "dropped": 0, "in_flight": 0,
                 "above_fps": st["above_fps"], "latency_ms": st["latency_ms"]}
 
-    def close(self, cancel: bool = True, timeout: float = 10.0) -> None:
+    def close(self, cancel: bool = True, timeout: float | None = 10.0) -> None:
         """Stop the source and join the threads (idempotent). cancel: drop what is in flight (a
-        viewer left) instead of letting it finish (a timed run that reports every caption)."""
+        viewer left) instead of letting it finish (a timed run that reports every caption).
+        timeout None: the frames in flight take as long as they take (a slow model's)."""
         self._stop.set()
         if self._connection is not None:
             self._connection.stop()
         if self._locator is not None:
             if self._pushed is not None:
                 self._pushed.close()
-            self._locator.close(timeout)
+            self._locator.close(30.0 if timeout is None else timeout)
             return
         if self._grabber is not None:
             self._grabber.close()
         if self._pump is not None:
-            self._pump.join(timeout)
+            self._pump.join(10.0 if timeout is None else timeout)
         if cancel:
             self.session.cancel_all()
         try:
-            self.session.close(timeout if cancel else max(timeout, 30.0))
+            self.session.close(timeout if cancel or timeout is None else max(timeout, 30.0))
         except TimeoutError as e:  # an on_result that hangs: said where the feed's errors are
             self.error = self.error or str(e)

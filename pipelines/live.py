@@ -255,7 +255,7 @@ class LiveSession:
         for h in handles:
             h.cancel()
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float | None = 30.0) -> None:
         """Let in-flight frames finish (or be cancelled), then stop the session's thread; a
         TimeoutError if it is still running after `timeout` (an on_result that hangs). From
         on_result, which runs on that thread, it starts the closing and returns."""

@@ -268,6 +268,33 @@ def test_live_cli_logs_to_stdout_and_appends_to_a_file(small_folder, tmp_path, c
         assert says in err and err.count("\n") == 1
 
 
+def test_live_cli_waits_for_its_frames_in_flight_and_counts_them(small_folder, tmp_path, capsys, monkeypatch):
+    """A slow model (Moondream 2 on a CPU: 25-70 s a frame): the end of a run waited 30 s for the
+    frames in flight, then warned that the session's thread still ran, said "1 of 1755 frames
+    captioned" while 4 captions came, and closed the recording before the other 3. The wait is
+    now as long as they take, said after 2 s; figures and recording are taken after it."""
+    from app.cli import main
+    from engine.batch import Batch
+
+    commit = Batch.commit
+
+    def slow(self, record):  # each step 0.4 s: a frame takes longer than the 2 s notice
+        time.sleep(0.4)
+        commit(self, record)
+
+    monkeypatch.setattr(Batch, "commit", slow)
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    log, video = tmp_path / "log.jsonl", tmp_path / "annotated.mp4"
+    assert main(["live", str(sample), "--model", str(small_folder), "--duration", "0.5", "--max-tokens", "3",
+                 "--no-draft", "-o", str(log), "--annotate", str(video), "--json"]) == 0
+    out, err = capsys.readouterr()
+    stats = json.loads(out)
+    assert re.fullmatch(r"vlmstream: waiting for the \d+ frames? in flight \(Ctrl-C cancels them\)\n", err), err
+    logged = log.read_text().splitlines()
+    assert stats["completed"] == len(logged) == stats["recording"]["frames"] >= 2, (stats, len(logged))
+    assert stats["kv_pages_in_use_after"] == 0
+
+
 def test_live_cli_says_how_many_frames_missed_the_deadline(small_folder, capsys):
     from app.cli import main
 
