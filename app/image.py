@@ -166,7 +166,7 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
                     out.write(json.dumps({"image": redact(str(path)), "error": str(item)}) + "\n")
             else:
                 handle, read_ms = item
-                result = handle.result(timeout=600.0)
+                result = handle.wait()  # as long as the engine makes progress (a slow model's)
                 if args.json:
                     record = {**_record(args, result, asked, engine.loaded, load_ms), "read_ms": round(read_ms, 3)}
                     out.write(json.dumps({"image": redact(str(path)), **record}, ensure_ascii=False) + "\n")

@@ -89,6 +89,23 @@ class RequestHandle:
         assert self._output is not None
         return self._output
 
+    def wait(self, stall: float = 600.0) -> RequestOutput:
+        """The output, waited for as long as the engine makes progress: a TimeoutError only once
+        it has run no step for `stall` seconds. A slow model's request can outlast any fixed
+        limit (Moondream 2 on a CPU with 32 frames queued: 15 s a step, each with another
+        frame's image, and 64 of them to the oldest frame's answer), where result(timeout=600)
+        had failed a healthy run."""
+        engine = self._engine  # None once finished: result() returns at once then
+        steps = engine.stats().steps if engine is not None else None
+        while True:
+            try:
+                return self.result(timeout=stall)
+            except TimeoutError:
+                now = engine.stats().steps if engine is not None else None
+                if now is None or now == steps:
+                    raise TimeoutError(f"request {self.id}: the engine ran no step for {stall:g} s") from None
+                steps = now
+
     def stream(self, timeout: float | None = None) -> Iterator[str]:
         """Text deltas (whole words) as they are committed; ends when the request finishes.
 

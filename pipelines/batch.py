@@ -132,7 +132,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         results, new = [], []
         for t, item in zip(tasks, items):
             if not isinstance(item, FrameResult):  # asked now (else recorded by an earlier run)
-                out = item.result(timeout=600)
+                out = item.wait()  # as long as the engine makes progress (a slow model's frames)
                 if out.finish_reason not in ("stop", "length"):  # the engine was closed or failed under it
                     # Not written: a cut-off answer passed for the frame's, and --resume counted it done.
                     raise EngineClosedError(f"{source.name}: frame {frame.index} was {out.finish_reason} "

@@ -420,6 +420,34 @@ def test_callbacks_that_post_to_a_full_queue_neither_stall_nor_lose_their_messag
     _assert_clean(eng)
 
 
+def test_wait_lasts_while_the_engine_makes_progress_and_ends_on_a_stall():
+    """video and image waited 600 s for a frame's answer, then failed: with Moondream 2 on a CPU
+    and 32 frames queued the oldest frame's answer takes longer, the engine busy all along."""
+    import types
+
+    from engine.request import RequestHandle
+    from engine.types import RequestOutput, StageTimings
+
+    steps = [0]
+    engine = types.SimpleNamespace(stats=lambda: types.SimpleNamespace(steps=steps[0]))
+    working = RequestHandle(engine, 1)
+
+    def progress():  # a step every 0.05 s, the answer after 2 s (four times `stall`)
+        for _ in range(40):
+            time.sleep(0.05)
+            steps[0] += 1
+        working._finish(RequestOutput("a red circle", [5], "stop", StageTimings(), 0))
+
+    threading.Thread(target=progress, daemon=True).start()
+    assert working.wait(stall=0.5).text == "a red circle"
+    assert working.wait(stall=0.01).text == "a red circle"  # finished: at once
+    stalled = RequestHandle(engine, 2)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="request 2: the engine ran no step for 0.2 s"):
+        stalled.wait(stall=0.2)
+    assert time.monotonic() - t0 < 5.0
+
+
 def test_a_done_callback_that_exits_harms_no_other_request(small_folder, images, caplog):
     """sys.exit() in a done callback reached the engine loop as a failure: every other request
     ended with "error" and the engine was dead."""
