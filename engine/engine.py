@@ -19,6 +19,7 @@ import itertools
 import numbers
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -399,15 +400,26 @@ class Engine:
 _open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 
+EXIT_QUIET_S = 5.0  # at exit, the wait for an engine's steps before it is said
+EXIT_WAIT_S = 600.0  # and the longest wait: a device that hangs
+
+
 @atexit.register
 def _close_at_exit() -> None:
     """A program that ends without close(): its requests are cancelled and the engine's threads
     joined before the interpreter goes down under them (a TorchScript call still running then had
-    aborted the process: "terminate called without an active exception", exit 134)."""
+    aborted the process: "terminate called without an active exception", exit 134). A slow
+    model's step (Moondream 2 in fp32 on a CPU: over a minute) had outlasted a 30 s wait."""
     for engine in list(_open_engines):
         try:
-            engine.close(cancel=True, timeout=30.0)
-        except Exception:  # a failed or stuck engine: nothing more to do at exit
+            engine.close(cancel=True, timeout=EXIT_QUIET_S)
+        except TimeoutError:
+            print("vlmstream: waiting for the engine's current step to end", file=sys.stderr, flush=True)
+            try:
+                engine.close(cancel=True, timeout=EXIT_WAIT_S)
+            except Exception:  # stuck: nothing more to do at exit
+                pass
+        except Exception:  # a failed engine: nothing more to do at exit
             pass
 
 

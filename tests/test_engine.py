@@ -529,6 +529,37 @@ def test_a_program_that_ends_without_close_exits_cleanly(small_folder):
     assert run.returncode == 0 and run.stdout == "leaving\n", run.stderr
 
 
+def test_a_program_that_ends_during_a_long_step_waits_for_it(small_folder):
+    """At exit an engine left open is closed with its requests cancelled, and its step in flight
+    waited for: a slow model's step (Moondream 2 in fp32 on a CPU, over a minute) outlasted the
+    30 s the exit gave it, and the interpreter went down under it (an abort, exit 134)."""
+    import subprocess
+    import sys
+
+    script = f"""if True:
+        import time, numpy as np, torch
+        torch.set_num_threads(1)
+        import engine.engine as em
+        from engine.batch import Batch
+        em.EXIT_QUIET_S = 0.2  # the step below outlasts it
+        commit = Batch.commit
+        def slow(self, record):
+            time.sleep(1.5)
+            commit(self, record)
+        Batch.commit = slow
+        eng = em.Engine(em.EngineConfig(model={str(small_folder)!r}))
+        h = eng.submit(np.zeros((60, 80, 3), np.uint8), caption="long",
+                       params=em.SamplingParams(max_tokens=50, ignore_eos=True))
+        h.add_done_callback(lambda h: print("ended:", h.result().finish_reason, flush=True))
+        time.sleep(0.5)
+        print("leaving", flush=True)
+    """
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0 and run.stdout == "leaving\nended: cancelled\n", (run.stdout, run.stderr)
+    assert run.stderr == "vlmstream: waiting for the engine's current step to end\n", run.stderr
+
+
 def test_close_with_cancel_finishes_every_handle(small_folder, images):
     eng = _engine(small_folder)
     handles = [eng.submit(images[i % 4], caption="long", params=SamplingParams(max_tokens=200, ignore_eos=True))
