@@ -15,6 +15,8 @@ from app.launcher import stop_requested
 from app.prompt_args import check_constraints, prompt_tasks
 from app.outputs import check_writable, folder_arg
 
+WAIT_NOTICE_S = 2.0  # at the end of a run, a wait for the frames in flight is said after this long
+
 
 def run(args: argparse.Namespace) -> int:
     from engine.types import SamplingParams
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"vlmstream: waiting for the {waiting} frame{'s' * (waiting != 1)} in flight "
                       "(Ctrl-C cancels them)", file=sys.stderr, flush=True)
 
-        timer = threading.Timer(2.0, notice)
+        timer = threading.Timer(WAIT_NOTICE_S, notice)
         timer.daemon = True
         if waiting and not cancel:
             timer.start()

@@ -418,7 +418,8 @@ class Service:
 
         tasks = [task] if isinstance(task, dict) else task
         engine = self.engine()
-        outs = [h.result(timeout=300) for h in ask(engine, rgb, tasks, self.params(), priority=INTERACTIVE)]
+        # as long as the engine makes progress: a slow model beside a video job takes minutes
+        outs = [h.wait() for h in ask(engine, rgb, tasks, self.params(), priority=INTERACTIVE)]
 
         def asked(t: dict) -> dict:  # what the model was asked, where its config rewords a question
             return {"asked": asked_prompt(engine.model_config, t["question"])} if "question" in t else {}

@@ -61,9 +61,13 @@ class Engine:
         prefix_pages = -(-mc.prefix_len // ps)
         per_seq = -(-mc.text.max_context // ps)
         need = prefix_pages + per_seq - mc.prefix_len // ps
-        n_pages = cfg.kv_pages or _default_pages(cfg.max_batch_size * (per_seq + prefix_pages), need, ps, self.loaded)
+        n_pages = cfg.kv_pages or _default_pages(cfg.max_batch_size * (per_seq + prefix_pages),
+                                                 max(need, cfg.max_batch_size), ps, self.loaded)
         if n_pages < need:
             raise ConfigError(f"kv_pages={n_pages} cannot hold one full-context request ({need} pages)")
+        if cfg.max_batch_size > n_pages:  # each running request has a page of its own at least
+            raise ConfigError(f"max_batch_size={cfg.max_batch_size} is more requests than the KV pool's {n_pages} "
+                              "pages can run at once; lower max_batch_size (or raise kv_pages)")
         _check_kv_fits(n_pages, ps, self.loaded, cfg)
         self.pool = PagePool(n_pages, ps)
         # Each flag checked before a thread starts: an Engine that failed to start left its
@@ -176,10 +180,15 @@ class Engine:
         if ref is None:
             self._post(("request", seq))
             return handle
-        with ref._lock:
-            if ref._released:
-                raise RequestError("that ImageRef was released")
+        ref._submitting()
+        try:
             self._post(("request", seq))
+        finally:
+            if ref._submitted():  # released meanwhile: its release goes after this request
+                try:
+                    self._post(("release", ref._image))
+                except RequestError:  # the queue stayed full: the request's fate is what to tell
+                    pass
         return handle
 
     def check_constraint(self, constraint: Any) -> None:
@@ -272,7 +281,10 @@ class Engine:
 
     def _post(self, message: tuple) -> None:
         # From the engine thread itself (a done callback) a message is handled at once: put in a
-        # full inbox it had waited 10 s on the thread that empties it, then been refused.
+        # full inbox it had waited 10 s on the thread that empties it, then been refused. Those
+        # in the inbox go first, in order: a release had overtaken a request on its image still
+        # there (the image freed, then taken back without pages: the engine failed), a cancel the
+        # request it cancelled (lost).
         block = threading.current_thread() is not self._thread
         with self._post_lock:
             new = message[0] in ("image", "request", "depth", "reset_stats")
@@ -287,6 +299,7 @@ class Engine:
             if block:
                 self._posting += 1
         if not block:
+            self._drain(block=False)
             self._handle(*message)
             return
         try:
@@ -437,16 +450,16 @@ def _page_bytes(page_size: int, loaded) -> int:
     return 2 * t.n_layers * page_size * t.n_kv_heads * t.head_dim * loaded.dtype.itemsize
 
 
-def _default_pages(full: int, need: int, page_size: int, loaded) -> int:
+def _default_pages(full: int, least: int, page_size: int, loaded) -> int:
     """The pool when kv_pages is not given: `full` (max_batch_size full-context requests and
     their images), on a CPU at most KV_SHARE_CPU of the memory available, and never less than
-    one full-context request (`need`). Moondream 2's full pool for max_batch_size 32 is 16 GiB
+    `least`: one full-context request, and a page for each of max_batch_size requests. Moondream 2's full pool for max_batch_size 32 is 16 GiB
     in bf16, all of it written at start (35 s before any work, 21.5 GB resident for `image`
     with two pictures), and in fp32 33 GiB, refused on a 24 GB machine. Requests that do not fit
     wait for pages, as with a small kv_pages; real answers are far shorter than the context."""
     if loaded.device.type != "cpu":
         return full
-    return max(need, min(full, int(_available_memory() * KV_SHARE_CPU) // _page_bytes(page_size, loaded)))
+    return max(least, min(full, int(_available_memory() * KV_SHARE_CPU) // _page_bytes(page_size, loaded)))
 
 
 def _available_memory() -> int:

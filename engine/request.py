@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from .errors import ImageError
+from .errors import ImageError, RequestError
 from .types import RequestOutput
 
 if TYPE_CHECKING:
@@ -141,6 +141,12 @@ class ImageRef:
         self._image = image
         self._released = False
         self._lock = threading.Lock()
+        # Submits on this image posting their requests; a release meanwhile is posted by the last
+        # of them, after its request. Holding the lock across the post instead made a release in
+        # a done callback wait on a submit that waited for the engine thread, itself in the
+        # callback: 10 s, then the submit refused.
+        self._posting = 0
+        self._release_due = False
 
     @property
     def id(self) -> int:
@@ -155,7 +161,25 @@ class ImageRef:
             if self._released:
                 return
             self._released = True
+            if self._posting:
+                self._release_due = True
+                return
         self._engine._post(("release", self._image))
+
+    def _submitting(self) -> None:
+        with self._lock:
+            if self._released:
+                raise RequestError("that ImageRef was released")
+            self._posting += 1
+
+    def _submitted(self) -> bool:
+        """True when a release came while this submit posted, and it is the last: it posts it."""
+        with self._lock:
+            self._posting -= 1
+            due = self._release_due and not self._posting
+            if due:
+                self._release_due = False
+            return due
 
     @property
     def released(self) -> bool:

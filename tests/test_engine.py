@@ -294,6 +294,12 @@ def test_a_kv_cache_larger_than_memory_is_a_config_error(small_folder):
     killed while zeroing an overcommitted allocation."""
     with pytest.raises(ConfigError, match=r"the KV cache for max_batch_size=32 \(1000000000 pages\) .* GiB, more than"):
         Engine(EngineConfig(model=str(small_folder), kv_pages=10**9))  # a default pool is sized to fit
+    # a default pool has a page for each request at least: 10**8 of them do not fit either
+    with pytest.raises(ConfigError, match="the KV cache for max_batch_size=100000000 .* GiB, more than"):
+        Engine(EngineConfig(model=str(small_folder), max_batch_size=10**8))
+    # slots that a pool asked for cannot fill (each had its buffers: the allocator's error)
+    with pytest.raises(ConfigError, match=r"^max_batch_size=64 is more requests than the KV pool's 60 pages"):
+        Engine(EngineConfig(model=str(small_folder), max_batch_size=64, kv_pages=60))
 
 
 def test_a_request_posted_while_the_engine_closes_is_answered(small_folder, images):
@@ -448,6 +454,61 @@ def test_wait_lasts_while_the_engine_makes_progress_and_ends_on_a_stall():
     assert time.monotonic() - t0 < 5.0
 
 
+def test_what_a_callback_posts_goes_after_what_is_queued_and_waits_on_no_submit(small_folder, images):
+    """Handled at once on the engine thread, a callback's release overtook a request on its image
+    still in the queue (the image freed, then taken back without pages: the engine failed), and
+    its cancel the request it cancelled (lost: the answer ran to its end). A release also waited
+    on another thread's submit on the same image, which waited for a full queue that only the
+    engine thread, in the callback, empties."""
+    eng = _engine(small_folder, vision_thread=False)
+    ref = eng.encode_image(images[0])
+    box = {}
+
+    def callback(h):
+        def others():
+            box["on_ref"] = eng.submit(ref, caption="short", params=SamplingParams(max_tokens=5))
+            box["cancelled"] = eng.submit(images[1], caption="long", params=SamplingParams(max_tokens=60, ignore_eos=True))
+
+        t = threading.Thread(target=others)
+        t.start()
+        t.join()  # both queued, not yet taken in
+        ref.release()
+        box["cancelled"].cancel()
+        called.set()
+
+    called = threading.Event()  # a handle is done just before its callbacks run
+    first = eng.submit(ref, caption="short", params=SamplingParams(max_tokens=2))
+    first.add_done_callback(callback)
+    assert called.wait(timeout=30)
+    assert box["on_ref"].result(timeout=30).finish_reason in ("stop", "length") and eng._error is None
+    assert box["cancelled"].result(timeout=30).finish_reason == "cancelled"
+    eng.close(timeout=30)
+    _assert_clean(eng)
+
+    eng = _engine(small_folder, vision_thread=False, max_queue=1)
+    ref = eng.encode_image(images[0])
+
+    def blocked_submit():
+        eng.submit(images[1], caption="short", params=SamplingParams(max_tokens=2))  # the queue is full now
+        box["late"] = eng.submit(ref, caption="short", params=SamplingParams(max_tokens=2))  # waits for room
+
+    def release_meanwhile(h):
+        threading.Thread(target=blocked_submit, daemon=True).start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        ref.release()
+        box["took"] = time.monotonic() - t0
+
+    first = eng.submit(ref, caption="short", params=SamplingParams(max_tokens=2))
+    first.add_done_callback(release_meanwhile)
+    deadline = time.monotonic() + 30
+    while "late" not in box and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert box["took"] < 2.0 and box["late"].result(timeout=30).finish_reason in ("stop", "length")
+    eng.close(timeout=30)
+    _assert_clean(eng)  # the release the late submit carried out: no image left
+
+
 def test_a_done_callback_that_exits_harms_no_other_request(small_folder, images, caplog):
     """sys.exit() in a done callback reached the engine loop as a failure: every other request
     ended with "error" and the engine was dead."""
@@ -581,14 +642,16 @@ def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small
         need = eng._batch.reserve_pages
     assert full > 3 * need
     monkeypatch.setattr(engine_module, "_available_memory", lambda: 4 * page * (need + 2))
-    with _engine(small_folder) as eng:
+    with _engine(small_folder, max_batch_size=4) as eng:
         assert eng.pool.n_pages == need + 2  # a quarter of it
         hs = [eng.submit(images[i % 4], caption="long", params=SamplingParams(max_tokens=40, ignore_eos=True))
               for i in range(12)]  # more than fits at once: they wait for pages
         assert all(len(h.result(timeout=60).token_ids) == 40 for h in hs)
     monkeypatch.setattr(engine_module, "_available_memory", lambda: 0)
-    with _engine(small_folder) as eng:
+    with _engine(small_folder, max_batch_size=4) as eng:
         assert eng.pool.n_pages == need  # one full-context request, whatever the memory says
+    with _engine(small_folder) as eng:
+        assert eng.pool.n_pages == 32  # and a page for each of max_batch_size requests
     with _engine(small_folder, kv_pages=full) as eng:
         assert eng.pool.n_pages == full  # asked for: as asked
     _assert_clean(eng)
