@@ -462,16 +462,25 @@ def _default_pages(full: int, least: int, page_size: int, loaded) -> int:
     return max(least, min(full, int(_available_memory() * KV_SHARE_CPU) // _page_bytes(page_size, loaded)))
 
 
-def _available_memory() -> int:
-    """What the kernel says can be allocated without swapping (MemAvailable), else all of it."""
+def _available_memory(cgroup: str = "/sys/fs/cgroup") -> int:
+    """What the kernel says can be allocated without swapping (MemAvailable), else all of it;
+    in a container with a memory limit (cgroup v2), no more than the limit leaves: MemAvailable
+    is the host's."""
+    room = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    room = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open(os.path.join(cgroup, "memory.max")) as f, open(os.path.join(cgroup, "memory.current")) as g:
+            room = min(room, max(0, int(f.read()) - int(g.read())))
+    except (OSError, ValueError):  # no cgroup v2 files, or no limit ("max")
+        pass
+    return room
 
 
 def _check_kv_fits(n_pages: int, page_size: int, loaded, cfg: EngineConfig) -> None:

@@ -631,7 +631,8 @@ def test_close_with_cancel_finishes_every_handle(small_folder, images):
     _assert_clean(eng)
 
 
-def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small_folder, images, monkeypatch):
+def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small_folder, images, monkeypatch,
+                                                                           tmp_path):
     """Sized for max_batch_size full-context requests, Moondream 2's default pool was 17 GiB in
     bf16, written whole at start (21.5 GB resident for two pictures), and 33 GiB in fp32: refused
     on a 24 GB machine with advice (max_batch_size, kv_pages) the CLI has no option for."""
@@ -654,6 +655,16 @@ def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small
         assert eng.pool.n_pages == 32  # and a page for each of max_batch_size requests
     with _engine(small_folder, kv_pages=full) as eng:
         assert eng.pool.n_pages == full  # asked for: as asked
+    # in a container, its memory limit counts (MemAvailable is the host's)
+    monkeypatch.undo()
+    host = engine_module._available_memory(cgroup="/nonexistent")
+    limited = tmp_path / "cgroup"
+    limited.mkdir()
+    (limited / "memory.max").write_text("3000000000\n")
+    (limited / "memory.current").write_text("1000000000\n")
+    assert host > 2_500_000_000 and engine_module._available_memory(cgroup=str(limited)) == 2_000_000_000
+    (limited / "memory.max").write_text("max\n")  # no limit: the host's figure (it moves a little)
+    assert abs(engine_module._available_memory(cgroup=str(limited)) - host) < host * 0.2
     _assert_clean(eng)
 
 
