@@ -17,10 +17,15 @@ from typing import Any
 
 import torch
 
+from . import char_dfa
 from .errors import RequestError
 
 DENSE_LIMIT = 1 << 24  # states x vocabulary entries kept as a dense table
 MAX_MATCH = 8192  # the longest answer a bounded constraint may spell out (compiles in ~1.5 s)
+# The most states a constraint's DFA over characters may have. outlines-core walks the whole
+# vocabulary from each: 8192 states took 7.6 s for a 50k-token vocabulary, 0.2 s for the tiny
+# model's; short patterns can have 2^n (engine/char_dfa.py).
+MAX_STATES = 16384
 # JSON Schema keywords outlines-core accepts and does not enforce in the regex it builds.
 UNENFORCED = frozenset({
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems",
@@ -147,6 +152,10 @@ def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, 
         # The automaton grows with it: a{20000} took 4 s and 0.5 GB, a{1000000} never ended.
         raise ConstraintError(f"the constraint allows answers of {longest} characters; at most {MAX_MATCH} "
                               "(fewer repetitions, or an open-ended * or +)")
+    if (char_dfa.states(pattern, MAX_STATES) or 0) > MAX_STATES:
+        raise ConstraintError(f"the constraint is too complex: its automaton has over {MAX_STATES} states "
+                              "(a repeat after an open-ended one, as in (a|b)*a(a|b){20}, doubles them with each "
+                              "repetition)")
     try:
         index = Index(pattern, Vocabulary(eos_id, token_bytes(tokenizer, vocab_size, eos_id)))
     except Exception as e:

@@ -8,7 +8,8 @@ from outlines_core import Index, Vocabulary
 
 import engine.constraints as constraints_module
 from engine import Choice, ConstraintError, Engine, EngineConfig, JsonSchema, Regex, SamplingParams
-from engine.constraints import compile_constraint, to_regex, token_bytes
+from engine import char_dfa
+from engine.constraints import MAX_STATES, compile_constraint, to_regex, token_bytes
 from engine.models.loader import load_model
 from engine.reference import ReferenceDecoder
 
@@ -121,6 +122,8 @@ def test_sparse_automaton_equals_dense(small, monkeypatch):
     JsonSchema({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
     JsonSchema({"enum": []}),  # no JSON value: the answer was ''
     Regex("a{1000000}"), JsonSchema({"type": "string", "maxLength": 100000}),  # never finished compiling
+    # 2^19 states: 32 s and 1.3 GB to compile, then refused by nothing.
+    Regex("(a|b)*a(a|b){18}"), JsonSchema({"type": "string", "pattern": "[xy]*x[xy]{18}"}),
 ], ids=repr)
 def test_constraints_that_cannot_compile(small_folder, bad):
     with Engine(EngineConfig(model=str(small_folder))) as eng:
@@ -144,6 +147,19 @@ def test_long_but_bounded_constraints_still_compile(small):
     """The limit is on the longest answer, not on the pattern's look: open-ended repeats and
     alternations of many options pass."""
     vocab, eos = small.config.text.vocab_size, small.config.tokenizer.eos_id
+    boxes = {"type": "array", "maxItems": 100, "items": {"type": "object", "properties": {
+        "shape": {"enum": ["circle", "square", "triangle", "star"]}, "colour": {"type": "string"}}}}
     for c in (Regex("[a-z ]+"), Regex(r"(\d{1,3}\.){3}\d{1,3}"), Choice([f"option {i}" for i in range(300)]),
-              Regex("[a-z]{0,100}(,[a-z]{0,100}){0,50}")):
+              Regex("[a-z]{0,100}(,[a-z]{0,100}){0,50}"), Regex("(a|b)*a(a|b){12}"), JsonSchema(boxes)):
         assert compile_constraint(c, small.tokenizer, vocab, eos, small.device).n_states > 1
+
+
+@pytest.mark.parametrize("pattern, n", [
+    ("abc", 4), ("(yes|no)", 5), ("(a|b)*a(a|b){3}", 16), ("(a|b)*a(a|b){10}", 2048), (r"\d+(\.\d+)?", 4),
+    ("[a-c]{0,5}", 6), ("(foo|bar)+baz", 11), ("x{8192}", 8193), ("(a|b)*a(a|b){16}", MAX_STATES + 1),
+    ("(a|b)*a(a|b){60}", MAX_STATES + 1), (r"(a)\1", None), (r"\p{L}+", None),  # not Python's syntax: not counted
+])
+def test_dfa_states_are_counted_up_to_the_limit(pattern, n):
+    """The count a constraint is refused on: exact where small (the subset construction's own
+    states), and it stops past the limit, however many states there are."""
+    assert char_dfa.states(pattern, MAX_STATES) == n
