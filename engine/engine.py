@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import numpy as np
@@ -92,6 +92,9 @@ class Engine:
                             prefix_pages=prefix_pages, reserve_pages=need, max_draft=self._max_draft)
 
         self._inbox: queue.Queue = queue.Queue(maxsize=cfg.max_queue)
+        # Messages the engine thread posts itself (from done callbacks), behind what the inbox held
+        # then: read before the inbox. Engine thread only.
+        self._own: deque = deque()
         self._ids = itertools.count(1)
         self._closing = threading.Event()
         self._closed = False
@@ -280,11 +283,14 @@ class Engine:
         self.close(cancel=exc_type is not None)
 
     def _post(self, message: tuple) -> None:
-        # From the engine thread itself (a done callback) a message is handled at once: put in a
-        # full inbox it had waited 10 s on the thread that empties it, then been refused. Those
-        # in the inbox go first, in order: a release had overtaken a request on its image still
-        # there (the image freed, then taken back without pages: the engine failed), a cancel the
-        # request it cancelled (lost).
+        # From the engine thread itself (a done callback) a message goes to a queue of its own,
+        # never blocking: put in a full inbox it had waited 10 s on the thread that empties it,
+        # then been refused. What the inbox holds goes first, in order: a release had overtaken a
+        # request on its image still there (the image freed, then taken back without pages: the
+        # engine failed), a cancel the request it cancelled (lost). Not handled here: handling
+        # the inbox inside the callback nested a level per message whose callback posted again
+        # (300 queued cancels of requests that release their images: RecursionError, 64 handles
+        # never finished).
         block = threading.current_thread() is not self._thread
         with self._post_lock:
             new = message[0] in ("image", "request", "depth", "reset_stats")
@@ -299,8 +305,12 @@ class Engine:
             if block:
                 self._posting += 1
         if not block:
-            self._drain(block=False)
-            self._handle(*message)
+            while True:
+                try:
+                    self._own.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            self._own.append(message)
             return
         try:
             self._inbox.put(message, timeout=10.0)
@@ -312,7 +322,7 @@ class Engine:
 
     def _quiet(self) -> bool:
         """No message is in the inbox or on its way there (called with _post_lock held)."""
-        return self._posting == 0 and self._inbox.empty()
+        return self._posting == 0 and self._inbox.empty() and not self._own
 
     # ------------------------------------------------------------------ engine thread
 
@@ -326,7 +336,7 @@ class Engine:
                 self._drain(block=stalled or not batch.has_work(self._closing.is_set()))
                 if self._cancelling:  # close(cancel=True): what is running, and what comes
                     batch.cancel_all()
-                if self._closing.is_set() and not batch.has_work(True) and self._inbox.empty():
+                if self._closing.is_set() and not batch.has_work(True) and self._inbox.empty() and not self._own:
                     with self._post_lock:
                         self._stopped = self._quiet()
                     if self._stopped:
@@ -358,12 +368,19 @@ class Engine:
 
     def _drain(self, block: bool) -> None:
         while True:
-            try:
-                message = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
-            except queue.Empty:
+            message = self._next_message(block)
+            if message is None:
                 return
             block = False
             self._handle(*message)
+
+    def _next_message(self, block: bool) -> tuple | None:
+        if self._own:
+            return self._own.popleft()
+        try:
+            return self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return None
 
     def _wake(self) -> None:
         """From the vision thread: an encoding is done (a full inbox is being drained anyway)."""
@@ -394,16 +411,15 @@ class Engine:
         with "error" and every page goes back."""
         deadline = time.monotonic() + 15.0  # a post waits 10 s at most for room in the inbox
         while True:
-            try:
-                kind, item = self._inbox.get(timeout=0.05)
-            except queue.Empty:
+            message = self._next_message(block=True)
+            if message is None:
                 with self._post_lock:
                     if self._quiet() or time.monotonic() > deadline:
                         self._stopped = True
                         break
                 continue
-            if kind in ("image", "request", "release"):
-                self._handle(kind, item)
+            if message[0] in ("image", "request", "release"):
+                self._handle(*message)
         self._batch.fail()
         # ImageRefs still held give their pages back too: their release is moot now (_post), and
         # they had kept their prefixes' pages after the failure, and after close.

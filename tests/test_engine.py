@@ -509,6 +509,40 @@ def test_what_a_callback_posts_goes_after_what_is_queued_and_waits_on_no_submit(
     _assert_clean(eng)  # the release the late submit carried out: no image left
 
 
+def test_callbacks_that_post_behind_many_queued_cancels_finish_every_request(small_folder, images, caplog):
+    """A callback's post handled the queued messages first, inside the callback: each cancel
+    whose request's callback released its image nested a level deeper. 300 of them queued behind
+    a slow callback: RecursionError, logged as a callback's error; 64 handles never finished, not
+    even after close, and their images kept their pages while the engine ran."""
+    eng = _engine(small_folder, vision_thread=False)
+    held, go = threading.Event(), threading.Event()
+
+    def slow(h):  # the engine thread waits here while the messages queue up
+        held.set()
+        go.wait(30)
+
+    first = eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=1))
+    first.add_done_callback(slow)
+    assert held.wait(30)
+    refs, handles = [], []
+    for _ in range(200):
+        ref = eng.encode_image(images[1])
+        h = eng.submit(ref, caption="short", params=SamplingParams(max_tokens=5))
+        h.add_done_callback(lambda _h, ref=ref: ref.release())
+        refs.append(ref), handles.append(h)
+    for h in handles:
+        h.cancel()
+    go.set()
+    assert all(h.result(timeout=30).finish_reason == "cancelled" for h in handles)
+    deadline = time.monotonic() + 30
+    while (eng._batch.images or eng.stats().kv_pages_in_use) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not eng._batch.images and eng.stats().kv_pages_in_use == 0 and eng._error is None
+    assert not [r for r in caplog.records if r.name == "vlmstream"]
+    eng.close(timeout=30)
+    _assert_clean(eng)
+
+
 def test_a_done_callback_that_exits_harms_no_other_request(small_folder, images, caplog):
     """sys.exit() in a done callback reached the engine loop as a failure: every other request
     ended with "error" and the engine was dead."""
