@@ -478,10 +478,10 @@ def _default_pages(full: int, least: int, page_size: int, loaded) -> int:
     return max(least, min(full, int(_available_memory() * KV_SHARE_CPU) // _page_bytes(page_size, loaded)))
 
 
-def _available_memory(cgroup: str = "/sys/fs/cgroup") -> int:
+def _available_memory(cgroup: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> int:
     """What the kernel says can be allocated without swapping (MemAvailable), else all of it;
-    in a container with a memory limit (cgroup v2), no more than the limit leaves: MemAvailable
-    is the host's."""
+    under a memory limit (this process's cgroup or one above it, v2 or v1), no more than the
+    tightest limit leaves: MemAvailable is the host's."""
     room = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         with open("/proc/meminfo") as f:
@@ -491,12 +491,49 @@ def _available_memory(cgroup: str = "/sys/fs/cgroup") -> int:
                     break
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        with open(os.path.join(cgroup, "memory.max")) as f, open(os.path.join(cgroup, "memory.current")) as g:
-            room = min(room, max(0, int(f.read()) - int(g.read())))
-    except (OSError, ValueError):  # no cgroup v2 files, or no limit ("max")
-        pass
+    for limit, used in _cgroup_limits(cgroup, membership):
+        room = min(room, max(0, limit - used))
     return room
+
+
+# Per cgroup version: its folder under the mount, and its files: limit, usage, and the reclaimable
+# file cache in memory.stat (usage counts it: the weights read through a memory map, for one).
+_CGROUP_FILES = {"v2": ("", "memory.max", "memory.current", "inactive_file"),
+                 "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+
+
+def _cgroup_limits(root: str, membership: str) -> list[tuple[int, int]]:
+    """(limit, bytes in use less inactive file cache) of each memory cgroup that bounds this
+    process: its own and those above it, found through /proc/self/cgroup; unlimited ones left out."""
+    paths = {"v2": "/"}  # a container's own namespace: the mount's root is its cgroup
+    try:
+        with open(membership) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if not controllers:
+                    paths["v2"] = path
+                elif "memory" in controllers.split(","):
+                    paths["v1"] = path
+    except (OSError, ValueError):
+        pass
+    out = []
+    for version, path in paths.items():
+        sub, limit_file, usage_file, cache_key = _CGROUP_FILES[version]
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            folder = os.path.join(root, sub, *parts[:depth])
+            try:
+                with open(os.path.join(folder, limit_file)) as f, open(os.path.join(folder, usage_file)) as g:
+                    limit, used = int(f.read()), int(g.read())
+            except (OSError, ValueError):  # not there, or no limit ("max")
+                continue
+            try:
+                with open(os.path.join(folder, "memory.stat")) as f:
+                    cache = next((int(line.split()[1]) for line in f if line.split()[:1] == [cache_key]), 0)
+            except (OSError, ValueError, IndexError):
+                cache = 0
+            out.append((limit, max(0, used - cache)))
+    return out
 
 
 def _check_kv_fits(n_pages: int, page_size: int, loaded, cfg: EngineConfig) -> None:

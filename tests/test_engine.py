@@ -697,8 +697,23 @@ def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small
     (limited / "memory.max").write_text("3000000000\n")
     (limited / "memory.current").write_text("1000000000\n")
     assert host > 2_500_000_000 and engine_module._available_memory(cgroup=str(limited)) == 2_000_000_000
+    (limited / "memory.stat").write_text("anon 700000000\ninactive_file 500000000\n")
+    # the file cache the kernel can drop (the weights' memory map, for one) is room
+    assert engine_module._available_memory(cgroup=str(limited)) == 2_500_000_000
     (limited / "memory.max").write_text("max\n")  # no limit: the host's figure (it moves a little)
     assert abs(engine_module._available_memory(cgroup=str(limited)) - host) < host * 0.2
+    # cgroup v1, and a limit on a cgroup above this process's (a systemd slice, say): the
+    # tightest counts; /proc/self/cgroup names the process's own
+    membership = tmp_path / "membership"
+    membership.write_text("4:memory:/slice/service\n0::/\n")
+    own, parent = limited / "memory" / "slice" / "service", limited / "memory" / "slice"
+    own.mkdir(parents=True)
+    (own / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "unlimited"
+    (own / "memory.usage_in_bytes").write_text("1000000000\n")
+    (parent / "memory.limit_in_bytes").write_text("1500000000\n")
+    (parent / "memory.usage_in_bytes").write_text("1200000000\n")
+    (parent / "memory.stat").write_text("cache 300000000\ntotal_inactive_file 200000000\n")
+    assert engine_module._available_memory(cgroup=str(limited), membership=str(membership)) == 500_000_000
     _assert_clean(eng)
 
 
