@@ -95,6 +95,11 @@ class Engine:
         # Messages the engine thread posts itself (from done callbacks), behind what the inbox held
         # then: read before the inbox. Engine thread only.
         self._own: deque = deque()
+        # Releases and cancels that found the inbox full, read once it is empty (after what was
+        # queued before them). Each ImageRef and handle sends one at most, so this stays small;
+        # refused after a 10 s wait instead, a release was lost (the image's pages held until
+        # close) and a cancel raised, which the API promises never to do.
+        self._overflow: deque = deque()
         self._ids = itertools.count(1)
         self._closing = threading.Event()
         self._closed = False
@@ -188,10 +193,7 @@ class Engine:
             self._post(("request", seq))
         finally:
             if ref._submitted():  # released meanwhile: its release goes after this request
-                try:
-                    self._post(("release", ref._image))
-                except RequestError:  # the queue stayed full: the request's fate is what to tell
-                    pass
+                self._post(("release", ref._image))
         return handle
 
     def check_constraint(self, constraint: Any) -> None:
@@ -313,7 +315,14 @@ class Engine:
             self._own.append(message)
             return
         try:
-            self._inbox.put(message, timeout=10.0)
+            if message[0] in ("release", "cancel"):
+                try:
+                    self._inbox.put_nowait(message)
+                except queue.Full:
+                    with self._post_lock:
+                        self._overflow.append(message)
+            else:
+                self._inbox.put(message, timeout=10.0)
         except queue.Full:
             raise RequestError(f"the engine's queue is full ({self.config.max_queue} messages)") from None
         finally:
@@ -322,7 +331,7 @@ class Engine:
 
     def _quiet(self) -> bool:
         """No message is in the inbox or on its way there (called with _post_lock held)."""
-        return self._posting == 0 and self._inbox.empty() and not self._own
+        return self._posting == 0 and self._inbox.empty() and not self._own and not self._overflow
 
     # ------------------------------------------------------------------ engine thread
 
@@ -380,7 +389,9 @@ class Engine:
         try:
             return self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
         except queue.Empty:
-            return None
+            pass
+        with self._post_lock:
+            return self._overflow.popleft() if self._overflow else None
 
     def _wake(self) -> None:
         """From the vision thread: an encoding is done (a full inbox is being drained anyway)."""

@@ -129,8 +129,8 @@ class RequestHandle:
             return
         self._cancel_sent = True
         try:
-            engine._post(("cancel", self.id))
-        except BaseException:  # not sent (the engine's queue stayed full): a retry must send it
+            engine._post(("cancel", self.id))  # never waits for room in the engine's queue
+        except BaseException:  # not sent (interrupted): a retry must send it
             self._cancel_sent = False
             raise
 

@@ -161,8 +161,9 @@ def test_cancel_before_and_during(small_folder, images):
 
 
 def test_a_cancel_the_engine_could_not_take_is_sent_again(small_folder, images, monkeypatch):
-    """A cancel whose message did not reach the engine (its queue stayed full) raised, and every
-    later cancel() returned at once, sending nothing: the request ran to its end."""
+    """A cancel whose message did not reach the engine (its queue stayed full then; an interrupt
+    now) raised, and every later cancel() returned at once, sending nothing: the request ran to
+    its end."""
     with _engine(small_folder) as eng:
         h = eng.submit(images[0], caption="long", params=SamplingParams(max_tokens=200, ignore_eos=True))
         real = eng._post
@@ -971,6 +972,42 @@ def test_vision_thread_error_reaches_the_caller(small_folder, images):
         eng.submit(images[0], caption="short")
     eng.close()
     assert eng.pool.n_free == eng.pool.n_pages and not eng._vision._executor._thread.is_alive()
+
+
+def test_releases_and_cancels_get_through_a_full_queue_at_once(small_folder, images):
+    """With the engine's queue full (its thread held in a callback), release() waited 10 s, was
+    refused, and marked the ImageRef released all the same: a retry did nothing, and the image's
+    pages stayed taken until close. cancel() waited 10 s and raised."""
+    eng = _engine(small_folder, vision_thread=False, max_queue=1)
+    held, go = threading.Event(), threading.Event()
+    first = eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=1))
+    first.add_done_callback(lambda h: (held.set(), go.wait(30)))
+    assert held.wait(30)
+    ref = eng.encode_image(images[1])  # the queue is full now
+    t0 = time.monotonic()
+    ref.release()
+    assert time.monotonic() - t0 < 2.0
+    go.set()
+    h = eng.submit(images[2], caption="long", params=SamplingParams(max_tokens=200, ignore_eos=True))
+    held.clear()
+    go.clear()
+    blocker = eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=1))
+    blocker.add_done_callback(lambda b: (held.set(), go.wait(30)))
+    assert held.wait(30)
+    late = eng.submit(images[3], caption="long", params=SamplingParams(max_tokens=200, ignore_eos=True))
+    t0 = time.monotonic()
+    late.cancel()  # behind a request in a full queue
+    h.cancel()
+    assert time.monotonic() - t0 < 2.0
+    go.set()
+    assert late.result(timeout=30).finish_reason == "cancelled" and not late.result().token_ids
+    assert h.result(timeout=30).finish_reason == "cancelled" and len(h.result().token_ids) < 200
+    deadline = time.monotonic() + 30
+    while (eng.stats().images or eng.stats().kv_pages_in_use) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert eng.stats().images == 0 and eng.stats().kv_pages_in_use == 0 and eng._error is None
+    eng.close(timeout=30)
+    _assert_clean(eng)
 
 
 def test_a_refused_request_gives_back_the_image_encoded_for_it(small_folder, images):
