@@ -5,7 +5,10 @@ token of the vocabulary from every state. Some short patterns have exponentially
 `(a|b)*a(a|b){18}` has 2^19, and compiling it took 32 s and 1.3 GB on one submit for the tiny
 model's vocabulary (a UI user can type it). Here the DFA is counted by subset construction over
 Python's parse of the pattern, and the count stops at the limit, so a refusal costs about what
-the limit allows.
+the limit allows. Two DFAs are counted: the anchored one outlines-core walks, and the one that
+searches for the pattern anywhere in a text, which its regex library builds beside it and which
+can be exponentially larger (`[A-Z].{0,100}[.!?]`). Both follow that library's leftmost-first
+priorities, under which a match ends the threads below it.
 
 The count is an estimate where Python's syntax and outlines-core's differ: classes such as \\d or
 \\w are taken as ASCII, case-insensitive matching and look-around are ignored. Patterns Python
@@ -20,7 +23,7 @@ from re._constants import MAXREPEAT
 
 LAST = 0x10FFFF  # the last code point
 NFA_LIMIT = 400_000  # NFA states built at most before a pattern is called too large
-WORK_LIMIT = 4_000_000  # NFA states visited by the closures at most (a second or two)
+WORK_LIMIT = 2_000_000  # NFA nodes visited by the closures at most (about a second)
 
 
 class _TooLarge(Exception):
@@ -29,6 +32,10 @@ class _TooLarge(Exception):
 
 class _Unsupported(Exception):
     pass
+
+
+class _Costly(Exception):
+    """The closures' budget (WORK_LIMIT) is spent before the count ends."""
 
 
 _CATEGORIES = {
@@ -68,7 +75,9 @@ def _category(name: str) -> tuple[tuple[int, int], ...]:
 
 
 class _NFA:
-    def __init__(self) -> None:
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = cap  # bounded repeats cut to at most this many rounds
+        self.cut = False  # whether one was
         self.eps: list[list[int]] = []
         self.moves: list[list[tuple[tuple[tuple[int, int], ...], int]]] = []
 
@@ -131,6 +140,10 @@ class _NFA:
         raise _Unsupported(op)  # back-references: outlines-core refuses them itself
 
     def repeat(self, low: int, high: int, sub) -> tuple[int, int]:
+        if self.cap is not None and (low > self.cap or high is not MAXREPEAT and high > self.cap):
+            self.cut = True
+            low = min(low, self.cap)
+            high = high if high is MAXREPEAT else min(high, self.cap)
         start = end = self.node()
         for _ in range(low):
             a, b = self.seq(sub)
@@ -152,74 +165,117 @@ class _NFA:
         return start, last
 
 
-def states(pattern: str, limit: int) -> int | None:
+def states(pattern: str, limit: int, search: bool = False, cap: int | None = None) -> int | None:
     """The number of states of the pattern's DFA over characters, or limit + 1 once it has more
-    than `limit` (or its count would take more than a second or two); None where Python cannot
-    parse the pattern."""
+    than `limit`; None where Python cannot parse the pattern, or where counting would take more
+    than about a second (big sets of NFA nodes in few states: `(a?){1000}` has 1001).
+    search: the DFA that finds the pattern anywhere in a text (a lazy `.*?` before it), which
+    outlines-core's regex library builds too, and which can grow exponentially where the anchored
+    one does not: `A.{0,16}\\.` has 35 states anchored, over 2^16 searching (2.2 s to compile).
+    cap: with the bounded repeats cut to at most `cap` rounds."""
+    return _states(pattern, limit, search, cap)[0]
+
+
+def search_doubles(pattern: str) -> bool:
+    """Whether the search DFA doubles with each round of a bounded repeat longer than 12 rounds,
+    told by counting it with the repeats cut to 8 rounds and to 12: 2^12 states or more at 12,
+    and 8 times as many as at 8 (16 where it doubles; a Choice of many words or a long JSON
+    array grow by a third). `[A-Z].{0,100}[.!?]` does: ~2^100 states, a compile that never
+    ends and memory that grows until the process is killed; counted whole, its sets of 100
+    threads take too long, so here 8216 states at 12 against 528 at 8 tell it."""
+    large, cut = _states(pattern, 1 << 16, True, 12)
+    if not cut or large is None or large < 1 << 12:
+        return False
+    small = _states(pattern, 1 << 16, True, 8)[0]
+    return small is not None and large >= 8 * small
+
+
+def _states(pattern: str, limit: int, search: bool, cap: int | None) -> tuple[int | None, bool]:
+    """states(), and whether the cap cut a repeat."""
     try:
         tree = _parser.parse(pattern)
     except (re.error, RecursionError, OverflowError):
-        return None
-    nfa = _NFA()
+        return None, False
+    nfa = _NFA(cap)
     try:
         start, accept = nfa.seq(tree)
-        return _Subsets(nfa, accept).count(start, limit)
+        loop = None
+        if search:
+            loop = nfa.node()
+            nfa.moves[loop].append((((0, LAST),), loop))
+        return _Subsets(nfa, start, accept, loop).count(limit), nfa.cut
     except _TooLarge:
-        return limit + 1
-    except (_Unsupported, RecursionError):
-        return None
+        return limit + 1, nfa.cut
+    except (_Costly, _Unsupported, RecursionError):
+        return None, nfa.cut
 
 
 class _Subsets:
-    """Subset construction, counted: each DFA state is the set of NFA nodes it stands for."""
+    """Subset construction with leftmost-first priorities, as the regex library under
+    outlines-core determinizes: a DFA state is the ordered tuple of NFA nodes alive, highest
+    priority first (kept to those with moves, and the accepting one); a match drops every thread
+    below it. Without that cut, `(yes|no): .{1,100}` counted 2^100 search states where the
+    library builds a few hundred: once a match is found it starts no new thread."""
 
-    def __init__(self, nfa: _NFA, accept: int) -> None:
-        self.eps, self.moves, self.accept = nfa.eps, nfa.moves, accept
+    def __init__(self, nfa: _NFA, start: int, accept: int, loop: int | None) -> None:
+        self.eps, self.moves, self.start, self.accept, self.loop = nfa.eps, nfa.moves, start, accept, loop
         self.work = 0
+        self._closures: dict[int, tuple[int, ...]] = {}
 
     def spend(self, n: int) -> None:
         self.work += n
         if self.work > WORK_LIMIT:
-            raise _TooLarge
+            raise _Costly
 
-    def closure(self, nodes) -> frozenset[int]:
-        eps = self.eps
-        seen, stack = set(nodes), list(nodes)
-        while stack:
-            for m in eps[stack.pop()]:
-                if m not in seen:
-                    seen.add(m)
-                    stack.append(m)
-        self.spend(len(seen))
-        # Nodes without moves change nothing ahead, but where the match may end does.
-        return frozenset(n for n in seen if self.moves[n] or n == self.accept)
+    def _node_closure(self, node: int) -> tuple[int, ...]:
+        """The nodes reached from `node` without a character, in priority order (depth first,
+        each node's epsilon edges in the order built: the first branch, a greedy repeat's
+        next round before its exit)."""
+        found = self._closures.get(node)
+        if found is None:
+            eps, moves, out, seen, stack = self.eps, self.moves, [], set(), [node]
+            while stack:
+                n = stack.pop()
+                if n in seen:
+                    continue
+                seen.add(n)
+                if moves[n] or n == self.accept:
+                    out.append(n)
+                stack.extend(reversed(eps[n]))
+            self.spend(len(seen))
+            found = self._closures[node] = tuple(out)
+        return found
 
-    def count(self, start: int, limit: int) -> int:
-        first = self.closure([start])
+    def closure(self, nodes) -> tuple[int, ...]:
+        out, seen = [], set()
+        for node in nodes:
+            # The search loop is the lowest priority: a new thread starts here, then the loop goes on.
+            for n in (self._node_closure(self.start) + (node,) if node == self.loop else self._node_closure(node)):
+                if n not in seen:
+                    seen.add(n)
+                    out.append(n)
+                    if n == self.accept:  # leftmost-first: nothing below a match
+                        self.spend(len(out))
+                        return tuple(out)
+        self.spend(len(out))
+        return tuple(out)
+
+    def count(self, limit: int) -> int:
+        first = self.closure([self.start] if self.loop is None else [self.loop])
         known, todo = {first}, [first]
         while todo:
             here = todo.pop()
-            # Sweep the code points: at each boundary the set of moves that cover it changes.
-            events: dict[int, list[tuple[int, int]]] = {}
-            for n in here:
-                for intervals, target in self.moves[n]:
-                    for lo, hi in intervals:
-                        events.setdefault(lo, []).append((target, 1))
-                        events.setdefault(hi + 1, []).append((target, -1))
-            self.spend(len(events))
-            active: dict[int, int] = {}
-            targets: set[frozenset[int]] = set()
-            for point in sorted(events):
-                for target, step in events[point]:
-                    count = active.get(target, 0) + step
-                    if count:
-                        active[target] = count
-                    else:
-                        active.pop(target, None)
-                if active:
-                    targets.add(frozenset(active))
-            for target_set in targets:
-                nxt = self.closure(target_set)
+            moves = [(intervals, target) for n in here for intervals, target in self.moves[n]]
+            # The code points where the set of moves that apply changes.
+            points = sorted({lo for intervals, _ in moves for lo, _ in intervals}
+                            | {hi + 1 for intervals, _ in moves for _, hi in intervals})
+            self.spend(len(points) * len(moves))
+            for point in points:
+                targets = [target for intervals, target in moves
+                           if any(lo <= point <= hi for lo, hi in intervals)]
+                if not targets:
+                    continue
+                nxt = self.closure(targets)
                 if nxt not in known:
                     known.add(nxt)
                     if len(known) > limit:

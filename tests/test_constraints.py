@@ -9,7 +9,7 @@ from outlines_core import Index, Vocabulary
 import engine.constraints as constraints_module
 from engine import Choice, ConstraintError, Engine, EngineConfig, JsonSchema, Regex, SamplingParams
 from engine import char_dfa
-from engine.constraints import MAX_STATES, compile_constraint, to_regex, token_bytes
+from engine.constraints import MAX_SEARCH_STATES, MAX_STATES, compile_constraint, to_regex, token_bytes
 from engine.models.loader import load_model
 from engine.reference import ReferenceDecoder
 
@@ -124,6 +124,8 @@ def test_sparse_automaton_equals_dense(small, monkeypatch):
     Regex("a{1000000}"), JsonSchema({"type": "string", "maxLength": 100000}),  # never finished compiling
     # 2^19 states: 32 s and 1.3 GB to compile, then refused by nothing.
     Regex("(a|b)*a(a|b){18}"), JsonSchema({"type": "string", "pattern": "[xy]*x[xy]{18}"}),
+    # a few hundred states, but ~2^100 in the automaton that searches for it: never compiled
+    Regex("[A-Z].{0,100}[.!?]"), Regex("[A-Z][^.!?]{0,100}[.!?]"), Regex(r"A.{0,16}\."),
 ], ids=repr)
 def test_constraints_that_cannot_compile(small_folder, bad):
     with Engine(EngineConfig(model=str(small_folder))) as eng:
@@ -150,16 +152,33 @@ def test_long_but_bounded_constraints_still_compile(small):
     boxes = {"type": "array", "maxItems": 100, "items": {"type": "object", "properties": {
         "shape": {"enum": ["circle", "square", "triangle", "star"]}, "colour": {"type": "string"}}}}
     for c in (Regex("[a-z ]+"), Regex(r"(\d{1,3}\.){3}\d{1,3}"), Choice([f"option {i}" for i in range(300)]),
-              Regex("[a-z]{0,100}(,[a-z]{0,100}){0,50}"), Regex("(a|b)*a(a|b){12}"), JsonSchema(boxes)):
+              Regex("[a-z]{0,100}(,[a-z]{0,100}){0,50}"), Regex("(a|b)*a(a|b){12}"), JsonSchema(boxes),
+              # the automaton that searches for these stays small: a match ends the search
+              Regex("(yes|no): .{1,100}"), Regex("[A-Z][a-z ,]{0,200}[.!?]"), Regex("(a?){1000}")):
         assert compile_constraint(c, small.tokenizer, vocab, eos, small.device).n_states > 1
 
 
-@pytest.mark.parametrize("pattern, n", [
-    ("abc", 4), ("(yes|no)", 5), ("(a|b)*a(a|b){3}", 16), ("(a|b)*a(a|b){10}", 2048), (r"\d+(\.\d+)?", 4),
-    ("[a-c]{0,5}", 6), ("(foo|bar)+baz", 11), ("x{8192}", 8193), ("(a|b)*a(a|b){16}", MAX_STATES + 1),
-    ("(a|b)*a(a|b){60}", MAX_STATES + 1), (r"(a)\1", None), (r"\p{L}+", None),  # not Python's syntax: not counted
+@pytest.mark.parametrize("pattern, search, n", [
+    ("abc", False, 4), ("(yes|no)", False, 5), ("(a|b)*a(a|b){3}", False, 16), ("(a|b)*a(a|b){10}", False, 2048),
+    (r"\d+(\.\d+)?", False, 4), ("[a-c]{0,5}", False, 6), ("(foo|bar)+baz", False, 11), ("x{8192}", False, 8193),
+    ("(a|b)*a(a|b){16}", False, MAX_STATES + 1), ("(a|b)*a(a|b){60}", False, MAX_STATES + 1),
+    ("x?|(a|b)*a(a|b){14}", False, 2),  # leftmost-first: the empty match ends it, as outlines-core builds it
+    (r"A.{0,12}\.", False, 27), (r"A.{0,12}\.", True, 8216), (r"A.{0,16}\.", True, MAX_SEARCH_STATES + 1),
+    ("(yes|no): .{1,100}", True, 107),  # a match stops the search: no new threads after it
+    ("(a?){1000}", False, None),  # sets of a thousand nodes: too slow to count, not counted
+    (r"(a)\1", False, None), (r"\p{L}+", False, None),  # not Python's syntax: not counted
 ])
-def test_dfa_states_are_counted_up_to_the_limit(pattern, n):
+def test_dfa_states_are_counted_up_to_the_limit(pattern, search, n):
     """The count a constraint is refused on: exact where small (the subset construction's own
     states), and it stops past the limit, however many states there are."""
-    assert char_dfa.states(pattern, MAX_STATES) == n
+    assert char_dfa.states(pattern, MAX_STATES, search=search) == n
+
+
+@pytest.mark.parametrize("pattern, doubles", [
+    ("[A-Z].{0,100}[.!?]", True), ("x[a-z]{20}", True), ("(a|b)*a(a|b){18}", True),
+    (r"A.{0,12}\.", False),  # no repeat longer than 12: the full count decides
+    ("a{8192}", False), ("(yes|no): .{1,100}", False), ("[a-z]{0,100}(,[a-z]{0,100}){0,50}", False),
+    (r"\[(\{\"id\":[0-9]{1,5}\}(,\{\"id\":[0-9]{1,5}\}){0,49})?\]", False),
+])
+def test_a_search_automaton_that_doubles_with_each_round_is_told_from_a_linear_one(pattern, doubles):
+    assert char_dfa.search_doubles(pattern) is doubles
