@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import char_dfa
+from . import char_dfa, index_child
 from .errors import RequestError
 
 DENSE_LIMIT = 1 << 24  # states x vocabulary entries kept as a dense table
@@ -147,9 +147,8 @@ class TokenAutomaton:
 
 def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, eos_id: int,
                        device: torch.device) -> TokenAutomaton:
-    """Compile with outlines-core; a ConstraintError says why it cannot be done."""
-    from outlines_core import Index, Vocabulary
-
+    """Compile with outlines-core (in a child process: engine/index_child.py); a ConstraintError
+    says why it cannot be done."""
     pattern = to_regex(constraint)
     longest = _longest_match(pattern)
     if longest is not None and longest > MAX_MATCH:
@@ -170,21 +169,20 @@ def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, 
                               "comes before or after it, as in [A-Z].{0,100}[.!?], doubles them with each "
                               "repetition; [A-Z][a-z ,]{0,100}[.!?] does not)")
     try:
-        index = Index(pattern, Vocabulary(eos_id, token_bytes(tokenizer, vocab_size, eos_id)))
-    except Exception as e:
-        raise ConstraintError(f"cannot compile constraint {pattern!r}: {_first_line(e)}") from None
-    transitions = index.get_transitions()
-    initial = index.get_initial_state()
+        initial, transitions, final_states = index_child.build(pattern, eos_id,
+                                                               token_bytes(tokenizer, vocab_size, eos_id))
+    except index_child.CompileError as e:
+        raise ConstraintError(f"cannot compile constraint {pattern!r}: {e}") from None
     order = [initial] + sorted(set(transitions) - {initial})
     order += sorted({d for edges in transitions.values() for d in edges.values()} - set(order))
-    order += sorted(set(index.get_final_states()) - set(order))
+    order += sorted(set(final_states) - set(order))
     number = {s: i for i, s in enumerate(order)}
     next_state = {number[s]: {} for s in order}
     for s, edges in transitions.items():
         for t, d in edges.items():
             if t != eos_id:
                 next_state[number[s]][t] = number[d]
-    finals = {number[s] for s in index.get_final_states()}
+    finals = {number[s] for s in final_states}
     if not next_state[0] and 0 not in finals:
         raise ConstraintError(f"no token sequence of this model can satisfy {pattern!r}")
     return TokenAutomaton(next_state, finals, vocab_size, eos_id, device)

@@ -1,6 +1,8 @@
 import json
 import re
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,6 +158,34 @@ def test_long_but_bounded_constraints_still_compile(small):
               # the automaton that searches for these stays small: a match ends the search
               Regex("(yes|no): .{1,100}"), Regex("[A-Z][a-z ,]{0,200}[.!?]"), Regex("(a?){1000}")):
         assert compile_constraint(c, small.tokenizer, vocab, eos, small.device).n_states > 1
+
+
+def test_a_compile_past_its_time_or_memory_is_refused_and_stopped(small, monkeypatch):
+    """A few dozen states, but Unicode classes under a bounded repeat: outlines-core took 20 s and
+    800 MB for this pattern on the submitting thread, which nothing could stop. The compile runs
+    in a child process now, killed past its limits."""
+    import engine.index_child as index_child
+
+    vocab, eos = small.config.text.vocab_size, small.config.tokenizer.eos_id
+    slow = Regex(r"[a-c].{1,11}\W*\d")
+    for limit, value, said in (("TIMEOUT_S", 1.0, "took over 1 s"), ("MEMORY_BYTES", 150 << 20, "memory")):
+        monkeypatch.setattr(index_child, limit, value)
+        t0 = time.perf_counter()
+        with pytest.raises(ConstraintError, match=said):
+            compile_constraint(slow, small.tokenizer, vocab, eos, small.device)
+        assert time.perf_counter() - t0 < 15
+        monkeypatch.undo()
+    children = [p for p in Path("/proc").glob("[0-9]*") if _reads(p / "cmdline").startswith(b"%s\0-c" % sys.executable.encode())
+                and b"outlines_core" in _reads(p / "cmdline")]
+    assert not children  # none left running
+    assert compile_constraint(Regex("[a-z ]+"), small.tokenizer, vocab, eos, small.device).n_states > 1
+
+
+def _reads(path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # gone meanwhile
+        return b""
 
 
 @pytest.mark.parametrize("pattern, search, n", [

@@ -1,0 +1,74 @@
+"""outlines-core's Index of a constraint, built in a child process that is killed past a time or
+memory limit.
+
+The states counted first (engine/char_dfa.py) catch the automata that grow exponentially in
+the classic ways, but not every slow compile: classes outlines-core takes as Unicode (`.`,
+`\\W`, `\\d`) under nested bounded repeats can make a pattern of a few dozen states take 20 s
+and 800 MB, and random nested patterns ran past 8 s one time in thirteen. Built in this
+process, such a compile held the submitting thread (a UI user's) for as long as it took,
+memory growing, with no way to stop it; a child is stopped with its memory. It costs ~50 ms a
+constraint (compiled once per engine and kept).
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+TIMEOUT_S = 30.0  # a constraint that takes longer to compile is refused
+MEMORY_BYTES = 4 << 30  # the child's address space
+_REFUSED = 3  # the child's exit status when outlines-core refuses the pattern
+
+_CHILD = f"""
+import pickle, resource, sys
+try:
+    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+except (ValueError, OSError):  # a system that does not take it: time alone limits the child
+    pass
+from outlines_core import Index, Vocabulary
+pattern, eos, vocab = pickle.load(sys.stdin.buffer)
+try:
+    index = Index(pattern, Vocabulary(eos, vocab))
+except MemoryError:
+    raise
+except Exception as e:
+    text = str(e).strip()
+    sys.stderr.write((text.splitlines()[0] if text else type(e).__name__) + "\\n")
+    sys.exit({_REFUSED})
+pickle.dump((index.get_initial_state(), index.get_transitions(), index.get_final_states()), sys.stdout.buffer,
+            protocol=pickle.HIGHEST_PROTOCOL)
+"""
+
+
+class CompileError(Exception):
+    """Why the Index could not be built, in one line."""
+
+
+def build(pattern: str, eos_id: int, vocabulary: dict[bytes, list[int]]) -> tuple[int, dict, set]:
+    """(initial state, transitions {state: {token: state}}, final states) of outlines-core's
+    Index; CompileError says why there is none (refused, too slow, too big)."""
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(MEMORY_BYTES)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except (OSError, ValueError) as e:  # no interpreter to run it (an embedded Python)
+        raise CompileError(f"its compiler could not start: {e}") from None
+    try:
+        out, err = proc.communicate(pickle.dumps((pattern, eos_id, vocabulary)), timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise CompileError(f"it took over {TIMEOUT_S:g} s to compile (simplify it: fewer nested or bounded "
+                          "repeats of . or of wide classes)") from None
+    except BaseException:  # an interrupt: the child goes too
+        proc.kill()
+        proc.communicate()
+        raise
+    lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
+    if proc.returncode == _REFUSED:
+        raise CompileError(lines[-1] if lines else "outlines-core refused it")
+    if proc.returncode != 0:
+        if proc.returncode < 0 or any("MemoryError" in line or "memory allocation" in line for line in lines):
+            raise CompileError(f"compiling it needs more than {MEMORY_BYTES / (1 << 30):.3g} GB of memory (simplify it)")
+        raise CompileError(lines[-1] if lines else f"its compiler exited with status {proc.returncode}")
+    return pickle.loads(out)
