@@ -23,7 +23,7 @@ from re._constants import MAXREPEAT
 
 LAST = 0x10FFFF  # the last code point
 NFA_LIMIT = 400_000  # NFA states built at most before a pattern is called too large
-WORK_LIMIT = 2_000_000  # NFA nodes visited by the closures at most (about a second)
+WORK_LIMIT = 5_000_000  # NFA nodes and moves visited at most (about a second)
 
 
 class _TooLarge(Exception):
@@ -77,7 +77,7 @@ def _category(name: str) -> tuple[tuple[int, int], ...]:
 class _NFA:
     def __init__(self, cap: int | None = None) -> None:
         self.cap = cap  # bounded repeats cut to at most this many rounds
-        self.cut = False  # whether one was
+        self.cut = 0  # the most rounds of a repeat that was cut (0: none was)
         self.eps: list[list[int]] = []
         self.moves: list[list[tuple[tuple[tuple[int, int], ...], int]]] = []
 
@@ -141,7 +141,7 @@ class _NFA:
 
     def repeat(self, low: int, high: int, sub) -> tuple[int, int]:
         if self.cap is not None and (low > self.cap or high is not MAXREPEAT and high > self.cap):
-            self.cut = True
+            self.cut = max(self.cut, low if high is MAXREPEAT else high)
             low = min(low, self.cap)
             high = high if high is MAXREPEAT else min(high, self.cap)
         start = end = self.node()
@@ -176,26 +176,27 @@ def states(pattern: str, limit: int, search: bool = False, cap: int | None = Non
     return _states(pattern, limit, search, cap)[0]
 
 
-def search_doubles(pattern: str) -> bool:
-    """Whether the search DFA doubles with each round of a bounded repeat longer than 12 rounds,
-    told by counting it with the repeats cut to 8 rounds and to 12: 2^12 states or more at 12,
-    and 8 times as many as at 8 (16 where it doubles; a Choice of many words or a long JSON
-    array grow by a third). `[A-Z].{0,100}[.!?]` does: ~2^100 states, a compile that never
-    ends and memory that grows until the process is killed; counted whole, its sets of 100
-    threads take too long, so here 8216 states at 12 against 528 at 8 tell it."""
-    large, cut = _states(pattern, 1 << 16, True, 12)
-    if not cut or large is None or large < 1 << 12:
+def search_doubles(pattern: str, limit: int) -> bool:
+    """Whether the search DFA doubles with each round of a bounded repeat and so, at the repeat's
+    full length, has more than `limit` states: told by counting it with the repeats cut to 8
+    rounds and to 10 (4 times as many at 10, where a Choice of many words or a long JSON array
+    grows by a fifth), then doubling that for each round past 10 of the longest repeat cut.
+    `[A-Z].{0,100}[.!?]` doubles (528 states at 8, 2056 at 10: ~2^100 at 100, a compile that
+    never ends); counted whole, its sets of 100 threads run out of time. `a[a-z]{13}` doubles
+    too but stays at 8193."""
+    large, longest = _states(pattern, 1 << 16, True, 10)
+    if not longest or large is None or large < 1 << 10:
         return False
     small = _states(pattern, 1 << 16, True, 8)[0]
-    return small is not None and large >= 8 * small
+    return small is not None and large >= 3.5 * small and large << (longest - 10) > limit
 
 
-def _states(pattern: str, limit: int, search: bool, cap: int | None) -> tuple[int | None, bool]:
-    """states(), and whether the cap cut a repeat."""
+def _states(pattern: str, limit: int, search: bool, cap: int | None) -> tuple[int | None, int]:
+    """states(), and the most rounds of a repeat the cap cut (0: none)."""
     try:
         tree = _parser.parse(pattern)
     except (re.error, RecursionError, OverflowError):
-        return None, False
+        return None, 0
     nfa = _NFA(cap)
     try:
         start, accept = nfa.seq(tree)
@@ -265,17 +266,30 @@ class _Subsets:
         known, todo = {first}, [first]
         while todo:
             here = todo.pop()
-            moves = [(intervals, target) for n in here for intervals, target in self.moves[n]]
-            # The code points where the set of moves that apply changes.
-            points = sorted({lo for intervals, _ in moves for lo, _ in intervals}
-                            | {hi + 1 for intervals, _ in moves for _, hi in intervals})
-            self.spend(len(points) * len(moves))
-            for point in points:
-                targets = [target for intervals, target in moves
-                           if any(lo <= point <= hi for lo, hi in intervals)]
-                if not targets:
+            moves = [target for n in here for _, target in self.moves[n]]
+            # Sweep the code points: at each boundary the moves that apply change; they keep
+            # their priority order (their index). A class of 3000 single characters is 6000
+            # boundaries, each with a move or none.
+            events: dict[int, list[tuple[int, int]]] = {}
+            i = 0
+            for n in here:
+                for intervals, _ in self.moves[n]:
+                    for lo, hi in intervals:
+                        events.setdefault(lo, []).append((i, 1))
+                        events.setdefault(hi + 1, []).append((i, -1))
+                    i += 1
+            active: dict[int, int] = {}
+            for point in sorted(events):
+                for index, step in events[point]:
+                    count = active.get(index, 0) + step
+                    if count:
+                        active[index] = count
+                    else:
+                        del active[index]
+                self.spend(len(events[point]) + len(active))
+                if not active:
                     continue
-                nxt = self.closure(targets)
+                nxt = self.closure([moves[index] for index in sorted(active)])
                 if nxt not in known:
                     known.add(nxt)
                     if len(known) > limit:

@@ -45,6 +45,7 @@ from .types import EngineStats, SamplingParams
 
 
 CONSTRAINT_CACHE_BYTES = 256 << 20  # compiled constraints kept for reuse, least recently used dropped first
+REFUSED_KEPT = 256  # constraints that could not compile, kept with why
 
 
 class Engine:
@@ -109,6 +110,7 @@ class Engine:
         self._posting = 0  # posts past their checks, their message not yet in the inbox
         self._stopped = False  # the engine thread has ended (or failed) and reads no more messages
         self._automata: OrderedDict = OrderedDict()  # least recently used first
+        self._refused: OrderedDict = OrderedDict()  # constraints that cannot compile: why, oldest first
 
         self._started = time.perf_counter()
         self._busy_base = 0.0
@@ -214,9 +216,19 @@ class Engine:
             automaton = self._automata.get(constraint)
             if automaton is not None:
                 self._automata.move_to_end(constraint)
+            refused = self._refused.get(constraint)
+        if refused is not None:  # said once: a retry had waited out the same 30 s compile again
+            raise ConstraintError(refused)
         if automaton is None:
-            automaton = compile_constraint(constraint, self.loaded.tokenizer, self.model_config.text.vocab_size,
-                                           self.model_config.tokenizer.eos_id, self.loaded.device)
+            try:
+                automaton = compile_constraint(constraint, self.loaded.tokenizer, self.model_config.text.vocab_size,
+                                               self.model_config.tokenizer.eos_id, self.loaded.device)
+            except ConstraintError as e:
+                with self._post_lock:
+                    self._refused[constraint] = str(e)
+                    while len(self._refused) > REFUSED_KEPT:
+                        self._refused.popitem(last=False)
+                raise
             with self._post_lock:
                 self._automata[constraint] = automaton
                 # Bounded: choices that change with every frame had kept every table (at Moondream
@@ -518,15 +530,18 @@ def _cgroup_limits(root: str, membership: str) -> list[tuple[int, int]]:
     process: its own and those above it, found through /proc/self/cgroup; unlimited ones left out."""
     paths = {"v2": "/"}  # a container's own namespace: the mount's root is its cgroup
     try:
-        with open(membership) as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if not controllers:
-                    paths["v2"] = path
-                elif "memory" in controllers.split(","):
-                    paths["v1"] = path
-    except (OSError, ValueError):
-        pass
+        with open(membership, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:  # a line not in the kernel's form: the others still count
+            continue
+        if not parts[1]:
+            paths["v2"] = parts[2]
+        elif "memory" in parts[1].split(","):
+            paths["v1"] = parts[2]
     out = []
     for version, path in paths.items():
         sub, limit_file, usage_file, cache_key = _CGROUP_FILES[version]

@@ -49,7 +49,8 @@ def build(pattern: str, eos_id: int, vocabulary: dict[bytes, list[int]]) -> tupl
     """(initial state, transitions {state: {token: state}}, final states) of outlines-core's
     Index; CompileError says why there is none (refused, too slow, too big)."""
     try:
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(MEMORY_BYTES)], stdin=subprocess.PIPE,
+        # -P: the working folder is not on its import path (a pickle.py there had been imported).
+        proc = subprocess.Popen([sys.executable, "-P", "-c", _CHILD, str(MEMORY_BYTES)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except (OSError, ValueError) as e:  # no interpreter to run it (an embedded Python)
         raise CompileError(f"its compiler could not start: {e}") from None

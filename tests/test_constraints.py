@@ -99,6 +99,27 @@ def test_compiled_constraints_kept_for_reuse_are_bounded(small_folder, monkeypat
         assert out.text in ("answer 0", "other 0")
 
 
+def test_a_constraint_that_cannot_compile_is_refused_once_then_at_once(small_folder, monkeypatch):
+    """A failed compile was not kept: each retry of a constraint that ran out its 30 s in the
+    compiler's child waited the 30 s again, on the submitting thread."""
+    import engine.engine as engine_module
+
+    calls = []
+    real = engine_module.compile_constraint
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "compile_constraint", counted)
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        for _ in range(3):
+            with pytest.raises(ConstraintError, match="too complex"):
+                eng.submit(IMAGES[0], question="x?", constraint=Regex("[A-Z].{0,100}[.!?]"))
+        assert len(calls) == 1
+        assert eng.submit(IMAGES[0], caption="short", params=SamplingParams(max_tokens=3)).result(30)
+
+
 def test_sparse_automaton_equals_dense(small, monkeypatch):
     c = JsonSchema(SCHEMA)
     dense = compile_constraint(c, small.tokenizer, small.config.text.vocab_size, 0, small.device)
@@ -128,6 +149,7 @@ def test_sparse_automaton_equals_dense(small, monkeypatch):
     Regex("(a|b)*a(a|b){18}"), JsonSchema({"type": "string", "pattern": "[xy]*x[xy]{18}"}),
     # a few hundred states, but ~2^100 in the automaton that searches for it: never compiled
     Regex("[A-Z].{0,100}[.!?]"), Regex("[A-Z][^.!?]{0,100}[.!?]"), Regex(r"A.{0,16}\."),
+    JsonSchema({"type": "string", "maxLength": 30}),  # counted whole it ran out of time: 30 s in the child
 ], ids=repr)
 def test_constraints_that_cannot_compile(small_folder, bad):
     with Engine(EngineConfig(model=str(small_folder))) as eng:
@@ -181,6 +203,16 @@ def test_a_compile_past_its_time_or_memory_is_refused_and_stopped(small, monkeyp
     assert compile_constraint(Regex("[a-z ]+"), small.tokenizer, vocab, eos, small.device).n_states > 1
 
 
+def test_a_class_of_thousands_of_characters_is_counted_in_a_moment(small):
+    """Each of a class's 6000 boundaries scanned every interval of every move: a class of 3000
+    characters took two minutes to count on the submitting thread, before any compile."""
+    cls = "".join(chr(0x4E00 + 2 * i) for i in range(3000))
+    vocab, eos = small.config.text.vocab_size, small.config.tokenizer.eos_id
+    t0 = time.perf_counter()
+    assert compile_constraint(Regex(f"[{cls}]{{1,40}}"), small.tokenizer, vocab, eos, small.device).n_states > 40
+    assert time.perf_counter() - t0 < 15
+
+
 def _reads(path) -> bytes:
     try:
         return path.read_bytes()
@@ -206,9 +238,12 @@ def test_dfa_states_are_counted_up_to_the_limit(pattern, search, n):
 
 @pytest.mark.parametrize("pattern, doubles", [
     ("[A-Z].{0,100}[.!?]", True), ("x[a-z]{20}", True), ("(a|b)*a(a|b){18}", True),
-    (r"A.{0,12}\.", False),  # no repeat longer than 12: the full count decides
+    (r"A.{0,12}\.", False), ("a[a-z]{13}", False),  # doubling, but 2^13 states at most: under the limit
+    ('"([^"\\\\]|\\\\["\\\\/bfnrt]){0,30}"', True),  # a JSON string of maxLength 30: 17 s at 18 already
     ("a{8192}", False), ("(yes|no): .{1,100}", False), ("[a-z]{0,100}(,[a-z]{0,100}){0,50}", False),
     (r"\[(\{\"id\":[0-9]{1,5}\}(,\{\"id\":[0-9]{1,5}\}){0,49})?\]", False),
 ])
 def test_a_search_automaton_that_doubles_with_each_round_is_told_from_a_linear_one(pattern, doubles):
-    assert char_dfa.search_doubles(pattern) is doubles
+    """Counted whole, `[A-Z].{0,100}[.!?]` ran out of time and passed; `a[a-z]{13}` (8193
+    states, compiled in 10 ms) was refused for doubling at all."""
+    assert char_dfa.search_doubles(pattern, MAX_SEARCH_STATES) is doubles

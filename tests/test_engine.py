@@ -706,7 +706,7 @@ def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small
     # cgroup v1, and a limit on a cgroup above this process's (a systemd slice, say): the
     # tightest counts; /proc/self/cgroup names the process's own
     membership = tmp_path / "membership"
-    membership.write_text("4:memory:/slice/service\n0::/\n")
+    membership.write_text("not a cgroup line\n4:memory:/slice/service\n0::/\n")  # an odd line skipped, not all
     own, parent = limited / "memory" / "slice" / "service", limited / "memory" / "slice"
     own.mkdir(parents=True)
     (own / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "unlimited"
