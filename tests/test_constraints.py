@@ -213,6 +213,15 @@ def test_a_class_of_thousands_of_characters_is_counted_in_a_moment(small):
     assert time.perf_counter() - t0 < 15
 
 
+def test_the_compilers_child_does_not_import_from_the_working_folder(small, tmp_path, monkeypatch):
+    """`python -c` puts the working folder first on the import path: a pickle.py there (a user's
+    script) was imported by the child in place of the real module, and every constraint failed."""
+    (tmp_path / "pickle.py").write_text("raise SystemExit('not the pickle module')\n")
+    monkeypatch.chdir(tmp_path)
+    vocab, eos = small.config.text.vocab_size, small.config.tokenizer.eos_id
+    assert compile_constraint(Choice(["yes", "no"]), small.tokenizer, vocab, eos, small.device).n_states > 1
+
+
 def _reads(path) -> bytes:
     try:
         return path.read_bytes()
