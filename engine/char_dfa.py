@@ -18,6 +18,7 @@ cannot parse (outlines-core's own syntax) are not counted: `states` returns None
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from re import _parser
 from re._constants import MAXREPEAT
 
@@ -165,15 +166,24 @@ class _NFA:
         return start, last
 
 
-def states(pattern: str, limit: int, search: bool = False, cap: int | None = None) -> int | None:
+@lru_cache(maxsize=16)  # one compile reads the same pattern's parse four times
+def parse(pattern: str):
+    """Python's parse of a pattern (read, never changed), or None where its syntax is
+    outlines-core's alone."""
+    try:
+        return _parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return None
+
+
+def states(pattern: str, limit: int, search: bool = False) -> int | None:
     """The number of states of the pattern's DFA over characters, or limit + 1 once it has more
     than `limit`; None where Python cannot parse the pattern, or where counting would take more
     than about a second (big sets of NFA nodes in few states: `(a?){1000}` has 1001).
     search: the DFA that finds the pattern anywhere in a text (a lazy `.*?` before it), which
     outlines-core's regex library builds too, and which can grow exponentially where the anchored
-    one does not: `A.{0,16}\\.` has 35 states anchored, over 2^16 searching (2.2 s to compile).
-    cap: with the bounded repeats cut to at most `cap` rounds."""
-    return _states(pattern, limit, search, cap)[0]
+    one does not: `A.{0,16}\\.` has 35 states anchored, over 2^16 searching (2.2 s to compile)."""
+    return _states(pattern, limit, search, None)[0]
 
 
 def search_doubles(pattern: str, limit: int) -> bool:
@@ -192,10 +202,10 @@ def search_doubles(pattern: str, limit: int) -> bool:
 
 
 def _states(pattern: str, limit: int, search: bool, cap: int | None) -> tuple[int | None, int]:
-    """states(), and the most rounds of a repeat the cap cut (0: none)."""
-    try:
-        tree = _parser.parse(pattern)
-    except (re.error, RecursionError, OverflowError):
+    """states(), with the bounded repeats cut to at most `cap` rounds; and the most rounds of a
+    repeat the cap cut (0: none)."""
+    tree = parse(pattern)
+    if tree is None:
         return None, 0
     nfa = _NFA(cap)
     try:
@@ -269,23 +279,23 @@ class _Subsets:
             moves = [target for n in here for _, target in self.moves[n]]
             # Sweep the code points: at each boundary the moves that apply change; they keep
             # their priority order (their index). A class of 3000 single characters is 6000
-            # boundaries, each with a move or none.
-            events: dict[int, list[tuple[int, int]]] = {}
+            # boundaries, each with a move or none. A move's intervals are merged (_merged,
+            # _complement): never overlapping nor touching, so one starts where none ends.
+            events: dict[int, list[tuple[int, bool]]] = {}
             i = 0
             for n in here:
                 for intervals, _ in self.moves[n]:
                     for lo, hi in intervals:
-                        events.setdefault(lo, []).append((i, 1))
-                        events.setdefault(hi + 1, []).append((i, -1))
+                        events.setdefault(lo, []).append((i, True))
+                        events.setdefault(hi + 1, []).append((i, False))
                     i += 1
-            active: dict[int, int] = {}
+            active: set[int] = set()
             for point in sorted(events):
-                for index, step in events[point]:
-                    count = active.get(index, 0) + step
-                    if count:
-                        active[index] = count
+                for index, starts in events[point]:
+                    if starts:
+                        active.add(index)
                     else:
-                        del active[index]
+                        active.discard(index)
                 self.spend(len(events[point]) + len(active))
                 if not active:
                     continue

@@ -241,16 +241,6 @@ def _unenforced(node: Any) -> str | None:
     return next(filter(None, map(_unenforced, subschemas)), None)
 
 
-def _parse(pattern: str):
-    """Python's parse of a pattern, or None where its syntax is outlines-core's alone."""
-    import re._parser
-
-    try:
-        return re._parser.parse(pattern)
-    except (re.error, RecursionError, OverflowError):
-        return None
-
-
 def _matches_empty(pattern: str) -> bool:
     try:
         return re.fullmatch(pattern, "") is not None
@@ -261,7 +251,7 @@ def _matches_empty(pattern: str) -> bool:
 def _longest_match(pattern: str) -> int | None:
     """The longest string the pattern matches, an open-ended repeat counted once (None where
     Python cannot parse it)."""
-    tree = _parse(pattern)
+    tree = char_dfa.parse(pattern)
     return None if tree is None else _longest(tree)
 
 
