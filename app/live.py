@@ -106,8 +106,11 @@ def run(args: argparse.Namespace) -> int:
         if waiting and not cancel:
             timer.start()
         try:
-            for feed in feeds:
-                feed.close(cancel=cancel, timeout=30.0 if cancel else None)
+            if cancel:
+                for feed in feeds:
+                    feed.close(cancel=True, timeout=30.0)
+            else:
+                _wait_closed(feeds)
             return False
         except KeyboardInterrupt:
             for feed in feeds:
@@ -271,6 +274,37 @@ def run(args: argparse.Namespace) -> int:
 # under "sources").
 _SUMMED = ("frames_in", "submitted", "completed", "cancelled_stale", "cancelled_deadline", "cancelled_closed",
            "dropped", "achieved_fps")
+
+
+def _wait_closed(feeds: list) -> None:
+    """Close the feeds letting their frames in flight finish, as long as they take, on a thread of
+    its own: the main thread polls for a SIGTERM whose KeyboardInterrupt was lost (raised inside a
+    finalizer, which Python ignores) and raises it, which cancels those frames, where a wait
+    without end would have left the run going after its `kill`."""
+    failed: list[BaseException] = []
+    stop = threading.Event()  # the main thread cancels: the feeds left are its to close
+
+    def close_all() -> None:
+        try:
+            for feed in feeds:
+                if stop.is_set():
+                    return
+                feed.close(cancel=False, timeout=None)
+        except BaseException as e:  # reaches the caller
+            failed.append(e)
+
+    closer = threading.Thread(target=close_all, name="vlmstream-close", daemon=True)
+    closer.start()
+    try:
+        while closer.is_alive():
+            closer.join(0.05)
+            if stop_requested():
+                raise KeyboardInterrupt
+    except BaseException:
+        stop.set()
+        raise
+    if failed:
+        raise failed[0]
 
 
 def _snapshot(folder: Path, source: str, r) -> Path:

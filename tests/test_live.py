@@ -2,6 +2,7 @@
 
 import json
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -293,6 +294,40 @@ def test_live_cli_waits_for_its_frames_in_flight_and_counts_them(small_folder, t
     assert re.fullmatch(r"vlmstream: waiting for the \d+ frames? in flight \(Ctrl-C cancels them\)\n", err), err
     logged = log.read_text().splitlines()
     assert stats["completed"] == len(logged) == stats["recording"]["frames"] >= 2, (stats, len(logged))
+    assert stats["kv_pages_in_use_after"] == 0
+
+
+def test_a_sigterm_lost_during_the_end_of_run_wait_still_stops_the_run(small_folder, capsys, monkeypatch):
+    """The end of a run waits for its frames in flight as long as they take. A SIGTERM whose
+    KeyboardInterrupt was lost (raised inside a finalizer: Python reports and ignores it) had left
+    that wait going to its end, however long; it now cancels those frames and ends as a Ctrl-C."""
+    import app.launcher
+    from app.cli import main
+    from engine.batch import Batch
+    from pipelines.feed import LiveFeed
+
+    commit, close = Batch.commit, LiveFeed.close
+
+    def slow(self, record):  # each step 0.5 s: the frames in flight would take seconds to finish
+        time.sleep(0.5)
+        commit(self, record)
+
+    def lost_sigterm(self, cancel=True, timeout=10.0):
+        if not cancel:  # the end-of-run wait: a SIGTERM comes, its KeyboardInterrupt lost
+            threading.Timer(0.3, app.launcher._requested.append, (signal.SIGTERM,)).start()
+        close(self, cancel=cancel, timeout=timeout)
+
+    monkeypatch.setattr(Batch, "commit", slow)
+    monkeypatch.setattr(LiveFeed, "close", lost_sigterm)
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    try:
+        code = main(["live", str(sample), "--model", str(small_folder), "--duration", "0.5", "--max-tokens", "8",
+                     "--no-draft", "--json"])
+    finally:
+        time.sleep(0.4)  # the timer has fired
+        app.launcher._requested.clear()
+    stats = json.loads(capsys.readouterr().out)
+    assert code == 130 and stats["cancelled_closed"] >= 1, (code, stats)
     assert stats["kv_pages_in_use_after"] == 0
 
 
