@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import NoReturn, Sequence
 
@@ -37,6 +38,17 @@ class _Parser(argparse.ArgumentParser):
         command = self.prog.partition(" ")[2]
         help_cmd = f"vlmstream {command} --help" if command else "vlmstream --help"
         self.exit(EXIT_USAGE, f"vlmstream: error: {message} (see {help_cmd})\n")
+
+
+_SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
+
+
+def upload_size(text: str) -> int:
+    """Bytes of a size such as "500mb" or "4 GB" (units of 1024, as Gradio counts them)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?b)\s*", text.lower())
+    if not m or int(m[1]) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is no size: write a whole number and a unit, e.g. 500mb or 4gb")
+    return int(m[1]) * _SIZE_UNITS[m[2]]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -177,6 +189,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="serve HTTPS with this certificate (PEM), with --ssl-keyfile: a browser lets a page "
                          "use its camera (the Browser webcam tab) only over HTTPS, or from this machine")
     ui.add_argument("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM, unencrypted)")
+    ui.add_argument("--max-upload", type=upload_size, default=upload_size("4gb"), metavar="SIZE",
+                    help="largest file a page may upload, e.g. 500mb or 8gb (default 4gb): a bigger one is "
+                         "refused before it fills this server's disk")
     ui.add_argument("--auth-file", metavar="FILE",
                     help="ask for a user name and password: FILE has one 'user:password' a line (the page can "
                          "play any file or URL the server reaches, so share it on a network only with this)")

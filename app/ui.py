@@ -544,7 +544,7 @@ def run(args: argparse.Namespace) -> int:
         # certificate (the usual one on a LAN); browsers make their own choice.
         demo.launch(server_name=args.host, server_port=args.port, css=CSS, head=HEAD_JS, ssr_mode=False,
                     quiet=False, show_error=True, **tls, ssl_verify=not tls, auth=auth,
-                    auth_message="vlmstream" if auth else None)
+                    auth_message="vlmstream" if auth else None, max_file_size=args.max_upload)
     except KeyboardInterrupt:
         return 130
     finally:

@@ -143,6 +143,14 @@ def test_an_empty_name_is_a_mistake_not_this_folder(capsys, tmp_path, monkeypatc
     assert captured.err == f"vlmstream: error: {flag} is empty\n" and captured.out == ""
 
 
+@pytest.mark.parametrize("size", ["12", "4 xb", "0gb", "-1mb", "1.5gb"])
+def test_a_bad_upload_limit_is_one_line(capsys, size):
+    with pytest.raises(SystemExit) as stop:
+        main(["ui", f"--max-upload={size}", "--model", "/no/such/model"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "--max-upload" in err and "is no size" in err, err
+
+
 def test_ui_https_mistakes_are_one_line_before_the_model_loads(capsys, tmp_path):
     openssl = shutil.which("openssl")
     if not openssl:

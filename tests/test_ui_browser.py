@@ -333,8 +333,11 @@ def test_ui_serves_https_and_asks_a_password(tmp_path):
     users.write_text("# who may watch\nalice:wonder land\n")
     tmp = tmp_path / "tmp"  # the server's temporary folder, to see what it leaves there
     tmp.mkdir()
+    # --max-upload: the scene (57 KB) is taken, a clip (106 KB) refused before it is written
+    assert (SAMPLES / "scene.png").stat().st_size < 80 << 10 < (SAMPLES / "cuts_640x360_30fps.mp4").stat().st_size
     with running_ui("--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--auth-file", str(users),
-                    scheme="https", log_name="ui_server_https.log", env={"TMPDIR": str(tmp)}) as url:
+                    "--max-upload", "80kb", scheme="https", log_name="ui_server_https.log",
+                    env={"TMPDIR": str(tmp)}) as url:
         with pytest.raises(Exception, match="login|credentials"):
             Client(url, verbose=False, ssl_verify=False)
         client = Client(url, auth=("alice", "wonder land"), verbose=False, ssl_verify=False)
@@ -344,6 +347,10 @@ def test_ui_serves_https_and_asks_a_password(tmp_path):
         client.predict(handle_file(str(SAMPLES / "scene.png")), "short", "", "none", "", api_name="/caption_image")
         uploads = [f.name for f in tmp.glob("vlmstream-ui-*/gradio/**/*") if f.is_file()]
         assert "scene.png" in uploads, sorted(tmp.rglob("*"))
+        with pytest.raises(Exception, match="exceeds the maximum file size of 81920 bytes"):  # the server's limit
+            client.predict(handle_file(str(SAMPLES / "cuts_640x360_30fps.mp4")), "short", "", 30,
+                           api_name="/caption_video")
+        assert not [f for f in tmp.rglob("cuts_640x360_30fps.mp4")], "a refused upload was kept"
         with playwright_api.sync_playwright() as p:
             browser = launch(p)
             page = browser.new_context(ignore_https_errors=True).new_page()
