@@ -290,6 +290,7 @@ class _Subsets:
                         events.setdefault(hi + 1, []).append((i, False))
                     i += 1
             active: set[int] = set()
+            swept: set[tuple[int, ...]] = set()  # a class of single characters gives the same set thousands of times
             for point in sorted(events):
                 for index, starts in events[point]:
                     if starts:
@@ -297,9 +298,11 @@ class _Subsets:
                     else:
                         active.discard(index)
                 self.spend(len(events[point]) + len(active))
-                if not active:
+                key = tuple(sorted(active))
+                if not key or key in swept:
                     continue
-                nxt = self.closure([moves[index] for index in sorted(active)])
+                swept.add(key)
+                nxt = self.closure([moves[index] for index in key])
                 if nxt not in known:
                     known.add(nxt)
                     if len(known) > limit:
