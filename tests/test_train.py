@@ -540,3 +540,25 @@ def test_a_signal_during_the_final_renames_waits_for_them():
         os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt here
         renamed = True
     assert renamed and signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_render_worker_is_quiet_about_a_training_process_gone_mid_handshake():
+    """Its resource-sharer thread printed a traceback through sys.excepthook when the training
+    process died as it fetched a batch's tensors (seen once under a Ctrl-C's clean one line);
+    other errors still print, and Ctrl-C is still ignored."""
+    import subprocess
+    import sys
+
+    code = ("import signal, sys\n"
+            "from multiprocessing import AuthenticationError\n"
+            "from tinyvlm.train import _render_worker_init\n"
+            "_render_worker_init(0)\n"
+            "assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
+            "for e in (EOFError('peer gone'), ConnectionResetError(104, 'reset'), AuthenticationError('digest')):\n"
+            "    sys.excepthook(type(e), e, None)\n"
+            "sys.excepthook(ValueError, ValueError('a real one'), None)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr
+    assert "a real one" in r.stderr and "peer gone" not in r.stderr and "reset" not in r.stderr
+    assert "digest" not in r.stderr

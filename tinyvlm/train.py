@@ -237,6 +237,25 @@ def _deaf_to_ctrl_c(*_) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _render_worker_init(*_) -> None:
+    """A render worker: deaf to Ctrl-C (above), and quiet when its training process is gone. It
+    hands each batch's tensors over through a listener thread (multiprocessing's resource
+    sharer), which prints through sys.excepthook a peer that died during the handshake: a
+    Ctrl-C that stopped the run cleanly once ended with that traceback under its one line.
+    Its other errors reach the training process through the DataLoader, not this hook."""
+    import sys
+    from multiprocessing import AuthenticationError
+
+    _deaf_to_ctrl_c()
+    report = sys.excepthook
+
+    def hook(kind, value, tb) -> None:
+        if not issubclass(kind, (EOFError, ConnectionError, AuthenticationError)):
+            report(kind, value, tb)
+
+    sys.excepthook = hook
+
+
 @contextmanager
 def _children_born_deaf(spawned: bool):
     """Processes started inside ignore Ctrl-C from their first instruction: a spawned training
@@ -449,7 +468,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     # it mid-batch at the time budget.
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4,
                                          persistent_workers=False, multiprocessing_context="fork",
-                                         worker_init_fn=_deaf_to_ctrl_c)
+                                         worker_init_fn=_render_worker_init)
     with _children_born_deaf(spawned=False):  # its render worker is forked here
         batches = iter(loader)
     if cfg.processes > 1:
