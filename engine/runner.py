@@ -33,6 +33,7 @@ from .sequence import Sequence
 from .step_inputs import StepInputs, step_inputs
 
 
+NO_ROWS = torch.zeros(0, dtype=torch.int64)
 VISION_GRAPH_CROPS = 64  # largest crop-count bucket with a vision graph; more crops run eagerly
 
 
@@ -85,10 +86,6 @@ class Runner:
         shape = (t.n_layers, (n_pages + (graphs is not None)) * page_size, t.n_kv_heads, t.head_dim)
         self.k = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
-        if self.scripted is not None:
-            from .scripted import held_in_cpp
-
-            self._held = held_in_cpp([self.k, self.v, *rope, *text_weights, *self.vision_weights])
         self.draft_rows = draft_rows  # draft tokens per step at most (engine/scheduler.py)
         # Past the slots (and the graphs' padding slot): the inputs of rows the host feeds itself
         # (draft rows, and the next row of a sequence after a draft step), written each step.
@@ -107,6 +104,12 @@ class Runner:
                                               (vc.in_channels, vc.crop_size, vc.crop_size), loaded.dtype,
                                               self.device, capture=graphs == "capture")
         self.fsm_state = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
+        self._no_prefix = self.k.new_zeros(0, t.dim)  # a step's prefix rows when it has no images
+        if self.scripted is not None:
+            from .scripted import held_in_cpp
+
+            self._held = held_in_cpp([self.k, self.v, self.last_token, self._no_prefix, *rope, *text_weights,
+                                      *self.vision_weights])
         self.max_rows = 2 * max_batch + self.draft_rows  # decodes, their drafts, first tokens of prefills
         self.slots = [_Slot(self.max_rows, self.device), _Slot(self.max_rows, self.device)]
 
@@ -174,9 +177,12 @@ class Runner:
         """TextModel.forward over the paged cache (the eager path; TorchScript runs `_fused`)."""
         return self.model.text(x_BTC, pos_BT, self._attend(write, pages_BP, mask))
 
-    def _fused(self, x_prefix: torch.Tensor, ids: torch.Tensor, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        """scripted.step_forward over this runner's cache and weights; inputs: `step_inputs.fused_inputs`."""
-        return self.scripted.step(x_prefix, ids, *inputs, self.k, self.v, *self._text_args, self.exact)
+    def _fused(self, x_prefix: torch.Tensor, ids: torch.Tensor, inputs: tuple,
+               decode_slots: torch.Tensor = NO_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+        """scripted.step_forward over this runner's cache and weights; inputs: `step_inputs.fused_inputs`.
+        The rows after the prefix take ids, then the last tokens of `decode_slots`."""
+        return self.scripted.step(x_prefix, ids, decode_slots, self.last_token, *inputs, self.k, self.v,
+                                  *self._text_args, self.exact)
 
     def launch(self, plan: StepPlan, step_id: int) -> tuple[Pending, _Slot]:
         """Build the step's inputs on the host and launch it; returns its pending handle and slot."""
@@ -205,16 +211,13 @@ class Runner:
     def _forward_fused(self, step: StepInputs, busy: dict[str, float]) -> list[torch.Tensor]:
         """The step's text forwards in one TorchScript call: the logits of its sampling rows."""
         t0 = time.perf_counter()
+        x = self._no_prefix
         if step.images:
             x = self._prefix_embeds(step.images, step.crops).flatten(0, 1)
-        else:
-            x = self.k.new_zeros(0, self.config.text.dim)
         busy["images"] = (time.perf_counter() - t0) * 1000.0  # the vision encoder's, where the step runs it
         t0 = time.perf_counter()
-        ids = [p[0].reshape(-1) for p in step.prefills]
-        if step.decode is not None:
-            ids.append(self.last_token[step.decode[0]])
-        _, logits = self._fused(x, torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64), step.fused)
+        ids, decode_slots, inputs = step.fused
+        _, logits = self._fused(x, ids, inputs, decode_slots)
         busy["text"] = (time.perf_counter() - t0) * 1000.0
         return [logits]
 

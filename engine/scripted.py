@@ -83,7 +83,8 @@ def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return torch.matmul(torch.softmax(scores, dim=-1), vd).to(q.dtype)
 
 
-def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
+def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, decode_slots: torch.Tensor, last_token: torch.Tensor,
+                 pos: torch.Tensor, write: torch.Tensor,
                  copy_src: torch.Tensor, copy_dst: torch.Tensor, shapes: List[List[int]],
                  pages: List[torch.Tensor], masks: List[torch.Tensor], sample_rows: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, cos_table: torch.Tensor,
@@ -95,17 +96,21 @@ def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, w
 
     The rows are groups, in order, each `TextModel.forward(x, pos, Runner._attend(write, pages,
     mask))` over a (b, t) batch of its own (`shapes[g]`, `pages[g]`, `masks[g]`): image prefixes,
-    prompt chunks, decode rows. Their inputs: x_prefix (N0, C) for the first N0 rows, the
-    embeddings of `ids` for the rest. Linears run over all rows at once (a row's result does not
-    depend on the others: `TextModel.min_rows`, `min_rows_ff`; `row_buckets`), attention per
-    group, exactly as one call per group would: one call instead of three spares a live frame's
-    step two-thirds of the per-operator overhead. Each layer writes every row's k/v before any
+    prompt chunks, decode rows. Their inputs: x_prefix (N0, C) for the first N0 rows, then the
+    embeddings of `ids` and of the decode rows' last tokens, `last_token[decode_slots]` (read
+    here rather than by a Python op before the call: each op on the device thread takes the GIL
+    back when it returns, just when the engine thread, woken by the previous step, is busy with
+    host work). Linears run over all rows at once (a row's result does not depend on the others:
+    `TextModel.min_rows`, `min_rows_ff`; `row_buckets`), attention per group, exactly as one call
+    per group would: one call instead of three spares a live frame's step two-thirds of the
+    per-operator overhead. Each layer writes every row's k/v before any
     row attends, then copies the cache slots copy_src to copy_dst (an image prefix's last,
     partial page into a prompt's own first page: the prefix may be computed in the same call).
 
     weights: `flat_weights(text)`: wte, then per layer ln w/b, qkv w/b, proj w/b, fc1 w/b, fc2 w/b,
     then post_ln w/b, lm_head w/b.
     """
+    ids = torch.cat([ids, last_token.index_select(0, decode_slots)])
     x = torch.cat([x_prefix, F.embedding(ids, weights[0])])
     rows, dim = x.shape[0], x.shape[1]
     cos, sin = cos_table[pos].unsqueeze(1), sin_table[pos].unsqueeze(1)
@@ -201,7 +206,9 @@ def flat_weights(text: TextModel) -> List[torch.Tensor]:
 # reference to a tensor whose only other holder is Python, torch takes the GIL back to release
 # the tensor's Python object, once per tensor and call. With other threads running Python (the
 # engine, vision and reader threads), each of those waits its turn: in `video`, ~15 % of the
-# device thread's time. A tensor that some C++ object also holds is never in that state.
+# device thread's time; in `bench`, the pages and masks of a step (in list arguments, held only
+# since the forty-second session) made a pipelined decode step ~10 % slower than a blocking one.
+# A tensor that some C++ object also holds is never in that state.
 def held_in_cpp(tensors: List[torch.Tensor]) -> object:
     """A reference from C++ to each tensor (the weights, caches and rope tables every call takes)
     for as long as the returned object lives."""
@@ -209,9 +216,11 @@ def held_in_cpp(tensors: List[torch.Tensor]) -> object:
 
 
 def _holding(fn: Callable) -> Callable:
-    """fn, holding a C++ reference to each tensor argument (a call's fresh inputs) until it returns."""
+    """fn, holding a C++ reference to each tensor argument (a call's fresh inputs), and to each
+    tensor in a list argument (a step's pages and masks), until it returns."""
     def call(*args):
-        held = torch._C.ScriptList([a for a in args if isinstance(a, torch.Tensor)])
+        held = torch._C.ScriptList([t for a in args for t in (a if isinstance(a, list) else (a,))
+                                    if isinstance(t, torch.Tensor)])
         out = fn(*args)
         del held  # after the call, with the GIL
         return out
@@ -265,9 +274,10 @@ def warm_up(fns: Scripted, text_args: tuple, vision_weights: List[torch.Tensor],
             causal = torch.ones(b, 1, 1, page_size, dtype=torch.bool)
             full = torch.ones(1, 1, 2, page_size, dtype=torch.bool)
             # decode rows alone; a prefix with a prompt and decode rows
-            fns.step(empty, pos, pos, pos, none, none, [[b, 1]], [pages], [causal], torch.arange(b), k, v, *text_args,
-                     exact)
-            fns.step(torch.zeros(2 * b, tc.dim, dtype=dtype), pos, torch.zeros(3 * b, dtype=torch.int64),
+            last = torch.zeros(b, dtype=torch.int64)
+            fns.step(empty, none, pos, last, pos, pos, none, none, [[b, 1]], [pages], [causal], torch.arange(b),
+                     k, v, *text_args, exact)
+            fns.step(torch.zeros(2 * b, tc.dim, dtype=dtype), none, pos, last, torch.zeros(3 * b, dtype=torch.int64),
                      torch.zeros(3 * b, dtype=torch.int64), one, one, [[b, 2], [b, 1]], [pages, pages],
                      [full, causal], torch.arange(b), k, v, *text_args, exact)
             fns.vision(torch.zeros(b, vc.in_channels, vc.crop_size, vc.crop_size, dtype=dtype), vision_weights,

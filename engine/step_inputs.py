@@ -45,7 +45,7 @@ class StepInputs:
     all_greedy: bool
     sticky: tuple | None  # per row: the token a sticky sequence prefers (or -1), its stickiness
     constraint_groups: list  # per automaton: it, its rows, their slots, which rows are first tokens
-    fused: tuple | None  # fused_inputs(...), for the one-call TorchScript forward
+    fused: tuple | None  # fused_inputs(...): ids, decode slots, the rest, for the one-call TorchScript forward
 
 
 def step_inputs(runner: Runner, plan: StepPlan) -> StepInputs:
@@ -179,8 +179,9 @@ def prefix_inputs(runner: Runner, images: list) -> tuple[torch.Tensor, ...]:
 
 
 def fused_inputs(runner: Runner, images: list, prefix: tuple | None, prefills: list, decode: tuple | None) -> tuple:
-    """What step_forward takes besides its rows' inputs: positions, KV slots, the prefix pages
-    copied into prompts' own pages, each group's shape, pages and mask, the rows that sample."""
+    """What step_forward takes besides the prefix rows: the prompt rows' ids, the decode rows'
+    slots, and (positions, KV slots, the prefix pages copied into prompts' own pages, each
+    group's shape, pages and mask, the rows that sample)."""
     P, ps = runner.config.prefix_len, runner.page_size
     pos, write, shapes, pages, masks, sample, copies = [], [], [], [], [], [], []
     n = 0
@@ -214,8 +215,10 @@ def fused_inputs(runner: Runner, images: list, prefix: tuple | None, prefills: l
         sample.append(n + torch.arange(len(slots_d)))
     copy = to(runner.device, np.array(copies, dtype=np.int64).reshape(-1, 2).T)
     none = torch.zeros(0, dtype=torch.int64)
-    return (torch.cat(pos), torch.cat(write), copy[0], copy[1], shapes, pages, masks,
-            torch.cat(sample) if sample else none)
+    # The prompts' ids here; the decode rows' (the last tokens of their slots) are read in the call.
+    ids = torch.cat([p[0].reshape(-1) for p in prefills]) if prefills else none
+    return ids, none if decode is None else decode[0], (
+        torch.cat(pos), torch.cat(write), copy[0], copy[1], shapes, pages, masks, torch.cat(sample) if sample else none)
 
 
 def to(device: torch.device, x: np.ndarray | list, dtype=torch.int64) -> torch.Tensor:
