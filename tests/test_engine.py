@@ -671,19 +671,19 @@ def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small
     """Sized for max_batch_size full-context requests, Moondream 2's default pool was 17 GiB in
     bf16, written whole at start (21.5 GB resident for two pictures), and 33 GiB in fp32: refused
     on a 24 GB machine with advice (max_batch_size, kv_pages) the CLI has no option for."""
-    import engine.engine as engine_module
+    import engine.kv_memory as kv_memory
 
     with _engine(small_folder) as eng:
-        full, page = eng.pool.n_pages, engine_module._page_bytes(eng.config.page_size, eng.loaded)
+        full, page = eng.pool.n_pages, kv_memory.page_bytes(eng.config.page_size, eng.loaded)
         need = eng._batch.reserve_pages
     assert full > 3 * need
-    monkeypatch.setattr(engine_module, "_available_memory", lambda: 4 * page * (need + 2))
+    monkeypatch.setattr(kv_memory, "available_memory", lambda: 4 * page * (need + 2))
     with _engine(small_folder, max_batch_size=4) as eng:
         assert eng.pool.n_pages == need + 2  # a quarter of it
         hs = [eng.submit(images[i % 4], caption="long", params=SamplingParams(max_tokens=40, ignore_eos=True))
               for i in range(12)]  # more than fits at once: they wait for pages
         assert all(len(h.result(timeout=60).token_ids) == 40 for h in hs)
-    monkeypatch.setattr(engine_module, "_available_memory", lambda: 0)
+    monkeypatch.setattr(kv_memory, "available_memory", lambda: 0)
     with _engine(small_folder, max_batch_size=4) as eng:
         assert eng.pool.n_pages == need  # one full-context request, whatever the memory says
     with _engine(small_folder) as eng:
@@ -692,17 +692,17 @@ def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small
         assert eng.pool.n_pages == full  # asked for: as asked
     # in a container, its memory limit counts (MemAvailable is the host's)
     monkeypatch.undo()
-    host = engine_module._available_memory(cgroup="/nonexistent")
+    host = kv_memory.available_memory(cgroup="/nonexistent")
     limited = tmp_path / "cgroup"
     limited.mkdir()
     (limited / "memory.max").write_text("3000000000\n")
     (limited / "memory.current").write_text("1000000000\n")
-    assert host > 2_500_000_000 and engine_module._available_memory(cgroup=str(limited)) == 2_000_000_000
+    assert host > 2_500_000_000 and kv_memory.available_memory(cgroup=str(limited)) == 2_000_000_000
     (limited / "memory.stat").write_text("anon 700000000\ninactive_file 500000000\n")
     # the file cache the kernel can drop (the weights' memory map, for one) is room
-    assert engine_module._available_memory(cgroup=str(limited)) == 2_500_000_000
+    assert kv_memory.available_memory(cgroup=str(limited)) == 2_500_000_000
     (limited / "memory.max").write_text("max\n")  # no limit: the host's figure (it moves a little)
-    assert abs(engine_module._available_memory(cgroup=str(limited)) - host) < host * 0.2
+    assert abs(kv_memory.available_memory(cgroup=str(limited)) - host) < host * 0.2
     # cgroup v1, and a limit on a cgroup above this process's (a systemd slice, say): the
     # tightest counts; /proc/self/cgroup names the process's own
     membership = tmp_path / "membership"
@@ -714,7 +714,7 @@ def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small
     (parent / "memory.limit_in_bytes").write_text("1500000000\n")
     (parent / "memory.usage_in_bytes").write_text("1200000000\n")
     (parent / "memory.stat").write_text("cache 300000000\ntotal_inactive_file 200000000\n")
-    assert engine_module._available_memory(cgroup=str(limited), membership=str(membership)) == 500_000_000
+    assert kv_memory.available_memory(cgroup=str(limited), membership=str(membership)) == 500_000_000
     _assert_clean(eng)
 
 
