@@ -22,14 +22,14 @@ import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from .batch import Batch
 from .config import EngineConfig
-from .constraints import Choice, ConstraintError, compile_constraint
+from .constraint_cache import ConstraintCache
 from .device import Executor, graph_mode, script_mode, use_triton_kernels
 from .errors import ConfigError, EngineClosedError, RequestError
 from .kv_cache import PagePool
@@ -42,10 +42,6 @@ from .runner import Runner
 from .sequence import Image, Sequence
 from .vision_stage import VisionStage, vision_thread_mode
 from .types import EngineStats, SamplingParams
-
-
-CONSTRAINT_CACHE_BYTES = 256 << 20  # compiled constraints kept for reuse, least recently used dropped first
-REFUSED_KEPT = 256  # constraints that could not compile, kept with why
 
 
 class Engine:
@@ -109,8 +105,8 @@ class Engine:
         self._post_lock = threading.Lock()
         self._posting = 0  # posts past their checks, their message not yet in the inbox
         self._stopped = False  # the engine thread has ended (or failed) and reads no more messages
-        self._automata: OrderedDict = OrderedDict()  # least recently used first
-        self._refused: OrderedDict = OrderedDict()  # constraints that cannot compile: why, oldest first
+        self._constraints = ConstraintCache(self.loaded.tokenizer, self.model_config.text.vocab_size,
+                                            self.model_config.tokenizer.eos_id, self.loaded.device)
 
         self._started = time.perf_counter()
         self._busy_base = 0.0
@@ -166,7 +162,7 @@ class Engine:
         if room < 1:
             raise RequestError(f"the prompt ({len(ids)} tokens) does not fit in the context "
                                f"({mc.text.max_context} tokens, {mc.prefix_len} taken by the image)")
-        automaton = self._compile(constraint) if constraint is not None else None
+        automaton = self._constraints.get(constraint) if constraint is not None else None
         params = params.with_seed()
         if isinstance(image, ImageRef):
             ref, img = image, image._image
@@ -201,42 +197,7 @@ class Engine:
     def check_constraint(self, constraint: Any) -> None:
         """Compile a constraint now (kept for the requests that use it): one that cannot compile
         raises ConstraintError here, before any request is made with it."""
-        self._compile(constraint)
-
-    def _compile(self, constraint: Any):
-        """Compiled automata are cached per constraint (many frames ask the same thing)."""
-        try:
-            hash(constraint)
-        except TypeError:  # a dict or list given as the constraint, or a Choice holding a list
-            if isinstance(constraint, Choice):
-                raise ConstraintError("Choice needs a non-empty list of non-empty strings") from None
-            raise ConstraintError(f"a constraint is a Regex, Choice or JsonSchema, got a {type(constraint).__name__}"
-                                  ) from None
-        with self._post_lock:
-            automaton = self._automata.get(constraint)
-            if automaton is not None:
-                self._automata.move_to_end(constraint)
-            refused = self._refused.get(constraint)
-        if refused is not None:  # said once: a retry had waited out the same 30 s compile again
-            raise ConstraintError(refused)
-        if automaton is None:
-            try:
-                automaton = compile_constraint(constraint, self.loaded.tokenizer, self.model_config.text.vocab_size,
-                                               self.model_config.tokenizer.eos_id, self.loaded.device)
-            except ConstraintError as e:
-                with self._post_lock:
-                    self._refused[constraint] = str(e)
-                    while len(self._refused) > REFUSED_KEPT:
-                        self._refused.popitem(last=False)
-                raise
-            with self._post_lock:
-                self._automata[constraint] = automaton
-                # Bounded: choices that change with every frame had kept every table (at Moondream
-                # 2's vocabulary, 12 MB each). A request holds its own automaton, evicted or not.
-                held = sum(a.nbytes for a in self._automata.values())
-                while held > CONSTRAINT_CACHE_BYTES and len(self._automata) > 1:
-                    held -= self._automata.popitem(last=False)[1].nbytes
-        return automaton
+        self._constraints.get(constraint)
 
     def stats(self) -> EngineStats:
         wall = max(time.perf_counter() - self._started, 1e-9)

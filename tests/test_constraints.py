@@ -82,18 +82,19 @@ def test_compiled_constraints_kept_for_reuse_are_bounded(small_folder, monkeypat
     """Choices that change with every frame (the objects seen, say) had each kept its table for the
     engine's life: at Moondream 2's vocabulary 12 MB apiece, without end. The cache now holds
     what its budget allows, the most recently used; a request keeps its own automaton either way."""
-    import engine.engine as engine_module
+    import engine.constraint_cache as cache_module
 
     with Engine(EngineConfig(model=str(small_folder))) as eng:
-        one = eng._compile(Choice(["answer 0", "other 0"])).nbytes
-        monkeypatch.setattr(engine_module, "CONSTRAINT_CACHE_BYTES", 5 * one)
+        cache = eng._constraints
+        one = cache.get(Choice(["answer 0", "other 0"])).nbytes
+        monkeypatch.setattr(cache_module, "CONSTRAINT_CACHE_BYTES", 5 * one)
         hot = Choice(["yes", "no"])
         for i in range(40):
             eng.check_constraint(Choice([f"answer {i}", f"other {i}"]))
             eng.check_constraint(hot)  # asked all along: it stays
-        assert sum(a.nbytes for a in eng._automata.values()) <= 5 * one
-        assert len(eng._automata) < 10 and hot in eng._automata
-        assert Choice(["answer 39", "other 39"]) in eng._automata and Choice(["answer 0", "other 0"]) not in eng._automata
+        assert cache.nbytes() <= 5 * one
+        assert len(cache) < 10 and hot in cache
+        assert Choice(["answer 39", "other 39"]) in cache and Choice(["answer 0", "other 0"]) not in cache
         out = eng.submit(IMAGES[0], question="Is there a star?", constraint=Choice(["answer 0", "other 0"]),
                          params=SamplingParams(max_tokens=20)).result(30)  # compiled again
         assert out.text in ("answer 0", "other 0")
@@ -102,16 +103,16 @@ def test_compiled_constraints_kept_for_reuse_are_bounded(small_folder, monkeypat
 def test_a_constraint_that_cannot_compile_is_refused_once_then_at_once(small_folder, monkeypatch):
     """A failed compile was not kept: each retry of a constraint that ran out its 30 s in the
     compiler's child waited the 30 s again, on the submitting thread."""
-    import engine.engine as engine_module
+    import engine.constraint_cache as cache_module
 
     calls = []
-    real = engine_module.compile_constraint
+    real = cache_module.compile_constraint
 
     def counted(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "compile_constraint", counted)
+    monkeypatch.setattr(cache_module, "compile_constraint", counted)
     with Engine(EngineConfig(model=str(small_folder))) as eng:
         for _ in range(3):
             with pytest.raises(ConstraintError, match="too complex"):
