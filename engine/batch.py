@@ -166,7 +166,9 @@ class Batch:
         self.inflight.append(InFlight(step, pending, slot))
 
     def commit(self, record: InFlight) -> None:
-        result: StepResult = record.pending.wait(timeout=600.0)
+        # With another step in flight behind this one, the worker has work while this thread
+        # notices the end of this one: it may look for it rather than be woken (device.py).
+        result: StepResult = record.pending.wait(timeout=600.0, poll=bool(self.inflight))
         record.slot.busy = False
         step = record.plan
         now = time.perf_counter()

@@ -1,0 +1,92 @@
+"""The CPU executor: steps run in launch order on one worker thread; results, errors and timeouts
+reach the waiter, whether it blocks on a step or looks for its end (`poll`)."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.device import POLL_WINDOW_S, Executor
+
+
+@pytest.fixture
+def executor():
+    ex = Executor(torch.device("cpu"), queue_size=3, name="vlmstream-test-device")
+    yield ex
+    ex.close(timeout=5)
+    assert not ex._thread.is_alive()
+
+
+def _step(seconds: float, value, log: list):
+    def fn():
+        time.sleep(seconds)
+        log.append((value, threading.current_thread().name))
+        return value
+    return fn
+
+
+@pytest.mark.parametrize("poll", [False, True])
+def test_steps_run_in_launch_order_and_their_results_reach_the_waiter(executor, poll):
+    log = []
+    # short steps, then one far longer than the waiter expects (it blocks past its window),
+    # then short ones again
+    durations = [0.002] * 4 + [10 * POLL_WINDOW_S] + [0.001] * 4
+    done = []
+    pending = [executor.launch(_step(d, i, log)) for i, d in enumerate(durations[:2])]
+    for i, d in enumerate(durations[2:], start=2):
+        done.append(pending.pop(0).wait(timeout=10, poll=poll))  # two in flight, as the engine keeps them
+        pending.append(executor.launch(_step(d, i, log)))
+    done += [p.wait(timeout=10, poll=poll) for p in pending]
+    assert done == list(range(len(durations)))
+    assert [v for v, _ in log] == done and {name for _, name in log} == {"vlmstream-test-device"}
+    assert executor.busy_seconds() >= sum(durations) * 0.9
+
+
+@pytest.mark.parametrize("poll", [False, True])
+def test_a_steps_error_is_raised_by_its_wait_and_the_next_step_still_runs(executor, poll):
+    def boom():
+        raise RuntimeError("device exploded")
+
+    first, failing, after = (executor.launch(_step(0.003, "a", [])), executor.launch(boom),
+                             executor.launch(_step(0.001, "c", [])))
+    assert first.wait(10, poll=poll) == "a"
+    with pytest.raises(RuntimeError, match="device exploded"):
+        failing.wait(10, poll=poll)
+    with pytest.raises(RuntimeError, match="device exploded"):  # again: it stays failed
+        failing.wait(10)
+    assert after.wait(10, poll=poll) == "c" and after.done()
+
+
+@pytest.mark.parametrize("poll", [False, True])
+def test_a_step_that_does_not_end_times_out_its_wait(executor, poll):
+    release = threading.Event()
+    for _ in range(2):  # the next step's expected time: 2 ms
+        executor.launch(_step(0.002, "warm", [])).wait(10)
+    stuck = executor.launch(lambda: release.wait(30) and "late")
+    t0 = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        stuck.wait(timeout=0.2, poll=poll)
+    assert 0.2 <= time.perf_counter() - t0 < 0.2 + POLL_WINDOW_S + 0.5 and not stuck.done()
+    release.set()
+    assert stuck.wait(10, poll=poll) == "late"  # and it can still be waited for
+
+
+def test_launch_onto_a_full_queue_of_a_stuck_worker_times_out(executor):
+    release = threading.Event()
+    executor.launch(lambda: release.wait(30))
+    time.sleep(0.05)  # the worker holds the stuck step; the queue is empty again
+    queued = [executor.launch(_step(0, i, [])) for i in range(3)]
+    with pytest.raises(TimeoutError, match="not taking work"):
+        executor.launch(_step(0, "over", []), timeout=0.2)
+    release.set()
+    assert [p.wait(10) for p in queued] == [0, 1, 2]
+
+
+def test_close_runs_the_steps_queued_before_it():
+    ex = Executor(torch.device("cpu"), name="vlmstream-test-device")
+    log = []
+    queued = [ex.launch(_step(0.01, i, log)) for i in range(3)]
+    ex.close(timeout=5)
+    assert not ex._thread.is_alive() and [v for v, _ in log] == [0, 1, 2]
+    assert [p.wait(0) for p in queued] == [0, 1, 2]
