@@ -25,7 +25,7 @@ import torch
 from .device import Executor, Pending
 from .models.loader import LoadedModel
 from .models.text import attention
-from .models.tiling import crops_to_tensor, normalize_crops
+from .models.tiling import crops_to_tensor, normalize_crops, stage_crops
 from .reference import exact_attention
 from .sampler import advance_constraints, apply_constraints, constraint_mask, sample, stick, suppress
 from .scheduler import StepPlan
@@ -68,8 +68,12 @@ class Runner:
                                    t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim, t.rot_dim, page_size,
                                    loaded.model.text.min_rows, loaded.model.text.min_rows_ff,
                                    loaded.model.text.row_buckets)
+                mlp = loaded.model.vision.proj_mlp
+                self.proj_weights = [mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias]
+                with torch.no_grad():
+                    self._bos = loaded.model.text.embed(torch.tensor([loaded.config.tokenizer.bos_id]))
                 warm_up(self.scripted, self._text_args, self.vision_weights, loaded.model.vision.cfg, t,
-                        page_size, loaded.dtype, exact_attention(loaded))
+                        page_size, loaded.dtype, exact_attention(loaded), (self.proj_weights, self._bos))
         self.kernels = None
         if kernels:  # imported only here: Triton decides at import whether to interpret (CPU tests)
             from .kernels import kv_write, paged_attention, sampling
@@ -109,7 +113,7 @@ class Runner:
             from .scripted import held_in_cpp
 
             self._held = held_in_cpp([self.k, self.v, self.last_token, self._no_prefix, *rope, *text_weights,
-                                      *self.vision_weights])
+                                      *self.vision_weights, *self.proj_weights, self._bos])
         self.max_rows = 2 * max_batch + self.draft_rows  # decodes, their drafts, first tokens of prefills
         self.slots = [_Slot(self.max_rows, self.device), _Slot(self.max_rows, self.device)]
 
@@ -275,6 +279,11 @@ class Runner:
     def vision_prefix(self, crops: np.ndarray, tiling: tuple[int, int]) -> torch.Tensor:
         """One image's prefix embeddings (P, C): vision encoder and projection, no KV (the vision
         stage's work; the prefix step then runs them through the decoder)."""
+        if self.scripted is not None and self.vision_graphs is None:
+            vc = self.config.vision
+            return self.scripted.prefix(stage_crops(crops, self.device), self.vision_weights, self.proj_weights,
+                                        self._bos, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size, *tiling,
+                                        vc.overlap_margin, self.model.dtype)
         feats = self._vision_features(crops_to_tensor(crops, self.device, self.model.dtype))
         return self.model.prefix_embeddings(self.model.vision.project(feats, tiling))[0]
 

@@ -9,6 +9,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.device import script_mode
 from engine.errors import ConfigError
 from engine.models.loader import load_model
+from engine.models.tiling import normalize_crops
 from engine.runner import Runner
 
 
@@ -158,7 +159,7 @@ def test_warm_up_runs_on_a_scratch_cache_once(monkeypatch, small_folder):
         return lambda *a: calls.append(a[12]) or fn(*a)  # a[12]: the cache of keys, kept alive
 
     monkeypatch.setattr(scripted, "_WARM", set())
-    monkeypatch.setattr(scripted, "_SCRIPTED", scripted.Scripted(spy(real.step), real.vision))
+    monkeypatch.setattr(scripted, "_SCRIPTED", scripted.Scripted(spy(real.step), real.vision, real.prefix))
     loaded = load_model(small_folder)
     runner = Runner(loaded, n_pages=8, page_size=16, max_batch=4, executor=None, script=True)
     assert len(calls) == 6 and runner.k.data_ptr() not in [c.data_ptr() for c in calls]  # never the engine's own cache
@@ -241,3 +242,21 @@ def test_a_call_holds_every_tensor_it_is_given_in_cpp_until_it_returns():
     call(x, 3, [page], [mask])
     assert seen == [(2, 2, 2)]  # one reference from C++ besides Python's
     assert (x._use_count(), page._use_count(), mask._use_count()) == (1, 1, 1)  # released after
+
+
+@pytest.mark.parametrize("model,dtype", [("tiny", torch.float32), ("small", torch.float32), ("gqa", torch.bfloat16)])
+def test_an_image_prefix_in_one_call_is_bit_identical_to_the_eager_one(model, dtype, small_folder, gqa_folder):
+    """The vision thread's work (normalise, encode, stitch and pool the tiles, project, BOS in
+    front) in one TorchScript call: the same embeddings, bit for bit, for several tilings."""
+    loaded = load_model({"tiny": "tiny", "small": small_folder, "gqa": gqa_folder}[model], dtype=dtype)
+    runner = Runner(loaded, n_pages=8, page_size=16, max_batch=2, executor=None, script=True)
+    model_, vc = loaded.model, loaded.config.vision
+    rng = np.random.default_rng(5)
+    for tiling in ((1, 1), (1, 2), (2, 3)):
+        crops = rng.integers(0, 256, size=(1 + tiling[0] * tiling[1], vc.crop_size, vc.crop_size, 3), dtype=np.uint8)
+        with torch.inference_mode():
+            got = runner.vision_prefix(crops, tiling)
+            feats = model_.vision.encode(normalize_crops(torch.from_numpy(crops), dtype))
+            eager = model_.prefix_embeddings(model_.vision.project(feats, tiling))[0]
+        assert got.dtype == eager.dtype and got.shape == (loaded.config.prefix_len, loaded.config.text.dim)
+        assert torch.equal(got, eager), tiling
