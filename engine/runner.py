@@ -282,8 +282,8 @@ class Runner:
         if self.scripted is not None and self.vision_graphs is None:
             vc = self.config.vision
             return self.scripted.prefix(stage_crops(crops, self.device), self.vision_weights, self.proj_weights,
-                                        self._bos, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size, *tiling,
-                                        vc.overlap_margin, self.model.dtype)
+                                        self._bos, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size,
+                                        (int(tiling[0]), int(tiling[1])), vc.overlap_margin, self.model.dtype)
         feats = self._vision_features(crops_to_tensor(crops, self.device, self.model.dtype))
         return self.model.prefix_embeddings(self.model.vision.project(feats, tiling))[0]
 

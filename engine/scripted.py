@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .models.text import TextModel, padded_rows
+from .models.tiling import reconstruct
 from .models.vision import VisionModel
 
 
@@ -185,23 +186,8 @@ def vision_encode(crops_BCHW: torch.Tensor, weights: List[torch.Tensor], n_layer
     return F.layer_norm(x, [x.shape[-1]], wl[0], wl[1], 1e-5)
 
 
-def _reconstruct(tiles_NhwD: torch.Tensor, rows: int, cols: int, margin: int) -> torch.Tensor:
-    # engine.models.tiling.reconstruct, copy for copy.
-    n, th, tw, d = tiles_NhwD.shape[0], tiles_NhwD.shape[1], tiles_NhwD.shape[2], tiles_NhwD.shape[3]
-    step_h, step_w = th - 2 * margin, tw - 2 * margin
-    out = tiles_NhwD.new_zeros([step_h * rows + 2 * margin, step_w * cols + 2 * margin, d])
-    for idx in range(n):
-        i, j = idx // cols, idx % cols
-        y0 = 0 if i == 0 else margin
-        y1 = th if i == rows - 1 else th - margin
-        x0 = 0 if j == 0 else margin
-        x1 = tw if j == cols - 1 else tw - margin
-        out[i * step_h + y0: i * step_h + y1, j * step_w + x0: j * step_w + x1] = tiles_NhwD[idx, y0:y1, x0:x1]
-    return out
-
-
 def image_prefix(crops_NCC3: torch.Tensor, weights: List[torch.Tensor], proj: List[torch.Tensor],
-                 bos_1C: torch.Tensor, n_layers: int, n_heads: int, patch: int, rows: int, cols: int,
+                 bos_1C: torch.Tensor, n_layers: int, n_heads: int, patch: int, tiling: Tuple[int, int],
                  margin: int, dtype: torch.dtype) -> torch.Tensor:
     """`Runner.vision_prefix` in one call: uint8 crops (N, C, C, 3), the global one first ->
     the image prefix's embeddings (P, dim): BOS, then the projected image tokens.
@@ -216,7 +202,7 @@ def image_prefix(crops_NCC3: torch.Tensor, weights: List[torch.Tensor], proj: Li
     x = x.div_(255.0).sub_(0.5).div_(0.5)
     feats = vision_encode(x, weights, n_layers, n_heads, patch)
     g, d = crops_NCC3.shape[1] // patch, feats.shape[2]
-    local = _reconstruct(feats[1:].view(-1, g, g, d), rows, cols, margin)
+    local = reconstruct(feats[1:].view(-1, g, g, d), tiling, margin)
     pooled = F.adaptive_avg_pool2d(local.permute(2, 0, 1), [g, g]).permute(1, 2, 0).reshape(g * g, d)
     h = torch.cat([feats[0], pooled], dim=-1)
     tokens = F.linear(_gelu_tanh(F.linear(h, proj[0], proj[1])), proj[2], proj[3])
@@ -323,7 +309,7 @@ def warm_up(fns: Scripted, text_args: tuple, vision_weights: List[torch.Tensor],
             fns.vision(torch.zeros(b, vc.in_channels, vc.crop_size, vc.crop_size, dtype=dtype), vision_weights,
                        vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
             fns.prefix(torch.zeros(1 + b, vc.crop_size, vc.crop_size, vc.in_channels, dtype=torch.uint8),
-                       vision_weights, *prefix_args, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size, 1, b,
+                       vision_weights, *prefix_args, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size, (1, b),
                        vc.overlap_margin, dtype)
     _WARM.add(key)
 
