@@ -108,11 +108,10 @@ class Runner:
                                               (vc.in_channels, vc.crop_size, vc.crop_size), loaded.dtype,
                                               self.device, capture=graphs == "capture")
         self.fsm_state = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
-        self._no_prefix = self.k.new_zeros(0, t.dim)  # a step's prefix rows when it has no images
         if self.scripted is not None:
             from .scripted import held_in_cpp
 
-            self._held = held_in_cpp([self.k, self.v, self.last_token, self._no_prefix, *rope, *text_weights,
+            self._held = held_in_cpp([self.k, self.v, self.last_token, *rope, *text_weights,
                                       *self.vision_weights, *self.proj_weights, self._bos])
         self.max_rows = 2 * max_batch + self.draft_rows  # decodes, their drafts, first tokens of prefills
         self.slots = [_Slot(self.max_rows, self.device), _Slot(self.max_rows, self.device)]
@@ -181,7 +180,7 @@ class Runner:
         """TextModel.forward over the paged cache (the eager path; TorchScript runs `_fused`)."""
         return self.model.text(x_BTC, pos_BT, self._attend(write, pages_BP, mask))
 
-    def _fused(self, x_prefix: torch.Tensor, ids: torch.Tensor, inputs: tuple,
+    def _fused(self, x_prefix: list[torch.Tensor], ids: torch.Tensor, inputs: tuple,
                decode_slots: torch.Tensor = NO_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
         """scripted.step_forward over this runner's cache and weights; inputs: `step_inputs.fused_inputs`.
         The rows after the prefix take ids, then the last tokens of `decode_slots`."""
@@ -215,9 +214,9 @@ class Runner:
     def _forward_fused(self, step: StepInputs, busy: dict[str, float]) -> list[torch.Tensor]:
         """The step's text forwards in one TorchScript call: the logits of its sampling rows."""
         t0 = time.perf_counter()
-        x = self._no_prefix
-        if step.images:
-            x = self._prefix_embeds(step.images, step.crops).flatten(0, 1)
+        # The vision stage's embeddings go into the call as they are: stacking them here would
+        # be an operator on this thread, a GIL take (scripted.step_forward says why that counts).
+        x = self._prefix_rows(step.images, step.crops) if step.images else []
         busy["images"] = (time.perf_counter() - t0) * 1000.0  # the vision encoder's, where the step runs it
         t0 = time.perf_counter()
         ids, decode_slots, inputs = step.fused
@@ -230,7 +229,7 @@ class Runner:
         text, logits = self.model.text, []
         if step.images:
             t0 = time.perf_counter()
-            self._hidden(self._prefix_embeds(step.images, step.crops), *step.prefix)
+            self._hidden(torch.stack(self._prefix_rows(step.images, step.crops)), *step.prefix)
             busy["images"] = (time.perf_counter() - t0) * 1000.0
         t0 = time.perf_counter()
         for ids, pos, write, gather, mask, cows, last in step.prefills:
@@ -295,9 +294,9 @@ class Runner:
             return self.scripted.vision(crops, self.vision_weights, vc.enc_n_layers, vc.enc_n_heads, vc.enc_patch_size)
         return self.model.vision.encode(crops)
 
-    def _prefix_embeds(self, images: list, crops: torch.Tensor | None) -> torch.Tensor:
-        """The images' prefix embeddings (n_img, P, C): the vision stage's, or encoded here from
-        `crops` (uint8, on the device: those of the images without embeddings, in order)."""
+    def _prefix_rows(self, images: list, crops: torch.Tensor | None) -> list[torch.Tensor]:
+        """Each image's prefix embeddings (P, C): the vision stage's, or encoded here from `crops`
+        (uint8, on the device: those of the images without embeddings, in order)."""
         model = self.model
         feats = self._vision_features(normalize_crops(crops, model.dtype)) if crops is not None else None
         prefixes, start = [], 0
@@ -306,4 +305,4 @@ class Runner:
                 embeds = model.prefix_embeddings(model.vision.project(feats[start:start + len(c)], tiling))[0]
                 start += len(c)
             prefixes.append(embeds)
-        return torch.stack(prefixes)
+        return prefixes

@@ -84,7 +84,7 @@ def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return torch.matmul(torch.softmax(scores, dim=-1), vd).to(q.dtype)
 
 
-def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, decode_slots: torch.Tensor, last_token: torch.Tensor,
+def step_forward(x_prefix: List[torch.Tensor], ids: torch.Tensor, decode_slots: torch.Tensor, last_token: torch.Tensor,
                  pos: torch.Tensor, write: torch.Tensor,
                  copy_src: torch.Tensor, copy_dst: torch.Tensor, shapes: List[List[int]],
                  pages: List[torch.Tensor], masks: List[torch.Tensor], sample_rows: torch.Tensor,
@@ -97,11 +97,11 @@ def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, decode_slots: torch.
 
     The rows are groups, in order, each `TextModel.forward(x, pos, Runner._attend(write, pages,
     mask))` over a (b, t) batch of its own (`shapes[g]`, `pages[g]`, `masks[g]`): image prefixes,
-    prompt chunks, decode rows. Their inputs: x_prefix (N0, C) for the first N0 rows, then the
-    embeddings of `ids` and of the decode rows' last tokens, `last_token[decode_slots]` (read
-    here rather than by a Python op before the call: each op on the device thread takes the GIL
-    back when it returns, just when the engine thread, woken by the previous step, is busy with
-    host work). Linears run over all rows at once (a row's result does not depend on the others:
+    prompt chunks, decode rows. Their inputs: x_prefix (each image's (P, C) embeddings) for the
+    first rows, then the embeddings of `ids` and of the decode rows' last tokens,
+    `last_token[decode_slots]` (joined and read here rather than by Python ops before the call:
+    each op on the device thread takes the GIL back when it returns, just when the engine thread,
+    woken by the previous step, is busy with host work). Linears run over all rows at once (a row's result does not depend on the others:
     `TextModel.min_rows`, `min_rows_ff`; `row_buckets`), attention per group, exactly as one call
     per group would: one call instead of three spares a live frame's step two-thirds of the
     per-operator overhead. Each layer writes every row's k/v before any
@@ -112,7 +112,7 @@ def step_forward(x_prefix: torch.Tensor, ids: torch.Tensor, decode_slots: torch.
     then post_ln w/b, lm_head w/b.
     """
     ids = torch.cat([ids, last_token.index_select(0, decode_slots)])
-    x = torch.cat([x_prefix, F.embedding(ids, weights[0])])
+    x = torch.cat(x_prefix + [F.embedding(ids, weights[0])])
     rows, dim = x.shape[0], x.shape[1]
     cos, sin = cos_table[pos].unsqueeze(1), sin_table[pos].unsqueeze(1)
     flats = [p.reshape(-1) for p in pages]
@@ -293,7 +293,6 @@ def warm_up(fns: Scripted, text_args: tuple, vision_weights: List[torch.Tensor],
     shape = (tc.n_layers, 2 * page_size, tc.n_kv_heads, tc.head_dim)
     k, v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
     none, one = torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
-    empty = torch.zeros(0, tc.dim, dtype=dtype)
     with torch.inference_mode():
         for b in (1, 2, 3):
             pos, pages = torch.zeros(b, dtype=torch.int64), torch.zeros(b, 1, dtype=torch.int64)
@@ -301,9 +300,9 @@ def warm_up(fns: Scripted, text_args: tuple, vision_weights: List[torch.Tensor],
             full = torch.ones(1, 1, 2, page_size, dtype=torch.bool)
             # decode rows alone; a prefix with a prompt and decode rows
             last = torch.zeros(b, dtype=torch.int64)
-            fns.step(empty, none, pos, last, pos, pos, none, none, [[b, 1]], [pages], [causal], torch.arange(b),
+            fns.step([], none, pos, last, pos, pos, none, none, [[b, 1]], [pages], [causal], torch.arange(b),
                      k, v, *text_args, exact)
-            fns.step(torch.zeros(2 * b, tc.dim, dtype=dtype), none, pos, last, torch.zeros(3 * b, dtype=torch.int64),
+            fns.step([torch.zeros(2, tc.dim, dtype=dtype)] * b, none, pos, last, torch.zeros(3 * b, dtype=torch.int64),
                      torch.zeros(3 * b, dtype=torch.int64), one, one, [[b, 2], [b, 1]], [pages, pages],
                      [full, causal], torch.arange(b), k, v, *text_args, exact)
             fns.vision(torch.zeros(b, vc.in_channels, vc.crop_size, vc.crop_size, dtype=dtype), vision_weights,

@@ -790,7 +790,7 @@ def test_worker_error_reaches_the_caller(small_folder, images, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("device exploded")
 
-    monkeypatch.setattr(eng.runner, "_prefix_embeds", boom)
+    monkeypatch.setattr(eng.runner, "_prefix_rows", boom)
     h = eng.submit(images[0], caption="short", params=GREEDY)
     assert h.result(timeout=30).finish_reason == "error"
     with pytest.raises(EngineClosedError, match="device exploded"):

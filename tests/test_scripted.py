@@ -19,16 +19,15 @@ NONE = torch.zeros(0, dtype=torch.int64)
 def fused_decode(runner: Runner, slots, pos, write, pages, mask) -> torch.Tensor:
     """The logits of decode rows alone through the one-call step forward."""
     b = len(slots)
-    empty = runner.k.new_zeros(0, runner.config.text.dim)
     inputs = (pos.reshape(-1), write, NONE, NONE, [[b, 1]], [pages], [mask], torch.arange(b))
-    return runner._fused(empty, NONE, inputs, slots)[1]
+    return runner._fused([], NONE, inputs, slots)[1]
 
 
 def fused_hidden(runner: Runner, x, pos, write, pages, mask) -> torch.Tensor:
     """The hidden states of one prefill group (given its inputs) through the one-call step forward."""
     b, t, c = x.shape
     inputs = (pos.reshape(-1), write, NONE, NONE, [[b, t]], [pages], [mask], NONE)
-    return runner._fused(x.reshape(-1, c), NONE, inputs)[0].view(b, t, c)
+    return runner._fused([x.reshape(-1, c)], NONE, inputs)[0].view(b, t, c)
 
 
 def _step_inputs(runner: Runner, b: int, rng: np.random.Generator):
@@ -223,7 +222,7 @@ def test_a_whole_step_in_one_call_matches_the_separate_eager_forwards(model, sma
                   [img_mask, prompt_mask, dec_mask],
                   torch.as_tensor([n_img * P + t - 1, n_img * P + 2 * t - 1,
                                    *range(n_img * (P + t), n_img * (P + t) + n_dec)]))
-        _, got = runner._fused(x.reshape(-1, C), torch.cat([ids.reshape(-1), dids]), inputs)
+        _, got = runner._fused(list(x), torch.cat([ids.reshape(-1), dids]), inputs)
     assert torch.equal(got, eager)
     read = np.concatenate([at(p, range(P)) for p in img_pages] + [at(tab, range(P + t)) for tab in tables]
                           + [at(dec_table, range(P + 1 + n_dec))])
