@@ -102,6 +102,7 @@ def synchronize(device: torch.device) -> None:
 
 POLL_S = 50e-6  # Pending._watch: how often it looks, and for how long in all
 POLL_WINDOW_S = 0.6e-3
+WATCH_MAX_S = 0.05  # a longer step: the wake's cost is nothing beside it, and it blocks as before
 
 
 class Pending:
@@ -112,8 +113,9 @@ class Pending:
     an Event's set (a Condition in Python) took ~60 us there against a few for the lock."""
 
     def __init__(self) -> None:
+        self._key: Any = None  # CPU: what it is, for the time it is expected to take
         self._started = 0.0  # CPU: when the worker began it (0: not yet)
-        self._expect = 0.0  # CPU: how long the worker expects it to take
+        self._expect = 0.0  # CPU: how long the last step of its key took (0: unknown)
         self._finished = False
         self._bell = _thread.allocate_lock()
         self._bell.acquire()  # released once, when the step is done
@@ -152,10 +154,12 @@ class Pending:
         """Sleep through most of a running step on a timer, then look for its end every POLL_S
         for a while, instead of blocking on its bell: waking a thread blocked on a lock cost the
         worker ~50 us of its time between steps on this project's VMs (a lock released with no
-        waiter: under 1 us), ~2.5 % of a decode step of 8 rows. Past the window (a step much
-        longer than the one before it), the caller blocks as usual."""
+        waiter: under 1 us), ~2.5 % of a decode step of 8 rows. The expected time is that of the
+        last step of the same key (its kinds of rows), so a short step after long ones of another
+        kind is not slept through. Past the window (a step longer than the last of its key), or
+        for a step of unknown or long duration, the caller blocks as usual."""
         started, expect = self._started, self._expect
-        if not started or not expect:
+        if not started or not expect or expect > WATCH_MAX_S:
             return
         now = time.perf_counter()
         nap = started + expect - POLL_WINDOW_S / 2 - now
@@ -195,9 +199,7 @@ class Executor:
             self._bell = _thread.allocate_lock()
             self._bell.acquire()
             self._stop = threading.Event()
-            # The last two steps' times: the shorter is what the next one's waiter expects (a
-            # long image step among decode steps does not make it sleep through the next ones).
-            self._last_s = (0.0, 0.0)
+            self._took: dict = {}  # per step key: how long its last step took (Pending._watch)
             self._thread = threading.Thread(target=self._work, name=name, daemon=True)
             self._thread.start()
 
@@ -208,14 +210,17 @@ class Executor:
             while item is not None:
                 fn, pending, on_done = item
                 t0 = time.perf_counter()
-                pending._expect, pending._started = min(self._last_s), t0
+                pending._expect, pending._started = self._took.get(pending._key, 0.0), t0
                 result, error = None, None
                 try:
                     result = fn()
                 except BaseException as e:  # the engine thread re-raises it at commit
                     error = e
                 busy = time.perf_counter() - t0
-                self._last_s = (self._last_s[1], busy)
+                if pending._key is not None:
+                    if len(self._took) > 512:
+                        self._took.clear()
+                    self._took[pending._key] = busy
                 # The next step is taken before this one is announced: the announcement wakes the
                 # engine thread, which then wants the GIL, and the worker should be back in
                 # torch (without the GIL) by the time it must give it up.
@@ -249,9 +254,11 @@ class Executor:
             pass
 
     def launch(self, fn: Callable[[], Any], timeout: float = 60.0,
-               on_done: Callable[[], None] | None = None) -> Pending:
-        """on_done (CPU): called on the worker once the step is done, e.g. to wake its waiter."""
+               on_done: Callable[[], None] | None = None, key: Any = None) -> Pending:
+        """on_done (CPU): called on the worker once the step is done, e.g. to wake its waiter.
+        key (CPU): what kind of step it is (hashable); steps of one key take about as long."""
         pending = Pending()
+        pending._key = key
         if self._thread is None:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             # Inputs were staged on the caller's stream: order the compute stream after them.

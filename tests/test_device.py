@@ -33,10 +33,10 @@ def test_steps_run_in_launch_order_and_their_results_reach_the_waiter(executor, 
     # then short ones again
     durations = [0.002] * 4 + [10 * POLL_WINDOW_S] + [0.001] * 4
     done = []
-    pending = [executor.launch(_step(d, i, log)) for i, d in enumerate(durations[:2])]
+    pending = [executor.launch(_step(d, i, log), key="decode") for i, d in enumerate(durations[:2])]
     for i, d in enumerate(durations[2:], start=2):
         done.append(pending.pop(0).wait(timeout=10, poll=poll))  # two in flight, as the engine keeps them
-        pending.append(executor.launch(_step(d, i, log)))
+        pending.append(executor.launch(_step(d, i, log), key="decode"))
     done += [p.wait(timeout=10, poll=poll) for p in pending]
     assert done == list(range(len(durations)))
     assert [v for v, _ in log] == done and {name for _, name in log} == {"vlmstream-test-device"}
@@ -61,15 +61,32 @@ def test_a_steps_error_is_raised_by_its_wait_and_the_next_step_still_runs(execut
 @pytest.mark.parametrize("poll", [False, True])
 def test_a_step_that_does_not_end_times_out_its_wait(executor, poll):
     release = threading.Event()
-    for _ in range(2):  # the next step's expected time: 2 ms
-        executor.launch(_step(0.002, "warm", [])).wait(10)
-    stuck = executor.launch(lambda: release.wait(30) and "late")
+    executor.launch(_step(0.002, "warm", []), key="decode").wait(10)  # the next one's expected time: 2 ms
+    stuck = executor.launch(lambda: release.wait(30) and "late", key="decode")
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError):
         stuck.wait(timeout=0.2, poll=poll)
     assert 0.2 <= time.perf_counter() - t0 < 0.2 + POLL_WINDOW_S + 0.5 and not stuck.done()
     release.set()
     assert stuck.wait(10, poll=poll) == "late"  # and it can still be waited for
+
+
+def test_a_waiter_that_looks_for_a_short_step_is_not_asleep_through_it(executor):
+    # Expected times go by kind of step: a short decode step after long image steps is not
+    # slept through as if it were one of them (the worker would idle, the answer wait).
+    for _ in range(2):
+        executor.launch(_step(0.04, "image", []), key="image").wait(10)
+    executor.launch(_step(0.001, "decode", []), key="decode").wait(10)
+    first = executor.launch(_step(0.04, "image", []), key="image")
+    second = executor.launch(_step(0.04, "image", []), key="image")
+    first.wait(10, poll=True)
+    short = executor.launch(_step(0.001, "decode", []), key="decode")
+    second.wait(10, poll=True)
+    behind = executor.launch(_step(0.001, "decode", []), key="decode")
+    t0 = time.perf_counter()
+    assert short.wait(10, poll=True) == "decode"
+    assert time.perf_counter() - t0 < 0.02 and short._expect < 0.01
+    behind.wait(10)
 
 
 def test_launch_onto_a_full_queue_of_a_stuck_worker_times_out(executor):
