@@ -205,7 +205,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="concurrent requests per run (default 1,8,32)")
     bench.add_argument("--tokens", type=int, default=64, metavar="N", help="answer tokens per request (default 64)")
     bench.add_argument("--repeats", type=int, default=3, metavar="N",
-                       help="runs per mode, at least, and on until each mode has run 3 s; medians (default 3)")
+                       help="runs per mode, at least, and on until each mode has run --seconds; medians (default 3)")
+    bench.add_argument("--seconds", type=float, default=3.0, metavar="S",
+                       help="wall time each mode runs at least, per concurrency: longer evens out a noisy "
+                            "machine (default 3; 0: just --repeats)")
     bench.add_argument("--frames", type=int, default=240, metavar="N",
                        help="also caption N distinct 640x360 frames and report frames/s (0 skips; default 240)")
     bench.add_argument("--no-script", action="store_true",
@@ -396,8 +399,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--streams values must be >= 1")
     if args.tokens < 1 or args.repeats < 1 or args.frames < 0:
         raise UsageError("--tokens and --repeats must be >= 1, --frames >= 0")
+    if not 0 <= args.seconds <= 3600:  # NaN too
+        raise UsageError("--seconds must be between 0 and 3600")
     cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, streams=streams,
-                      tokens=args.tokens, repeats=args.repeats, frames=args.frames,
+                      tokens=args.tokens, repeats=args.repeats, frames=args.frames, min_seconds=args.seconds,
                       cpu_script=False if args.no_script else None,
                       vision_thread=False if args.no_vision_thread else None)
     total = len(streams) * 2 * args.repeats + (1 if args.frames else 0)

@@ -1,13 +1,15 @@
 import json
-import time
 import statistics
+import time
+
+import pytest
 
 from app.cli import main
 
 
 def test_bench_json_report(capsys, small_folder):
     argv = ["bench", "--model", str(small_folder), "--streams", "1,3", "--tokens", "6", "--repeats", "2",
-            "--frames", "6", "--json"]
+            "--frames", "6", "--seconds", "0.5", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["streams"] for r in report["results"]] == [1, 3]
@@ -19,6 +21,8 @@ def test_bench_json_report(capsys, small_folder):
         # the ratio pairs back-to-back runs, so that load drifting between runs cancels out
         assert len(r["pair_ratios"]) == r["runs_per_mode"] >= 2 and all(x > 0 for x in r["pair_ratios"])
         assert r["ratio"] == statistics.median(r["pair_ratios"])
+        assert r["runs_per_mode"] > 2  # on past --repeats, until each mode had run --seconds
+    assert report["min_seconds"] == 0.5
     assert report["frame_rate"]["frames"] == 6 and report["frame_rate"]["frames_per_s"] > 0
     assert all(r["tokens_made"] == 6 for r in report["results"])
     assert report["decode"] == "torchscript"  # the CPU default
@@ -28,14 +32,14 @@ def test_bench_json_report(capsys, small_folder):
 
 def test_bench_can_decode_eagerly_for_comparison(capsys, small_folder):
     argv = ["bench", "--model", str(small_folder), "--streams", "2", "--tokens", "4", "--repeats", "1",
-            "--frames", "0", "--no-script"]
+            "--frames", "0", "--seconds", "0", "--no-script"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "decode=eager" in out and "True" in out.splitlines()[-1]  # tokens identical across modes
     assert "answers stopped" not in out
     # more tokens than the context holds: the table says how many each answer really had
     assert main(["bench", "--model", str(small_folder), "--streams", "1", "--tokens", "100000", "--repeats", "1",
-                 "--frames", "0"]) == 0
+                 "--frames", "0", "--seconds", "0"]) == 0
     assert "answers stopped at" in capsys.readouterr().out
 
 
@@ -43,6 +47,13 @@ def test_bench_bad_arguments(capsys):
     assert main(["bench", "--streams", "1,x"]) == 2
     assert main(["bench", "--streams", "0"]) == 2
     assert "error" in capsys.readouterr().err
+    for bad in ("-1", "nan", "1e9"):
+        assert main(["bench", f"--seconds={bad}"]) == 2
+        err = capsys.readouterr().err
+        assert "--seconds must be between 0 and 3600" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as e:  # argparse's own one line
+        main(["bench", "--seconds", "soon"])
+    assert e.value.code == 2 and "invalid float" in capsys.readouterr().err
 
 
 def test_bench_leaves_each_batch_size_s_first_run_out_of_its_figures(small_folder, monkeypatch):
