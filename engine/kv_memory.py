@@ -22,9 +22,10 @@ def default_pages(full: int, least: int, page_size: int, loaded) -> int:
     """The pool when kv_pages is not given: `full` (max_batch_size full-context requests and
     their images), on a CPU at most KV_SHARE_CPU of the memory available, and never less than
     `least`: one full-context request, and a page for each of max_batch_size requests. Moondream
-    2's full pool for max_batch_size 32 is 16 GiB in bf16, all of it written at start (35 s before any work, 21.5 GB resident for `image`
-    with two pictures), and in fp32 33 GiB, refused on a 24 GB machine. Requests that do not fit
-    wait for pages, as with a small kv_pages; real answers are far shorter than the context."""
+    2's full pool for max_batch_size 32 is 16 GiB in bf16, all of it written at start (35 s
+    before any work, 21.5 GB resident for `image` with two pictures), and in fp32 33 GiB, refused
+    on a 24 GB machine. Requests that do not fit wait for pages, as with a small kv_pages; real
+    answers are far shorter than the context."""
     if loaded.device.type != "cpu":
         return full
     return max(least, min(full, int(available_memory() * KV_SHARE_CPU) // page_bytes(page_size, loaded)))

@@ -84,14 +84,14 @@ def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return torch.matmul(torch.softmax(scores, dim=-1), vd).to(q.dtype)
 
 
-def step_forward(x_prefix: List[torch.Tensor], ids: torch.Tensor, decode_slots: torch.Tensor, last_token: torch.Tensor,
-                 pos: torch.Tensor, write: torch.Tensor,
-                 copy_src: torch.Tensor, copy_dst: torch.Tensor, shapes: List[List[int]],
-                 pages: List[torch.Tensor], masks: List[torch.Tensor], sample_rows: torch.Tensor,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, cos_table: torch.Tensor,
-                 sin_table: torch.Tensor, weights: List[torch.Tensor], n_layers: int, n_heads: int,
-                 n_kv_heads: int, head_dim: int, rot_dim: int, page_size: int, min_rows: int,
-                 min_rows_ff: int, buckets: bool, exact: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def step_forward(x_prefix: List[torch.Tensor], ids: torch.Tensor, decode_slots: torch.Tensor,
+                 last_token: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, copy_src: torch.Tensor,
+                 copy_dst: torch.Tensor, shapes: List[List[int]], pages: List[torch.Tensor],
+                 masks: List[torch.Tensor], sample_rows: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor,
+                 weights: List[torch.Tensor], n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                 rot_dim: int, page_size: int, min_rows: int, min_rows_ff: int, buckets: bool,
+                 exact: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """A step's text forwards in one call: hidden states (N, C) of its N rows, and the logits of
     the rows in sample_rows.
 
@@ -100,13 +100,14 @@ def step_forward(x_prefix: List[torch.Tensor], ids: torch.Tensor, decode_slots: 
     prompt chunks, decode rows. Their inputs: x_prefix (each image's (P, C) embeddings) for the
     first rows, then the embeddings of `ids` and of the decode rows' last tokens,
     `last_token[decode_slots]` (joined and read here rather than by Python ops before the call:
-    each op on the device thread takes the GIL back when it returns, just when the engine thread,
-    woken by the previous step, is busy with host work). Linears run over all rows at once (a row's result does not depend on the others:
-    `TextModel.min_rows`, `min_rows_ff`; `row_buckets`), attention per group, exactly as one call
-    per group would: one call instead of three spares a live frame's step two-thirds of the
-    per-operator overhead. Each layer writes every row's k/v before any
-    row attends, then copies the cache slots copy_src to copy_dst (an image prefix's last,
-    partial page into a prompt's own first page: the prefix may be computed in the same call).
+    each op on the device thread takes the GIL back when it returns, just when the engine
+    thread, woken by the previous step, is busy with host work). Linears run over all rows at
+    once (a row's result does not depend on the others: `TextModel.min_rows`, `min_rows_ff`;
+    `row_buckets`), attention per group, exactly as one call per group would: one call instead
+    of three spares a live frame's step two-thirds of the per-operator overhead. Each layer
+    writes every row's k/v before any row attends, then copies the cache slots copy_src to
+    copy_dst (an image prefix's last, partial page into a prompt's own first page: the prefix may
+    be computed in the same call).
 
     weights: `flat_weights(text)`: wte, then per layer ln w/b, qkv w/b, proj w/b, fc1 w/b, fc2 w/b,
     then post_ln w/b, lm_head w/b.
