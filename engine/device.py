@@ -108,9 +108,10 @@ WATCH_MAX_S = 0.05  # a longer step: the wake's cost is nothing beside it, and i
 class Pending:
     """A launched step: `wait()` returns its result (or raises its error) once it is done.
 
-    CPU: the done signal is a bare lock released by the worker, not a threading.Event: the
-    worker sets it between two steps, where every Python line it runs keeps the device idle, and
-    an Event's set (a Condition in Python) took ~60 us there against a few for the lock."""
+    CPU: the done signal is a flag and a bare lock the worker releases between two steps, where
+    every Python line it runs keeps the device idle (a threading.Event is a Condition written in
+    Python). Releasing the lock costs the worker under 1 us when no thread is blocked on it and
+    ~55 us when one is (its wake): hence `_watch`."""
 
     def __init__(self) -> None:
         self._key: Any = None  # CPU: what it is, for the time it is expected to take

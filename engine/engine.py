@@ -59,7 +59,7 @@ class Engine:
         per_seq = -(-mc.text.max_context // ps)
         need = prefix_pages + per_seq - mc.prefix_len // ps
         n_pages = cfg.kv_pages or default_pages(cfg.max_batch_size * (per_seq + prefix_pages),
-                                                 max(need, cfg.max_batch_size), ps, self.loaded)
+                                                max(need, cfg.max_batch_size), ps, self.loaded)
         if n_pages < need:
             raise ConfigError(f"kv_pages={n_pages} cannot hold one full-context request ({need} pages)")
         if cfg.max_batch_size > n_pages:  # each running request has a page of its own at least

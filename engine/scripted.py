@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .models.text import TextModel, padded_rows
-from .models.tiling import reconstruct
+from .models.tiling import normalize_crops, reconstruct
 from .models.vision import VisionModel
 
 
@@ -199,9 +199,7 @@ def image_prefix(crops_NCC3: torch.Tensor, weights: List[torch.Tensor], proj: Li
     on the vision thread, beside the engine's and the reader's Python, a frame's encoding took
     ~1.7x as long as alone. proj: proj_mlp's fc1 w/b, fc2 w/b; bos_1C: BOS's embedding.
     """
-    x = crops_NCC3.permute(0, 3, 1, 2).to(dtype)
-    x = x.div_(255.0).sub_(0.5).div_(0.5)
-    feats = vision_encode(x, weights, n_layers, n_heads, patch)
+    feats = vision_encode(normalize_crops(crops_NCC3, dtype), weights, n_layers, n_heads, patch)
     g, d = crops_NCC3.shape[1] // patch, feats.shape[2]
     local = reconstruct(feats[1:].view(-1, g, g, d), tiling, margin)
     pooled = F.adaptive_avg_pool2d(local.permute(2, 0, 1), [g, g]).permute(1, 2, 0).reshape(g * g, d)
