@@ -217,18 +217,20 @@ class LiveSession:
             if answered:
                 now = time.perf_counter()
                 result = LiveResult(frame, outs, (now - frame.captured_at) * 1000.0, self._prompts)
-                self.completed += 1
-                self._completions.append(now)
-                for k, v in result.timings_ms.items():
-                    if k in self._latency:
-                        self._latency[k].append(v)
-                self._latency["end_to_end"].append(result.end_to_end_ms)
                 if self.on_result:
                     try:
                         self.on_result(result)
                     except Exception:  # logged, as the engine's done callbacks are: it had ended this
                         # thread, and every frame after was dropped with nothing said
                         logging.getLogger("vlmstream").exception("on_result raised for frame %d", frame.index)
+                # Counted once delivered: whoever sees `completed` grow (a page, a test, the CLI's
+                # count) finds that many results where on_result put them.
+                self.completed += 1
+                self._completions.append(now)
+                for k, v in result.timings_ms.items():
+                    if k in self._latency:
+                        self._latency[k].append(v)
+                self._latency["end_to_end"].append(result.end_to_end_ms)
         self.engine = None  # done with it: a closed session kept for its results (the UI's Export) must not pin it
 
     def _late(self, offered: float, now: float) -> bool:

@@ -235,12 +235,12 @@ class LiveLocator:
         h, w = frame.rgb.shape[:2]
         r = Located(s.source.label, frame, self.what, self.task, places, pixel_places(places, w, h, self.task),
                     dict(result["timings_ms"]), end_to_end)
-        with self._lock:
+        if self.on_result is not None:
+            self.on_result(r)
+        with self._lock:  # counted once delivered: a count seen has its results where on_result put them
             s.completed += 1
             s.latency["locate"].append(float(r.timings_ms.get("total", 0.0)))
             s.latency["end_to_end"].append(end_to_end)
-        if self.on_result is not None:
-            self.on_result(r)
 
     def stats(self) -> dict[str, dict]:
         """label -> frames read, located, overwritten unseen (the decoder was busy), skipped above

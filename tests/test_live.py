@@ -443,10 +443,10 @@ def test_a_raising_or_closing_on_result_and_late_offers_keep_the_session_sound(s
         s._thread.join(30)
         assert not s._thread.is_alive() and s.completed == 1
 
-        release = threading.Event()
-        s = LiveSession(eng, {"caption": "short"}, params, on_result=lambda r: release.wait(30))
+        entered, release = threading.Event(), threading.Event()
+        s = LiveSession(eng, {"caption": "short"}, params, on_result=lambda r: (entered.set(), release.wait(30)))
         assert s.offer(_frames(1)[0])
-        _wait(lambda: s.completed == 1)
+        assert entered.wait(10)
         with pytest.raises(TimeoutError, match="still runs after 0.2 s"):
             s.close(timeout=0.2)
         release.set()
@@ -488,3 +488,21 @@ def test_a_closed_session_does_not_keep_its_engine_through_frames_cancelled_as_i
     gc.collect()
     assert engine_ref() is None
     assert s.stats()["cancelled_closed"] == 3
+
+
+def test_a_frame_is_counted_completed_only_once_its_result_is_delivered():
+    """A page waits for `completed` to grow and then reads the results (its log, its Export): the
+    count must never run ahead of what on_result was given."""
+    engine, seen = _HeldEngine(), []
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3,
+                    on_result=lambda r: seen.append((r.frame.index, s.stats()["completed"])))
+    try:
+        for f in _frames(2):
+            assert s.offer(f)
+        engine.handles[0].finish("first")
+        _wait(lambda: s.completed == 1)
+        engine.handles[1].finish("second")
+        _wait(lambda: s.completed == 2)
+    finally:
+        s.close()
+    assert seen == [(0, 0), (1, 1)]  # each delivered while the count still said the ones before

@@ -147,3 +147,17 @@ def test_several_sources_are_located_together_each_with_its_own_places():
         assert len(mine) >= 5 and indices == sorted(indices)
         # each box is the one its own frame's pixels asked for
         assert all(r.places[0]["x_max"] == ((r.frame.index + 100 * k) % 256 + 1) / 256 for r in mine)
+
+
+def test_a_frame_is_counted_located_only_once_its_result_is_delivered():
+    """The live tab waits for `completed` to grow, then reads the feed's records: the count must
+    never run ahead of what on_result was given."""
+    seen = []
+    loc = LiveLocator(_decoder(0.01, []), [LocateSource("cam", _frames(5, 50.0, "cam"))], "star",
+                      on_result=lambda r: seen.append(loc.stats()["cam"]["completed"]))
+    try:
+        _wait(loc)
+    finally:
+        loc.close()
+    loc.check()
+    assert seen == list(range(len(seen))) and loc.stats()["cam"]["completed"] == len(seen) >= 1
