@@ -27,6 +27,7 @@ EXIT_USAGE = 2
 # Frames `video --detect` locates together: 4 images in step make ~1.6x the frames a second of one
 # on the tiny layout, 8 ~1.8x (BENCHMARKS.md); each holds a KV buffer of the whole context.
 LOCATE_BATCH = 4
+MAX_BENCH_STREAMS = 1024
 
 
 class _Parser(argparse.ArgumentParser):
@@ -202,8 +203,9 @@ def _parser() -> argparse.ArgumentParser:
                            description="Throughput of pipelined vs blocking decoding at several concurrencies.")
     _add_model_args(bench, random=True)
     bench.add_argument("--streams", default="1,8,32", metavar="N,N,...",
-                       help="concurrent requests per run (default 1,8,32)")
-    bench.add_argument("--tokens", type=int, default=64, metavar="N", help="answer tokens per request (default 64)")
+                       help="concurrent requests per run, each 1 to 1024 (default 1,8,32)")
+    bench.add_argument("--tokens", type=int, default=64, metavar="N",
+                       help="answer tokens per request, at least 2 (default 64)")
     bench.add_argument("--repeats", type=int, default=3, metavar="N",
                        help="runs per mode, at least, and on until each mode has run --seconds; medians (default 3)")
     bench.add_argument("--seconds", type=float, default=3.0, metavar="S",
@@ -395,10 +397,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         streams = tuple(int(x) for x in args.streams.split(","))
     except ValueError:
         raise UsageError(f"--streams must be comma-separated integers, got {args.streams!r}") from None
-    if not streams or min(streams) < 1:
-        raise UsageError("--streams values must be >= 1")
-    if args.tokens < 1 or args.repeats < 1 or args.frames < 0:
-        raise UsageError("--tokens and --repeats must be >= 1, --frames >= 0")
+    if not streams or min(streams) < 1 or max(streams) > MAX_BENCH_STREAMS:
+        # each stream holds its own image: 100000 of them filled 10 GB before the first step
+        raise UsageError(f"--streams values must be between 1 and {MAX_BENCH_STREAMS}")
+    if args.tokens < 2:  # the decode rate counts the tokens after the first
+        raise UsageError("--tokens must be >= 2 (decode throughput counts the tokens after the first)")
+    if args.repeats < 1 or args.frames < 0:
+        raise UsageError("--repeats must be >= 1, --frames >= 0")
     if not 0 <= args.seconds <= 3600:  # NaN too
         raise UsageError("--seconds must be between 0 and 3600")
     cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, streams=streams,

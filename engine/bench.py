@@ -46,6 +46,12 @@ class BenchConfig:
     cpu_script: bool | None = None  # EngineConfig.cpu_script (None: the engine's default)
     vision_thread: bool | None = None  # EngineConfig.vision_thread (None: the engine's default)
 
+    def __post_init__(self):
+        if self.tokens < 2:  # the decode rate counts the tokens after the first: one gave 0 / 0
+            raise ValueError(f"tokens must be >= 2, got {self.tokens}")
+        if not self.streams or min(self.streams) < 1 or self.repeats < 1 or self.frames < 0:
+            raise ValueError("streams and repeats must be >= 1, frames >= 0")
+
 
 def _images(n: int, size: tuple[int, int]) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
@@ -98,7 +104,7 @@ def frame_rate(engine: Engine, n_frames: int, size: tuple[int, int], inflight: i
             outs.append(pending.pop(0).result(timeout=600))
     outs += [h.result(timeout=600) for h in pending]
     wall = time.perf_counter() - t0
-    return {"frames": n_frames, "frames_per_s": n_frames / wall,
+    return {"frames": n_frames, "frames_per_s": n_frames / wall, "inflight": min(inflight, n_frames),
             "latency_ms_p50": statistics.median(o.timings.total for o in outs),
             "tokens_per_frame": statistics.mean(len(o.token_ids) for o in outs)}
 
@@ -196,5 +202,5 @@ def format_table(report: dict) -> str:
     fr = report.get("frame_rate")
     if fr:
         lines.append(f"frame rate: {fr['frames_per_s']:.1f} frames/s captioned (short, {fr['tokens_per_frame']:.1f} "
-                     f"tokens/frame), latency p50 {fr['latency_ms_p50']:.1f} ms, 8 frames in flight")
+                     f"tokens/frame), latency p50 {fr['latency_ms_p50']:.1f} ms, {fr['inflight']} frames in flight")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ import time
 import pytest
 
 from app.cli import main
+from engine.bench import BenchConfig, format_table
 
 
 def test_bench_json_report(capsys, small_folder):
@@ -24,6 +25,7 @@ def test_bench_json_report(capsys, small_folder):
         assert r["runs_per_mode"] > 2  # on past --repeats, until each mode had run --seconds
     assert report["min_seconds"] == 0.5
     assert report["frame_rate"]["frames"] == 6 and report["frame_rate"]["frames_per_s"] > 0
+    assert "6 frames in flight" in format_table(report)  # 8 at most, never more than it captioned
     assert all(r["tokens_made"] == 6 for r in report["results"])
     assert report["decode"] == "torchscript"  # the CPU default
     # which machine made the figures: the CPU's name and its bf16 instructions, no GPU here
@@ -47,6 +49,14 @@ def test_bench_bad_arguments(capsys):
     assert main(["bench", "--streams", "1,x"]) == 2
     assert main(["bench", "--streams", "0"]) == 2
     assert "error" in capsys.readouterr().err
+    # one token has no decode rate (it divided by zero); 100000 streams' images filled 10 GB
+    for flag, value, says in (("--tokens", "1", "--tokens must be >= 2"), ("--streams", "1,100000", "between 1 and 1024"),
+                              ("--repeats", "0", "--repeats must be >= 1")):
+        assert main(["bench", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ValueError, match="tokens must be >= 2"):
+        BenchConfig(tokens=1)
     for bad in ("-1", "nan", "1e9"):
         assert main(["bench", f"--seconds={bad}"]) == 2
         err = capsys.readouterr().err
