@@ -129,10 +129,15 @@ def parse_constraint(dest: str, value: str):
     if dest == "regex":
         if not value:
             raise UsageError("--regex is empty")
+        from engine.constraints import ConstraintError, check_read_alike
+
         try:
+            check_read_alike(value)
             re.compile(value)
         except re.error as e:
             raise UsageError(f"--regex is not a valid regular expression: {e}") from None
+        except ConstraintError as e:
+            raise UsageError(f"--regex: {e}") from None
         return Regex(value)
     text = value
     if not value.lstrip().startswith("{"):

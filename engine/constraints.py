@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass
+from re import _parser
 from typing import Any
 
 import torch
@@ -94,6 +96,7 @@ def to_regex(constraint: Constraint) -> str:
             pattern = build_regex_from_schema(constraint.schema)
         except Exception as e:  # outlines-core raises ValueError / its own errors
             raise ConstraintError(f"cannot compile the JSON schema: {_first_line(e)}") from None
+        check_read_alike(pattern)  # a schema's "pattern" is in it as written
         if _matches_empty(pattern):  # e.g. an empty enum: no JSON value is valid
             raise ConstraintError("no JSON value is valid against that schema")
         return pattern
@@ -150,6 +153,7 @@ def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, 
     """Compile with outlines-core (in a child process: engine/index_child.py); a ConstraintError
     says why it cannot be done."""
     pattern = to_regex(constraint)
+    check_read_alike(pattern)
     longest = _longest_match(pattern)
     if longest is not None and longest > MAX_MATCH:
         # The automaton grows with it: a{20000} took 4 s and 0.5 GB, a{1000000} never ended.
@@ -239,6 +243,23 @@ def _unenforced(node: Any) -> str | None:
         if isinstance(node.get(k), dict):
             subschemas += node[k].values()
     return next(filter(None, map(_unenforced, subschemas)), None)
+
+
+def check_read_alike(pattern: str) -> None:
+    """A ConstraintError where Python's `re` (which checks answers, here and for users) would read
+    the pattern otherwise than outlines-core: a `[` inside a set (`[[:alpha:]]`, a class to
+    outlines-core, a `[` and letters to Python), or `&&`, `--`, `~~`, `||` there. Python only
+    warns of these (a FutureWarning, printed to the user with our source lines)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        try:
+            _parser.parse(pattern)  # not re.compile: a pattern in its cache would not warn again
+        except FutureWarning as w:
+            raise ConstraintError(f"the regex {pattern!r} is ambiguous ({str(w).lower()}): inside [...], escape "
+                                  "a [ or a doubled &, -, ~, | (\\[, \\&) and spell classes out ([a-zA-Z], "
+                                  "not [[:alpha:]])") from None
+        except re.error:  # outlines-core's own syntax beyond Python's: its compiler decides
+            pass
 
 
 def _matches_empty(pattern: str) -> bool:
