@@ -537,6 +537,7 @@ def run(args: argparse.Namespace) -> int:
     own_temp = "GRADIO_TEMP_DIR" not in os.environ
     if own_temp:
         os.environ["GRADIO_TEMP_DIR"] = str(service._scratch_dir() / "gradio")
+    demo = None
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
         demo = build(service, args.source)
@@ -544,10 +545,15 @@ def run(args: argparse.Namespace) -> int:
         # certificate (the usual one on a LAN); browsers make their own choice.
         demo.launch(server_name=args.host, server_port=args.port, css=CSS, head=HEAD_JS, ssr_mode=False,
                     quiet=False, show_error=True, **tls, ssl_verify=not tls, auth=auth,
-                    auth_message="vlmstream" if auth else None, max_file_size=args.max_upload)
-    except KeyboardInterrupt:
-        return 130
+                    auth_message="vlmstream" if auth else None, max_file_size=args.max_upload,
+                    prevent_thread_lock=True)
+        # Our own wait: Gradio's took Ctrl-C (and SIGTERM, raised as it) for a normal end, exit 0.
+        # A KeyboardInterrupt goes on up to `main`: one line, and 130 or 143 as `video` and `live`.
+        while demo.is_running:
+            time.sleep(0.1)
     finally:
+        if demo is not None:
+            demo.close(verbose=False)
         service.close()
         service.remove_outputs()
         if own_temp:

@@ -209,6 +209,45 @@ def test_ui_auth_file_mistakes_and_the_warning_for_a_ui_on_the_network(capsys, t
     assert "GRADIO_TEMP_DIR" not in os.environ
 
 
+def test_a_serving_ui_stopped_by_a_signal_says_so_and_exits_as_shells_expect(tmp_path):
+    """Gradio's own wait took Ctrl-C and SIGTERM for a normal end: exit 0 and its "Keyboard
+    interruption" line, where `video` and `live` say one line and exit 130 / 143."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    runs = []
+    for sig in (signal.SIGTERM, signal.SIGINT):  # both servers start at once
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        runs.append((sig, port, subprocess.Popen(
+            [str(Path(sys.executable).with_name("vlmstream")), "ui", "--port", str(port)], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)))
+    try:
+        for sig, port, p in runs:
+            deadline = time.monotonic() + 120
+            while True:  # serving: the page answers
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
+                    break
+                except OSError:
+                    assert p.poll() is None and time.monotonic() < deadline, "the UI did not start"
+                    time.sleep(0.3)
+        for sig, _, p in runs:
+            p.send_signal(sig)
+        for sig, _, p in runs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 128 + sig and "Keyboard interruption" not in out, err[-2000:]
+            word = "terminated" if sig == signal.SIGTERM else "interrupted"
+            assert err.strip().splitlines()[-1] == f"vlmstream: {word}" and "Traceback" not in err, err[-2000:]
+    finally:
+        for _, _, p in runs:
+            if p.poll() is None:
+                p.kill()
+
+
 def test_cuda_without_cuda(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
