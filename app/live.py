@@ -27,8 +27,6 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.recorder import Recorder
     from pipelines.sources import SourceError, open_live, redact
 
-    import numpy as np
-
     inf = float("inf")
     if (not 0 < args.fps < inf or args.max_inflight is not None and args.max_inflight < 1  # NaN fails too
             or args.duration is not None and not 0 < args.duration < inf
@@ -68,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         return run_locate(args, opened, labels, recordings, *region)
     from engine import Engine, EngineConfig
 
+    warm = warm_frame(opened, labels)  # before the log: a file with no frame leaves no empty one
     log = open_log(args.output)
     # The engine's total in flight is what sets latency: four sources of four frames each made the
     # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
@@ -163,11 +162,6 @@ def run(args: argparse.Namespace) -> int:
     with Engine(config) as engine:
         check_constraints(engine, tasks)  # before any frame is asked
         # warm-up: the first step pays one-time costs a live stream should not see
-        first = opened[0]  # a file's first frame warms up (a stream's would cost another connection)
-        frame = next(first.frames(), None) if first.paced else None
-        if first.paced and frame is None and not several:  # a recording cut off after its header
-            raise SourceError(f"{labels[0]}: no frame could be decoded")
-        warm = frame.load().rgb if frame is not None else np.zeros((240, 320, 3), np.uint8)
         engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
         recorders.update((label, Recorder(path)) for label, path in zip(labels, recordings or []))
         for live, label in zip(opened, labels):
@@ -360,6 +354,22 @@ def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return [folder / f"{stamp}_{name}.mp4" for name in file_names(sources, labels)]
+
+
+def warm_frame(opened: list, labels: list[str]):
+    """What the first step (which pays one-time costs a live stream should not see) is asked
+    about: a file's first frame (a stream's would cost another connection), or a black one. Taken
+    before any output is opened: a recording cut off after its header is a SourceError, and left an
+    empty log behind."""
+    import numpy as np
+
+    from pipelines.sources import SourceError
+
+    first = opened[0]
+    frame = next(first.frames(), None) if first.paced else None
+    if first.paced and frame is None and len(opened) == 1:
+        raise SourceError(f"{labels[0]}: no frame could be decoded")
+    return frame.load().rgb if frame is not None else np.zeros((240, 320, 3), np.uint8)
 
 
 def no_frames_line(opened: list, several: bool, duration: float | None) -> str:

@@ -48,10 +48,11 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     from pipelines.sources import SourceError
 
     from app.cli import realtime_dtype
-    from app.live import _log_name, _snapshot, no_frames_line, open_log
+    from app.live import _log_name, _snapshot, no_frames_line, open_log, warm_frame
 
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
+    warm = warm_frame(opened, labels)  # before the log: a file with no frame leaves no empty one
     log = open_log(args.output)
     several = len(opened) > 1
     lock = threading.Lock()
@@ -91,12 +92,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         with lock:
             print(f"vlmstream: warning: {line}", file=sys.stderr, flush=True)
 
-    # warm-up: the first frame pays one-time costs a live stream should not see
-    import numpy as np
-
-    first = opened[0]
-    warm = next(first.frames()).load().rgb if first.paced else np.zeros((240, 320, 3), np.uint8)
-    decoder.locate(warm, what, task)
+    decoder.locate(warm, what, task)  # warm-up: one-time costs a live stream should not see
     for live, label in zip(opened, labels):
         if live.connection is not None:
             live.connection.on_event = lambda line, label=label: say(f"{label + ': ' if several else ''}{line}")

@@ -153,6 +153,18 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             file_done = done
+            # Its first frame before any output of its own: a file with none (cut off after its
+            # header) is said, and left empty outputs behind that looked like a run without answers.
+            first = next(src.frames(lazy=True), None)
+            if first is not None and plan.annotate:  # its pixels converted only for --annotate's size
+                first.load()
+            src.close()
+            if first is None:
+                summary.files += 1
+                summary.errors.append(src.error or f"{path}: no frame could be decoded")
+                summary.incomplete += 1
+                return summary
+            src = FileSource(path, reading=reading)
             if plan.jsonl:
                 plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
                 file_done = done_frames(plan.jsonl, one_prompt, warn) if args.resume else {}
@@ -161,12 +173,8 @@ def run(args: argparse.Namespace) -> int:
                 sub_path.parent.mkdir(parents=True, exist_ok=True)
                 sinks.append(SubtitleSink(sub_path, fmt, sampling.period(src.fps)))
             if plan.annotate:
-                first = next(src.frames(), None)
-                src.close()
-                src = FileSource(path, reading=reading)
-                if first is not None:
-                    plan.annotate.parent.mkdir(parents=True, exist_ok=True)
-                    sinks.append(AnnotatedVideoSink(plan.annotate, first.rgb.shape[1], first.rgb.shape[0]))
+                plan.annotate.parent.mkdir(parents=True, exist_ok=True)
+                sinks.append(AnnotatedVideoSink(plan.annotate, first.rgb.shape[1], first.rgb.shape[0]))
             caption_file(engine, src, sinks, tasks, params, sampling, file_done, on_frame=show, summary=summary,
                          stop=stop)
         except KeyboardInterrupt:  # stopped by the flag: the summary still counts what was written
@@ -206,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
     with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
                              vision_thread=False if args.no_vision_thread else None)) as engine:
         check_constraints(engine, tasks)  # before any output is touched
+        made = out is not None and kind == "jsonl" and not out.exists()  # removed again if the run gives nothing
         shared = jsonl_sink(JsonlSink(sys.stdout if to_stdout else out, append=args.resume)) if kind == "jsonl" else None
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(CONCURRENT_FILES, len(paths))) as pool:
@@ -228,8 +237,16 @@ def run(args: argparse.Namespace) -> int:
         shared.close()
     summary = merge(summaries)
     summary.seconds = wall_s  # files ran side by side, and more than CONCURRENT_FILES one after another
+    # Nothing answered and nothing to resume from: every file failed (unreadable, no frame). Said
+    # as errors, with no "0 frames captioned" summary, and the JSONL this run made goes again.
+    failed = (bool(summary.errors) and summary.frames_captioned == 0 and not summary.frames_skipped
+              and not interrupted and not write_failed.is_set() and not pipe_closed.is_set())
     for err in summary.errors:
-        print(f"vlmstream: warning: {err}", file=sys.stderr)
+        print(f"vlmstream: {'error' if failed else 'warning'}: {err}", file=sys.stderr)
+    if failed:
+        if made and out.exists() and out.stat().st_size == 0:
+            out.unlink()
+        return 2
     speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
     print(f"vlmstream: {summary.frames_captioned} frames captioned, {summary.frames_skipped} skipped (resume), "
           f"{summary.files} file(s)" + (f", {len(skipped)} unreadable skipped" if skipped else "")
@@ -244,8 +261,6 @@ def run(args: argparse.Namespace) -> int:
         return 130
     if write_failed.is_set():
         return 1
-    if summary.errors and summary.frames_captioned == 0 and not summary.frames_skipped:
-        return 2
     # Some of the work is missing (a file unreadable, cut off, or its outputs unwritable), the
     # rest is whole: 1, so that a script (`vlmstream video dir/ && upload`) sees it. With 0, a
     # folder with a broken clip looked done. Damaged packets skipped on the way are a warning.

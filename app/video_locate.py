@@ -67,6 +67,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     resume = bool(args.resume)
     done = done_places(out, task, what) if resume else {}
     jsonl_out = out if out is not None and out.suffix.lower() == ".jsonl" else None  # not -o OUT.srt
+    made = jsonl_out is not None and not jsonl_out.exists()  # removed again if the run gives nothing
     shared = JsonlSink(sys.stdout) if to_stdout else (JsonlSink(out, append=resume) if jsonl_out else None)
     on_terminal = out is None and not to_stdout and all(not p.jsonl and not p.subtitles for p in plans.values())
     changes = AnswerChanges(args.hold or 1) if args.changes else None  # per file: keyed by source
@@ -83,6 +84,15 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 errors.append(str(e))
                 incomplete += 1
                 continue
+            # Its first frame before any output of its own: a file with none (cut off after its
+            # header) left empty outputs behind that looked like a run that found nothing.
+            with src:
+                first = next(src.frames(lazy=True), None)
+            if first is None:
+                errors.append(src.error or f"{path}: no frame could be decoded")
+                incomplete += 1
+                continue
+            src = FileSource(path, reading=reading_arg(args))
             own = None
             ann = None
             subs: list = []
@@ -173,8 +183,15 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     finally:
         if shared is not None:
             shared.close()
+    # Nothing located and nothing to resume from: every file failed. Said as errors, with no
+    # "0 frames" summary, and the JSONL this run made goes again.
+    failed = frames == 0 and not replayed and bool(errors) and not interrupted and write_error is None
     for err in errors:
-        print(f"vlmstream: warning: {err}", file=sys.stderr)
+        print(f"vlmstream: {'error' if failed else 'warning'}: {err}", file=sys.stderr)
+    if failed:
+        if made and jsonl_out.exists() and jsonl_out.stat().st_size == 0:
+            jsonl_out.unlink()
+        return 2
     seconds = time.perf_counter() - started
     print(f"vlmstream: {frames} frames, {found_total} {key} found ({what}), {len(paths)} file(s)"
           + (f", {replayed} done before (resume)" if resume else "")
@@ -188,6 +205,4 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
         return 1
     if interrupted:
         return 130
-    if frames == 0 and errors:
-        return 2
     return 1 if incomplete or skipped else 0

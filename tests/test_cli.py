@@ -702,14 +702,34 @@ def test_several_images_and_folders_answer_one_line_each(capsys, tmp_path, small
         assert needle in err and err.count("\n") == 1, err
 
 
-def test_live_on_a_file_cut_off_after_its_header_is_one_line(capsys, tmp_path):
+def test_live_on_a_file_cut_off_after_its_header_is_one_line(capsys, tmp_path, small_folder):
     """A recording that died right after its header (or a copy cut short) has a video stream and
-    no frame: `live` was a StopIteration traceback, exit 1; `video` says the same thing in a line."""
+    no frame: `live` was a StopIteration traceback, exit 1; `video` says the same thing in a line.
+    Neither leaves an empty output behind (they did: a log, subtitles, a JSONL that looked like a
+    run without answers), and in a folder the other files are captioned."""
     clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
     whole, cut = tmp_path / "whole.mkv", tmp_path / "cut.mkv"
     subprocess.run([shutil.which("ffmpeg"), "-y", "-loglevel", "error", "-i", str(clip), "-t", "1", "-c", "copy",
                     str(whole)], check=True)
     cut.write_bytes(whole.read_bytes()[:1500])
-    assert main(["live", str(cut), "--duration", "30", "--max-tokens", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "cut.mkv: no frame could be decoded" in err and err.count("\n") == 1, err
+    out = tmp_path / "out"
+    out.mkdir()
+    model = ["--model", str(small_folder)]
+    for argv in (["live", str(cut), "--duration", "30", "--max-tokens", "2", "-o", str(out / "log.jsonl")],
+                 ["live", str(cut), "--detect", "red circle", "-o", str(out / "log.jsonl"), *model],
+                 ["video", str(cut), "-o", str(out / "cut.srt"), "--annotate", str(out / "cut.mp4"), *model],
+                 ["video", str(cut), "-o", str(out / "cut.jsonl"), *model],
+                 ["video", str(cut), "--detect", "red circle", "-o", str(out / "cut.jsonl"), *model],
+                 ["video", str(cut), "-o", f"{out}/", "--format", "jsonl,vtt", *model]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        said = [line for line in err.splitlines() if line.startswith("vlmstream:")]  # the rest: a progress bar
+        assert said == [f"vlmstream: error: {cut}: no frame could be decoded"], err
+        assert list(out.iterdir()) == [], argv
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    whole.rename(folder / "whole.mkv")
+    cut.rename(folder / "cut.mkv")
+    assert main(["video", str(folder), "-o", f"{out}/", "--every-n", "10", "--max-tokens", "2", *model]) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["whole.jsonl"]  # and nothing for the cut one
+    assert "cut.mkv: no frame could be decoded" in capsys.readouterr().err
