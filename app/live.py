@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if snapshots:
         check_writable([snapshots], [])
     tasks = prompt_tasks(args)
-    if len(set(args.sources)) != len(args.sources):
+    # a file however its path is spelt (`clip.mp4`, `./clip.mp4`): it was watched twice over
+    if len({os.path.realpath(s) if os.path.isfile(s) else s for s in args.sources}) != len(args.sources):
         raise UsageError("a source is listed twice")
     if args.output == "-" and args.json:
         raise UsageError("--json and -o - would both write to standard output")

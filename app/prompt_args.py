@@ -143,7 +143,8 @@ def parse_constraint(dest: str, value: str):
     if not value.lstrip().startswith("{"):
         path = Path(value)
         if not path.is_file():
-            raise UsageError(f"--json-schema: no such file {value!r} (give a file, or the schema itself as JSON)")
+            what = "not a regular file" if path.exists() else "no such file"  # /dev/null, a folder
+            raise UsageError(f"--json-schema: {what} {value!r} (give a file, or the schema itself as JSON)")
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:

@@ -284,6 +284,8 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
 
     if len(set(names)) != len(names):
         raise UsageError("a file is listed twice")
+    if "-" in names and not Path("-").exists():  # it said "video not found: -"
+        raise UsageError("video reads files, not standard input: `vlmstream live -` captions a stream piped in")
     excluded = resolved(exclude) if exclude else None
     found: list[tuple[str, Path | None]] = []  # a named file keeps its spelling: it is the JSONL's source
     for name in names:

@@ -1,6 +1,7 @@
 """Live-session semantics on a slow fake device: stale cancellation, intake drops, deadlines."""
 
 import json
+import os
 import re
 import signal
 import threading
@@ -369,6 +370,8 @@ def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path
     err = capsys.readouterr().err
     assert "listed twice" in err and "--max-inflight >= 1" in err and "missing.mp4" in err and "Traceback" not in err
     assert "--sticky must be a number >= 0" in err
+    # the same file spelt two ways was watched twice over
+    assert main(["live", a, os.path.relpath(a)]) == 2 and "listed twice" in capsys.readouterr().err
 
 
 def test_several_prompts_per_live_frame_give_each_prompts_own_answer(small_folder):

@@ -475,9 +475,10 @@ def test_standard_input_devices_and_named_pipes_are_named_for_what_they_are(tmp_
         FileSource(fifo)  # opening it would wait for a writer for ever
     with pytest.raises(SourceError, match=r"/dev/null is a device, not a video file"):
         FileSource("/dev/null")  # was "is empty (0 bytes)"
-    assert main(["video", "/dev/null"]) == 2 and main(["ui", "--source", "-"]) == 2
+    assert main(["video", "/dev/null"]) == 2 and main(["ui", "--source", "-"]) == 2 and main(["video", "-"]) == 2
     err = capsys.readouterr().err
     assert "device, not a video file" in err and "the web UI does not read standard input" in err
+    assert "video reads files, not standard input: `vlmstream live -`" in err  # was "video not found: -"
 
 
 def test_an_rtmp_stream_starts_without_probing_for_five_seconds():

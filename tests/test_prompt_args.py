@@ -50,6 +50,7 @@ def test_a_constraint_belongs_to_the_prompt_before_it():
     (["--regex", "[[:alpha:]]+"], "is ambiguous (possible nested set"),
     (["--regex", "[a-z&&b]+"], "is ambiguous (possible set intersection"),
     (["--json-schema", "missing.json"], "no such file 'missing.json'"),
+    (["--json-schema", "/dev/null"], "not a regular file '/dev/null'"),
     (["--json-schema", '{"type": '], "--json-schema is not valid JSON"),
     (["--json-schema", '{"type": "object"} [1]'], "--json-schema is not valid JSON"),
 ])
