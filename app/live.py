@@ -253,8 +253,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames captioned, "
                   f"{s['achieved_fps']:.1f} fps, {s['cancelled_stale']} stale cancelled, "
                   + (f"{s['cancelled_deadline']} past the deadline, " if args.deadline_ms else "")
-                  + f"{s['dropped']} dropped, p50 {s['latency_ms'].get('end_to_end', {}).get('p50', 0):.1f} ms",
-                  file=sys.stderr)
+                  + f"{s['dropped']} dropped" + _p50(s), file=sys.stderr)
     if interrupted:
         return 130
     if not any(s["frames_in"] for s in per_source):  # a dead camera must not look like a quiet one
@@ -355,6 +354,12 @@ def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return [folder / f"{stamp}_{name}.mp4" for name in file_names(sources, labels)]
+
+
+def _p50(s: dict) -> str:
+    """The closing line's median latency; none where no frame completed (it said "p50 0.0 ms")."""
+    p50 = s["latency_ms"].get("end_to_end", {}).get("p50")
+    return "" if p50 is None else f", p50 {p50:.1f} ms"
 
 
 def warm_frame(opened: list, labels: list[str]):

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     from pipelines.sources import SourceError
 
     from app.cli import realtime_dtype
-    from app.live import _log_name, _snapshot, no_frames_line, open_log, warm_frame
+    from app.live import _log_name, _p50, _snapshot, no_frames_line, open_log, warm_frame
 
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
@@ -159,9 +159,8 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         print(json.dumps(summary))
     else:
         for label, s in stats.items():
-            p50 = s["latency_ms"].get("end_to_end", {}).get("p50", 0.0)
             print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames located, "
-                  f"{s['achieved_fps']:.1f} fps, {s['overwritten']} passed over, p50 {p50:.1f} ms"
+                  f"{s['achieved_fps']:.1f} fps, {s['overwritten']} passed over" + _p50(s)
                   + (f", {s['changes']} changes" if "changes" in s else ""), file=sys.stderr)
     if interrupted:
         return 130

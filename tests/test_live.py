@@ -340,6 +340,7 @@ def test_live_cli_says_how_many_frames_missed_the_deadline(small_folder, capsys)
     err = capsys.readouterr().err  # every frame is cancelled: the line says where they went
     m = re.search(r"(\d+) of (\d+) frames captioned, .* (\d+) past the deadline, ", err)
     assert m and m[1] == "0" and int(m[3]) > 5, err
+    assert "p50" not in err  # no frame completed: no median latency (it said "p50 0.0 ms")
 
 
 def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path, capsys):
