@@ -77,6 +77,7 @@ Constraint = Regex | Choice | JsonSchema
 
 def to_regex(constraint: Constraint) -> str:
     if isinstance(constraint, Regex):
+        check_read_alike(constraint.pattern)
         return constraint.pattern
     if isinstance(constraint, Choice):
         if not constraint.options or not all(isinstance(o, str) and o for o in constraint.options):
@@ -153,7 +154,6 @@ def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, 
     """Compile with outlines-core (in a child process: engine/index_child.py); a ConstraintError
     says why it cannot be done."""
     pattern = to_regex(constraint)
-    check_read_alike(pattern)
     longest = _longest_match(pattern)
     if longest is not None and longest > MAX_MATCH:
         # The automaton grows with it: a{20000} took 4 s and 0.5 GB, a{1000000} never ended.
