@@ -14,7 +14,7 @@ import json
 import re
 import warnings
 from dataclasses import dataclass
-from re import _parser
+from re import _constants, _parser
 from typing import Any
 
 import torch
@@ -78,7 +78,7 @@ Constraint = Regex | Choice | JsonSchema
 def to_regex(constraint: Constraint) -> str:
     if isinstance(constraint, Regex):
         check_read_alike(constraint.pattern)
-        return constraint.pattern
+        return _unanchored(constraint.pattern)
     if isinstance(constraint, Choice):
         if not constraint.options or not all(isinstance(o, str) and o for o in constraint.options):
             raise ConstraintError("Choice needs a non-empty list of non-empty strings")
@@ -260,6 +260,43 @@ def check_read_alike(pattern: str) -> None:
                                   "not [[:alpha:]])") from None
         except re.error:  # outlines-core's own syntax beyond Python's: its compiler decides
             pass
+
+
+def _unanchored(pattern: str) -> str:
+    """The pattern without a `^` (or `\\A`) in front and a `$` (or `\\Z`) at its end: the answer
+    matches the whole pattern anyway, and outlines-core refuses anchors ("Index failed since
+    anchored universal start state doesn't exist", for `^[0-9]+$`). Anchors elsewhere are a
+    ConstraintError that says so."""
+    for start in ("^", "\\A"):
+        if pattern.startswith(start):
+            pattern = pattern[len(start):]
+            break
+    for end in ("$", "\\Z"):
+        escapes = len(pattern[:len(pattern) - len(end)]) - len(pattern[:len(pattern) - len(end)].rstrip("\\"))
+        if pattern.endswith(end) and (end != "$" or escapes % 2 == 0):  # `\$` is a dollar sign
+            pattern = pattern[:-len(end)]
+            break
+    try:
+        tree = _parser.parse(pattern)
+    except (re.error, FutureWarning):
+        return pattern  # outlines-core's own syntax beyond Python's: its compiler decides
+    if _has_anchor(tree):
+        raise ConstraintError(f"the regex {pattern!r} has an anchor (^, $, \\b, \\A, \\Z) inside it: the answer "
+                              "matches the whole pattern anyway (^ at its start and $ at its end are fine)")
+    return pattern
+
+
+def _has_anchor(tree) -> bool:
+    for op, av in tree:
+        if op is _constants.AT:
+            return True
+        subs = (av[1] if op is _constants.BRANCH else [av[-1]] if op in (_constants.SUBPATTERN, _constants.MAX_REPEAT,
+                                                                         _constants.MIN_REPEAT, _constants.POSSESSIVE_REPEAT,
+                                                                         _constants.ATOMIC_GROUP)
+                else [av[1]] if op in (_constants.ASSERT, _constants.ASSERT_NOT) else [])
+        if any(_has_anchor(sub) for sub in subs if isinstance(sub, _parser.SubPattern)):
+            return True
+    return False
 
 
 def _matches_empty(pattern: str) -> bool:
