@@ -237,11 +237,13 @@ def build(service: Service, source: str | None = None):
         note = (f"{out['frames']} frame{'' if out['frames'] == 1 else 's'} {'located' if locating else 'captioned'} "
                 f"in {out['seconds']} s "
                 f"({out['x_real_time']}x real time)"
-                + (f", {len(out['rows'])} {'counts' if locating else 'answers'} that changed" if changes else "")
+                + (f", {len(out['rows'])} {'count' if locating else 'answer'}{'' if len(out['rows']) == 1 else 's'} "
+                   "that changed" if changes else "")
                 + (" — cancelled; the downloads hold the frames done" if out["cancelled"] else "")
                 + (f"\n\nthe table shows the first {VIDEO_TABLE_ROWS:,} of {len(out['rows']):,} answers; the "
                    "downloads hold them all" if len(out["rows"]) > VIDEO_TABLE_ROWS else "")
-                + "".join(f"\n\nwarning: {w}" for w in out["warnings"]))
+                # the upload by its name, as in errors: not by Gradio's scratch path
+                + "".join(f"\n\nwarning: {_upload_named(UIError(w), path)}" for w in out["warnings"]))
         p = out["paths"]
         return note, rows, [p[k] for k in ("srt", "vtt", "jsonl", "mp4") if k in p], p["mp4"]
 

@@ -125,7 +125,7 @@ def test_api_captions_an_image_and_answers_a_question(client, tmp_path):
     assert "Traceback" not in (ARTIFACTS / "ui_server.log").read_text()
 
 
-def test_api_captions_a_video_with_downloads(client):
+def test_api_captions_a_video_with_downloads(client, tmp_path):
     from gradio_client import handle_file
 
     note, table, files, video = client.predict(handle_file(str(SAMPLES / "cuts_640x360_30fps.mp4")), "short", "", 30,
@@ -142,6 +142,13 @@ def test_api_captions_a_video_with_downloads(client):
     _, table, _, _ = client.predict(handle_file(str(SAMPLES / "cuts_640x360_30fps.mp4")), "question",
                                     "Is there a star?", 120, "choices", "yes, no", api_name="/caption_video")
     assert len(table["data"]) >= 3 and {r[2] for r in table["data"]} <= {"yes", "no"}
+    # a file cut short: its warning names the upload (it named Gradio's scratch path), and one change is one
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes((SAMPLES / "cuts_640x360_30fps.mp4").read_bytes()[:20000])
+    note, table, _, _ = client.predict(handle_file(str(cut)), "short", "", 30, "none", "", True,
+                                       api_name="/caption_video")
+    assert len(table["data"]) == 1 and "1 answer that changed" in note, note
+    assert "warning: cut.mp4: decoding ended after" in note and "gradio" not in note, note
     # a job is cancelled through the API as the page's button does (a client's job.cancel() ended
     # Gradio's event only: the job ran to its end and held one of the two video slots)
     job = client.submit(handle_file(str(SAMPLES / "shapes_1280x720_30fps.mp4")), "long", "", 1,
