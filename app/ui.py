@@ -404,7 +404,7 @@ def build(service: Service, source: str | None = None):
             with gr.Row():
                 # As uploaded, read as `vlmstream image` reads a file (Gradio's RGB conversion
                 # showed what lies under transparent pixels; a palette came as its indices)
-                img = gr.Image(type="pil", image_mode=None, label="Image")
+                img = _picture_class(gr)(type="pil", image_mode=None, label="Image")
                 with gr.Column():
                     ikind = gr.Radio(PROMPTS, value="normal", label="Prompt")
                     iquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)
@@ -470,6 +470,32 @@ def _unread(demo, session: str) -> int | None:
         return None if pending is None else int(pending.qsize())
     except Exception:  # another Gradio: no backpressure, as before
         return None
+
+
+def _picture_class(gr):
+    """gr.Image whose upload Pillow cannot read (not an image, a decompression bomb) is said in
+    one line with the file's name: Gradio's own error was a paragraph of its internals naming its
+    scratch path, and its traceback went to the server's console."""
+    from PIL import Image, UnidentifiedImageError
+
+    class Picture(gr.Image):
+        is_template = True  # drawn by the page's Image component
+
+        def preprocess(self, payload):
+            try:
+                return super().preprocess(payload)
+            except Exception as e:
+                path = str(getattr(payload, "path", "") or "")
+                name = getattr(payload, "orig_name", None) or Path(path).name or "the image"
+                if isinstance(e, UnidentifiedImageError):
+                    said = f"{name} is not an image (or not a format Pillow can read)"
+                elif isinstance(e, Image.DecompressionBombError):
+                    said = f"{name} is too large to decode safely: {e}"
+                else:
+                    said = f"{name} could not be read: {str(e).replace(path, name) if path else e}"
+                raise _user_error(said.splitlines()[0]) from None
+
+    return Picture
 
 
 def _upload_named(e: Exception, path: str | None) -> Exception:

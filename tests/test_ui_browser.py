@@ -114,6 +114,13 @@ def test_api_captions_an_image_and_answers_a_question(client, tmp_path):
     assert answer in ("one", "two", "three", "four")
     with pytest.raises(Exception, match="question is empty"):
         client.predict(img, "question", "  ", "none", "", api_name="/caption_image")
+    # not an image: one line with its name (it was Gradio's paragraph naming its scratch folder)
+    (tmp_path / "notes.png").write_text("not a picture")
+    for api in ("/caption_image", "/detect_image"):
+        args = ("normal", "", "none", "") if api == "/caption_image" else ("red circle",)
+        with pytest.raises(Exception) as err:
+            client.predict(handle_file(str(tmp_path / "notes.png")), *args, api_name=api)
+        assert str(err.value).strip() == "notes.png is not an image (or not a format Pillow can read)", str(err.value)
     # detect and point are the region head's: the tiny model's was never trained, and says so
     with pytest.raises(Exception, match="region head was not trained"):
         client.predict(img, "red circle", api_name="/detect_image")
