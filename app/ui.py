@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from app.service import RECORD_MAX_S, Service, Settings, UIError, sample_videos
 from app.task import make_task
@@ -404,7 +405,8 @@ def build(service: Service, source: str | None = None):
             with gr.Row():
                 # As uploaded, read as `vlmstream image` reads a file (Gradio's RGB conversion
                 # showed what lies under transparent pixels; a palette came as its indices)
-                img = _picture_class(gr)(type="pil", image_mode=None, label="Image")
+                img = gr.Image(type="pil", image_mode=None, label="Image")
+                img.preprocess = _read_in_one_line(img.preprocess)
                 with gr.Column():
                     ikind = gr.Radio(PROMPTS, value="normal", label="Prompt")
                     iquestion = gr.Textbox(label=QUESTION_LABEL, lines=2)
@@ -472,30 +474,28 @@ def _unread(demo, session: str) -> int | None:
         return None
 
 
-def _picture_class(gr):
-    """gr.Image whose upload Pillow cannot read (not an image, a decompression bomb) is said in
-    one line with the file's name: Gradio's own error was a paragraph of its internals naming its
-    scratch path, and its traceback went to the server's console."""
+def _read_in_one_line(preprocess: Callable) -> Callable:
+    """An Image component's preprocess, whose upload Pillow cannot read (not an image, a
+    decompression bomb) is said in one line with the file's name: Gradio's own error was a
+    paragraph of its internals naming its scratch path, with a traceback in the server's console.
+    (A subclass of gr.Image would do it too, but Gradio writes a .pyi file beside its module.)"""
     from PIL import Image, UnidentifiedImageError
 
-    class Picture(gr.Image):
-        is_template = True  # drawn by the page's Image component
+    def read(payload):
+        try:
+            return preprocess(payload)
+        except Exception as e:
+            path = str(getattr(payload, "path", "") or "")
+            name = getattr(payload, "orig_name", None) or Path(path).name or "the image"
+            if isinstance(e, UnidentifiedImageError):
+                said = f"{name} is not an image (or not a format Pillow can read)"
+            elif isinstance(e, Image.DecompressionBombError):
+                said = f"{name} is too large to decode safely: {e}"
+            else:
+                said = f"{name} could not be read: {str(e).replace(path, name) if path else e}"
+            raise _user_error(said.splitlines()[0]) from None
 
-        def preprocess(self, payload):
-            try:
-                return super().preprocess(payload)
-            except Exception as e:
-                path = str(getattr(payload, "path", "") or "")
-                name = getattr(payload, "orig_name", None) or Path(path).name or "the image"
-                if isinstance(e, UnidentifiedImageError):
-                    said = f"{name} is not an image (or not a format Pillow can read)"
-                elif isinstance(e, Image.DecompressionBombError):
-                    said = f"{name} is too large to decode safely: {e}"
-                else:
-                    said = f"{name} could not be read: {str(e).replace(path, name) if path else e}"
-                raise _user_error(said.splitlines()[0]) from None
-
-    return Picture
+    return read
 
 
 def _upload_named(e: Exception, path: str | None) -> Exception:
