@@ -20,6 +20,7 @@ from app.task import make_task
 PAGE_HZ = 12.0  # frame + caption updates per second pushed to a watching page (at most)
 SLOW_HZ = 2.0  # chart, counters and log
 MIN_GAP_S = 0.02
+CAMERA_SILENT_S = 1.5  # a browser's camera sends a frame every 0.1 s: this long without one, it has stopped
 # Updates Gradio holds for a page, unread: past BACKLOG_MAX the page's updates wait (a slow link
 # gets fresh frames, not a growing delay); unread for ORPHAN_S, the feed stops. A feed started
 # through the API by a client that never read its stream ran until the server stopped, its
@@ -190,6 +191,16 @@ def build(service: Service, source: str | None = None):
         shots, shown = _new_shots(snap.shots, shown)
         return (frame_html(snap), counters_html(snap.counters, service.engine_stats(), True, snap.error),
                 gr.skip() if shots is None else shots_html(shots), shown)
+
+    def cam_silent(shown: float | None, request: gr.Request):
+        """The camera's counters once it stops sending (its own Stop, a camera unplugged): the
+        page's updates came with its frames, and the last had left them saying "running". Once per
+        silence (`shown`: the last push it was said for)."""
+        feed = service.feed(request.session_hash, "push") if request else None
+        if feed is None or feed.pushed_at == shown or time.monotonic() - feed.pushed_at < CAMERA_SILENT_S:
+            return gr.skip(), shown
+        snap = feed.snapshot()
+        return counters_html(snap.counters, service.engine_stats(), False, snap.error), feed.pushed_at
 
     def image(picture, kind, question, ckind, ctext):
         if picture is None:
@@ -373,6 +384,9 @@ def build(service: Service, source: str | None = None):
             cam.stream(webcam, [cam, cam_kind, cam_question, cam_ckind, cam_ctext, cam_record, cam_shown],
                        [cam_frame, cam_counters, cam_shots, cam_shown], stream_every=0.1, concurrency_limit=None,
                        show_progress="hidden", api_name=False)
+            cam_silence = gr.State(None)
+            gr.Timer(1.0).tick(cam_silent, cam_silence, [cam_counters, cam_silence], api_name=False,
+                               concurrency_limit=None, show_progress="hidden")
         with gr.Tab("Video file", elem_id="vs-tab-video"):
             with gr.Row():
                 vfile = gr.File(label="Video", file_types=video_file_types(), type="filepath", elem_id="vs-video-file")

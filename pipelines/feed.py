@@ -158,6 +158,7 @@ class LiveFeed:
         self.error: str | None = None  # one line for a page; `exception` is what was raised
         self.exception: Exception | None = None
         self._pushed_count = 0
+        self.pushed_at = time.monotonic()  # the last push (a browser's camera): a page tells a silent camera by it
         self._t0 = time.perf_counter()
         self._grabber: LatestFrameGrabber | None = None
         self._pump: threading.Thread | None = None
@@ -193,6 +194,7 @@ class LiveFeed:
         """Offer one frame (H, W, 3) uint8; False if dropped (engine saturated) or the feed is closed."""
         if self._stop.is_set() or (self.session is None and self._pushed is None):
             return False
+        self.pushed_at = time.monotonic()
         with self._lock:
             index, self._pushed_count = self._pushed_count, self._pushed_count + 1
         frame = Frame(source_id, index, time.perf_counter() - self._t0, rgb)

@@ -454,6 +454,11 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
         page.locator("#vs-cam-question textarea").fill("red circle")
         page.locator("#vs-cam-kind").get_by_label("detect", exact=True).check()
         page.wait_for_selector("#vs-cam-frame:has-text('region head was not trained')", timeout=30_000)
+        # the camera's own Stop: the counters say so (they had said "running" for ever)
+        state = "#vs-tab-webcam .vs-counter[data-name='state'] b"
+        assert page.inner_text(state) == "running"
+        record.click()
+        page.wait_for_function(f"document.querySelector(\"{state}\").innerText === 'stopped'", timeout=10_000)
         ctx.close()
         browser.close()
     engine_idle(client)
