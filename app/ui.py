@@ -395,7 +395,8 @@ def build(service: Service, source: str | None = None):
                     vquestion = gr.Textbox(label=OBJECT_QUESTION_LABEL, lines=2, elem_id="vs-video-question")
                     vckind = gr.Dropdown(CONSTRAINTS, value="none", label="Constraint")
                     vctext = gr.Textbox("", label=CONSTRAINT_LABEL)
-                    every = gr.Number(1, precision=0, label="Every n-th frame")  # checked by the job: one line, no trace
+                    # step, not precision=0: that rounded 1.5 to 2 before the job's check could say it is no whole number
+                    every = gr.Number(1, step=1, label="Every n-th frame")  # checked by the job: one line, no trace
                     vchanges = gr.Checkbox(False, label="Only the answers that change (a table of events; the "
                                                         "JSONL too)", elem_id="vs-video-changes")
                     with gr.Row():
@@ -446,13 +447,13 @@ def build(service: Service, source: str | None = None):
                 device = gr.Dropdown(["cpu", "cuda"], value=s.device, label="Device")
             with gr.Row():
                 temperature = gr.Slider(0.0, 2.0, value=s.temperature, step=0.05, label="Temperature (0 = greedy)")
-                max_tokens = gr.Number(s.max_tokens, precision=0, label="Max tokens")  # checked by apply()
+                max_tokens = gr.Number(s.max_tokens, step=1, label="Max tokens")  # checked by apply(), as every n-th
                 pipelined = gr.Checkbox(s.pipelined, label="Pipelined decoding (off = blocking loop)")
             sticky = gr.Slider(0.0, 10.0, value=s.sticky, step=0.5,
                                label="Steady answers (live and video): keep the last frame's answer unless the model "
                                      "prefers another by more than this (logits; 0 = every frame's own answer; "
                                      "greedy only)")
-            hold = gr.Number(s.hold, precision=0,  # 1..600, checked by apply()
+            hold = gr.Number(s.hold, step=1,  # 1..600, checked by apply()
                              label="Changes (live tabs): a new answer gets a picture once it has held this many "
                                    "frames in a row (1 = every change; from the next Start)")
             sapply = gr.Button("Apply", variant="primary")

@@ -126,8 +126,9 @@ def test_api_captions_an_image_and_answers_a_question(client, tmp_path):
         client.predict(img, "red circle", api_name="/detect_image")
     with pytest.raises(Exception, match="the object is empty"):
         client.predict(img, " ", api_name="/point_image")
-    with pytest.raises(Exception, match="max tokens must be a whole number >= 1"):
-        client.predict("tiny", "cpu", 0.0, 0, True, 2.0, 1, api_name="/apply_settings")
+    for tokens in (0, 2.5):  # 2.5 was rounded to 2 by the number box before the check, and applied
+        with pytest.raises(Exception, match="max tokens must be a whole number >= 1"):
+            client.predict("tiny", "cpu", 0.0, tokens, True, 2.0, 1, api_name="/apply_settings")
     # a user's mistakes are said on the page, not logged with a traceback each in the server's console
     assert "Traceback" not in (ARTIFACTS / "ui_server.log").read_text()
 
@@ -149,6 +150,8 @@ def test_api_captions_a_video_with_downloads(client, tmp_path):
     _, table, _, _ = client.predict(handle_file(str(SAMPLES / "cuts_640x360_30fps.mp4")), "question",
                                     "Is there a star?", 120, "choices", "yes, no", api_name="/caption_video")
     assert len(table["data"]) >= 3 and {r[2] for r in table["data"]} <= {"yes", "no"}
+    with pytest.raises(Exception, match="every n-th frame must be a whole number >= 1, got 1.5"):  # it ran every 2nd
+        client.predict(handle_file(str(SAMPLES / "cuts_640x360_30fps.mp4")), "short", "", 1.5, api_name="/caption_video")
     # a file cut short: its warning names the upload (it named Gradio's scratch path), and one change is one
     cut = tmp_path / "cut.mp4"
     cut.write_bytes((SAMPLES / "cuts_640x360_30fps.mp4").read_bytes()[:20000])
