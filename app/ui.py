@@ -491,24 +491,24 @@ def _unread(demo, session: str) -> int | None:
 
 def _read_in_one_line(preprocess: Callable) -> Callable:
     """An Image component's preprocess, whose upload Pillow cannot read (not an image, a
-    decompression bomb) is said in one line with the file's name: Gradio's own error was a
-    paragraph of its internals naming its scratch path, with a traceback in the server's console.
-    (A subclass of gr.Image would do it too, but Gradio writes a .pyi file beside its module.)"""
-    from PIL import Image, UnidentifiedImageError
+    decompression bomb) is said in one line with the file's name, as `vlmstream image` says it:
+    Gradio's own error was a paragraph of its internals naming its scratch path, with a traceback
+    in the server's console. (A subclass of gr.Image would do it too, but Gradio writes a .pyi
+    file beside its module.)"""
+    from engine.errors import ImageError
+    from pipelines.image_file import check_image
 
     def read(payload):
         try:
             return preprocess(payload)
         except Exception as e:
             path = str(getattr(payload, "path", "") or "")
-            name = getattr(payload, "orig_name", None) or Path(path).name or "the image"
-            if isinstance(e, UnidentifiedImageError):
-                said = f"{name} is not an image (or not a format Pillow can read)"
-            elif isinstance(e, Image.DecompressionBombError):
-                said = f"{name} is too large to decode safely: {e}"
-            else:
-                said = f"{name} could not be read: {str(e).replace(path, name) if path else e}"
-            raise _user_error(said.splitlines()[0]) from None
+            try:
+                if path:
+                    check_image(path)  # why, in the words of the command line's reading
+            except ImageError as why:
+                raise _user_error(str(_upload_named(why, path)).splitlines()[0]) from None
+            raise _user_error(str(_upload_named(e, path)).splitlines()[0] or type(e).__name__) from None
 
     return read
 

@@ -77,7 +77,6 @@ Constraint = Regex | Choice | JsonSchema
 
 def to_regex(constraint: Constraint) -> str:
     if isinstance(constraint, Regex):
-        check_read_alike(constraint.pattern)
         return _unanchored(constraint.pattern)
     if isinstance(constraint, Choice):
         if not constraint.options or not all(isinstance(o, str) and o for o in constraint.options):
@@ -248,55 +247,52 @@ def _unenforced(node: Any) -> str | None:
 def check_read_alike(pattern: str) -> None:
     """A ConstraintError where Python's `re` (which checks answers, here and for users) would read
     the pattern otherwise than outlines-core: a `[` inside a set (`[[:alpha:]]`, a class to
-    outlines-core, a `[` and letters to Python), or `&&`, `--`, `~~`, `||` there. Python only
-    warns of these (a FutureWarning, printed to the user with our source lines)."""
+    outlines-core, a `[` and letters to Python), or `&&`, `--`, `~~`, `||` there."""
+    _parsed(pattern)
+
+
+def _parsed(pattern: str) -> _parser.SubPattern | None:
+    """Python's parse of the pattern; None where Python cannot parse it (outlines-core's own
+    syntax beyond Python's: its compiler decides). Python only warns of the ambiguities above (a
+    FutureWarning, printed to the user with our source lines): here they are a ConstraintError."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         try:
-            _parser.parse(pattern)  # not re.compile: a pattern in its cache would not warn again
+            return _parser.parse(pattern)  # not re.compile: a pattern in its cache would not warn again
         except FutureWarning as w:
             raise ConstraintError(f"the regex {pattern!r} is ambiguous ({str(w).lower()}): inside [...], escape "
                                   "a [ or a doubled &, -, ~, | (\\[, \\&) and spell classes out ([a-zA-Z], "
                                   "not [[:alpha:]])") from None
-        except re.error:  # outlines-core's own syntax beyond Python's: its compiler decides
-            pass
+        except re.error:
+            return None
 
 
 def _unanchored(pattern: str) -> str:
     """The pattern without a `^` (or `\\A`) in front and a `$` (or `\\Z`) at its end: the answer
     matches the whole pattern anyway, and outlines-core refuses anchors ("Index failed since
     anchored universal start state doesn't exist", for `^[0-9]+$`). Anchors elsewhere are a
-    ConstraintError that says so."""
+    ConstraintError that says so, as is an ambiguity `check_read_alike` refuses."""
     for start in ("^", "\\A"):
         if pattern.startswith(start):
             pattern = pattern[len(start):]
             break
     for end in ("$", "\\Z"):
-        escapes = len(pattern[:len(pattern) - len(end)]) - len(pattern[:len(pattern) - len(end)].rstrip("\\"))
-        if pattern.endswith(end) and (end != "$" or escapes % 2 == 0):  # `\$` is a dollar sign
-            pattern = pattern[:-len(end)]
+        head = pattern[:-len(end)]
+        if pattern.endswith(end) and (end != "$" or (len(head) - len(head.rstrip("\\"))) % 2 == 0):  # `\$`: a dollar
+            pattern = head
             break
-    try:
-        tree = _parser.parse(pattern)
-    except (re.error, FutureWarning):
-        return pattern  # outlines-core's own syntax beyond Python's: its compiler decides
-    if _has_anchor(tree):
+    tree = _parsed(pattern)
+    if tree is not None and _has_anchor(tree):
         raise ConstraintError(f"the regex {pattern!r} has an anchor (^, $, \\b, \\A, \\Z) inside it: the answer "
                               "matches the whole pattern anyway (^ at its start and $ at its end are fine)")
     return pattern
 
 
-def _has_anchor(tree) -> bool:
-    for op, av in tree:
-        if op is _constants.AT:
-            return True
-        subs = (av[1] if op is _constants.BRANCH else [av[-1]] if op in (_constants.SUBPATTERN, _constants.MAX_REPEAT,
-                                                                         _constants.MIN_REPEAT, _constants.POSSESSIVE_REPEAT,
-                                                                         _constants.ATOMIC_GROUP)
-                else [av[1]] if op in (_constants.ASSERT, _constants.ASSERT_NOT) else [])
-        if any(_has_anchor(sub) for sub in subs if isinstance(sub, _parser.SubPattern)):
-            return True
-    return False
+def _has_anchor(node) -> bool:
+    """Whether a parsed pattern holds an AT (^, $, \\b, ...) anywhere, in groups, branches, repeats."""
+    if isinstance(node, _parser.SubPattern):
+        return any(op is _constants.AT or _has_anchor(av) for op, av in node)
+    return isinstance(node, (list, tuple)) and any(map(_has_anchor, node))
 
 
 def _matches_empty(pattern: str) -> bool:
