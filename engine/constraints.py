@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from . import char_dfa, index_child
+from . import char_dfa, index_child, json_schema
 from .errors import RequestError
+from .regex_text import for_outlines
 
 DENSE_LIMIT = 1 << 24  # states x vocabulary entries kept as a dense table
 MAX_MATCH = 8192  # the longest answer a bounded constraint may spell out (compiles in ~1.5 s)
@@ -32,12 +33,6 @@ MAX_STATES = 16384
 # library builds beside the anchored one, where it doubles with each round of a repeat:
 # `A.{0,14}\.` has 31 states anchored and 24578 searching (0.5 s to compile).
 MAX_SEARCH_STATES = 16384
-# JSON Schema keywords outlines-core accepts and does not enforce in the regex it builds.
-UNENFORCED = frozenset({
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems",
-    "contains", "minContains", "maxContains", "maxProperties", "propertyNames", "dependentRequired",
-    "dependentSchemas", "dependencies", "if", "then", "else", "unevaluatedItems", "unevaluatedProperties",
-})
 
 
 class ConstraintError(RequestError):
@@ -50,6 +45,10 @@ class Regex:
 
     pattern: str
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.pattern, str):
+            raise ConstraintError(f"a Regex's pattern must be a string, got {type(self.pattern).__name__}")
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -58,7 +57,12 @@ class Choice:
     options: tuple[str, ...]
 
     def __init__(self, options):
-        object.__setattr__(self, "options", tuple(options))
+        if isinstance(options, (str, bytes)):  # tuple("yes") would be the options y, e, s
+            raise ConstraintError(f"Choice takes a list of strings, not one string: Choice([{options!r}])")
+        try:
+            object.__setattr__(self, "options", tuple(options))
+        except TypeError:
+            raise ConstraintError(f"Choice takes a list of strings, got {type(options).__name__}") from None
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,10 @@ class JsonSchema:
     schema: str
 
     def __init__(self, schema):
-        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        try:
+            text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        except (TypeError, ValueError) as e:  # a set, an object, a circular dict
+            raise ConstraintError(f"a JSON schema must be a dict or a JSON string: {e}") from None
         object.__setattr__(self, "schema", text)
 
 
@@ -76,8 +83,10 @@ Constraint = Regex | Choice | JsonSchema
 
 
 def to_regex(constraint: Constraint) -> str:
+    """The regex outlines-core compiles: spelt so that what it allows Python's `re` (and, for a
+    schema, a JSON parser) accepts too (engine/regex_text.py, engine/json_schema.py)."""
     if isinstance(constraint, Regex):
-        return _unanchored(constraint.pattern)
+        return for_outlines(_unanchored(constraint.pattern))
     if isinstance(constraint, Choice):
         if not constraint.options or not all(isinstance(o, str) and o for o in constraint.options):
             raise ConstraintError("Choice needs a non-empty list of non-empty strings")
@@ -86,17 +95,23 @@ def to_regex(constraint: Constraint) -> str:
         from outlines_core.json_schema import build_regex_from_schema
 
         try:
-            key = _unenforced(json.loads(constraint.schema))
+            schema = json.loads(constraint.schema)
         except ValueError:
-            key = None  # not JSON: outlines-core says so below
-        if key is not None:
-            raise ConstraintError(f"the JSON schema keyword {key!r} is not supported: answers could break it "
-                                  "(for a few allowed values, list them with enum)")
+            schema, text = None, constraint.schema  # not JSON: outlines-core says so below
+        if schema is not None:
+            key = json_schema.unenforced(schema)
+            if key is not None:
+                raise ConstraintError(f"the JSON schema keyword {key!r} is not supported: answers could break it "
+                                      "(for a few allowed values, list them with enum)")
+            try:
+                text = json_schema.prepare(schema)
+            except ValueError as e:
+                raise ConstraintError(f"cannot use the JSON schema: {e}") from None
         try:
-            pattern = build_regex_from_schema(constraint.schema)
+            pattern = build_regex_from_schema(text)
         except Exception as e:  # outlines-core raises ValueError / its own errors
             raise ConstraintError(f"cannot compile the JSON schema: {_first_line(e)}") from None
-        check_read_alike(pattern)  # a schema's "pattern" is in it as written
+        check_read_alike(pattern)  # a pattern Python could not parse is in it as written
         if _matches_empty(pattern):  # e.g. an empty enum: no JSON value is valid
             raise ConstraintError("no JSON value is valid against that schema")
         return pattern
@@ -174,7 +189,7 @@ def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, 
         initial, transitions, final_states = index_child.build(pattern, eos_id,
                                                                token_bytes(tokenizer, vocab_size, eos_id))
     except index_child.CompileError as e:
-        raise ConstraintError(f"cannot compile constraint {pattern!r}: {e}") from None
+        raise ConstraintError(f"cannot compile constraint {_shown(constraint, pattern)!r}: {e}") from None
     order = [initial] + sorted(set(transitions) - {initial})
     order += sorted({d for edges in transitions.values() for d in edges.values()} - set(order))
     order += sorted(set(final_states) - set(order))
@@ -186,8 +201,13 @@ def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, 
                 next_state[number[s]][t] = number[d]
     finals = {number[s] for s in final_states}
     if not next_state[0] and 0 not in finals:
-        raise ConstraintError(f"no token sequence of this model can satisfy {pattern!r}")
+        raise ConstraintError(f"no token sequence of this model can satisfy {_shown(constraint, pattern)!r}")
     return TokenAutomaton(next_state, finals, vocab_size, eos_id, device)
+
+
+def _shown(constraint: Constraint, pattern: str) -> str:
+    """A Regex as its user wrote it (the pattern compiled spells its classes out), else the regex."""
+    return constraint.pattern if isinstance(constraint, Regex) else pattern
 
 
 def token_bytes(tokenizer: Any, vocab_size: int, eos_id: int) -> dict[bytes, list[int]]:
@@ -224,24 +244,6 @@ def _bytes_to_unicode() -> dict[int, str]:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-
-
-def _unenforced(node: Any) -> str | None:
-    """The first keyword of UNENFORCED in a schema or its subschemas (not in property names,
-    enum or const values), or None."""
-    if isinstance(node, list):  # tuple-style items, or a list of subschemas
-        return next(filter(None, map(_unenforced, node)), None)
-    if not isinstance(node, dict):
-        return None
-    found = next((k for k in node if k in UNENFORCED), None)
-    if found is not None:
-        return found
-    subschemas = [node.get(k) for k in ("items", "additionalItems", "additionalProperties", "not",
-                                        "anyOf", "oneOf", "allOf", "prefixItems")]
-    for k in ("properties", "patternProperties", "$defs", "definitions"):
-        if isinstance(node.get(k), dict):
-            subschemas += node[k].values()
-    return next(filter(None, map(_unenforced, subschemas)), None)
 
 
 def check_read_alike(pattern: str) -> None:
@@ -282,6 +284,12 @@ def _unanchored(pattern: str) -> str:
             pattern = head
             break
     tree = _parsed(pattern)
+    if tree is None:  # outlines-core's own syntax (`\p{L}`, `\z`, `(?<name>...)`): no answer could be checked
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConstraintError(f"the regex {pattern!r} is not in Python's syntax ({e}): answers are checked "
+                                  "with Python's re") from None
     if tree is not None and _has_anchor(tree):
         raise ConstraintError(f"the regex {pattern!r} has an anchor (^, $, \\b, \\A, \\Z) inside it: the answer "
                               "matches the whole pattern anyway (^ at its start and $ at its end are fine)")

@@ -263,3 +263,100 @@ def test_a_search_automaton_that_doubles_with_each_round_is_told_from_a_linear_o
     """Counted whole, `[A-Z].{0,100}[.!?]` ran out of time and passed; `a[a-z]{13}` (8193
     states, compiled in 10 ms) was refused for doubling at all."""
     assert char_dfa.search_doubles(pattern, MAX_SEARCH_STATES) is doubles
+
+
+@pytest.mark.parametrize("schema, said", [
+    # outlines-core joined allOf's schemas end to end: '{ "a":11 }{ "b": false }'
+    ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}]}, "allOf"),
+    ({"allOf": [{"type": "integer"}, {"enum": [1, 2]}]}, "allOf"),  # '432112222111'
+    ({"oneOf": [{"enum": [1, 2]}, {"enum": [2, 3]}]}, "oneOf"),  # read as anyOf: '2' meets both
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
+    ({"type": "object", "required": ["z"]}, "'z'"),  # '{}'
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}, "'b'"),
+    ({"type": "integer", "enum": [1.5, 2]}, "1.5"),  # type ignored beside enum: '1.5'
+    ({"type": "string", "const": 3}, "3"),
+    # an empty subschema printed as an empty value: '{ "e":  }', or '[,,,,'
+    ({"type": "object", "properties": {"e": {"enum": []}}, "required": ["e"]}, "empty 'enum'"),
+    ({"type": "object", "properties": {"e": {"anyOf": []}}, "required": ["e"]}, "empty 'anyOf'"),
+    ({"type": "array", "items": {"enum": []}, "minItems": 1}, "empty 'enum'"),
+    # of a string's pattern, format and length outlines-core enforced one and dropped the rest
+    ({"type": "string", "pattern": "[a-z]+", "minLength": 3}, "together"),
+    ({"type": "string", "format": "date", "maxLength": 10}, "together"),
+    ({"type": "string", "pattern": "[a-z]+", "format": "email"}, "together"),
+    ({"type": "string", "format": "ipv4"}, "not supported"),
+    ({"type": "string", "pattern": 'say "hi"'}, "cannot be part of a JSON string"),
+], ids=repr)
+def test_json_schemas_outlines_core_would_misread_are_refused(schema, said):
+    with pytest.raises(ConstraintError, match=re.escape(said)) as err:
+        to_regex(JsonSchema(schema))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("schema", [
+    {"oneOf": [{"type": "integer"}, {"type": "string"}]}, {"oneOf": [{"enum": [1, 2]}, {"const": 3}]},
+    {"allOf": [{"type": "integer"}]}, {"type": "integer", "enum": [1, 2.0]},
+    {"type": "object", "properties": {"a": {"type": "string", "format": "date-time"}}, "required": ["a"]},
+], ids=repr)
+def test_json_schemas_outlines_core_reads_right_still_compile(schema):
+    assert to_regex(JsonSchema(schema))
+
+
+def test_a_strings_format_or_pattern_cannot_end_the_json_string(small_folder):
+    """outlines-core's time format wanted a backslash before its fraction ('"13:55:17\\,69"', which
+    json.loads refuses), its date any Unicode digit, and a pattern's `.` took a quote: every
+    answer now parses, and its string meets the format or the pattern."""
+    schemas = {"time": (r"(2[0-3]|[01][0-9]):[0-5][0-9]:[0-5][0-9]Z?", {"type": "string", "format": "time"}),
+               "date": (r"[0-9]{4}-[01][0-9]-[0-3][0-9]", {"type": "string", "format": "date"}),
+               "email": (r"[^@\s]+@[^@\s]+\.[a-z0-9]+", {"type": "string", "format": "email"}),
+               "any": (r"[^\"\\\x00-\x1f]{1,6}", {"type": "string", "pattern": "^.{1,6}$"})}
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        for name, (meets, schema) in schemas.items():
+            constraint = JsonSchema({"type": "object", "properties": {"t": schema}, "required": ["t"]})
+            handles = [eng.submit(IMAGES[seed % 3], question="When?", constraint=constraint,
+                                  params=SamplingParams(temperature=1.5, top_p=1.0, seed=seed, max_tokens=60))
+                       for seed in range(12)]
+            for h in handles:
+                out = h.result(60)
+                if out.finish_reason == "stop":
+                    value = json.loads(out.text)["t"]
+                    assert re.fullmatch(meets, value), (name, out.text)
+
+
+def test_python_and_outlines_core_read_each_class_alike():
+    """outlines-core reads `\\d`, `\\w`, `\\s` with Rust's definitions and Unicode 16, Python 3.11
+    with its own and Unicode 14: `\\d+` answered '$272꘦\U0001ccf6.27', which Python's re refuses.
+    Printed again, a class lets through only what both read in it."""
+    from engine.regex_text import for_outlines
+
+    chars = ["1", "a", "_", " ", "\x1c", "\u0663", "\U0001ccf6", "\u0301", "\u203f", "\u00bd", "\u00e9", "\u2028",
+             "-", "\U000e0100", "\u0378"]
+    vocab = Vocabulary(0, {c.encode(): [i + 1] for i, c in enumerate(chars)})
+    for pattern in [r"\d", r"\w", r"\s", r"\D", r"\W", r"\S", r"[\w-]", r"[^\d]", r"[^\w\s]", r"[\W_]", r"."]:
+        ours, theirs = Index(for_outlines(pattern), vocab), Index(pattern, vocab)
+        allowed = {chars[t - 1] for t in ours.get_allowed_tokens(ours.get_initial_state()) if t}
+        outlines = {chars[t - 1] for t in theirs.get_allowed_tokens(theirs.get_initial_state()) if t}
+        python = {c for c in chars if re.fullmatch(pattern, c)}
+        assert allowed <= python & outlines, (pattern, allowed - python, allowed - outlines)
+        ascii_both = {c for c in python & outlines if c.isascii()}
+        assert ascii_both <= allowed, pattern  # nothing plain is lost
+    assert re.fullmatch(for_outlines(r"[0-9a-f]{2}"), "0b") and for_outlines("^colou?r$") == "colo(?:u){0,1}r"
+
+
+def test_a_regex_not_in_pythons_syntax_is_refused():
+    """Answers are checked with Python's re: `\\p{L}+` compiled and answered '𖩥', which no Python
+    check could read."""
+    for pattern in (r"\p{L}+", r"[0-9]+\z", "(?<n>ab)"):
+        with pytest.raises(ConstraintError, match="not in Python's syntax"):
+            to_regex(Regex(pattern))
+
+
+def test_constraints_of_the_wrong_type_are_constraint_errors():
+    with pytest.raises(ConstraintError, match="must be a string"):
+        Regex(None)
+    with pytest.raises(ConstraintError, match="must be a string"):
+        Regex(b"[0-9]")
+    with pytest.raises(ConstraintError, match="not one string"):
+        Choice("yes")  # had become the choices y, e, s
+    with pytest.raises(ConstraintError, match="dict or a JSON string"):
+        JsonSchema({"type", "integer"})

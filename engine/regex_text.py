@@ -1,0 +1,242 @@
+"""A constraint's pattern printed again for outlines-core, so that its answers match in Python too.
+
+outlines-core reads a regex with Rust's syntax and Unicode 16 tables; answers are checked with
+Python's `re` (by us, and by users, the README says "in Python's syntax"), which on Python 3.11
+reads Unicode 14 and defines its classes otherwise: `\\d` let through digits Python 3.11 does not
+know (U+1CCF0..), `\\w` combining marks and connectors Python's refuses, `\\S` the separators
+\\x1c-\\x1f that Python counts as space. So the pattern outlines-core compiles is printed back from
+Python's own parse, every class and shorthand spelt out as the code points both read alike:
+
+- a shorthand in a class that allows (`\\d`, `[\\w-]`) becomes what both libraries put in it;
+  in a class that forbids (`[^\\d]`) everything either might put in it, code points Python's
+  Unicode leaves unassigned too (a later Unicode may make them digits or letters);
+- `.` is every code point but a newline, as in both;
+- for a string inside JSON (a schema's `pattern`), no class or `.` lets through a quote, a
+  backslash or a control character, which would end or escape the JSON string instead of being
+  part of it; such a character written as a literal is a `ValueError`.
+
+Answers are then a subset of what each library allows. Patterns Python cannot parse, or that use
+what Rust's regex lacks (back-references, look-around, possessive repeats), are returned as they
+are: outlines-core refuses them, or reads them its own way, as before.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+import warnings
+from functools import lru_cache
+from re import _constants as C
+from re import _parser
+
+from .char_dfa import LAST, _complement, _merged  # the same interval arithmetic as the state count
+
+SURROGATES = (0xD800, 0xDFFF)
+# Rust's \s (the Unicode White_Space property, stable since Unicode 6.3).
+RUST_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+              (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000))
+# Letters among symbols (Other_Alphabetic So: circled and squared Latin letters): in Rust's \w.
+RUST_WORD_SYMBOLS = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
+JSON_UNSAFE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x9F))  # outlines-core's string excludes these
+
+Intervals = tuple[tuple[int, int], ...]
+
+
+class _Keep(Exception):
+    """The pattern uses what this printer does not print: outlines-core gets it unchanged."""
+
+
+def for_outlines(pattern: str, json_string: bool = False) -> str:
+    """The pattern with every class spelt out as above; `^`/`\\A` at its start and `$`/`\\Z` at
+    its end dropped (the answer matches the whole pattern anyway). A ValueError names a literal
+    a JSON string cannot hold as it is."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        try:
+            tree = _parser.parse(pattern)
+        except (re.error, FutureWarning):  # the caller's check says why (constraints.check_read_alike)
+            return pattern
+    items = list(tree)
+    if items and items[0][0] is C.AT and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING):
+        items = items[1:]
+    if items and items[-1][0] is C.AT and items[-1][1] in (C.AT_END, C.AT_END_STRING):
+        items = items[:-1]
+    try:
+        return _Printer(tree.state.flags, json_string).seq(items)
+    except _Keep:
+        return pattern
+
+
+class _Printer:
+    def __init__(self, flags: int, json_string: bool) -> None:
+        self.flags = flags
+        self.json_string = json_string
+
+    def seq(self, items) -> str:
+        return "".join(self.item(op, av) for op, av in items)
+
+    def item(self, op, av) -> str:
+        if op is C.LITERAL:
+            if self.json_string and _inside(av, JSON_UNSAFE):
+                raise ValueError(f"the character {chr(av)!r} cannot be part of a JSON string as it is")
+            return self.literal(av)
+        if op is C.NOT_LITERAL:
+            return self.chars(_complement(((av, av),)))
+        if op is C.ANY:
+            everything = self.flags & re.DOTALL
+            return self.chars(((0, LAST),) if everything else ((0, 9), (11, LAST)))
+        if op is C.IN:
+            return self.chars(self.members(av))
+        if op is C.BRANCH:
+            return "(?:" + "|".join(self.seq(b) for b in av[1]) + ")"
+        if op is C.SUBPATTERN:
+            _, add, remove, sub = av
+            saved = self.flags
+            self.flags = (self.flags | add) & ~remove
+            try:
+                inner = self.seq(sub)
+            finally:
+                self.flags = saved
+            if (add | remove) & re.IGNORECASE:
+                return f"(?{'i' if add & re.IGNORECASE else '-i'}:{inner})"
+            return "(?:" + inner + ")"
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT):
+            low, high, sub = av
+            bound = f"{{{low},}}" if high is C.MAXREPEAT else f"{{{low},{high}}}"
+            return "(?:" + self.seq(sub) + ")" + bound + ("?" if op is C.MIN_REPEAT else "")
+        raise _Keep  # anchors inside, look-around, back-references, possessive repeats, atomic groups
+
+    def literal(self, code: int) -> str:
+        text = _escape(code)
+        if self.flags & re.IGNORECASE and chr(code).lower() != chr(code).upper():
+            return "(?i:" + text + ")"  # both fold a cased letter; Rust keeps the rest as is
+        return text
+
+    def members(self, av) -> Intervals:
+        negate = any(o is C.NEGATE for o, _ in av)
+        parts: list[tuple[int, int]] = []
+        for o, a in av:
+            if o is C.LITERAL:
+                parts.append((a, a))
+            elif o is C.RANGE:
+                parts.append(a)
+            elif o is C.CATEGORY:
+                # in a class that allows, what both put in the category; in one that forbids,
+                # what either might
+                parts += _category(a, ascii_only=bool(self.flags & re.ASCII), sure=not negate)
+            elif o is not C.NEGATE:
+                raise _Keep
+        if self.flags & re.IGNORECASE and not negate:
+            parts += [(c, c) for lo, hi in list(parts) if hi - lo < 512 for c in _other_cases(lo, hi)]
+        elif self.flags & re.IGNORECASE:
+            raise _Keep  # a negated class under IGNORECASE: the folding of each side is not ours to mirror
+        return _complement(parts) if negate else _merged(parts)
+
+    def chars(self, intervals: Intervals) -> str:
+        intervals = _minus(intervals, (SURROGATES,))  # no UTF-8 text holds them
+        if self.json_string:
+            intervals = _minus(intervals, JSON_UNSAFE)
+        if not intervals:
+            raise ValueError("a character class that no character can match here")
+        if len(intervals) == 1 and intervals[0][0] == intervals[0][1]:
+            return _escape(intervals[0][0])
+        if self.flags & re.IGNORECASE:
+            # the class above already holds the other cases Python matches; Rust's folding must
+            # not add others
+            return "(?-i:[" + "".join(_range(lo, hi) for lo, hi in intervals) + "])"
+        return "[" + "".join(_range(lo, hi) for lo, hi in intervals) + "]"
+
+
+def _category(name, ascii_only: bool, sure: bool) -> Intervals:
+    """The code points of a shorthand class (`\\d` ...): with `sure`, those both Python and Rust
+    put in it; otherwise those either might (code points Python's Unicode leaves unassigned too)."""
+    negated = str(name).startswith("CATEGORY_NOT_")
+    base = str(name).replace("CATEGORY_NOT_", "CATEGORY_")
+    if ascii_only:
+        plain = {"CATEGORY_DIGIT": ((48, 57),), "CATEGORY_SPACE": ((9, 13), (32, 32)),
+                 "CATEGORY_WORD": ((48, 57), (65, 90), (95, 95), (97, 122))}.get(base)
+        if plain is None:
+            raise _Keep
+        return _complement(plain) if negated else plain
+    if base not in ("CATEGORY_DIGIT", "CATEGORY_SPACE", "CATEGORY_WORD"):
+        raise _Keep  # the line-break categories of the old sre syntax
+    # \D in a class that allows is the complement of what \d might hold, and so on
+    inner, outer = _unicode_sets(base)
+    if negated:
+        return _complement(outer) if sure else _complement(inner)
+    return inner if sure else outer
+
+
+@lru_cache(maxsize=None)
+def _unicode_sets(base: str) -> tuple[Intervals, Intervals]:
+    """(in both Python's and Rust's class, in either or unassigned in Python's Unicode)."""
+    python = {"CATEGORY_DIGIT": r"\d", "CATEGORY_SPACE": r"\s", "CATEGORY_WORD": r"\w"}[base]
+    ours = re.compile(python)
+    py = _where(lambda c: ours.match(c) is not None)
+    unassigned = _unassigned()
+    if base == "CATEGORY_DIGIT":  # Rust's \d: Nd in its Unicode, which only adds to Python's
+        rust = py
+    elif base == "CATEGORY_SPACE":
+        rust = RUST_SPACE
+    else:  # Rust's \w: Alphabetic, marks, decimal digits, connector punctuation, joiners
+        rust = _merged(_where(lambda c: unicodedata.category(c)[0] in "LM" or unicodedata.category(c) in
+                              ("Nd", "Nl", "Pc")) + RUST_WORD_SYMBOLS + ((0x200C, 0x200D),))
+    inner = _minus(_minus(py, _complement(rust)), unassigned)
+    outer = _merged(py + rust + unassigned)
+    return inner, outer
+
+
+@lru_cache(maxsize=None)
+def _unassigned() -> Intervals:
+    return _where(lambda c: unicodedata.category(c) == "Cn")
+
+
+def _where(test) -> Intervals:
+    out, start = [], None
+    for code in range(LAST + 1):
+        ok = not SURROGATES[0] <= code <= SURROGATES[1] and test(chr(code))
+        if ok and start is None:
+            start = code
+        elif not ok and start is not None:
+            out.append((start, code - 1))
+            start = None
+    if start is not None:
+        out.append((start, LAST))
+    return tuple(out)
+
+
+def _other_cases(lo: int, hi: int):
+    for code in range(lo, hi + 1):
+        for other in {chr(code).lower(), chr(code).upper()}:
+            if len(other) == 1:
+                yield ord(other)
+
+
+def _minus(a, b) -> Intervals:
+    """a without b."""
+    comp = _complement(b)
+    out = []
+    for lo, hi in _merged(a):
+        for clo, chi in comp:
+            if clo > hi:
+                break
+            if chi >= lo:
+                out.append((max(lo, clo), min(hi, chi)))
+    return tuple(out)
+
+
+def _inside(code: int, intervals) -> bool:
+    return any(lo <= code <= hi for lo, hi in intervals)
+
+
+def _escape(code: int) -> str:
+    """One code point as both syntaxes read it: letters and digits as they are, the rest in hex."""
+    if code < 128 and chr(code).isalnum():
+        return chr(code)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def _range(lo: int, hi: int) -> str:
+    return _escape(lo) if lo == hi else _escape(lo) + ("" if hi == lo + 1 else "-") + _escape(hi)
