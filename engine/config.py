@@ -421,8 +421,9 @@ class EngineConfig:
     lower_turn: int = 4
 
     def __post_init__(self) -> None:
-        if self.pipeline_depth not in (1, 2):
-            raise ConfigError(f"pipeline_depth must be 1 (blocking) or 2 (pipelined), got {self.pipeline_depth}")
+        depth = self.pipeline_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth not in (1, 2):  # not True, not 2.0
+            raise ConfigError(f"pipeline_depth must be 1 (blocking) or 2 (pipelined), got {self.pipeline_depth!r}")
         for name in ("max_batch_size", "page_size", "prefill_token_budget", "max_queue"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

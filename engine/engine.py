@@ -217,8 +217,8 @@ class Engine:
 
     def set_pipeline_depth(self, depth: int) -> None:
         """Switch between pipelined (2) and blocking (1) between steps; for benchmarks."""
-        if depth not in (1, 2):
-            raise RequestError(f"pipeline depth must be 1 or 2, got {depth}")
+        if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth not in (1, 2):
+            raise RequestError(f"pipeline depth must be 1 or 2, got {depth!r}")
         self._post(("depth", depth))
 
     def reset_stats(self) -> None:

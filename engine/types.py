@@ -21,6 +21,10 @@ def _integer(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def _boolean(x) -> bool:
+    return isinstance(x, bool) or type(x).__name__ == "bool_"  # numpy's, read from an array
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 is greedy (our default: captions of a video should not flicker). With
@@ -55,10 +59,13 @@ class SamplingParams:
             raise RequestError(f"seed must be an integer in [0, 2**63), got {s!r}")
         if not _real(k) or not math.isfinite(k) or k < 0:
             raise RequestError(f"sticky must be a finite number >= 0, got {k!r}")
+        if not _boolean(self.ignore_eos):  # "no" would have meant yes
+            raise RequestError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if k > 0 and t > 0:
             raise RequestError("sticky needs greedy decoding (temperature 0)")
         for name, value in (("temperature", float(t)), ("top_p", float(p)), ("max_tokens", int(n)),
-                            ("seed", None if s is None else int(s)), ("sticky", float(k))):
+                            ("seed", None if s is None else int(s)), ("sticky", float(k)),
+                            ("ignore_eos", bool(self.ignore_eos))):
             object.__setattr__(self, name, value)
 
     def with_seed(self) -> "SamplingParams":

@@ -274,6 +274,13 @@ def test_bad_input_leaves_the_engine_serving(small_folder, images):
         for priority in ("high", None, 1.5):
             with pytest.raises(RequestError, match="priority must be an integer"):
                 eng.encode_image(images[0], priority=priority)
+        with pytest.raises(RequestError, match="ignore_eos must be True or False"):
+            SamplingParams(ignore_eos="no")  # was taken as yes: the caption ran to max_tokens
+        for depth in (True, 1.0, 2.0):
+            with pytest.raises(RequestError, match="pipeline depth must be 1 or 2"):
+                eng.set_pipeline_depth(depth)
+            with pytest.raises(ConfigError, match="pipeline_depth must be 1"):
+                EngineConfig(model=str(small_folder), pipeline_depth=depth)
         assert good.result(timeout=30).finish_reason in ("stop", "length")
         # numpy numbers, as read from an array, are numbers
         params = SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5), seed=np.uint32(7))
