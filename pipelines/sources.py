@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 from .connection import Connection
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text
-from .stream import STDIN, StreamSource, redact
+from .stream import STDIN, StreamSource, redact, unknown_host  # noqa: F401 (unknown_host: said from here too)
 
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
@@ -237,22 +237,6 @@ VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", "
                               ".mpeg", ".flv", ".wmv", ".3gp", ".ogv", ".h264", ".264", ".h265", ".265", ".hevc"})
 
 
-def unknown_host(url: str) -> str | None:
-    """Why a URL's host cannot be reached, where it has no address (FFmpeg says only
-    "Input/output error")."""
-    import socket
-    from urllib.parse import urlsplit
-
-    host = urlsplit(url).hostname
-    try:
-        socket.getaddrinfo(host, None)
-    except (socket.gaierror, UnicodeError):
-        return f"no address for the host {host} (a typo, or no network?)"
-    except (OSError, TypeError):
-        return None
-    return None
-
-
 def is_remote(name: str | Path) -> bool:
     """Whether a name is an http(s) URL: a file on a web server."""
     text = str(name)
@@ -367,8 +351,8 @@ def parse_webcam(source: str) -> int | None:
         index = int(source.removeprefix("webcam:"))
     except ValueError:
         raise SourceError(f"a webcam is written webcam:N with N a number, got {source!r}") from None
-    if index < 0:
-        raise SourceError(f"webcam index must be >= 0, got {index}")
+    if not 0 <= index < 2**31:  # OpenCV's C int: a larger one was its "Overload resolution failed" traceback
+        raise SourceError(f"webcam index must be from 0 to {2**31 - 1}, got {index}")
     return index
 
 

@@ -22,6 +22,7 @@ STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", 
 # time, each frame of it "late" by up to its length) nor a pipe (raw H.264 carries no clock, and
 # a pipe that is not read holds its writer back).
 CLOCKED_SCHEMES = tuple(s for s in STREAM_SCHEMES if not s.startswith("http"))
+WEB = ("http", "https")
 
 
 # Query parameters that carry a credential or its signature: presigned S3 (SigV2 and SigV4),
@@ -39,13 +40,34 @@ SAS_PARAMS = frozenset({"se", "st", "sp", "sv", "sr", "spr", "ss", "srt", "si", 
                         "sks", "skv", "sdd", "ses"})
 
 
+def unknown_host(url: str) -> str | None:
+    """Why a URL's host cannot be reached, where it has no address (FFmpeg says only
+    "Input/output error")."""
+    import socket
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname
+    if not host:  # udp://:1234 listens on every address
+        return None
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return f"no address for the host {host} (a typo, or no network?)"
+    except (OSError, TypeError):
+        return None
+    return None
+
+
 def redact(url: str) -> str:
     """The URL with any user:password and the values of its credential query parameters
     (SECRET_PARAMS) replaced by ***: for messages, logs and outputs, and the name a --resume
     finds a file's results by (the same with each new presigned link)."""
     from urllib.parse import urlsplit, urlunsplit
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:  # "udp://[::1": Invalid IPv6 URL (a traceback where the name was first shown)
+        raise SourceError(f"{url} is not a valid URL: {e}") from None
     if not parts.scheme or not parts.netloc:  # a path (a colon in a file name is no scheme)
         return url
     netloc, query = parts.netloc, parts.query
@@ -232,8 +254,14 @@ class StreamSource:
                     raise SourceError(f"cannot read {self.display}: the FFmpeg inside PyAV reads no {scheme}:// "
                                       f"streams; pipe it in with an ffmpeg that does: ffmpeg -i '{self.display}' "
                                       "-c copy -f mpegts - | vlmstream live -") from None
-                if refused or not self.reconnect:
-                    raise SourceError(f"cannot read {self.display}: {self._clean(e, self.open_timeout)}") from None
+                # So is a host with no address, or a web server's answer that is no video (a page):
+                # retried for 30 s, they were said as FFmpeg's "Input/output error" / "Invalid data".
+                hopeless = unknown_host(self.url) if index == 0 else None
+                if index == 0 and isinstance(e, av.InvalidDataError) and self.url.split(":", 1)[0].lower() in WEB:
+                    hopeless = f"not a video ({self._clean(e, 0)})"
+                if refused or hopeless or not self.reconnect:
+                    raise SourceError(f"cannot read {self.display}: {hopeless or self._clean(e, self.open_timeout)}"
+                                      ) from None
                 if not connection.retry(self._clean(e, time.perf_counter() - (connection.last_frame or t0)), t0):
                     return
                 continue

@@ -724,12 +724,36 @@ def test_image_reads_a_picture_from_a_web_server(capsys, small_folder, tmp_path)
     assert rows[0]["text"] == local["text"] and rows[1]["text"]
 
 
-def test_a_host_with_no_address_is_named(capsys):
+def test_a_host_with_no_address_is_named(capsys, tmp_path):
+    """`live` said FFmpeg's "Input/output error" after 37 s of retries, where `video` named the host;
+    a web server's page (no video) was retried for 30 s too."""
     for argv in (["video", "http://nonexistent.invalid/clip.mp4", "-o", "-"],
-                 ["image", "https://nonexistent.invalid/a.png"]):
-        assert main(argv) == 2
+                 ["image", "https://nonexistent.invalid/a.png"], ["live", "http://nonexistent.invalid/cam.ts"]):
+        t0 = time.time()
+        assert main(argv) == 2 and time.time() - t0 < 10
         err = capsys.readouterr().err
         assert err.endswith(": no address for the host nonexistent.invalid (a typo, or no network?)\n"), err
+    (tmp_path / "cam.ts").write_bytes(b"<html>not a stream</html>" * 100)
+    server = _serve(tmp_path)
+    try:
+        t0 = time.time()
+        with pytest.raises(SourceError, match=r"cam\.ts: not a video \(Invalid data"):
+            next(StreamSource(f"http://127.0.0.1:{server.server_address[1]}/cam.ts").frames())
+        assert time.time() - t0 < 5
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("name, said", [
+    ("udp://[::1", "is not a valid URL: Invalid IPv6 URL"), ("http://[::1/x.mp4", "is not a valid URL"),
+    ("webcam:2147483648", "webcam index must be from 0 to 2147483647"),  # OpenCV's C int: a cv2.error traceback
+])
+def test_source_names_that_cannot_be_are_one_line_errors(name, said, capsys):
+    with pytest.raises(SourceError, match=re.escape(said)):
+        open_live(name)
+    assert main(["video" if name.startswith("http") else "live", name]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and err.count("\n") == 1
 
 
 def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
