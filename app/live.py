@@ -13,7 +13,7 @@ from pathlib import Path
 from app.cli import UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.launcher import stop_requested
 from app.prompt_args import check_constraints, prompt_tasks
-from app.outputs import check_writable, folder_arg
+from app.outputs import check_not_inputs, check_writable, folder_arg
 
 WAIT_NOTICE_S = 2.0  # at the end of a run, a wait for the frames in flight is said after this long
 
@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials
         labels = [f"{label} ({i + 1})" for i, label in enumerate(labels)]
     recordings = _recording_paths(args.annotate, args.sources, labels)
+    check_not_inputs([*([Path(args.output)] if args.output not in (None, "-") else []), *(recordings or [])],
+                     args.sources)
     if region is not None:
         from app.live_locate import run as run_locate
 

@@ -109,6 +109,17 @@ def plan_outputs(paths: list[tuple[str, int | None, Path]], out_dir: Path | None
     return plans
 
 
+def check_not_inputs(targets: list[Path], sources: list[str]) -> None:
+    """A UsageError where an output is one of the sources, by its path or as the file itself (a
+    hard link): `live clip.mp4 --annotate clip.mp4` replaced the clip with its recording."""
+    inputs = {Path(s).resolve(): s for s in sources if os.path.isfile(s)}
+    inputs.update((_file_id(Path(s)), s) for s in sources if os.path.isfile(s) and _file_id(Path(s)))
+    for target in targets:
+        same = inputs.get(target.resolve()) or inputs.get(_file_id(target))
+        if same:
+            raise UsageError(f"an output would overwrite the source {same}; write it elsewhere")
+
+
 def _file_id(path: Path) -> tuple[int, int] | None:
     """The file itself (device, inode), whatever path reaches it; None where there is none yet."""
     try:

@@ -121,6 +121,7 @@ class _HeldEngine:
 
     def submit(self, rgb, params=None, draft=None, **task):
         self.handles.append(_HeldHandle(self.gate))
+        self.handles[-1].draft = draft
         return self.handles[-1]
 
 
@@ -165,6 +166,31 @@ def test_a_result_handled_past_its_deadline_is_not_reported():
         gate.set()
         s.close()
     assert reported == [] and s.completed == 0 and s.cancelled_deadline == 2 and s.error is None
+
+
+def test_with_nothing_to_draft_from_the_oldest_frame_runs_past_its_deadline_for_the_next():
+    """`live --deadline-ms 30`: answers took 13 ms drafted from the frame before, 78 ms with no
+    draft, and a frame drafts only from an answer: every frame expired, none was ever answered (0
+    of 182). The oldest now runs on, unreported, and the frames after it draft from its answer."""
+    engine, reported = _HeldEngine(), []
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3, deadline_ms=200,
+                    on_result=lambda r: reported.append(r.frame.index))
+    try:
+        for f in _frames(2):
+            assert s.offer(f)
+        _wait(lambda: s.cancelled_deadline == 1)  # the newer expired; the oldest goes on
+        time.sleep(0.25)
+        assert s.in_flight == 1 and s.cancelled_deadline == 1 and engine.handles[0].draft is None
+        engine.handles[0].finish("a red circle")  # late: not reported, but kept as the draft
+        _wait(lambda: s.in_flight == 0 and s.cancelled_deadline == 2)
+        assert s.offer(_frames(3)[2]) and engine.handles[2].draft == [1]
+        engine.handles[2].finish("a red circle")  # in time
+        _wait(lambda: s.completed == 1)
+        assert s.offer(_frames(4)[3])  # a frame with a draft expires as ever
+        _wait(lambda: s.cancelled_deadline == 3 and s.in_flight == 0)
+    finally:
+        s.close()
+    assert reported == [2]
 
 
 def test_a_failure_handled_past_its_deadline_is_still_said():
@@ -373,6 +399,14 @@ def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path
     assert "--sticky must be a number >= 0" in err
     # the same file spelt two ways was watched twice over
     assert main(["live", a, os.path.relpath(a)]) == 2 and "listed twice" in capsys.readouterr().err
+    # a recording over its own source replaced the clip with two seconds of it (exit 0); by a hard link too
+    copy, link = tmp_path / "copy.mp4", tmp_path / "link.mp4"
+    copy.write_bytes(Path(a).read_bytes())
+    os.link(copy, link)
+    for target in (copy, link, tmp_path / "." / "copy.mp4"):
+        assert main(["live", str(copy), "--annotate", str(target), "--duration", "1"]) == 2
+        assert f"an output would overwrite the source {copy}" in capsys.readouterr().err
+    assert copy.read_bytes() == Path(a).read_bytes()
 
 
 def test_several_prompts_per_live_frame_give_each_prompts_own_answer(small_folder):
