@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 from .connection import Connection
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text
-from .stream import STDIN, StreamSource, redact, unknown_host  # noqa: F401 (unknown_host: said from here too)
+from .stream import STDIN, StreamSource, is_recording, redact, unknown_host  # noqa: F401 (unknown_host: said from here too)
 
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
@@ -75,7 +75,7 @@ class FileSource:
         if not self._container.streams.video:
             self._container.close()
             raise SourceError(f"{self.name} has no video stream")
-        if self.url and not self._container.duration:
+        if self.url and not is_recording(self._container, self.url):
             self._container.close()
             raise SourceError(f"{self.name} is a live stream (it has no end): `vlmstream live` reads it")
         self._stream = main_video(self._container)

@@ -58,6 +58,18 @@ def unknown_host(url: str) -> str | None:
     return None
 
 
+def is_recording(container, url: str) -> bool:
+    """Whether an opened network source is a recording: one that says how long it lasts (a file
+    over HTTP, a finished HLS playlist), or a file whose web server gave its size though not a
+    way to seek to its end, where its length is (an MPEG-TS file from a server without ranges,
+    Python's http.server among them, was taken for a live stream: reopened ~20 times a second,
+    its frames read as fast as they came). A live stream does neither."""
+    if container.duration:
+        return True
+    web = url.split(":", 1)[0].lower() in WEB
+    return web and (container.size or 0) > 0 and "hls" not in container.format.name  # a live playlist's size is its text's
+
+
 def redact(url: str) -> str:
     """The URL with any user:password and the values of its credential query parameters
     (SECRET_PARAMS) replaced by ***: for messages, logs and outputs, and the name a --resume
@@ -269,11 +281,10 @@ class StreamSource:
             try:
                 if not container.streams.video:
                     raise SourceError(f"{self.display} has no video stream")
-                # A recording served over the network (a file over HTTP, a finished HLS playlist)
-                # says how long it lasts; a live stream does not. A recording plays at its own pace,
-                # as a file does in `live`, not as fast as it downloads (a 25 fps clip went by at
-                # 60), and its end ends the source instead of being reopened from the start.
-                recording = bool(container.duration)
+                # A recording plays at its own pace, as a file does in `live`, not as fast as it
+                # downloads (a 25 fps clip went by at 60), and its end ends the source instead of
+                # being reopened from the start.
+                recording = is_recording(container, self.url)
                 clock = None  # (wall time, frame time) that the pacing counts from
                 stream = main_video(container)
                 # A live stream faster than this machine decodes: keyframes only until caught up

@@ -275,6 +275,29 @@ def test_a_web_page_is_not_drawn_as_frames(tmp_path):
         server.shutdown()
 
 
+def test_a_file_from_a_server_without_ranges_is_a_recording(tmp_path, capsys, small_folder):
+    """An MPEG-TS file from a web server that gives its size but no ranges (Python's http.server)
+    has no duration FFmpeg can find: `live` took it for a live stream and reopened it ~20 times a
+    second, reading its frames as fast as they came; `video` refused it as "a live stream"."""
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "shapes_640x360_60fps.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(clip), "-t", "1", "-c", "copy", "-f", "mpegts",
+                    str(tmp_path / "clip.ts")], check=True)
+    server = _serve(tmp_path)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/clip.ts"
+        src, got = StreamSource(url, pace=False), []
+        reader = threading.Thread(target=lambda: got.extend(f.index for f in src.frames()), daemon=True)
+        reader.start()
+        reader.join(20)
+        # once (a stream copied for 1 s ends at a keyframe: 60 frames and a few)
+        assert not reader.is_alive() and src.reconnects == 0, (len(got), src.reconnects)
+        assert got == list(range(len(got))) and 60 <= len(got) < 70 and src.health()["state"] == "ended"
+        assert main(["video", url, "--model", str(small_folder), "--max-tokens", "2", "--every-n", "20", "-o", "-"]) == 0
+        assert len(capsys.readouterr().out.splitlines()) == len(range(0, len(got), 20))
+    finally:
+        server.shutdown()
+
+
 def test_hls_playlist_is_read_segment_after_segment(tmp_path):
     clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
     subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(clip), "-c", "copy", "-f", "hls", "-hls_time", "2",
