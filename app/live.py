@@ -170,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
         for live, label in zip(opened, labels):
             if live.connection is not None:  # an outage is said when it happens, not only in the closing figures
                 live.connection.on_event = lambda line, label=label: say(f"{label + ': ' if several else ''}{line}")
+        t0 = time.perf_counter()
+        for live in opened:  # a try to open a stream ends with the run
+            if live.connection is not None and args.duration is not None:
+                live.connection.ends_at = t0 + args.duration
         # One engine for every source: their frames share its batches (continuous batching).
         feeds = [LiveFeed(engine, tasks, params, live.frames, realtime=live.paced,
                           loop=args.duration is not None and live.loops, fps=args.fps,
@@ -178,7 +182,6 @@ def run(args: argparse.Namespace) -> int:
                           on_result=lambda r, label=label: show(label, r),
                           connection=live.connection)
                  for live, label in zip(opened, labels)]
-        t0 = time.perf_counter()
         try:
             while (any(f.running for f in feeds) and not write_error
                    and not any(rec.error for rec in recorders.values())

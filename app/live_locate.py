@@ -96,12 +96,15 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     for live, label in zip(opened, labels):
         if live.connection is not None:
             live.connection.on_event = lambda line, label=label: say(f"{label + ': ' if several else ''}{line}")
+    t0 = time.perf_counter()
+    for live in opened:  # a try to open a stream ends with the run
+        if live.connection is not None and args.duration is not None:
+            live.connection.ends_at = t0 + args.duration
     sources = [LocateSource(label, live.frames, realtime=live.paced, loop=args.duration is not None and live.loops,
                             connection=live.connection) for live, label in zip(opened, labels)]
     locator = LiveLocator(lambda rgb: decoder.locate(rgb, what, task), sources, what, task, fps=args.fps,
                           on_result=show, locate_many=lambda rgbs: decoder.locate_batch(rgbs, what, task))
     interrupted = False
-    t0 = time.perf_counter()
     try:
         while (locator.running and not write_error and not any(rec.error for rec in recorders.values())
                and (args.duration is None or time.perf_counter() - t0 < args.duration)):

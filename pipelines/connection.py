@@ -40,6 +40,9 @@ class Connection:
         self.delay = RETRY_FIRST_S
         self._still_at = STILL_SAID_S[0]  # seconds into an outage at which it is next said to go on
         self._stopped = threading.Event()
+        # When the consumer will stop (perf_counter; `live --duration`): no try to open outlasts it
+        # (a UDP stream that never came held `--duration 1` 5 s past its end, in its open timeout).
+        self.ends_at: float | None = None
 
     def stop(self) -> None:
         """The consumer is gone (a viewer pressed Stop): a source in an outage stops retrying (its
@@ -88,9 +91,13 @@ class Connection:
 
     def remaining(self, started: float) -> float | None:
         """Seconds before this source is given up (`retry`'s limit, from `started` or its last
-        frame), or None where it never is."""
+        frame) or its consumer stops (`ends_at`), whichever is sooner; None where neither is."""
+        now = time.perf_counter()
         limit = self.max_wait if self.last_frame is None else self.max_outage
-        return None if limit is None else limit - (time.perf_counter() - (self.last_frame or started))
+        left = None if limit is None else limit - (now - (self.last_frame or started))
+        if self.ends_at is not None:
+            left = self.ends_at - now if left is None else min(left, self.ends_at - now)
+        return left
 
     def set(self, state: str, since: float | None = None) -> None:
         self.state, self.since = state, time.perf_counter() if since is None else since

@@ -164,6 +164,10 @@ def test_live_cli_fails_when_no_stream_sends_anything(capsys, small_folder):
     assert json.loads(captured.out)["frames_in"] == 0  # the figures still come, for a script
     assert captured.err.splitlines()[-1].startswith("vlmstream: error: no frames received within 1 s")
     assert captured.err.count("no frames received") == 1  # said once, not as a warning first
+    # the try to open ends with the run: its 5 s timeout had held the run 5 s past --duration,
+    # and the line said "within 1 s (...: nothing came for 5.1 s ...)"
+    waited = re.search(r"nothing came for ([\d.]+) s", captured.err.splitlines()[-1])
+    assert waited and float(waited[1]) < 2, captured.err
 
 
 def test_live_cli_says_why_a_stream_sent_nothing(capsys, small_folder):
