@@ -102,6 +102,10 @@ def plan_outputs(paths: list[tuple[str, int | None, Path]], out_dir: Path | None
             same = inputs.get(key) or inputs.get(_file_id(target))
             if same:
                 raise UsageError(f"an output would overwrite the input {same}; choose another folder")
+            # --annotate FOLDER/ beside the videos: clip.mov's clip.mp4 replaced the clip.mp4 there
+            if target == ann and ann_dir and _someone_elses_video(target):
+                raise UsageError(f"{target} is a video vlmstream did not write: the annotated copy of {path} "
+                                 "would replace it; choose another folder")
             if key in owner:
                 raise UsageError(f"{owner[key]} and {path} would both write {target}; caption them in separate runs")
             owner[key] = path
@@ -118,6 +122,23 @@ def check_not_inputs(targets: list[Path], sources: list[str]) -> None:
         same = inputs.get(target.resolve()) or inputs.get(_file_id(target))
         if same:
             raise UsageError(f"an output would overwrite the source {same}; write it elsewhere")
+
+
+def _someone_elses_video(path: Path) -> bool:
+    """Whether a file plays as a video that is not one of our annotated copies (those a run
+    writes over: a second run, a --resume). One cut off before its index (a killed run) plays
+    as nothing, and is written over."""
+    if not path.is_file():
+        return False
+    import av
+
+    from pipelines.sinks import ANNOTATED_COMMENT
+
+    try:
+        with av.open(str(path)) as container:
+            return bool(container.streams.video) and container.metadata.get("comment") != ANNOTATED_COMMENT
+    except (av.FFmpegError, OSError, UnicodeDecodeError):
+        return False
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:

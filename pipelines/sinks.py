@@ -250,12 +250,12 @@ def cue_text(text: str, fmt: str) -> str:
     """An answer as a cue's text. A blank line would end the cue, and a line holding "-->" reads
     as a timing line (players dropped it): blank lines go, and in WebVTT &, < and > are escaped
     (a "<b>" in an answer was applied as bold, a bare & is not allowed); SRT has no escapes, so
-    its "-->" becomes "->"."""
+    its "-->" (or "--->"...) becomes "->"."""
     lines = [line for line in text.splitlines() if line.strip()]
     if fmt == "vtt":
         lines = [line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") for line in lines]
     else:
-        lines = [line.replace("-->", "->") for line in lines]
+        lines = [re.sub(r"--+>", "->", line) for line in lines]  # one pass of "-->" left "--->" as "-->"
     return "\n".join(lines)
 
 
@@ -327,9 +327,10 @@ _caption_band = functools.lru_cache(maxsize=64)(_band)
 
 def file_label(text: str, limit: int = 60) -> str:
     """A source (path, URL without credentials, session id) as part of a file name: runs of other
-    characters than letters, digits, '.' and '-' become '_', and the last `limit` are kept, never
-    starting with a dot (../clip.mp4's snapshots were hidden files, .._clip_0000000.jpg)."""
-    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")[-limit:].lstrip("._")
+    characters than letters (of any script: 会議.mp4 had become '_'), digits, '.' and '-' become
+    '_', and the last `limit` are kept, never starting with a dot (../clip.mp4's snapshots were
+    hidden files, .._clip_0000000.jpg)."""
+    return re.sub(r"[^\w.-]+", "_", text).strip("_")[-limit:].lstrip("._")
 
 
 @functools.lru_cache(maxsize=8)
@@ -337,6 +338,9 @@ def _font(size: int):
     from PIL import ImageFont
 
     return ImageFont.load_default(size=size)  # Pillow's embedded scalable font: no system fonts needed
+
+
+ANNOTATED_COMMENT = "annotated by vlmstream"
 
 
 class AnnotatedVideoSink:
@@ -366,6 +370,9 @@ class AnnotatedVideoSink:
         except BaseException:
             self._file.close()
             raise
+        # What tells our output from someone's video of the same name (app/outputs.py: a run
+        # writes over the one, not the other)
+        self._container.metadata["comment"] = ANNOTATED_COMMENT
         self._failed: BaseException | None = None  # the first write that failed
         self._stream = self._container.add_stream("libx264", rate=1000)
         self._stream.width, self._stream.height, self._stream.pix_fmt = self.width, self.height, "yuv420p"
@@ -474,9 +481,17 @@ def close_all(sinks, end: float | None = None) -> None:
 
 def save_snapshot(folder: Path, source: str, index: int, rgb: np.ndarray) -> Path:
     """A change's frame as a JPEG named by its video and frame index, so that names sort by
-    video, then time (`video --changes --snapshots`, with captions or places)."""
+    video, then time (`video --changes --snapshots`, with captions or places). Where the name
+    is not the path as given (a folder's '/', a space, a long path cut), a short hash of the path
+    keeps two videos apart: a/b.mp4 and a_b.mp4 (as clip.mp4 and clip.mkv, and any two names of
+    other scripts, before) had written one file, each line naming the other's picture."""
+    import hashlib
+
     from PIL import Image
 
-    path = folder / f"{file_label(str(Path(source).with_suffix('')), 80) or 'video'}_{index:07d}.jpg"
+    label = file_label(source, 80) or "video"
+    if label != source:
+        label += "_" + hashlib.sha1(source.encode("utf-8", "surrogateescape")).hexdigest()[:6]
+    path = folder / f"{label}_{index:07d}.jpg"
     Image.fromarray(np.ascontiguousarray(rgb)).save(path, quality=90)
     return path

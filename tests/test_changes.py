@@ -4,6 +4,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -232,3 +233,18 @@ def test_sources_keep_their_own_file_names_where_they_can(tmp_path, monkeypatch)
                           (["door_2.mp4", "a/door.mp4", "b/door.mp4"], ["door_2", "door_1", "door_3"]),
                           (["a/door.mp4", "b/door.mp4"], ["door_1", "door_2"])]:
         assert file_names(sources, sources) == want
+
+
+def test_every_video_gets_its_own_snapshot_names(tmp_path):
+    """Two videos of a run wrote one picture where their names met once cut to ASCII: 会議.mp4 and
+    講義.mp4 (both '_'), clip.mp4 and clip.mkv (the extension dropped), 'a b' and 'a_b'; each JSONL
+    line then named a picture of the other video."""
+    from pipelines.sinks import save_snapshot
+
+    rgb = np.zeros((8, 8, 3), np.uint8)
+    sources = ["jp/会議.mp4", "jp/講義.mp4", "c/clip.mp4", "c/clip.mkv", "a b.mp4", "a_b.mp4", "c_clip.mp4",
+               "x/" + "long" * 40 + "1.mp4", "y/" + "long" * 40 + "1.mp4"]
+    names = [save_snapshot(tmp_path, s, 7, rgb).name for s in sources]
+    assert len(set(names)) == len(names) and len(list(tmp_path.iterdir())) == len(names), names
+    assert names[5] == "a_b.mp4_0000007.jpg" and names[0].startswith("jp_会議.mp4_")  # readable, sorted by video
+    assert all(n.endswith("_0000007.jpg") for n in names)

@@ -295,17 +295,18 @@ def test_cue_text_cannot_end_a_cue_or_read_as_markup(tmp_path, fmt):
     not allowed."""
     path = tmp_path / f"s.{fmt}"
     sink = SubtitleSink(path, fmt, frame_duration=0.5)
-    for i, text in enumerate(["a\n\nb", "x: a --> b", "<b>x & y</b>", "\n \n"]):
+    for i, text in enumerate(["a\n\nb", "x: a --> b", "<b>x & y</b>", "\n \n", "00:00:05,000 ---> 00:00:09,000 go"]):
         sink.write(FrameResult("v", i, i * 0.5, text, [], "stop", {}))
     sink.close()
     cues = path.read_text().removeprefix("WEBVTT\n\n").split("\n\n")
     texts = [cue.split("\n", 2 if fmt == "srt" else 1)[-1] for cue in cues if cue.strip()]
     if fmt == "vtt":
-        assert texts == ["a\nb", "x: a --&gt; b", "&lt;b&gt;x &amp; y&lt;/b&gt;"]
+        assert texts == ["a\nb", "x: a --&gt; b", "&lt;b&gt;x &amp; y&lt;/b&gt;", 
+                         "00:00:05,000 ---&gt; 00:00:09,000 go"]
     else:
-        assert texts == ["a\nb", "x: a -> b", "<b>x & y</b>"]
+        assert texts == ["a\nb", "x: a -> b", "<b>x & y</b>", "00:00:05,000 -> 00:00:09,000 go"]
     assert all(line.count("-->") == 1 for line in path.read_text().splitlines() if "-->" in line)
-    assert len(re.findall(" --> ", path.read_text())) == 3  # the blank answer has no cue
+    assert len(re.findall(" --> ", path.read_text())) == 4  # the blank answer has no cue
 
 
 def test_batch_in_order_and_resume(tmp_path, small_folder):
@@ -409,6 +410,23 @@ def test_folders_with_odd_links_and_outputs_are_said_before_the_run(tmp_path, ca
     os.link(root / "a.avi", tmp_path / "hard.mp4")
     assert main(["video", str(root / "a.avi"), *bad, "--annotate", str(tmp_path / "hard.mp4")]) == 2
     assert "would overwrite the input" in capsys.readouterr().err
+    # a video beside the input, named as its annotated copy would be: clip.mov's replaced clip.mp4
+    (tmp_path / "beside").mkdir()
+    write_video(tmp_path / "beside" / "clip.mov", "mpeg4", n=2)
+    write_video(tmp_path / "beside" / "clip.mp4", "mpeg4", n=3)
+    before = (tmp_path / "beside" / "clip.mp4").read_bytes()
+    assert main(["video", str(tmp_path / "beside" / "clip.mov"), *bad, "--annotate", f"{tmp_path / 'beside'}/"]) == 2
+    assert "is a video vlmstream did not write" in capsys.readouterr().err
+    assert (tmp_path / "beside" / "clip.mp4").read_bytes() == before
+    # our own annotated copy (a second run, a --resume) is written over, as is one a kill cut short
+    from app.outputs import _someone_elses_video
+    from pipelines.sinks import AnnotatedVideoSink
+
+    ours = AnnotatedVideoSink(tmp_path / "ours.mp4", 64, 48)
+    ours.write_image(np.zeros((48, 64, 3), np.uint8), "a red circle", "#0", 0.0)
+    ours.close()
+    (tmp_path / "cut.mp4").write_bytes(before[: len(before) // 2])
+    assert [_someone_elses_video(tmp_path / n) for n in ("ours.mp4", "cut.mp4", "beside/clip.mp4")] == [False, False, True]
     # an output name longer than a file name may be: found when the file's outputs were opened
     long = root / ("x" * 251 + ".mp4")
     write_video(long, "mpeg4", n=2)
@@ -430,7 +448,7 @@ def test_snapshots_of_a_file_above_are_not_hidden(tmp_path, small_folder, monkey
     assert main(["video", "../v.mp4", "--model", str(small_folder), "--max-tokens", "2", "--every-n", "3",
                  "--changes", "--snapshots", "shots", "-o", "o.jsonl"]) == 0
     names = [p.name for p in (tmp_path / "run" / "shots").iterdir()]
-    assert names and all(n.startswith("v_") for n in names), names
+    assert names and all(n.startswith("v.mp4_") for n in names), names
 
 
 def test_a_sampled_frames_cue_lasts_until_the_next_sample_or_the_end(tmp_path, small_folder):
