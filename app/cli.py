@@ -350,7 +350,8 @@ def realtime_dtype(device: str, dtype: str | None) -> str | None:
     """The dtype of the real-time commands (live, video, ui) when none is given: bf16 on a CPU that
     computes it natively. There it runs the tiny model ~1.5x faster with the same held-out accuracy
     (EVAL.md) and the same batch invariance (pipelined == blocking == reference); elsewhere the
-    engine's default (fp32 on CPU). `vlmstream image`, `bench` and `eval-tiny` keep fp32 on CPU."""
+    engine's default (fp32 on CPU). `bench` and `eval-tiny` keep fp32 on CPU, as `image` does but for
+    a folder stored in bf16 (`image_dtype`)."""
     if dtype is not None or not str(device).startswith("cpu"):
         return dtype
     from engine.device import cpu_has_native_bf16

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         if label in recorders:
             recorders[label].add(r)  # every completed frame, whether its answers changed or not
         with print_lock:  # several feeds' threads report here
-            new, shot = None, None  # with --changes: the answers that changed, the frame's snapshot
+            new, shots = None, []  # with --changes: the answers that changed, the snapshot of each
             if changes is None:
                 lines = r.text.splitlines() or [""]  # one line per prompt
             else:
@@ -133,8 +133,13 @@ def run(args: argparse.Namespace) -> int:
                 if not new:
                     return
                 if snapshots is not None and not write_error:
-                    try:
-                        shot = str(_snapshot(snapshots, names[label] if several else "", r))
+                    try:  # the frame each answer began on (--hold N: N-1 frames back), once a frame
+                        saved: dict = {}
+                        for c in new:
+                            first = c.since_kept or r.frame
+                            if first.index not in saved:
+                                saved[first.index] = str(_snapshot(snapshots, names[label] if several else "", first))
+                            shots.append(saved[first.index])
                     except OSError as e:  # a run that cannot keep its pictures stops and says so (the
                         write_error.append((f"a snapshot in {snapshots}", e))  # change is still logged)
                 lines = [(f"{prompt_label(r.prompts[c.prompt])}: " if len(r.prompts) > 1 else "") + c.text
@@ -142,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
             if log is not None and not any(what == args.output for what, _ in write_error):
                 records = r.records() if new is None else AnswerChanges.records(r, new)
                 if snapshots is not None:
-                    for x in records:
-                        x["snapshot"] = shot
+                    for i, x in enumerate(records):
+                        x["snapshot"] = shots[i] if i < len(shots) else None
                 try:
                     log.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records))
                     log.flush()
@@ -306,7 +311,7 @@ def _wait_closed(feeds: list) -> None:
         raise failed[0]
 
 
-def _snapshot(folder: Path, source: str, r) -> Path:
+def _snapshot(folder: Path, source: str, frame) -> Path:
     """The frame of a change as a JPEG named by the UTC time it was saved (names sort in time
     order), the source's `file_names` name (with several) and the frame's index."""
     from datetime import datetime, timezone
@@ -314,8 +319,8 @@ def _snapshot(folder: Path, source: str, r) -> Path:
     from PIL import Image
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
-    path = folder / f"{stamp}{'_' + source if source else ''}_{r.frame.index}.jpg"
-    Image.fromarray(r.frame.rgb).save(path, quality=90)
+    path = folder / f"{stamp}{'_' + source if source else ''}_{frame.index}.jpg"
+    Image.fromarray(frame.rgb).save(path, quality=90)
     return path
 
 

@@ -67,18 +67,20 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         with lock:
             if write_error:
                 return
-            change = None if changes is None else count_change(changes[r.label], r.label, len(r.places), r.frame.pts)
+            change = None if changes is None else count_change(changes[r.label], r.label, len(r.places), r.frame.pts, r)
             if changes is not None and change is None:
                 return  # as many found as at the last report
             try:
                 if snapshots is not None:
                     try:
-                        change["snapshot"] = str(_snapshot(snapshots, r.label if several else "", r.drawn()))
+                        first = change["kept"] or r  # the frame the new count began on (--hold N: N-1 back)
+                        change["snapshot"] = str(_snapshot(snapshots, r.label if several else "", first.drawn().frame))
                     except OSError as e:
                         write_error.append((f"a snapshot in {snapshots}", e))
                         return
                 if log is not None:
-                    log.write(json.dumps({**r.records()[0], **(change or {}), "model": args.model}) + "\n")
+                    fields = {k: v for k, v in (change or {}).items() if k != "kept"}
+                    log.write(json.dumps({**r.records()[0], **fields, "model": args.model}) + "\n")
                     log.flush()
                 if not args.json and log is not sys.stdout:
                     was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"

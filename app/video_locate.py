@@ -132,14 +132,17 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                         found_total += len(places)
                         for sub in subs:
                             sub.write_text(frame.pts, found_text(what, len(places)))
-                        change = None if changes is None else count_change(changes, source, len(places), frame.pts)
+                        change = (None if changes is None else
+                                  count_change(changes, source, len(places), frame.pts, (frame, pixels)))
                         if changes is not None and change is None:
                             pass  # the same number as the last report: no line
                         elif lines is not None:
                             record = place_record(source, frame, task, what, places, pixels, result["timings_ms"])
-                            if snapshots is not None:
-                                change["snapshot"] = str(save_snapshot(snapshots, source, frame.index,
-                                                                       draw(frame.rgb, pixels, task)))
+                            kept = change.pop("kept", None) if change else None
+                            if snapshots is not None:  # the frame the new count began on (--hold N: N-1 back)
+                                first, first_pixels = kept or (frame, pixels)
+                                change["snapshot"] = str(save_snapshot(snapshots, source, first.index,
+                                                                       draw(first.rgb, first_pixels, task)))
                             lines.write_records([{**record, **(change or {}), "model": args.model, "load_ms": load_ms}])
                         elif on_terminal:
                             prefix = f"{file_name(path)}  " if len(paths) > 1 else ""

@@ -49,6 +49,7 @@ class Change:
     previous: str | None
     since_pts: float  # the first frame that gave the new answer
     previous_since_pts: float | None
+    since_kept: object = None  # what `observe` was given to keep with that first frame (its picture)
 
 
 class AnswerChanges:
@@ -61,13 +62,15 @@ class AnswerChanges:
         self.hold = hold
         # key -> (answer, since pts, its answer_key)
         self._current: dict[Hashable, tuple[str, float, tuple]] = {}
-        # key -> (the new answer's answer_key, first pts, frames seen)
-        self._pending: dict[Hashable, tuple[tuple, float, int]] = {}
+        # key -> (the new answer's answer_key, first pts, frames seen, what was kept with the first)
+        self._pending: dict[Hashable, tuple[tuple, float, int, object]] = {}
         self.count = 0
 
-    def observe(self, key: Hashable, text: str, pts: float) -> Change | None:
+    def observe(self, key: Hashable, text: str, pts: float, keep: object = None) -> Change | None:
         """The next answer for `key` (a prompt), from the frame at `pts`; the change it makes, if any
-        (with this frame's wording of the new answer)."""
+        (with this frame's wording of the new answer). `keep` (a frame, its picture) comes back as
+        the change's `since_kept` if this frame is the first of it: the frame the answer began on,
+        `hold - 1` frames before the one that makes it a change."""
         text = text.strip()
         current = self._current.get(key)
         same = current[2] if current is not None and current[0] == text else answer_key(text)  # mostly a repeat
@@ -75,18 +78,19 @@ class AnswerChanges:
             self._pending.pop(key, None)  # a flicker that did not hold
             return None
         seen = self._pending.get(key)
-        first, n = (seen[1], seen[2] + 1) if seen and seen[0] == same else (pts, 1)
+        first, n, kept = (seen[1], seen[2] + 1, seen[3]) if seen and seen[0] == same else (pts, 1, keep)
         if n < self.hold:
-            self._pending[key] = (same, first, n)
+            self._pending[key] = (same, first, n, kept)
             return None
         self._pending.pop(key, None)
         self._current[key] = (text, first, same)
         self.count += 1
-        return Change(key, text, current[0] if current else None, first, current[1] if current else None)
+        return Change(key, text, current[0] if current else None, first, current[1] if current else None, kept)
 
     def update(self, result: LiveResult) -> list[Change]:
-        """A live frame's answers, in prompt order: the changes they make (keyed by prompt index)."""
-        changes = [self.observe(i, out.text, result.frame.pts) for i, out in enumerate(result.outputs)]
+        """A live frame's answers, in prompt order: the changes they make (keyed by prompt index),
+        each keeping the frame it began on (`since_kept`)."""
+        changes = [self.observe(i, out.text, result.frame.pts, result.frame) for i, out in enumerate(result.outputs)]
         return [c for c in changes if c is not None]
 
     @staticmethod
@@ -100,8 +104,8 @@ class AnswerChanges:
 class ChangedAnswersSink:
     """`video --changes`: a JSONL sink that gets only the answers that changed, per source and
     prompt, each line `FrameResult`'s fields plus `previous` and `since` (as in `live --changes`);
-    with `snapshots`, the frame of each change is saved there as a JPEG (`snapshot` in the line),
-    named by source and frame index so that names sort by video, then time. Thread-safe, like the
+    with `snapshots`, the frame each new answer began on is saved there as a JPEG (`snapshot` in
+    the line), named by source and frame index so that names sort by video, then time. Thread-safe, like the
     JSONL it writes: several files captioned at once may share it."""
 
     holds_done = True  # never given a resumed run's answers: --changes does not resume
@@ -113,16 +117,20 @@ class ChangedAnswersSink:
 
     def write_frame(self, results: list[FrameResult], rgb: np.ndarray | None = None) -> None:
         with self._lock:  # one file's frames arrive in order; the lock keeps each file's in order
-            records = []
+            records, shots = [], {}
             for r in results:
-                c = self.changes.observe((r.source, prompt_key(r.prompt)), r.text, r.pts)
-                if c is not None:
-                    records.append({**r.to_dict(), "previous": c.previous, "since": round(c.since_pts, 6)})
-            if records and self.snapshots is not None and rgb is not None:
-                r = results[0]  # an OSError fails this video's outputs
-                shot = str(save_snapshot(self.snapshots, r.source, r.index, rgb))
-                for x in records:
-                    x["snapshot"] = shot
+                c = self.changes.observe((r.source, prompt_key(r.prompt)), r.text, r.pts, (r.index, rgb))
+                if c is None:
+                    continue
+                records.append({**r.to_dict(), "previous": c.previous, "since": round(c.since_pts, 6)})
+                index, first_rgb = c.since_kept
+                if self.snapshots is not None and first_rgb is not None:
+                    # the frame the answer began on (with --hold N, N-1 frames before this one), as
+                    # the web UI's pictures; once for the prompts that changed on it. An OSError
+                    # fails this video's outputs
+                    if index not in shots:
+                        shots[index] = str(save_snapshot(self.snapshots, r.source, index, first_rgb))
+                    records[-1]["snapshot"] = shots[index]
             if records:
                 self.sink.write_records(records)
 

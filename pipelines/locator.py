@@ -72,14 +72,17 @@ def batched(items: Iterable, n: int) -> Iterator[list]:
         yield batch
 
 
-def count_change(changes, key, found: int, pts: float) -> dict | None:
+def count_change(changes, key, found: int, pts: float, keep: object = None) -> dict | None:
     """`--changes` for places: the number found is the answer followed (boxes jitter from frame to
     frame; an object coming or going is the event). The fields a reported line adds (`previous`:
-    the number it replaces, null for the first; `since`: the pts it first came at), or None."""
-    c = changes.observe(key, str(found), pts)
+    the number it replaces, null for the first; `since`: the pts it first came at), or None.
+    `keep` (what the snapshot is drawn from) comes back as `kept` where this frame began the
+    change (`AnswerChanges.observe`): not a field of the line."""
+    c = changes.observe(key, str(found), pts, keep)
     if c is None:
         return None
-    return {"previous": None if c.previous is None else int(c.previous), "since": round(c.since_pts, 6)}
+    return {"previous": None if c.previous is None else int(c.previous), "since": round(c.since_pts, 6),
+            "kept": c.since_kept}
 
 
 def draw(rgb: np.ndarray, pixels: list[list[int]], task: str) -> np.ndarray:

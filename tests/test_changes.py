@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +96,9 @@ def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
     assert sorted(shots) == shots == sorted((tmp_path / "shots").iterdir())
     with Image.open(shots[-1]) as im:
         assert im.format == "JPEG" and im.size == (640, 360)
-    assert all(p.name.endswith(f"_{r['index']}.jpg") for p, r in zip(shots, rows))
+    # the frame the new answer began on, as the web UI's pictures (it was the one that confirmed
+    # it, two frames later with --hold 3); the clip is 30 fps
+    assert all(p.name.endswith(f"_{round(r['since'] * 30)}.jpg") and r["since"] < r["pts"] for p, r in zip(shots, rows))
     assert main(["live", str(CLIP), "--hold", "2"]) == 2
     assert main(["live", str(CLIP), "--snapshots", str(tmp_path / "s")]) == 2
     (tmp_path / "file").write_text("")
@@ -208,6 +211,13 @@ def test_video_changes_on_the_terminal_and_its_mistakes(tmp_path, capsys):
     with Image.open(paths[1]) as im:
         assert im.format == "JPEG" and im.size == (640, 360)
     assert all(p.name.endswith(f"_{r['index']:07d}.jpg") for p, r in zip(paths, rows))
+    # with --hold 2, the picture is the frame the answer began on, a sampled frame before the line's
+    shutil.rmtree(shots)
+    assert main(["video", str(CLIP), "--fps", "2", "--question", "How many shapes are there?", "--changes",
+                 "--hold", "2", "-o", str(events), "--snapshots", str(shots)]) == 0
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    assert len(rows) >= 2 and all(r["index"] - round(r["since"] * 30) == 15 for r in rows)
+    assert [Path(r["snapshot"]).name[-11:] for r in rows] == [f"{round(r['since'] * 30):07d}.jpg" for r in rows]
     for bad, message in [(["--snapshots", str(shots)], "--snapshots goes with --changes"),
                          (["--changes", "--snapshots", str(shots)], "--snapshots needs a JSONL output"),
                          (["--hold", "2"], "--hold N goes with --changes"),

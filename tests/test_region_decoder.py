@@ -313,8 +313,9 @@ def test_video_detect_changes_reports_when_the_number_found_changes(capsys, smal
         want = _reported(counts, hold)
         assert 2 <= len(want) < 40 and [(len(r["objects"]), r["previous"], r["since"]) for r in rows] == want
         assert f"{len(want)} changes" in capsys.readouterr().err
-        for r in rows:
+        for r in rows:  # the frame the new count began on (--hold 2: the one before the line's), at 10 fps
             assert Path(r["snapshot"]).parent == shots / str(hold)
+            assert Path(r["snapshot"]).name.endswith(f"_{round(r['since'] * 10):07d}.jpg"), (r["snapshot"], r["since"])
             with Image.open(r["snapshot"]) as im:
                 assert im.size == (96, 64)
         assert len(list((shots / str(hold)).iterdir())) == len(rows)
