@@ -11,7 +11,9 @@ User mistakes print one line `vlmstream: error: ...` on stderr and exit with cod
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import re
 import sys
 from typing import NoReturn, Sequence
@@ -471,6 +473,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return stopped_code(term)
         except BrokenPipeError:  # e.g. piped into `head`
             return 0
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                raise
+            # a source, model or output named past what the file system allows (asking whether
+            # it exists raises): every command had a traceback for it
+            name = os.fsdecode(e.filename) if e.filename is not None else ""
+            shown = name if len(name) <= 80 else name[:40] + "..." + name[-20:]
+            print(f"vlmstream: error: a name too long for the file system ({len(os.fsencode(name))} bytes): "
+                  f"{shown}", file=sys.stderr)
+            return EXIT_USAGE
     # A command that finished its outputs after the signal says 130; the shell's code for SIGTERM is 143
     return stopped_code(term) if term and code == 130 else code
 

@@ -56,6 +56,7 @@ VIDEO_JOBS_KEPT = 8
 # removed with the tab.
 RECORD_MAX_S = 600.0
 CLOSED_KEPT = 10_000  # closed sessions remembered, so that a late event cannot bring one back
+VIDEO_SLOTS = 2  # video jobs run at once; the others wait, each its Cancel working meanwhile
 
 
 class UIError(Exception):
@@ -102,6 +103,7 @@ class Service:
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
         self._region: tuple | None = None  # (engine, its RegionDecoder, a lock: one call at a time)
         self._closed: OrderedDict[str, None] = OrderedDict()  # the sessions closed last, oldest first
+        self._video_slots = threading.Semaphore(VIDEO_SLOTS)
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -212,8 +214,14 @@ class Service:
         self.stop_live(session)
         if source in sample_videos():
             source = str(SAMPLES_DIR / source)
-        if parse_webcam(source) is None and "://" not in source and not Path(source).is_file():
-            raise UIError(f"{source} is a folder, not a video" if Path(source).is_dir() else f"no such file: {source}")
+        try:
+            missing = parse_webcam(source) is None and "://" not in source and not Path(source).is_file()
+            folder = missing and Path(source).is_dir()
+        except OSError as e:  # a name past the file system's limit: its [Errno 36] repeated it whole
+            shown = source if len(source) <= 80 else source[:40] + "..." + source[-20:]
+            raise UIError(f"no such file: {shown} ({e.strerror})") from None
+        if missing:
+            raise UIError(f"{source} is a folder, not a video" if folder else f"no such file: {source}")
         live = open_live(source, reading=self.reading)  # a recording (a file, or one over the network) plays as if live, round and round
         recorder = None
         if record:
@@ -416,10 +424,21 @@ class Service:
 
         from engine.models.prompt import asked_prompt
 
+        from engine.errors import EngineClosedError
+
         tasks = [task] if isinstance(task, dict) else task
         engine = self.engine()
-        # as long as the engine makes progress: a slow model beside a video job takes minutes
-        outs = [h.wait() for h in ask(engine, rgb, tasks, self.params(), priority=INTERACTIVE)]
+        again = "the engine was reloaded (Settings) while this image was asked: ask again"
+        try:
+            # as long as the engine makes progress: a slow model beside a video job takes minutes
+            outs = [h.wait() for h in ask(engine, rgb, tasks, self.params(), priority=INTERACTIVE)]
+        except EngineClosedError:
+            raise UIError(again) from None
+        # a reload cancels what is in flight: its empty answers had come back as an answer ('q0?: ')
+        if any(o.finish_reason == "cancelled" for o in outs):
+            raise UIError(again)
+        if any(o.finish_reason == "error" for o in outs):
+            raise UIError("the engine failed while this image was asked (the server's log says why)")
 
         def asked(t: dict) -> dict:  # what the model was asked, where its config rewords a question
             return {"asked": asked_prompt(engine.model_config, t["question"])} if "question" in t else {}
@@ -522,10 +541,15 @@ class Service:
         finally:
             with self._lock:  # the job is over: its folder may go, and a later Cancel has nothing of it to stop
                 self._writing.discard(out_dir)
-                for session, stops in list(self._video_stops.items()):
-                    stops.discard(stop)
-                    if not stops:
-                        del self._video_stops[session]
+            self.forget_video_stop(stop)
+
+    def forget_video_stop(self, stop: threading.Event | None) -> None:
+        """A job's stop flag, once the job is over (or never started)."""
+        with self._lock:
+            for session, stops in list(self._video_stops.items()):
+                stops.discard(stop)
+                if not stops:
+                    del self._video_stops[session]
 
     def video_stop(self, session: str) -> threading.Event:
         """A new video job's stop flag for a session. Cancel, or the tab closing, sets the flags of
@@ -534,6 +558,23 @@ class Service:
         with self._lock:
             self._video_stops.setdefault(session, set()).add(stop)
         return stop
+
+    def video_slot(self, stop: threading.Event, waiting: Callable[[], None]) -> bool:
+        """Wait for one of VIDEO_SLOTS (`waiting` is called now and then meanwhile); False if the
+        job's `stop` is set first (Cancel, the tab closed), True once it may run: release it with
+        `release_video_slot`. Gradio's own limit had kept a waiting job out of reach of Cancel
+        (its stop flag came when it started), and it ran to its end."""
+        while not self._video_slots.acquire(timeout=0.25):
+            if stop.is_set():
+                return False
+            waiting()
+        if stop.is_set():
+            self._video_slots.release()
+            return False
+        return True
+
+    def release_video_slot(self) -> None:
+        self._video_slots.release()
 
     def cancel_video(self, session: str) -> int:
         """Stop every running video job of a session; returns how many there were."""

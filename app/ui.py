@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from app.service import RECORD_MAX_S, Service, Settings, UIError, sample_videos
+from app.service import RECORD_MAX_S, VIDEO_SLOTS, Service, Settings, UIError, sample_videos
 from app.task import make_task
 
 PAGE_HZ = 12.0  # frame + caption updates per second pushed to a watching page (at most)
@@ -241,10 +241,15 @@ def build(service: Service, source: str | None = None):
             progress((min(done, total), total) if total else done, desc="locating" if locating else "captioning",
                      unit="frames")
 
+        if not service.video_slot(stop, lambda: progress(None, desc=f"waiting: {VIDEO_SLOTS} video jobs run at once")):
+            service.forget_video_stop(stop)
+            return "cancelled before it started", None, None, None
         try:
             out = service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes))
         except (UIError, VlmstreamError, OSError) as e:
             raise _user_error(str(_upload_named(e, path))) from None
+        finally:
+            service.release_video_slot()
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
         note = (f"{out['frames']} frame{'' if out['frames'] == 1 else 's'} {'located' if locating else 'captioned'} "
                 f"in {out['seconds']} s "
@@ -411,8 +416,10 @@ def build(service: Service, source: str | None = None):
             # under its error, "90 frames captioned" beside the new file's "empty (0 bytes)".
             vrun.click(lambda: ("", None, None, None), None, [vnote, vtable, vfiles, vvideo], queue=False,
                        api_name=False, show_progress="hidden")
+            # not Gradio's concurrency limit: a job waiting for a slot must already answer Cancel
+            # (Service.video_slot)
             vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext, vchanges], [vnote, vtable, vfiles, vvideo],
-                       api_name="caption_video", concurrency_limit=2)
+                       api_name="caption_video", concurrency_limit=None)
             # also an API: a gradio_client's job.cancel() cannot stop a running job (Gradio ends the
             # event, not the work); /cancel_video from the same Client does
             vcancel.click(cancel_video, None, None, api_name="cancel_video", concurrency_limit=None)

@@ -35,13 +35,12 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
 from .changes import AnswerChanges, answer_key
 from .connection import Connection
 from .grabber import LatestFrameGrabber, PushedFrames
-from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession
+from .live import DEFAULT_MAX_INFLIGHT, ROLLING_S, LiveResult, LiveSession
 from .frame import Frame
 from .locator import LiveLocator, Located, LocateSource
 
 CHART_STAGES = ("queue", "vision", "prefill", "decode")
 REGION_TASKS = ("detect", "point")
-ROLLING_S = 2.0  # a located feed's frames a second count over this much of the newest past
 # Answers a feed keeps for an export: ~5 minutes at 35 captions a second, ~4 MB of JSON.
 EXPORT_LINES = 10_000
 # Pictures of the frames where the answers changed: a page's gallery of them stays ~200 KB; the

@@ -34,6 +34,7 @@ LATENCY_WINDOW = 36_000  # ten minutes at 60 fps
 # on two AVX2 cores with half the latency (p50 ~60 against ~120 ms, BENCHMARKS.md); more in
 # flight only queue longer, fewer lose frames.
 DEFAULT_MAX_INFLIGHT = 4
+ROLLING_S = 2.0  # the frames a second a page shows count over this much of the newest past
 # Logit margin by which a live frame's answer keeps the previous one (SamplingParams.sticky). On
 # the 60 fps sample at 2, captions changed 25 times in 720 frames instead of 173 and named 93 %
 # of the objects instead of 81 % (EVAL.md, sticky captions): a reading the model gave once is
@@ -280,8 +281,10 @@ class LiveSession:
             raise TimeoutError(f"the live session's thread still runs after {timeout:g} s")
 
     def stats(self) -> dict:
-        wall = max((self._closed_at or time.perf_counter()) - self._t0, 1e-9)  # frozen once closed
-        c = list(self._completions)
+        end = self._closed_at or time.perf_counter()
+        wall = max(end - self._t0, 1e-9)  # frozen once closed
+        # the last ROLLING_S seconds' completions: through an outage it said the rate before it
+        c = [t for t in self._completions if t >= end - ROLLING_S]
         rolling = (len(c) - 1) / (c[-1] - c[0]) if len(c) > 1 and c[-1] > c[0] else 0.0
         return {
             "frames_in": self.frames_in, "submitted": self.submitted, "completed": self.completed,

@@ -733,3 +733,14 @@ def test_live_on_a_file_cut_off_after_its_header_is_one_line(capsys, tmp_path, s
     assert main(["video", str(folder), "-o", f"{out}/", "--every-n", "10", "--max-tokens", "2", *model]) == 1
     assert sorted(p.name for p in out.iterdir()) == ["whole.jsonl"]  # and nothing for the cut one
     assert "cut.mkv: no frame could be decoded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["live", "{long}"], ["video", "{long}"], ["image", "{scene}", "--model", "{long}"],
+                                  ["video", "{scene}", "-o", "{long}/"], ["bench", "--model", "{long}"]])
+def test_a_name_too_long_for_the_file_system_is_one_line(argv, capsys):
+    """Asking whether such a name exists raises ENAMETOOLONG: each command printed a traceback."""
+    long = "s" * 5000
+    assert main([a.format(long=long, scene=SCENE) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and len(err) < 300, err[:500]
+    assert "too long" in err

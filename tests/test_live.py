@@ -544,3 +544,24 @@ def test_a_frame_is_counted_completed_only_once_its_result_is_delivered():
     finally:
         s.close()
     assert seen == [(0, 0), (1, 1)]  # each delivered while the count still said the ones before
+
+
+def test_the_rolling_rate_falls_to_zero_when_frames_stop_coming(monkeypatch):
+    """A camera in an outage: the page's counters said the rate of its last 120 frames, 30 fps
+    for as long as the outage lasted; the rate is now over the newest ROLLING_S seconds."""
+    import pipelines.live
+
+    monkeypatch.setattr(pipelines.live, "ROLLING_S", 0.5)
+    engine = _HeldEngine()
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=1)
+    try:
+        for f in _frames(4):
+            assert s.offer(f)
+            engine.handles[-1].finish("a red circle")
+            _wait(lambda: s.in_flight == 0)
+            time.sleep(0.02)
+        assert s.stats()["rolling_fps"] > 5
+        time.sleep(0.6)  # nothing more came
+        assert s.stats()["rolling_fps"] == 0.0 and s.stats()["completed"] == 4
+    finally:
+        s.close()

@@ -444,10 +444,11 @@ def test_bad_sources_are_one_line_errors(service, tmp_path, monkeypatch):
     junk = tmp_path / "junk.mp4"
     junk.write_bytes(b"not a video at all" * 100)
     for source, kind in [("", UIError), (str(tmp_path / "missing.mp4"), UIError), (str(junk), VlmstreamError),
-                         ("ftp://example.com/x", VlmstreamError)]:
+                         ("ftp://example.com/x", VlmstreamError), ("s" * 5000, UIError)]:
         with pytest.raises(kind) as e:
             service.start_live("tab-d", source, make_task("short"))
-        assert "\n" not in str(e.value) and str(e.value)
+        # one line, and short: a name past the file system's limit was its [Errno 36] and all 5000 letters
+        assert "\n" not in str(e.value) and str(e.value) and len(str(e.value)) < 200
     # an unreachable stream fails in the feed, which reports it instead of dying silently
     feed = service.start_live("tab-d", "udp://127.0.0.1:9?timeout=300000", make_task("short"))
     # meanwhile the frame's place says it is still trying, for how long, and why the last try failed
@@ -1249,3 +1250,60 @@ def test_a_feed_whose_page_reads_nothing_pauses_its_updates_then_stops(service, 
     reader.join()
     updates.close()
     assert service.feed("tab-orphan") is None
+
+
+def test_an_image_asked_across_a_reload_is_an_error_not_empty_answers(small_folder, monkeypatch):
+    """Settings' reload cancels what is in flight: an Image-tab answer caught by it came back as
+    answers, all empty ('q0?: \\nq1?: '), finish_reason 'length'; one asked as the engine closed
+    said 'the engine is closed'. Both now say what happened and what to do."""
+    import engine.engine as engine_module
+    import pipelines.prompts
+
+    from test_engine_properties import FakeRunner
+
+    monkeypatch.setattr(engine_module, "Runner", FakeRunner)  # steps of a few ms, never EOS: still running
+    service = Service(Settings(model=str(small_folder), max_tokens=400))
+    rgb = np.zeros((48, 64, 3), np.uint8)
+    ask = pipelines.prompts.ask
+
+    def ask_then_reload(engine, *args, **kwargs):
+        handles = ask(engine, *args, **kwargs)
+        engine.close(cancel=True)  # what apply() does to the engine when the model changes
+        return handles
+
+    try:
+        monkeypatch.setattr(pipelines.prompts, "ask", ask_then_reload)
+        for task in ({"caption": "short"}, [{"question": "q0?"}, {"question": "q1?"}]):
+            with pytest.raises(UIError, match=r"reloaded \(Settings\) while this image was asked: ask again"):
+                service.caption_image(rgb, task)
+            service.close()
+        engine = service.engine()
+        monkeypatch.setattr(pipelines.prompts, "ask", ask)
+        engine.close()  # closed between the page's look at it and the question
+        monkeypatch.setattr(service, "engine", lambda: engine)
+        with pytest.raises(UIError, match="reloaded"):
+            service.caption_image(rgb, {"caption": "short"})
+    finally:
+        service.close()
+
+
+def test_a_video_job_waiting_for_a_slot_answers_cancel():
+    """Two video jobs run at once; a third waited in Gradio's queue, where its stop flag did not
+    exist yet: Cancel did nothing, and it ran to its end once a slot freed."""
+    from app.service import VIDEO_SLOTS
+
+    service = Service(Settings())
+    running = [service.video_stop(f"tab-{i}") for i in range(VIDEO_SLOTS)]
+    assert all(service.video_slot(stop, lambda: None) for stop in running)
+    waiting, waited, got = service.video_stop("tab-w"), [], []
+    t = threading.Thread(target=lambda: got.append(service.video_slot(waiting, lambda: waited.append(1))))
+    t.start()
+    time.sleep(0.6)
+    assert t.is_alive() and waited  # waiting, and the page is told so
+    assert service.cancel_video("tab-w") == 1
+    t.join(2)
+    assert not t.is_alive() and got == [False]
+    service.release_video_slot()  # a slot frees: the next job takes it at once
+    assert service.video_slot(service.video_stop("tab-n"), lambda: None)
+    for _ in range(VIDEO_SLOTS):
+        service.release_video_slot()

@@ -55,7 +55,13 @@ def resolve_model_dir(spec: str | Path) -> Path:
     if isinstance(spec, str) and not spec.strip():  # Path("") is the working folder
         raise ModelLoadError("the model is empty: give 'tiny' or a model folder")
     path = Path(spec).expanduser()
-    if not path.exists():
+    try:
+        found = path.exists()
+    except OSError as e:  # a name past the file system's limit (its [Errno 36] repeated it whole)
+        text = str(path)
+        raise ModelLoadError(f"model folder not found: {text[:40] + '...' + text[-20:] if len(text) > 80 else text} "
+                             f"({e.strerror})") from None
+    if not found:
         raise ModelLoadError(f"model folder not found: {path}")
     if not path.is_dir():
         raise ModelLoadError(f"--model must be 'tiny' or a folder, and {path} is a file")
