@@ -9,6 +9,7 @@ Gradio and the engine load when `build` or `run` is called.
 import argparse
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -482,8 +483,30 @@ def build(service: Service, source: str | None = None):
             service.close_session(request.session_hash)
 
         demo.unload(closed)
+        for block in demo.blocks.values():
+            if isinstance(block, (gr.Slider, gr.Radio, gr.Dropdown, gr.File, gr.Checkbox)):
+                name = re.split(r" \(|:", block.label or "a value")[0]  # "Temperature (0 = greedy)": Temperature
+                block.preprocess = _value_in_one_line(block.preprocess, name)
     demo.queue(default_concurrency_limit=None)
     return demo
+
+
+def _value_in_one_line(preprocess: Callable, label: str) -> Callable:
+    """A form input's preprocess whose refusal of an API caller's value (temperature None or 5, a
+    prompt kind "Normal", a device "gpu", a video field given a PNG) is one line naming the field,
+    with no traceback in the server's console (Gradio printed one or two for each, and a
+    TypeError's paragraph of its internals for a value of the wrong type)."""
+    import gradio as gr
+
+    def read(payload):
+        try:
+            return preprocess(payload)
+        except gr.Error as e:
+            raise _user_error(f"{label}: {str(e.message).splitlines()[0]}") from None
+        except (TypeError, ValueError) as e:
+            raise _user_error(f"{label}: {payload!r:.40} is not a valid value ({type(e).__name__})") from None
+
+    return read
 
 
 def _unread(demo, session: str) -> int | None:

@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -129,6 +130,16 @@ def test_api_captions_an_image_and_answers_a_question(client, tmp_path):
     for tokens in (0, 2.5):  # 2.5 was rounded to 2 by the number box before the check, and applied
         with pytest.raises(Exception, match="max tokens must be a whole number >= 1"):
             client.predict("tiny", "cpu", 0.0, tokens, True, 2.0, 1, api_name="/apply_settings")
+    # values Gradio's own inputs refuse: a paragraph of its internals (for a TypeError) and one or
+    # two tracebacks in the server's console each
+    for args, said in [(("tiny", "cpu", None, 64, True, 2.0, 1), r"^Temperature: None is not a valid value"),
+                       (("tiny", "cpu", 5, 64, True, 2.0, 1), r"^Temperature: Value 5 is greater than maximum"),
+                       (("tiny", "gpu", 0.0, 64, True, 2.0, 1), r"^Device: Value: gpu is not in the list of choices")]:
+        with pytest.raises(Exception) as err:
+            client.predict(*args, api_name="/apply_settings")
+        assert re.match(said, str(err.value).strip()) and "\n" not in str(err.value).strip(), str(err.value)
+    with pytest.raises(Exception, match="^Prompt: Value: 'Normal'"):
+        client.predict(img, "Normal", "", "none", "", api_name="/caption_image")
     # a user's mistakes are said on the page, not logged with a traceback each in the server's console
     assert "Traceback" not in (ARTIFACTS / "ui_server.log").read_text()
 
