@@ -58,8 +58,12 @@ class LiveResult:
 
     @property
     def text(self) -> str:
-        """The answer, or one line per prompt ("question: answer")."""
-        return answers_text(self.prompts, [o.text for o in self.outputs])
+        """The answer, or one line per prompt ("question: answer"), as it is shown (a page, a
+        terminal line, a recording's band): an answer max_tokens cut short ends in "…" ('al' for
+        [alpha, beta] at 2 tokens read as an answer). The log's lines (`records`) keep it as it
+        came, with its finish_reason."""
+        return answers_text(self.prompts, [o.text.rstrip() + "…" if o.finish_reason == "length" else o.text
+                                           for o in self.outputs])
 
     @property
     def timings_ms(self) -> dict[str, float]:

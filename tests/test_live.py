@@ -430,7 +430,9 @@ def test_several_prompts_per_live_frame_give_each_prompts_own_answer(small_folde
         rows = r.records()
         assert [(row.get("caption"), row.get("question")) for row in rows] == \
             [(p.get("caption"), p.get("question")) for p in prompts]
-        assert r.text.splitlines()[1] == f"How many shapes are there?: {alone[1].text.strip()}"
+        cut = "…" if alone[1].finish_reason == "length" else ""  # an answer max_tokens cut short is shown so
+        assert r.text.splitlines()[1] == f"How many shapes are there?: {alone[1].text.strip()}{cut}"
+        assert [row["text"] for row in rows] == [o.text for o in alone]  # the log keeps it as it came
         assert all(row["timings_ms"]["end_to_end"] == round(r.end_to_end_ms, 3) for row in rows)
 
 
@@ -565,3 +567,16 @@ def test_the_rolling_rate_falls_to_zero_when_frames_stop_coming(monkeypatch):
         assert s.stats()["rolling_fps"] == 0.0 and s.stats()["completed"] == 4
     finally:
         s.close()
+
+
+def test_an_answer_cut_short_by_max_tokens_is_shown_so():
+    """`Which? [alpha, beta]` with max tokens 2 showed 'al' as the answer, on the page, in its log
+    and on the terminal; a JSON answer an unclosed string."""
+    from pipelines.live import LiveResult
+
+    frame = _frames(1)[0]
+    cut, whole = RequestOutput("al", [1, 2], "length"), RequestOutput("beta", [3], "stop")
+    r = LiveResult(frame, [cut, whole], 12.0, [{"question": "Which?"}, {"question": "Other?"}])
+    assert r.text == "Which?: al…\nOther?: beta"
+    assert [row["text"] for row in r.records()] == ["al", "beta"]  # the log keeps it as it came
+    assert LiveResult(frame, [whole], 5.0, [{"question": "Other?"}]).text == "beta"
