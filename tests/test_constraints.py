@@ -360,3 +360,44 @@ def test_constraints_of_the_wrong_type_are_constraint_errors():
         Choice("yes")  # had become the choices y, e, s
     with pytest.raises(ConstraintError, match="dict or a JSON string"):
         JsonSchema({"type", "integer"})
+
+
+def test_a_pattern_printed_for_outlines_core_matches_nothing_python_would_refuse():
+    """Random patterns over classes, groups, branches, repeats (lazy too) and case folding, and
+    random strings with letters of other scripts, marks and separators: what the printed pattern
+    matches Python's pattern matches too (JSON strings: never a quote, backslash or control
+    character), and plain ASCII text it matches alike (bar \\x1c-\\x1f, which Rust's \\s lacks)."""
+    import random
+
+    from engine.regex_text import for_outlines
+
+    atoms = ["a", "b", r"\d", r"\w", r"\s", r"\D", r"\W", r"\S", ".", "[a-c]", "[^a-c]", r"[\d_]", r"[^\w]", r"\.",
+             r"\$", "[ab-]", "é", "(?i:a)", "(?i:[a-c])", r"[\W\d]", r"\n", "x?"]
+    rng = random.Random(0)
+
+    def pattern(depth=0):
+        r = rng.random()
+        if depth > 2 or r < 0.4:
+            return rng.choice(atoms)
+        if r < 0.6:
+            return pattern(depth + 1) + pattern(depth + 1)
+        if r < 0.75:
+            return f"({pattern(depth + 1)}|{pattern(depth + 1)})"
+        return f"(?:{pattern(depth + 1)})" + rng.choice(["*", "+", "?", "{1,3}", "{2}", "*?", "{0,2}?"])
+
+    alphabet = 'ab c1_.-$é\n\t\u0663\u0301\x1c\u00bdK"\\'
+    for _ in range(300):
+        p = pattern()
+        ours = for_outlines(p)
+        try:
+            in_json = for_outlines(p, json_string=True)
+        except ValueError:  # a literal a JSON string cannot hold (\n): refused
+            in_json = None
+        for _ in range(20):
+            s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
+            python, printed = re.fullmatch(p, s) is not None, re.fullmatch(ours, s) is not None
+            assert python or not printed, (p, s)
+            if s.isascii() and not any("\x1c" <= c <= "\x1f" for c in s):
+                assert python == printed, (p, s)
+            if in_json is not None and re.fullmatch(in_json, s):
+                assert python and not any(c in '"\\' or ord(c) < 0x20 for c in s), (p, s)
