@@ -233,7 +233,6 @@ def build(service: Service, source: str | None = None):
             every = _number(every_n, 1, "every n-th frame")
         except UIError as e:
             raise _user_error(str(e)) from None
-        out_dir = service.video_job_dir()
         stop = service.video_stop(request.session_hash if request else "api")
 
         locating = kind in ("detect", "point")
@@ -246,6 +245,9 @@ def build(service: Service, source: str | None = None):
             service.forget_video_stop(stop)
             return "cancelled before it started", None, None, None
         try:
+            # its folder once it runs: made before, while it waited, other jobs' folders pushed it
+            # out of the VIDEO_JOBS_KEPT newest, and it was deleted
+            out_dir = service.video_job_dir()
             out = service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes))
         except (UIError, VlmstreamError, OSError) as e:
             raise _user_error(str(_upload_named(e, path))) from None

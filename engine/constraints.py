@@ -86,7 +86,10 @@ def to_regex(constraint: Constraint) -> str:
     """The regex outlines-core compiles: spelt so that what it allows Python's `re` (and, for a
     schema, a JSON parser) accepts too (engine/regex_text.py, engine/json_schema.py)."""
     if isinstance(constraint, Regex):
-        return for_outlines(_unanchored(constraint.pattern))
+        try:
+            return for_outlines(_unanchored(constraint.pattern))
+        except ValueError as e:  # a class no character can match ([^\s\S])
+            raise ConstraintError(f"the regex {constraint.pattern!r}: {e}") from None
     if isinstance(constraint, Choice):
         if not constraint.options or not all(isinstance(o, str) and o for o in constraint.options):
             raise ConstraintError("Choice needs a non-empty list of non-empty strings")

@@ -51,7 +51,8 @@ def prepare(schema: Any) -> str:
     schema = copy.deepcopy(schema)
     for node in subschemas(schema):
         _check(node)
-        if node.get("type") == "string" or "format" in node or "pattern" in node:
+        types = node.get("type", "string")  # a pattern or format with no type is a string's
+        if "string" in (types if isinstance(types, list) else [types]):  # not {"type": "integer", "format": "int32"}
             _string(node)
     return json.dumps(schema)
 
@@ -112,6 +113,8 @@ def _string(node: dict) -> None:
     if len(said) > 1:
         raise ValueError(f"a string's {said[0]!r} and {said[1]!r} together are not supported (only one would be "
                          "enforced): say it all in a 'pattern' (a length as {m,n})")
+    if ("format" in node or "pattern" in node) and "type" not in node:
+        node["type"] = "string"  # outlines-core reads a bare {"pattern": ...} as no schema at all
     if "format" in node:
         fmt = node.pop("format")
         if fmt not in FORMATS:

@@ -54,7 +54,11 @@ def for_outlines(pattern: str, json_string: bool = False) -> str:
         warnings.simplefilter("error", FutureWarning)
         try:
             tree = _parser.parse(pattern)
-        except (re.error, FutureWarning):  # the caller's check says why (constraints.check_read_alike)
+        except FutureWarning:  # the caller's check says why (constraints.check_read_alike)
+            return pattern
+        except re.error as e:
+            if json_string:  # outlines-core's own syntax: its classes could take a quote
+                raise ValueError(f"not in Python's syntax ({e})") from None
             return pattern
     items = list(tree)
     if items and items[0][0] is C.AT and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING):
@@ -64,6 +68,9 @@ def for_outlines(pattern: str, json_string: bool = False) -> str:
     try:
         return _Printer(tree.state.flags, json_string).seq(items)
     except _Keep:
+        if json_string:  # as written, its classes could take a quote and end the JSON string
+            raise ValueError("it uses what cannot be spelt out to stay inside a JSON string (a negated class "
+                             "under (?i), look-around, a back-reference...): write its classes out") from None
         return pattern
 
 
@@ -81,6 +88,8 @@ class _Printer:
                 raise ValueError(f"the character {chr(av)!r} cannot be part of a JSON string as it is")
             return self.literal(av)
         if op is C.NOT_LITERAL:
+            if self.flags & re.IGNORECASE:  # [^a] under (?i) refuses A too: as a negated class, not ours
+                raise _Keep
             return self.chars(_complement(((av, av),)))
         if op is C.ANY:
             everything = self.flags & re.DOTALL
@@ -97,9 +106,7 @@ class _Printer:
                 inner = self.seq(sub)
             finally:
                 self.flags = saved
-            if (add | remove) & re.IGNORECASE:
-                return f"(?{'i' if add & re.IGNORECASE else '-i'}:{inner})"
-            return "(?:" + inner + ")"
+            return "(?:" + inner + ")"  # flags spelt out inside: Rust is never asked to fold
         if op in (C.MAX_REPEAT, C.MIN_REPEAT):
             low, high, sub = av
             bound = f"{{{low},}}" if high is C.MAXREPEAT else f"{{{low},{high}}}"
@@ -107,10 +114,12 @@ class _Printer:
         raise _Keep  # anchors inside, look-around, back-references, possessive repeats, atomic groups
 
     def literal(self, code: int) -> str:
-        text = _escape(code)
-        if self.flags & re.IGNORECASE and chr(code).lower() != chr(code).upper():
-            return "(?i:" + text + ")"  # both fold a cased letter; Rust keeps the rest as is
-        return text
+        """One character; under IGNORECASE, with its other cases as a class (never Rust's own (?i):
+        its folding is Unicode 16's, and adds what Python's does not, U+212A for k)."""
+        if self.flags & re.IGNORECASE:
+            folded = _other_cases(code, code, ascii_only=bool(self.flags & re.ASCII))
+            return self.chars(_merged([(code, code)] + [(c, c) for c in folded]))
+        return _escape(code)
 
     def members(self, av) -> Intervals:
         negate = any(o is C.NEGATE for o, _ in av)
@@ -127,7 +136,8 @@ class _Printer:
             elif o is not C.NEGATE:
                 raise _Keep
         if self.flags & re.IGNORECASE and not negate:
-            parts += [(c, c) for lo, hi in list(parts) if hi - lo < 512 for c in _other_cases(lo, hi)]
+            ascii_only = bool(self.flags & re.ASCII)
+            parts += [(c, c) for lo, hi in list(parts) if hi - lo < 512 for c in _other_cases(lo, hi, ascii_only)]
         elif self.flags & re.IGNORECASE:
             raise _Keep  # a negated class under IGNORECASE: the folding of each side is not ours to mirror
         return _complement(parts) if negate else _merged(parts)
@@ -140,10 +150,6 @@ class _Printer:
             raise ValueError("a character class that no character can match here")
         if len(intervals) == 1 and intervals[0][0] == intervals[0][1]:
             return _escape(intervals[0][0])
-        if self.flags & re.IGNORECASE:
-            # the class above already holds the other cases Python matches; Rust's folding must
-            # not add others
-            return "(?-i:[" + "".join(_range(lo, hi) for lo, hi in intervals) + "])"
         return "[" + "".join(_range(lo, hi) for lo, hi in intervals) + "]"
 
 
@@ -205,10 +211,15 @@ def _where(test) -> Intervals:
     return tuple(out)
 
 
-def _other_cases(lo: int, hi: int):
+def _other_cases(lo: int, hi: int, ascii_only: bool = False):
+    """The lower and upper case of each code point from lo to hi, as Python's IGNORECASE matches
+    them (a subset: its special folds, such as U+017F for s, are left out); with ASCII, of ASCII
+    letters only, as (?ai) folds."""
     for code in range(lo, hi + 1):
+        if ascii_only and code >= 128:
+            continue
         for other in {chr(code).lower(), chr(code).upper()}:
-            if len(other) == 1:
+            if len(other) == 1 and (not ascii_only or ord(other) < 128):
                 yield ord(other)
 
 

@@ -250,12 +250,14 @@ class LiveSession:
         now = time.perf_counter()
         with self._lock:
             late = [hs for _, hs, t in self._inflight if self._late(t, now)]
-            if late and late[0] is self._inflight[0][1] and self._answers_of < self._draft_from:
-                # No answer to draft from yet (the run's start, a scene cut): the oldest frame runs
+            if late and self._answers_of < self._draft_from:
+                # No answer to draft from yet (the run's start, a scene cut): the oldest frame of
+                # the scene (not one from before its cut, whose answer could not be a draft) runs
                 # on past its deadline, unreported, so that the frames after it have a draft. A
                 # frame with none can take several times as long (`--deadline-ms 30` with 13 ms
                 # answers drafted and 78 ms without: not one frame of 182 was answered).
-                late = late[1:]
+                scout = next((hs for f, hs, _ in self._inflight if f.index >= self._draft_from), None)
+                late = [hs for hs in late if hs is not scout]
             self._inflight = deque(x for x in self._inflight if all(x[1] is not hs for hs in late))
             self.cancelled_deadline += len(late)
         for hs in late:

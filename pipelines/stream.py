@@ -51,7 +51,12 @@ def unknown_host(url: str) -> str | None:
         return None
     try:
         socket.getaddrinfo(host, None)
-    except (socket.gaierror, UnicodeError):
+    except socket.gaierror as e:
+        # not a DNS server that failed for now (EAI_AGAIN): a camera is tried again for that
+        if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            return f"no address for the host {host} (a typo, or no network?)"
+        return None
+    except UnicodeError:
         return f"no address for the host {host} (a typo, or no network?)"
     except (OSError, TypeError):
         return None

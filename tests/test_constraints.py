@@ -286,6 +286,8 @@ def test_a_search_automaton_that_doubles_with_each_round_is_told_from_a_linear_o
     ({"type": "string", "pattern": "[a-z]+", "format": "email"}, "together"),
     ({"type": "string", "format": "ipv4"}, "not supported"),
     ({"type": "string", "pattern": 'say "hi"'}, "cannot be part of a JSON string"),
+    # a pattern the printer cannot spell out went in as written: its class took a quote ('"x\\"')
+    ({"type": "string", "pattern": "(?i)[^ab]+"}, "cannot be spelt out to stay inside a JSON string"),
 ], ids=repr)
 def test_json_schemas_outlines_core_would_misread_are_refused(schema, said):
     with pytest.raises(ConstraintError, match=re.escape(said)) as err:
@@ -297,6 +299,8 @@ def test_json_schemas_outlines_core_would_misread_are_refused(schema, said):
     {"oneOf": [{"type": "integer"}, {"type": "string"}]}, {"oneOf": [{"enum": [1, 2]}, {"const": 3}]},
     {"allOf": [{"type": "integer"}]}, {"type": "integer", "enum": [1, 2.0]},
     {"type": "object", "properties": {"a": {"type": "string", "format": "date-time"}}, "required": ["a"]},
+    {"type": "integer", "format": "int32"}, {"type": "number", "format": "float"},  # OpenAPI's: not a string's
+    {"format": "date"}, {"type": ["string", "null"], "format": "email"},
 ], ids=repr)
 def test_json_schemas_outlines_core_reads_right_still_compile(schema):
     assert to_regex(JsonSchema(schema))
@@ -341,6 +345,15 @@ def test_python_and_outlines_core_read_each_class_alike():
         ascii_both = {c for c in python & outlines if c.isascii()}
         assert ascii_both <= allowed, pattern  # nothing plain is lost
     assert re.fullmatch(for_outlines(r"[0-9a-f]{2}"), "0b") and for_outlines("^colou?r$") == "colo(?:u){0,1}r"
+    # case folding is spelt out too: Rust's own (?i) folds by Unicode 16, and (?a) does not stop it
+    folded = ["k", "K", "\u212a", "\u00e9", "\u00c9", "a", "A", "b", "\u019b", "\ua7dc", "\u017f", "s", "S"]
+    vocab = Vocabulary(0, {c.encode(): [i + 1] for i, c in enumerate(folded)})
+    for pattern in ["(?i)k", "(?ai)k", "(?ai)\u00e9", "(?ai)[\u00e9-\u00ea]", "(?i)[^a]", "(?i:\u019b)", "(?ai)[\u017fs]",
+                    "(?i)[a-c]"]:
+        index = Index(for_outlines(pattern), vocab)
+        allowed = {folded[t - 1] for t in index.get_allowed_tokens(index.get_initial_state()) if t}
+        assert allowed <= {c for c in folded if re.fullmatch(pattern, c)}, (pattern, allowed)
+        assert allowed, pattern  # each matches something here
 
 
 def test_a_regex_not_in_pythons_syntax_is_refused():

@@ -173,13 +173,13 @@ def test_with_nothing_to_draft_from_the_oldest_frame_runs_past_its_deadline_for_
     draft, and a frame drafts only from an answer: every frame expired, none was ever answered (0
     of 182). The oldest now runs on, unreported, and the frames after it draft from its answer."""
     engine, reported = _HeldEngine(), []
-    s = LiveSession(engine, {"caption": "short"}, max_inflight=3, deadline_ms=200,
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3, deadline_ms=700,  # a loaded machine's pauses
                     on_result=lambda r: reported.append(r.frame.index))
     try:
         for f in _frames(2):
             assert s.offer(f)
         _wait(lambda: s.cancelled_deadline == 1)  # the newer expired; the oldest goes on
-        time.sleep(0.25)
+        time.sleep(0.8)
         assert s.in_flight == 1 and s.cancelled_deadline == 1 and engine.handles[0].draft is None
         engine.handles[0].finish("a red circle")  # late: not reported, but kept as the draft
         _wait(lambda: s.in_flight == 0 and s.cancelled_deadline == 2)
@@ -580,3 +580,25 @@ def test_an_answer_cut_short_by_max_tokens_is_shown_so():
     assert r.text == "Which?: al…\nOther?: beta"
     assert [row["text"] for row in r.records()] == ["al", "beta"]  # the log keeps it as it came
     assert LiveResult(frame, [whole], 5.0, [{"question": "Other?"}]).text == "beta"
+
+
+def test_after_a_scene_cut_the_frame_that_runs_on_is_of_the_new_scene():
+    """The frame let run past its deadline was the oldest in flight even from before a cut, whose
+    answer can be no draft for the new scene; the cut's own frame, which could, was cancelled."""
+    engine = _HeldEngine()
+    s = LiveSession(engine, {"caption": "short"}, SamplingParams(sticky=2.0), max_inflight=3, deadline_ms=700)
+    dark, bright = np.zeros((48, 64, 3), np.uint8), np.full((48, 64, 3), 255, np.uint8)
+    try:
+        assert s.offer(Frame("cam", 0, 0.0, dark))
+        engine.handles[0].finish("a dark room")
+        _wait(lambda: s.completed == 1)
+        assert s.offer(Frame("cam", 1, 0.1, dark)) and s.offer(Frame("cam", 2, 0.2, bright))  # a cut at 2
+        assert engine.handles[1].draft is not None and engine.handles[2].draft is None
+        _wait(lambda: s.cancelled_deadline == 1, timeout=5)
+        time.sleep(0.2)
+        assert [f.index for f, _, _ in s._inflight] == [2]  # the new scene's frame goes on
+    finally:
+        for h in engine.handles:  # the frames still in flight end, so that the session can close
+            if h.out is None:
+                h.finish("")
+        s.close()

@@ -771,6 +771,23 @@ def test_a_host_with_no_address_is_named(capsys, tmp_path):
         server.shutdown()
 
 
+def test_a_dns_server_that_fails_for_now_is_not_a_host_with_no_address(monkeypatch):
+    """Only "no such name" is hopeless: a camera whose DNS server failed for the moment (EAI_AGAIN)
+    is tried again as before, not refused at its first try."""
+    import pipelines.stream
+
+    def fails(errno):
+        def lookup(*args, **kwargs):
+            raise socket.gaierror(errno, "said by the resolver")
+        return lookup
+
+    monkeypatch.setattr(socket, "getaddrinfo", fails(socket.EAI_AGAIN))
+    assert pipelines.stream.unknown_host("rtsp://cam.local/live") is None
+    monkeypatch.setattr(socket, "getaddrinfo", fails(socket.EAI_NONAME))
+    assert "no address for the host cam.local" in pipelines.stream.unknown_host("rtsp://cam.local/live")
+    assert pipelines.stream.unknown_host("udp://:1234") is None  # listens on every address
+
+
 @pytest.mark.parametrize("name, said", [
     ("udp://[::1", "is not a valid URL: Invalid IPv6 URL"), ("http://[::1/x.mp4", "is not a valid URL"),
     ("webcam:2147483648", "webcam index must be from 0 to 2147483647"),  # OpenCV's C int: a cv2.error traceback
