@@ -439,12 +439,34 @@ SECTIONS = [("env", env, 5), ("bandwidth", bandwidth, 10), ("kernels", kernels, 
 
 
 def main() -> int:
-    device = torch.device(ARGS.device)
+    """0 when every section ran without an error, 1 when one failed or was skipped for the budget
+    (the table says which: it had exited 0 with every section failed), 2 for a wrong --device or
+    --out, 130 for Ctrl-C."""
+    try:
+        device = torch.device(ARGS.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):  # mps, gpu...: every section had failed
+        print(f"gpu_check: --device must be cuda (or cuda:N) or cpu, got {ARGS.device!r}", file=sys.stderr)
+        return 2
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device on this machine", file=sys.stderr)
         return 2
     t_start = time.perf_counter()
     results: dict = {"date": time.strftime("%Y-%m-%d"), "quick": ARGS.quick, "sections_s": {}}
+    try:  # said now, not after the first section's minutes
+        ARGS.out.write_text(json.dumps(results) + "\n")
+    except OSError as e:
+        print(f"gpu_check: cannot write --out {ARGS.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    try:
+        return _run(device, results, t_start)
+    except KeyboardInterrupt:
+        print(f"gpu_check: interrupted; the sections done are in {ARGS.out}", file=sys.stderr)
+        return 130
+
+
+def _run(device: torch.device, results: dict, t_start: float) -> int:
     for name, fn, estimate in SECTIONS:
         left = ARGS.budget_s - (time.perf_counter() - t_start)
         if left < estimate and not ARGS.quick:
@@ -462,7 +484,8 @@ def main() -> int:
     results["total_s"] = round(time.perf_counter() - t_start, 1)
     ARGS.out.write_text(json.dumps(results, indent=1, default=str) + "\n")
     print(table(results))
-    return 0
+    unchecked = [v for v in results.values() if isinstance(v, dict) and ("error" in v or "skipped" in str(v.get("status")))]
+    return 1 if unchecked else 0
 
 
 def table(r: dict) -> str:
@@ -474,8 +497,14 @@ def table(r: dict) -> str:
             x = x[p]
         return x
 
+    attention = get("kernels", "attention", "rel_err")
+    # counted on CUDA only, by the sections that ran: "-" otherwise (it read 0, the target, on CPU
+    # and when both sections failed)
+    counted = str(get("env", "device")).startswith("cuda")
+    syncs = [get(section, "host_syncs", default=None) for section in ("single_query", "live")]
+    syncs = [x for x in syncs if isinstance(x, dict)] if counted else []
     rows = [
-        ("attention kernel rel err", round(get("kernels", "attention", "rel_err", default=float("nan")), 5), "<= 2e-2"),
+        ("attention kernel rel err", attention if attention == "-" else round(attention, 5), "<= 2e-2"),
         ("sampling kernel match", get("kernels", "sampling", "match_fraction"), ">= 0.97, greedy exact"),
         ("kv write exact", get("kernels", "kv_write", "exact"), "True"),
         ("pipelined == blocking (kernels)", get("engine_parity", "pipelined_vs_blocking_identical"), "True"),
@@ -487,8 +516,8 @@ def table(r: dict) -> str:
         ("single query p50 ms", get("single_query", "total_ms", "p50"), "<= 30"),
         ("live 60 fps: achieved", get("live", "achieved_fps"), ">= 57"),
         ("live 60 fps: e2e p50 ms", get("live", "end_to_end_ms", "p50"), "<= 40"),
-        ("host syncs (single query, live)", _SyncWatch.steps(get("single_query", "host_syncs", default={}))
-         + _SyncWatch.steps(get("live", "host_syncs", default={})), "0 (graph captures apart)"),
+        ("host syncs (single query, live)", sum(map(_SyncWatch.steps, syncs)) if syncs else "-",
+         "0 (graph captures apart)"),
         ("decode step / bandwidth floor", get("floor", "step_over_floor"), "<= 1.5"),
     ]
     errors = [f"{k}: {v['error']}" for k, v in r.items() if isinstance(v, dict) and "error" in v]
@@ -496,6 +525,7 @@ def table(r: dict) -> str:
     lines = [f"{'check':<{w}}  {'value':>12}  target"]
     lines += [f"{a:<{w}}  {str(b):>12}  {c}" for a, b, c in rows]
     lines += [f"error in {e}" for e in errors]
+    lines += [f"{k} {v['status']}" for k, v in r.items() if isinstance(v, dict) and "skipped" in str(v.get("status"))]
     lines.append(f"total {r.get('total_s', '-')} s; full report: {ARGS.out}")
     return "\n".join(lines)
 

@@ -4,6 +4,7 @@ on a bug that a CPU could have shown."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,22 @@ def test_sync_watch_names_the_project_line_and_sets_captures_apart(monkeypatch):
     assert watch.counts == {f"test_gpu_check.py:{line}": 2}
     watch.counts["capture graphs.py:10"] = 3
     assert gpu_check._SyncWatch.steps(watch.counts) == 2
+
+
+def test_gpu_check_says_what_it_could_not_check(tmp_path):
+    """A run that checked nothing exited 0 (every section failed for --device mps; seven skipped
+    for the budget, their rows a plain "-"), and a wrong --device or --out was a traceback, the
+    latter after the first section's work."""
+    script = [sys.executable, str(ROOT / "scripts" / "gpu_check.py")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for args, said in ((["--device", "mps"], "--device must be cuda (or cuda:N) or cpu, got 'mps'"),
+                       (["--device", "gpu"], "got 'gpu'"),
+                       (["--device", "cpu", "--out", str(tmp_path / "none" / "x.json")], "cannot write --out")):
+        proc = subprocess.run(script + args, capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-1000:]
+    out = tmp_path / "short.json"
+    proc = subprocess.run(script + ["--device", "cpu", "--budget-s", "5", "--out", str(out)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 1, proc.stderr[-1000:]
+    assert "kernels skipped: " in proc.stdout and "live skipped: " in proc.stdout
+    assert re.search(r"host syncs \(single query, live\) +- ", proc.stdout), proc.stdout  # not 0, the target
