@@ -468,8 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except StandardOutputError as e:  # a redirect onto a full disk: what was done is not all written
             print(f"vlmstream: error: cannot write standard output: {e.strerror}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
-            print("vlmstream: " + ("terminated" if term else "interrupted"), file=sys.stderr)
+        except KeyboardInterrupt as e:  # a command may say what it left ("train-tiny stopped, ...")
+            said = f": {e.args[0]}" if e.args and isinstance(e.args[0], str) else ""
+            print("vlmstream: " + ("terminated" if term else "interrupted") + said, file=sys.stderr)
             return stopped_code(term)
         except BrokenPipeError:  # e.g. piped into `head`
             return 0

@@ -22,8 +22,10 @@ def run(args: argparse.Namespace) -> int:
             bar = tqdm(total=total, desc="eval-tiny", unit="scene")  # on stderr, --json or not (a silent minute)
         bar.update(done - bar.n)
 
-    report = evaluate(args.model, args.n, args.device, args.dtype, progress, args.renderer)
-    if bar is not None:
-        bar.close()
+    try:
+        report = evaluate(args.model, args.n, args.device, args.dtype, progress, args.renderer)
+    finally:  # however it ends: a Ctrl-C's line came glued to the bar, and the bar again after it
+        if bar is not None:
+            bar.close()
     print_report(report, args.json, format_report)
     return 0

@@ -44,9 +44,8 @@ def run(args: argparse.Namespace) -> int:
         report = train(cfg)
     except ValueError as e:  # an --init folder that cannot be continued, a run that diverged
         raise UsageError(str(e)) from None
-    except KeyboardInterrupt:
-        print(f"vlmstream: train-tiny stopped: {out} left as it was", file=sys.stderr)
-        raise
+    except KeyboardInterrupt:  # said once, by the command line's own line ("interrupted: ...")
+        raise KeyboardInterrupt(f"train-tiny stopped, {out} left as it was") from None
     except OSError as e:  # the disk filled (at the end, the weights): said, not a traceback
         print(f"vlmstream: error: train-tiny could not write into {out}: {e.strerror or e}; {out} left as it was",
               file=sys.stderr)

@@ -744,3 +744,17 @@ def test_a_name_too_long_for_the_file_system_is_one_line(argv, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and len(err) < 300, err[:500]
     assert "too long" in err
+
+
+def test_ctrl_c_during_eval_tiny_is_one_line_after_its_bar(monkeypatch, capsys):
+    """The bar was closed only on success: the line came glued to it, and the bar again after."""
+    import tinyvlm.evaluate
+
+    def interrupted(model, n, device, dtype, progress, renderer):
+        progress(3, n)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tinyvlm.evaluate, "evaluate", interrupted)
+    assert main(["eval-tiny", "--n", "10"]) == 130
+    err = capsys.readouterr().err
+    assert err.endswith("\nvlmstream: interrupted\n") and err.count("vlmstream: ") == 1, err

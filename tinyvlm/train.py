@@ -487,56 +487,58 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     budget_s = cfg.max_minutes * 60
     bf16 = cpu_has_native_bf16() if cfg.bf16 is None else cfg.bf16
     decoder_start = None  # the step at which the whole model began to train
-    for step, batch in enumerate(batches):
-        if rank == 0 and stop_requested():  # the interrupt itself may have been lost (launcher.py)
-            raise KeyboardInterrupt
-        elapsed = time.perf_counter() - t0
-        # The schedule follows whichever runs out first, steps or the time budget, so a run cut
-        # short by a slow or busy machine still ends with a decayed learning rate.
-        frac = max(step / cfg.steps, elapsed / budget_s)
-        if cfg.processes > 1:  # one schedule for all, and the same last step
-            f = torch.tensor([frac], dtype=torch.float64)
-            dist.all_reduce(f, op=dist.ReduceOp.MAX)
-            frac = f.item()
-        if frac >= 1.0 and step > 0:  # at least one step, even on a budget spent before the first
-            break
-        vision_only = decoder_start is None and frac < cfg.vision_share
-        if not vision_only and decoder_start is None:
-            decoder_start = step
-        lr = lr_at(frac, step if vision_only else step - decoder_start)
-        for group in opt.param_groups:
-            group["lr"] = lr * group["scale"]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            if probe is None:
-                loss = forward_loss(model, batch, frozen_vision=True)
-                aux, color_acc, shape_acc = loss.new_zeros(()), math.nan, math.nan
-            else:
-                loss, aux, color_acc, shape_acc = forward_loss(model, batch, probe, vision_only)
-        opt.zero_grad(set_to_none=True)
-        (AUX_WEIGHT * aux if vision_only else loss + AUX_WEIGHT * aux).backward()
-        stats = [math.nan if vision_only else loss.item(), aux.item(), color_acc, shape_acc]
-        if cfg.processes > 1:
-            stats = _average(params, stats, cfg.processes)
-        if not all(math.isfinite(x) for x in stats[1:2] + ([] if vision_only else stats[:1])):
-            # Averaged over the processes: every one of them stops here. (--lr 1e9 trained on
-            # NaN to the end and saved NaN weights, and said nothing.)
-            raise ValueError(f"training diverged: the loss is not a number at step {step} (a lower --lr?); "
-                             "nothing was written")
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        rows.append((step, round(stats[0], 5), round(stats[1], 5), round((stats[2] + stats[3]) / 2, 4),
-                     round(stats[3], 4), lr, round(time.perf_counter() - t0, 2)))
+    try:  # the bar closed however the loop ends: a Ctrl-C's line came glued to it, and the bar after
+        for step, batch in enumerate(batches):
+            if rank == 0 and stop_requested():  # the interrupt itself may have been lost (launcher.py)
+                raise KeyboardInterrupt
+            elapsed = time.perf_counter() - t0
+            # The schedule follows whichever runs out first, steps or the time budget, so a run cut
+            # short by a slow or busy machine still ends with a decayed learning rate.
+            frac = max(step / cfg.steps, elapsed / budget_s)
+            if cfg.processes > 1:  # one schedule for all, and the same last step
+                f = torch.tensor([frac], dtype=torch.float64)
+                dist.all_reduce(f, op=dist.ReduceOp.MAX)
+                frac = f.item()
+            if frac >= 1.0 and step > 0:  # at least one step, even on a budget spent before the first
+                break
+            vision_only = decoder_start is None and frac < cfg.vision_share
+            if not vision_only and decoder_start is None:
+                decoder_start = step
+            lr = lr_at(frac, step if vision_only else step - decoder_start)
+            for group in opt.param_groups:
+                group["lr"] = lr * group["scale"]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                if probe is None:
+                    loss = forward_loss(model, batch, frozen_vision=True)
+                    aux, color_acc, shape_acc = loss.new_zeros(()), math.nan, math.nan
+                else:
+                    loss, aux, color_acc, shape_acc = forward_loss(model, batch, probe, vision_only)
+            opt.zero_grad(set_to_none=True)
+            (AUX_WEIGHT * aux if vision_only else loss + AUX_WEIGHT * aux).backward()
+            stats = [math.nan if vision_only else loss.item(), aux.item(), color_acc, shape_acc]
+            if cfg.processes > 1:
+                stats = _average(params, stats, cfg.processes)
+            if not all(math.isfinite(x) for x in stats[1:2] + ([] if vision_only else stats[:1])):
+                # Averaged over the processes: every one of them stops here. (--lr 1e9 trained on
+                # NaN to the end and saved NaN weights, and said nothing.)
+                raise ValueError(f"training diverged: the loss is not a number at step {step} (a lower --lr?); "
+                                 "nothing was written")
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            rows.append((step, round(stats[0], 5), round(stats[1], 5), round((stats[2] + stats[3]) / 2, 4),
+                         round(stats[3], 4), lr, round(time.perf_counter() - t0, 2)))
+            if bar:
+                # The run ends at the step count or at the time budget, whichever comes first: sized
+                # by steps alone, a budget-bound run (the default's) showed 0 % and hours to go.
+                spent = time.perf_counter() - t0
+                bar.total = min(cfg.steps, max(step + 1, round((step + 1) * budget_s / max(spent, 1e-9))))
+                bar.update(1)
+                bar.set_postfix(loss="vision only" if vision_only else f"{rows[-1][1]:.3f}", shape=f"{stats[3]:.2f}")
+            if step % 100 == 0 and rank == 0:
+                _write_curve(out, rows)
+    finally:
         if bar:
-            # The run ends at the step count or at the time budget, whichever comes first: sized
-            # by steps alone, a budget-bound run (the default's) showed 0 % and hours to go.
-            spent = time.perf_counter() - t0
-            bar.total = min(cfg.steps, max(step + 1, round((step + 1) * budget_s / max(spent, 1e-9))))
-            bar.update(1)
-            bar.set_postfix(loss="vision only" if vision_only else f"{rows[-1][1]:.3f}", shape=f"{stats[3]:.2f}")
-        if step % 100 == 0 and rank == 0:
-            _write_curve(out, rows)
-    if bar:
-        bar.close()
+            bar.close()
     if cfg.processes > 1:
         dist.destroy_process_group()
     if rank > 0:
