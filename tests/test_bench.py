@@ -23,7 +23,13 @@ def test_bench_json_report(capsys, small_folder):
         assert len(r["pair_ratios"]) == r["runs_per_mode"] >= 2 and all(x > 0 for x in r["pair_ratios"])
         assert r["ratio"] == statistics.median(r["pair_ratios"])
         assert r["runs_per_mode"] > 2  # on past --repeats, until each mode had run --seconds
+        # ... or until max_repeats (60): then the table says how long they ran, below the ">= 0.5 s"
+        assert r["seconds_per_mode"] >= 0.5 or r["runs_per_mode"] == 60
     assert report["min_seconds"] == 0.5
+    short = {**report, "results": [{**report["results"][0], "seconds_per_mode": 0.2, "runs_per_mode": 60}]}
+    assert "(streams=1: 60 runs per mode, the most there are, took 0.2 s of the 0.5 s asked)" in format_table(short)
+    assert "the most there are" not in format_table({**report, "results": [{**report["results"][0],
+                                                                              "seconds_per_mode": 0.5}]})
     assert report["frame_rate"]["frames"] == 6 and report["frame_rate"]["frames_per_s"] > 0
     assert "6 frames in flight" in format_table(report)  # 8 at most, never more than it captioned
     assert all(r["tokens_made"] == 6 for r in report["results"])
