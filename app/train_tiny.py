@@ -33,7 +33,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--out {out} is a file, not a folder")
         # The run writes into a folder of its own in --out and moves its files in at the end
         # (train()): the nearest folder that exists must take files; nothing is created yet.
-        check_writable([next(p for p in (out, *out.parents) if p.exists())], [])
+        nearest = next(p for p in (out, *out.parents) if p.exists())
+        if not nearest.is_dir():  # it said "cannot create the output folder ...: File exists"
+            raise UsageError(f"--out {out}: {nearest} is a file, not a folder")
+        check_writable([nearest], [])
     except OSError as e:  # a name too long for the file system
         raise UsageError(f"--out {out}: {e.strerror or e}") from None
     shipped = " (the shipped tiny model, --model tiny)" if out.resolve() == TINY_DIR.resolve() else ""
