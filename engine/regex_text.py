@@ -22,6 +22,7 @@ are: outlines-core refuses them, or reads them its own way, as before.
 
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
 import warnings
@@ -43,7 +44,14 @@ Intervals = tuple[tuple[int, int], ...]
 
 
 class _Keep(Exception):
-    """The pattern uses what this printer does not print: outlines-core gets it unchanged."""
+    """The pattern uses what this printer does not print (said as the exception's text):
+    outlines-core gets it unchanged, or inside a JSON string it is refused."""
+
+
+_KEPT = {"AT": "an anchor inside it", "ASSERT": "a look-ahead or look-behind",
+         "ASSERT_NOT": "a look-ahead or look-behind", "GROUPREF": "a back-reference",
+         "GROUPREF_EXISTS": "a conditional group", "POSSESSIVE_REPEAT": "a possessive repeat",
+         "ATOMIC_GROUP": "an atomic group"}
 
 
 def for_outlines(pattern: str, json_string: bool = False) -> str:
@@ -67,10 +75,9 @@ def for_outlines(pattern: str, json_string: bool = False) -> str:
         items = items[:-1]
     try:
         return _Printer(tree.state.flags, json_string).seq(items)
-    except _Keep:
+    except _Keep as e:
         if json_string:  # as written, its classes could take a quote and end the JSON string
-            raise ValueError("it uses what cannot be spelt out to stay inside a JSON string (a negated class "
-                             "under (?i), look-around, a back-reference...): write its classes out") from None
+            raise ValueError(f"it has {e}, which cannot be kept inside a JSON string as written") from None
         return pattern
 
 
@@ -87,10 +94,8 @@ class _Printer:
             if self.json_string and _inside(av, JSON_UNSAFE):
                 raise ValueError(f"the character {chr(av)!r} cannot be part of a JSON string as it is")
             return self.literal(av)
-        if op is C.NOT_LITERAL:
-            if self.flags & re.IGNORECASE:  # [^a] under (?i) refuses A too: as a negated class, not ours
-                raise _Keep
-            return self.chars(_complement(((av, av),)))
+        if op is C.NOT_LITERAL:  # [^a]: under (?i), A is refused too
+            return self.chars(_complement(self.folded(((av, av),), widest=True)))
         if op is C.ANY:
             everything = self.flags & re.DOTALL
             return self.chars(((0, LAST),) if everything else ((0, 9), (11, LAST)))
@@ -111,15 +116,32 @@ class _Printer:
             low, high, sub = av
             bound = f"{{{low},}}" if high is C.MAXREPEAT else f"{{{low},{high}}}"
             return "(?:" + self.seq(sub) + ")" + bound + ("?" if op is C.MIN_REPEAT else "")
-        raise _Keep  # anchors inside, look-around, back-references, possessive repeats, atomic groups
+        raise _Keep(_KEPT.get(str(op), "what Rust's regex lacks"))
 
     def literal(self, code: int) -> str:
         """One character; under IGNORECASE, with its other cases as a class (never Rust's own (?i):
-        its folding is Unicode 16's, and adds what Python's does not, U+212A for k)."""
+        its folding is Unicode 16's, and adds what Python 3.11's does not, U+A7DC for U+019B)."""
         if self.flags & re.IGNORECASE:
-            folded = _other_cases(code, code, ascii_only=bool(self.flags & re.ASCII))
-            return self.chars(_merged([(code, code)] + [(c, c) for c in folded]))
+            return self.chars(self.folded(((code, code),)))
         return _escape(code)
+
+    def folded(self, intervals, widest: bool = False) -> Intervals:
+        """Under IGNORECASE, the code points with their other cases: those Python surely folds
+        together (the same lower case), or with `widest` every one it might (lower and upper case
+        links, followed through: Python's special folds, such as s and U+017F, among them), for a
+        class that forbids them. With ASCII, ASCII letters' cases only, as (?ai) folds."""
+        intervals = _merged(intervals)
+        if not self.flags & re.IGNORECASE:
+            return intervals
+        starts = [lo for lo, _ in intervals]
+
+        def inside(code: int) -> bool:
+            i = bisect.bisect_right(starts, code) - 1
+            return i >= 0 and code <= intervals[i][1]
+
+        extra = [(c, c) for code, group in _case_groups(widest).items() if inside(code) for c in group
+                 if not self.flags & re.ASCII or code < 128 and c < 128]
+        return _merged(list(intervals) + extra)
 
     def members(self, av) -> Intervals:
         negate = any(o is C.NEGATE for o, _ in av)
@@ -134,13 +156,9 @@ class _Printer:
                 # what either might
                 parts += _category(a, ascii_only=bool(self.flags & re.ASCII), sure=not negate)
             elif o is not C.NEGATE:
-                raise _Keep
-        if self.flags & re.IGNORECASE and not negate:
-            ascii_only = bool(self.flags & re.ASCII)
-            parts += [(c, c) for lo, hi in list(parts) if hi - lo < 512 for c in _other_cases(lo, hi, ascii_only)]
-        elif self.flags & re.IGNORECASE:
-            raise _Keep  # a negated class under IGNORECASE: the folding of each side is not ours to mirror
-        return _complement(parts) if negate else _merged(parts)
+                raise _Keep("a class Rust's regex lacks")
+        # a class that forbids, under (?i), forbids every case Python might fold its members to
+        return _complement(self.folded(parts, widest=True)) if negate else self.folded(parts)
 
     def chars(self, intervals: Intervals) -> str:
         intervals = _minus(intervals, (SURROGATES,))  # no UTF-8 text holds them
@@ -162,10 +180,10 @@ def _category(name, ascii_only: bool, sure: bool) -> Intervals:
         plain = {"CATEGORY_DIGIT": ((48, 57),), "CATEGORY_SPACE": ((9, 13), (32, 32)),
                  "CATEGORY_WORD": ((48, 57), (65, 90), (95, 95), (97, 122))}.get(base)
         if plain is None:
-            raise _Keep
+            raise _Keep("a class Rust's regex lacks")
         return _complement(plain) if negated else plain
     if base not in ("CATEGORY_DIGIT", "CATEGORY_SPACE", "CATEGORY_WORD"):
-        raise _Keep  # the line-break categories of the old sre syntax
+        raise _Keep("a class Rust's regex lacks")  # the line-break categories of the old sre syntax
     # \D in a class that allows is the complement of what \d might hold, and so on
     inner, outer = _unicode_sets(base)
     if negated:
@@ -211,16 +229,34 @@ def _where(test) -> Intervals:
     return tuple(out)
 
 
-def _other_cases(lo: int, hi: int, ascii_only: bool = False):
-    """The lower and upper case of each code point from lo to hi, as Python's IGNORECASE matches
-    them (a subset: its special folds, such as U+017F for s, are left out); with ASCII, of ASCII
-    letters only, as (?ai) folds."""
-    for code in range(lo, hi + 1):
-        if ascii_only and code >= 128:
+@lru_cache(maxsize=None)
+def _case_groups(widest: bool) -> dict[int, tuple[int, ...]]:
+    """Each cased code point -> the others Python's IGNORECASE may match it with: those of the same
+    lower case; with `widest`, every one linked to it by a lower or upper case, followed through
+    (a superset of Python's folds, its special ones included: i, I and U+0131; s, S and U+017F)."""
+    parent: dict[int, int] = {}
+
+    def root(x: int) -> int:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for code in range(LAST + 1):
+        if SURROGATES[0] <= code <= SURROGATES[1]:
             continue
-        for other in {chr(code).lower(), chr(code).upper()}:
-            if len(other) == 1 and (not ascii_only or ord(other) < 128):
-                yield ord(other)
+        ch = chr(code)
+        for other in (ch.lower(), ch.upper()) if widest else (ch.lower(),):
+            if len(other) == 1 and ord(other) != code:
+                a, b = root(code), root(ord(other))
+                if a != b:
+                    parent[a] = b
+    members: dict[int, list[int]] = {}
+    for code in parent:
+        members.setdefault(root(code), []).append(code)
+    for r, group in members.items():
+        if r not in group:
+            group.append(r)
+    return {code: tuple(c for c in group if c != code) for group in members.values() for code in group}
 
 
 def _minus(a, b) -> Intervals:

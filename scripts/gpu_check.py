@@ -500,7 +500,7 @@ def table(r: dict) -> str:
     attention = get("kernels", "attention", "rel_err")
     # counted on CUDA only, by the sections that ran: "-" otherwise (it read 0, the target, on CPU
     # and when both sections failed)
-    counted = str(get("env", "device")).startswith("cuda")
+    counted = str(ARGS.device).startswith("cuda")  # not the env section's word: it may have failed
     syncs = [get(section, "host_syncs", default=None) for section in ("single_query", "live")]
     syncs = [x for x in syncs if isinstance(x, dict)] if counted else []
     rows = [

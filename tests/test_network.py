@@ -751,9 +751,17 @@ def test_image_reads_a_picture_from_a_web_server(capsys, small_folder, tmp_path)
     assert rows[0]["text"] == local["text"] and rows[1]["text"]
 
 
-def test_a_host_with_no_address_is_named(capsys, tmp_path):
+def test_a_host_with_no_address_is_named(capsys, tmp_path, monkeypatch):
     """`live` said FFmpeg's "Input/output error" after 37 s of retries, where `video` named the host;
     a web server's page (no video) was retried for 30 s too."""
+    real = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):  # "no such name", whatever this machine's resolver would say
+        if host == "nonexistent.invalid":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
     for argv in (["video", "http://nonexistent.invalid/clip.mp4", "-o", "-"],
                  ["image", "https://nonexistent.invalid/a.png"], ["live", "http://nonexistent.invalid/cam.ts"]):
         t0 = time.time()
