@@ -612,7 +612,7 @@ def test_train_tiny_rejects_bad_settings_before_starting(capsys, tmp_path):
     (tmp_path / "file").write_text("")
     assert main(["train-tiny", "--out", str(tmp_path / "file" / "run")]) == 2
     err = capsys.readouterr().err
-    assert "cannot create the output folder" in err and err.count("\n") == 1
+    assert f"{tmp_path / 'file'} is a file, not a folder" in err and err.count("\n") == 1
 
 
 LIVE_NUMBERS = "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"
