@@ -588,11 +588,12 @@ def test_image_runs_moondream_folders_in_bf16_where_the_cpu_computes_it(monkeypa
 
 
 def test_eval_tiny_reports_which_renderer_drew_the_scenes(capsys):
-    assert main(["eval-tiny", "--n", "4", "--renderer", "second", "--json"]) == 0
+    assert main(["eval-tiny", "--n", "4", "--renderer", "second", "--json", "--dtype", "bfloat16"]) == 0
     out, err = capsys.readouterr()
     r = json.loads(out)
     assert "eval-tiny: 100%" in err  # progress on stderr with --json too (1000 scenes: a silent minute)
     assert r["renderer"] == "second" and r["scenes"] == 4 and r["counts"]["answer_count"] == 4
+    assert (r["device"], r["dtype"]) == ("cpu", "bfloat16")  # a bf16 report could not be told from an fp32 one
     with pytest.raises(SystemExit) as e:
         main(["eval-tiny", "--renderer", "pil"])
     assert e.value.code == 2

@@ -108,6 +108,7 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
     t0 = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=64)
     with Engine(EngineConfig(model=model, device=device, dtype=dtype, max_batch_size=32)) as engine:
+        ran_on = {"device": str(engine.loaded.device), "dtype": str(engine.loaded.dtype).removeprefix("torch.")}
         regions = engine.loaded.config.region.trained
         total = 2 * n if regions else n  # the region pass is the second half of the progress
         pending = []
@@ -130,7 +131,8 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
             evaluate_regions(engine.loaded, n, draw, hits, lambda k: progress and progress(n + k, total))
     objects = hits["caption_normal_objects_small"][1] + hits["caption_normal_objects_large"][1]
     report = {
-        "model": model, "renderer": renderer, "scenes": n, "seconds": round(time.perf_counter() - t0, 1),
+        "model": model, **ran_on, "renderer": renderer, "scenes": n,  # a bf16 run is told from an fp32 one
+        "seconds": round(time.perf_counter() - t0, 1),
         "accuracy": {k: round(v[0] / v[1], 4) for k, v in sorted(hits.items()) if v[1]},
         "counts": {k: v[1] for k, v in sorted(hits.items())},
         "caption_normal_misses": {k: round(v / max(objects, 1), 4) for k, v in misses.items()},
@@ -234,7 +236,8 @@ def _score(entry, hits, misses, examples) -> None:
 
 
 def format_report(report: dict) -> str:
-    lines = [f"model={report['model']} renderer={report['renderer']} scenes={report['scenes']} ({report['seconds']} s)"]
+    lines = [f"model={report['model']} device={report.get('device', '-')} dtype={report.get('dtype', '-')} "
+             f"renderer={report['renderer']} scenes={report['scenes']} ({report['seconds']} s)"]
     for k, v in report["accuracy"].items():
         lines.append(f"  {k:<36} {100 * v:6.2f} %   (n={report['counts'][k]})")
     lines.append("  normal captions miss, of all objects: " + ", ".join(
