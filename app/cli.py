@@ -23,7 +23,7 @@ from app.errors import UsageError
 from app.launcher import keep_freed_memory, sigterm_as_interrupt, stopped_code
 from app.prompt_args import add_constraint_args, add_prompt_args
 from pipelines.live import LIVE_STICKY
-from engine.errors import VlmstreamError
+from engine.errors import VlmstreamError, shortened
 
 EXIT_USAGE = 2
 # Frames `video --detect` locates together: 4 images in step make ~1.6x the frames a second of one
@@ -480,9 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # a source, model or output named past what the file system allows (asking whether
             # it exists raises): every command had a traceback for it
             name = os.fsdecode(e.filename) if e.filename is not None else ""
-            shown = name if len(name) <= 80 else name[:40] + "..." + name[-20:]
             print(f"vlmstream: error: a name too long for the file system ({len(os.fsencode(name))} bytes): "
-                  f"{shown}", file=sys.stderr)
+                  f"{shortened(name)}", file=sys.stderr)
             return EXIT_USAGE
     # A command that finished its outputs after the signal says 130; the shell's code for SIGTERM is 143
     return stopped_code(term) if term and code == 130 else code

@@ -175,10 +175,7 @@ def run(args: argparse.Namespace) -> int:
         for live, label in zip(opened, labels):
             if live.connection is not None:  # an outage is said when it happens, not only in the closing figures
                 live.connection.on_event = lambda line, label=label: say(f"{label + ': ' if several else ''}{line}")
-        t0 = time.perf_counter()
-        for live in opened:  # a try to open a stream ends with the run
-            if live.connection is not None and args.duration is not None:
-                live.connection.ends_at = t0 + args.duration
+        t0 = start_clock(opened, args.duration)
         # One engine for every source: their frames share its batches (continuous batching).
         feeds = [LiveFeed(engine, tasks, params, live.frames, realtime=live.paced,
                           loop=args.duration is not None and live.loops, fps=args.fps,
@@ -370,6 +367,15 @@ def _p50(s: dict) -> str:
     """The closing line's median latency; none where no frame completed (it said "p50 0.0 ms")."""
     p50 = s["latency_ms"].get("end_to_end", {}).get("p50")
     return "" if p50 is None else f", p50 {p50:.1f} ms"
+
+
+def start_clock(opened: list, duration: float | None) -> float:
+    """The run's start; with --duration, no try to open a stream outlasts the run (Connection.ends_at)."""
+    t0 = time.perf_counter()
+    for live in opened:
+        if live.connection is not None and duration is not None:
+            live.connection.ends_at = t0 + duration
+    return t0
 
 
 def warm_frame(opened: list, labels: list[str]):

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     from pipelines.sources import SourceError
 
     from app.cli import realtime_dtype
-    from app.live import _log_name, _p50, _snapshot, no_frames_line, open_log, warm_frame
+    from app.live import _log_name, _p50, _snapshot, no_frames_line, open_log, start_clock, warm_frame
 
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
@@ -70,17 +70,16 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
             change = None if changes is None else count_change(changes[r.label], r.label, len(r.places), r.frame.pts, r)
             if changes is not None and change is None:
                 return  # as many found as at the last report
+            first = (change.pop("kept") if change else None) or r  # where the new count began (--hold N: N-1 back)
             try:
                 if snapshots is not None:
                     try:
-                        first = change["kept"] or r  # the frame the new count began on (--hold N: N-1 back)
                         change["snapshot"] = str(_snapshot(snapshots, r.label if several else "", first.drawn().frame))
                     except OSError as e:
                         write_error.append((f"a snapshot in {snapshots}", e))
                         return
                 if log is not None:
-                    fields = {k: v for k, v in (change or {}).items() if k != "kept"}
-                    log.write(json.dumps({**r.records()[0], **fields, "model": args.model}) + "\n")
+                    log.write(json.dumps({**r.records()[0], **(change or {}), "model": args.model}) + "\n")
                     log.flush()
                 if not args.json and log is not sys.stdout:
                     was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"
@@ -98,10 +97,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     for live, label in zip(opened, labels):
         if live.connection is not None:
             live.connection.on_event = lambda line, label=label: say(f"{label + ': ' if several else ''}{line}")
-    t0 = time.perf_counter()
-    for live in opened:  # a try to open a stream ends with the run
-        if live.connection is not None and args.duration is not None:
-            live.connection.ends_at = t0 + args.duration
+    t0 = start_clock(opened, args.duration)
     sources = [LocateSource(label, live.frames, realtime=live.paced, loop=args.duration is not None and live.loops,
                             connection=live.connection) for live, label in zip(opened, labels)]
     locator = LiveLocator(lambda rgb: decoder.locate(rgb, what, task), sources, what, task, fps=args.fps,

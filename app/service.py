@@ -218,8 +218,9 @@ class Service:
             missing = parse_webcam(source) is None and "://" not in source and not Path(source).is_file()
             folder = missing and Path(source).is_dir()
         except OSError as e:  # a name past the file system's limit: its [Errno 36] repeated it whole
-            shown = source if len(source) <= 80 else source[:40] + "..." + source[-20:]
-            raise UIError(f"no such file: {shown} ({e.strerror})") from None
+            from engine.errors import shortened
+
+            raise UIError(f"no such file: {shortened(source)} ({e.strerror})") from None
         if missing:
             raise UIError(f"{source} is a folder, not a video" if folder else f"no such file: {source}")
         live = open_live(source, reading=self.reading)  # a recording (a file, or one over the network) plays as if live, round and round

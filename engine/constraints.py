@@ -87,7 +87,8 @@ def to_regex(constraint: Constraint) -> str:
     schema, a JSON parser) accepts too (engine/regex_text.py, engine/json_schema.py)."""
     if isinstance(constraint, Regex):
         try:
-            return for_outlines(_unanchored(constraint.pattern))
+            pattern, tree = _unanchored(constraint.pattern)
+            return for_outlines(pattern, tree=tree)
         except ValueError as e:  # a class no character can match ([^\s\S])
             raise ConstraintError(f"the regex {constraint.pattern!r}: {e}") from None
     if isinstance(constraint, Choice):
@@ -272,8 +273,9 @@ def _parsed(pattern: str) -> _parser.SubPattern | None:
             return None
 
 
-def _unanchored(pattern: str) -> str:
-    """The pattern without a `^` (or `\\A`) in front and a `$` (or `\\Z`) at its end: the answer
+def _unanchored(pattern: str) -> tuple[str, _parser.SubPattern]:
+    """The pattern, and Python's parse of it, without a `^` (or `\\A`) in front and a `$` (or
+    `\\Z`) at its end: the answer
     matches the whole pattern anyway, and outlines-core refuses anchors ("Index failed since
     anchored universal start state doesn't exist", for `^[0-9]+$`). Anchors elsewhere are a
     ConstraintError that says so, as is an ambiguity `check_read_alike` refuses."""
@@ -293,10 +295,10 @@ def _unanchored(pattern: str) -> str:
         except re.error as e:
             raise ConstraintError(f"the regex {pattern!r} is not in Python's syntax ({e}): answers are checked "
                                   "with Python's re") from None
-    if tree is not None and _has_anchor(tree):
+    if _has_anchor(tree):
         raise ConstraintError(f"the regex {pattern!r} has an anchor (^, $, \\b, \\A, \\Z) inside it: the answer "
                               "matches the whole pattern anyway (^ at its start and $ at its end are fine)")
-    return pattern
+    return pattern, tree
 
 
 def _has_anchor(node) -> bool:

@@ -32,3 +32,9 @@ class DeviceError(VlmstreamError):
 
 class EngineClosedError(VlmstreamError):
     """The engine is closed (or failed) and takes no more work."""
+
+
+def shortened(name: str, limit: int = 80) -> str:
+    """A name for a one-line message: a long one (past the file system's limit, 5,000 letters
+    typed into a page) as its start and end."""
+    return name if len(name) <= limit else name[:40] + "..." + name[-20:]

@@ -54,20 +54,22 @@ _KEPT = {"AT": "an anchor inside it", "ASSERT": "a look-ahead or look-behind",
          "ATOMIC_GROUP": "an atomic group"}
 
 
-def for_outlines(pattern: str, json_string: bool = False) -> str:
+def for_outlines(pattern: str, json_string: bool = False, tree: _parser.SubPattern | None = None) -> str:
     """The pattern with every class spelt out as above; `^`/`\\A` at its start and `$`/`\\Z` at
     its end dropped (the answer matches the whole pattern anyway). A ValueError names a literal
-    a JSON string cannot hold as it is."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
-        try:
-            tree = _parser.parse(pattern)
-        except FutureWarning:  # the caller's check says why (constraints.check_read_alike)
-            return pattern
-        except re.error as e:
-            if json_string:  # outlines-core's own syntax: its classes could take a quote
-                raise ValueError(f"not in Python's syntax ({e})") from None
-            return pattern
+    a JSON string cannot hold as it is. `tree`: Python's parse of the pattern, where the caller
+    has it already."""
+    if tree is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            try:
+                tree = _parser.parse(pattern)
+            except FutureWarning:  # the caller's check says why (constraints.check_read_alike)
+                return pattern
+            except re.error as e:
+                if json_string:  # outlines-core's own syntax: its classes could take a quote
+                    raise ValueError(f"not in Python's syntax ({e})") from None
+                return pattern
     items = list(tree)
     if items and items[0][0] is C.AT and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING):
         items = items[1:]

@@ -24,8 +24,8 @@ from PIL import Image, UnidentifiedImageError
 from engine.errors import ImageError
 from engine.request import pil_to_rgb
 
-from .sources import is_remote, unknown_host
-from .stream import STDIN, PipeReader, redact
+from .sources import is_remote
+from .stream import STDIN, PipeReader, redact, unknown_host
 
 
 FETCH_TIMEOUT_S = 15.0  # to connect, and between two reads

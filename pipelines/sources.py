@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 from .connection import Connection
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text
-from .stream import STDIN, StreamSource, is_recording, redact, unknown_host  # noqa: F401 (unknown_host: said from here too)
+from .stream import STDIN, StreamSource, is_recording, redact, unknown_host
 
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump

@@ -22,7 +22,7 @@ import torch
 
 from ..config import ModelConfig
 from ..device import resolve_device, resolve_dtype
-from ..errors import ConfigError, ModelLoadError
+from ..errors import ConfigError, ModelLoadError, shortened
 from .checkpoint import FLOAT_DTYPES, Checkpoint
 from .moondream import MoondreamModel
 from .text import gemm_min_rows
@@ -58,9 +58,7 @@ def resolve_model_dir(spec: str | Path) -> Path:
     try:
         found = path.exists()
     except OSError as e:  # a name past the file system's limit (its [Errno 36] repeated it whole)
-        text = str(path)
-        raise ModelLoadError(f"model folder not found: {text[:40] + '...' + text[-20:] if len(text) > 80 else text} "
-                             f"({e.strerror})") from None
+        raise ModelLoadError(f"model folder not found: {shortened(str(path))} ({e.strerror})") from None
     if not found:
         raise ModelLoadError(f"model folder not found: {path}")
     if not path.is_dir():
