@@ -252,6 +252,12 @@ class ModelConfig:
             raise ConfigError(f"cannot read {path}: {e}") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        # A number of more than 4300 digits (Python's limit on int parsing), or arrays nested
+        # thousands deep: tracebacks, exit 1.
+        except ValueError as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"{path} is not valid JSON: nested too deep") from None
         try:
             return cls.from_dict(data)
         except ConfigError as e:
@@ -340,8 +346,12 @@ def _rewrites(data: Any, name: str, targets: tuple[str, ...] | None = None) -> t
             raise ConfigError(f"{where}[{i}]: {pair[1]!r} is not one of {', '.join(targets)}")
         try:
             re.compile(pair[0]).sub(pair[1] if targets is None else "", "")  # parses group references too
-        except (re.error, IndexError) as e:  # IndexError: a replacement names a group the pattern lacks
+        # IndexError: a replacement names a group the pattern lacks; OverflowError: a{99999999999};
+        # RecursionError: groups nested a thousand deep
+        except (re.error, IndexError, OverflowError) as e:
             raise ConfigError(f"{where}[{i}]: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"{where}[{i}]: the pattern is nested too deep") from None
         out.append((pair[0], pair[1]))
     return tuple(out)
 

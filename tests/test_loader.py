@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -262,3 +263,123 @@ def test_random_layouts_load_without_a_folder():
     assert not torch.equal(sa["text.wte"], tiny.model.state_dict()["text.wte"])
     with pytest.raises(ModelLoadError, match="random:moondream2"):
         load_model("random:gpt")
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"text": {"dim": ' + "9" * 5000 + "}}", "not valid JSON"),  # Python's limit on int digits: a ValueError
+    ("[" * 100000 + "]" * 100000, "nested too deep"),  # a RecursionError
+])
+def test_config_json_past_the_parsers_limits_is_a_model_error(tmp_path, small_folder, text, needle):
+    folder = _copy(small_folder, tmp_path)
+    (folder / "config.json").write_text(text)
+    with pytest.raises(ModelLoadError, match=needle) as e:
+        load_model(folder)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("pattern", ["a{99999999999}", "(" * 1000 + "a" + ")" * 1000])
+def test_question_rewrites_the_regex_engine_cannot_take_are_model_errors(tmp_path, small_folder, pattern):
+    folder = _copy(small_folder, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["tokenizer"]["question_rewrites"] = [[pattern, "x"]]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"question_rewrites\[0\]"):
+        load_model(folder)
+
+
+def test_a_header_number_past_the_int_limit_is_an_error(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    path = folder / "model.safetensors"
+    _edit_header(path, lambda h: None)
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = data[8:8 + n].replace(b'"shape": [', b'"shape": [' + b"9" * 5000 + b", ", 1)
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data[8 + n:])
+    with pytest.raises(ModelLoadError, match="corrupt header"):
+        load_model(folder)
+
+
+def test_a_corrupt_header_length_is_refused_before_it_is_read(tmp_path, small_folder, monkeypatch):
+    """A length within the file but absurd: the whole file had been read to say it was corrupt."""
+    from engine.models import checkpoint
+
+    folder = _copy(small_folder, tmp_path)
+    path = folder / "model.safetensors"
+    size = path.stat().st_size
+    monkeypatch.setattr(checkpoint, "MAX_HEADER_BYTES", 4096)  # the test file is small; the real limit 100 MB
+    path.write_bytes((size - 8).to_bytes(8, "little") + path.read_bytes()[8:])
+    with pytest.raises(ModelLoadError, match="header length .* is over 4096 bytes"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_special_file_in_the_folder_is_refused_not_read(tmp_path, small_folder, name, kind):
+    """A named pipe waited for ever; a link to /dev/zero read until the machine ran out of memory."""
+    folder = _copy(small_folder, tmp_path)
+    (folder / name).unlink()
+    if kind == "fifo":
+        os.mkfifo(folder / name)
+    else:
+        (folder / name).symlink_to("/dev/zero")
+    code = f"from engine.models.loader import load_model; load_model({str(folder)!r})"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and f"{name} is not a file" in out.stderr.strip().splitlines()[-1]
+
+
+def test_an_oversized_config_json_is_refused(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    (folder / "config.json").write_text(" " * 2_000_000 + "{}")
+    with pytest.raises(ModelLoadError, match="config.json is 2000002 bytes: not a model's config"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("value, dtype, needle", [
+    (float("nan"), None, "holds NaN or infinite values$"),
+    (float("inf"), None, "holds NaN or infinite values$"),
+    (1e6, "float16", "holds NaN or infinite values once read as float16"),  # past fp16's 65504
+])
+def test_weights_that_are_not_finite_are_refused(tmp_path, small_folder, value, dtype, needle):
+    """They loaded, and every answer was an empty text (exit 0)."""
+    folder = _copy(small_folder, tmp_path)
+
+    def edit(s):
+        s["model.text.wte"][3, 5] = value
+
+    _edit_weights(folder, edit)
+    with pytest.raises(ModelLoadError, match=r"weight model\.text\.wte " + needle):
+        load_model(folder, dtype=dtype)
+
+
+def test_a_tokenizer_with_ids_past_the_vocabulary_is_refused(tmp_path, small_folder):
+    """It loaded, and failed only at a prompt with such a word in it."""
+    folder = _copy(small_folder, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["text"]["vocab_size"] = 460  # the tiny tokenizer's ids go to 465
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="token ids up to 465, past the model's vocabulary of 460"):
+        load_model(folder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to run as another user")
+@pytest.mark.parametrize("blocked", ["model", "parent"])
+def test_a_folder_this_user_cannot_read_is_one_line(small_folder, blocked):
+    """It was a PermissionError traceback (exit 1)."""
+    import tempfile
+
+    top = Path(tempfile.mkdtemp())
+    try:
+        top.chmod(0o755)
+        folder = _copy(small_folder, top / "in")
+        locked = folder if blocked == "model" else folder.parent
+        locked.chmod(0o000)
+        code = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); from engine.models.loader import load_model; "
+                f"load_model({str(folder)!r})")
+        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=120)
+        locked.chmod(0o755)
+    finally:
+        shutil.rmtree(top)
+    said = "cannot read the model folder" if blocked == "model" else "cannot reach the model folder"
+    assert f"ModelLoadError: {said} {folder}: Permission denied" == out.stderr.strip().splitlines()[-1].removeprefix(
+        "engine.errors."), out.stderr[-2000:]

@@ -25,6 +25,7 @@ DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
           "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 FLOAT_DTYPES = {"F32", "BF16", "F16"}
+MAX_HEADER_BYTES = 100_000_000
 
 
 class Checkpoint:
@@ -52,9 +53,13 @@ class Checkpoint:
         (n,) = struct.unpack("<Q", head)
         if n > size - 8:
             raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
+        # A corrupt length within the file read the whole file to say so (7-8 GB for Moondream 2's);
+        # the safetensors library refuses headers over this too.
+        if n > MAX_HEADER_BYTES:
+            raise self._fail(f"header length {n} is over {MAX_HEADER_BYTES} bytes (corrupt)")
         try:
             header = json.loads(self._file.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an int of over 4300 digits
             raise self._fail(f"corrupt header ({e})") from None
         except RecursionError:  # JSON nested thousands deep
             raise self._fail("corrupt header (nested too deep)") from None

@@ -57,8 +57,10 @@ def resolve_model_dir(spec: str | Path) -> Path:
     path = Path(spec).expanduser()
     try:
         found = path.exists()
-    except OSError as e:  # a name past the file system's limit (its [Errno 36] repeated it whole)
-        raise ModelLoadError(f"model folder not found: {shortened(str(path))} ({e.strerror})") from None
+    # A name past the file system's limit (its [Errno 36] repeated it whole), a folder on the way
+    # that this user may not enter.
+    except OSError as e:
+        raise ModelLoadError(f"cannot reach the model folder {shortened(str(path))}: {e.strerror}") from None
     if not found:
         raise ModelLoadError(f"model folder not found: {path}")
     if not path.is_dir():
@@ -66,9 +68,19 @@ def resolve_model_dir(spec: str | Path) -> Path:
     return path
 
 
+CONFIG_MAX_BYTES = 1_000_000  # Moondream 2's is under 2 KB
+
+
 def read_config(folder: Path) -> ModelConfig:
     path = folder / "config.json"
-    return ModelConfig.from_file(path) if path.exists() else ModelConfig()
+    if not path.exists():
+        return ModelConfig()
+    # A named pipe there waited for ever, a link to /dev/zero read until the machine ran out of memory.
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a file")
+    if path.stat().st_size > CONFIG_MAX_BYTES:
+        raise ConfigError(f"{path} is {path.stat().st_size} bytes: not a model's config (at most {CONFIG_MAX_BYTES})")
+    return ModelConfig.from_file(path)
 
 
 def check_header(ckpt: Checkpoint, config: ModelConfig) -> None:
@@ -100,7 +112,15 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
     folder, dev, dt, config, tokenizer, weights = _open(spec, device, dtype)
     with Checkpoint(weights) as ckpt:
         check_header(ckpt, config)
-        state = {key[len(PREFIX):]: ckpt.read(key, dt, dev) for key in ckpt.keys()}
+        state = {}
+        for key in ckpt.keys():
+            state[key[len(PREFIX):]] = tensor = ckpt.read(key, dt, dev)
+            # One NaN weight answered every prompt with an empty text, exit 0; so did fp32 weights
+            # past 65504 read as float16 (inf).
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ModelLoadError(f"{weights}: weight {key} holds NaN or infinite values"
+                                     + (f" once read as {str(dt).removeprefix('torch.')}"
+                                        if ckpt.dtype_name(key) != "F16" and dt == torch.float16 else ""))
     return _assemble(config, state, tokenizer, folder, str(spec))
 
 
@@ -118,7 +138,11 @@ def check_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
 
 def _open(spec: str | Path, device: str | torch.device, dtype: str | torch.dtype | None) -> tuple:
     folder = resolve_model_dir(spec)
-    snapshots = sorted((folder / "snapshots").glob("*/model.safetensors"))
+    try:  # a folder this user may not read was a PermissionError traceback
+        snapshots = sorted((folder / "snapshots").glob("*/model.safetensors"))
+        (folder / "model.safetensors").exists()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read the model folder {folder}: {e.strerror}") from None
     if snapshots and not (folder / "model.safetensors").exists():  # a Hugging Face cache's models--owner--name
         raise ModelLoadError(f"{folder} is a Hugging Face cache folder: point the model at one of its snapshots, "
                              f"e.g. {snapshots[0].parent}")
@@ -129,7 +153,12 @@ def _open(spec: str | Path, device: str | torch.device, dtype: str | torch.dtype
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
     tokenizer = Tokenizer(folder / "tokenizer.json")
+    if tokenizer.max_id >= config.text.vocab_size:  # said at the first prompt that used such an id
+        raise ModelLoadError(f"{tokenizer.path} has token ids up to {tokenizer.max_id}, past the model's vocabulary "
+                             f"of {config.text.vocab_size} (config.json's text.vocab_size): not this model's tokenizer")
     weights = folder / "model.safetensors"
+    if weights.exists() and not weights.is_file():  # a named pipe: opened, it waited for ever
+        raise ModelLoadError(f"{weights} is not a file")
     if not weights.exists():
         if (folder / "model.safetensors.index.json").exists():
             raise ModelLoadError(f"{weights} is missing: the weights are split into shards "

@@ -29,6 +29,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def max_id(self) -> int:
+        """The largest id this tokenizer can produce (ids need not be contiguous)."""
+        return max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1)
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text).ids
 
