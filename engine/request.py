@@ -204,6 +204,10 @@ def as_rgb(rgb: Any) -> np.ndarray:
 
         if not isinstance(rgb, PILImage.Image):
             raise ImageError(f"expected an RGB image as a numpy array or a Pillow image, got {type(rgb).__name__}")
+        try:  # Image.open reads pixels only now: a damaged file fails here (RuntimeError: AVIF's decoder)
+            rgb.load()
+        except (OSError, ValueError, SyntaxError, RuntimeError) as e:
+            raise ImageError(f"the Pillow image could not be decoded: {e}") from None
         rgb = pil_to_rgb(rgb)  # an empty one is caught below, as an empty array is
     if rgb.dtype != np.uint8:
         raise ImageError(f"expected a uint8 image, got {rgb.dtype}")
@@ -232,8 +236,12 @@ def flatten_alpha(image_HWC: np.ndarray) -> np.ndarray:
     colour, alpha = image_HWC[:, :, :-1], image_HWC[:, :, -1:]
     if alpha.min(initial=255) == 255:
         return colour
-    a = alpha.astype(np.uint16)
-    return ((colour.astype(np.uint16) * a + BEHIND_ALPHA * (255 - a) + 127) // 255).astype(np.uint8)
+    out = np.empty(colour.shape, np.uint8)
+    rows = max(1, (1 << 22) // max(1, colour.shape[1] * colour.shape[2]))  # ~4 M values a pass
+    for y in range(0, colour.shape[0], rows):  # by bands: a 13000 x 13000 PNG's uint16 copies took 4.7 GB
+        a = alpha[y:y + rows].astype(np.uint16)
+        out[y:y + rows] = (colour[y:y + rows].astype(np.uint16) * a + BEHIND_ALPHA * (255 - a) + 127) // 255
+    return out
 
 
 def pil_to_rgb(img: Any) -> np.ndarray:
@@ -256,9 +264,13 @@ def pil_to_rgb(img: Any) -> np.ndarray:
     if mode == "La":  # premultiplied grey + alpha: Pillow converts it to LA only
         img = img.convert("LA")
     if mode == "F":
-        f = np.nan_to_num(np.asarray(img, dtype=np.float64))
-        scale = 255.0 if f.max(initial=0.0) <= 1.0 else 1.0
-        gray = np.clip(np.rint(f * scale), 0, 255).astype(np.uint8)
+        f = np.asarray(img, dtype=np.float64)
+        finite = f[np.isfinite(f)]
+        # 0..1 or 0..255, told by nearly all pixels: by the brightest alone, one highlight at 1.05
+        # (or an inf) had read a 0..1 image as 0..255, black.
+        scale = 255.0 if finite.size == 0 or np.percentile(finite, 99.5) <= 1.0 else 1.0
+        gray = np.clip(np.rint(np.nan_to_num(f, nan=0.0, posinf=255.0 / scale, neginf=0.0) * scale), 0, 255)
+        gray = gray.astype(np.uint8)
         return np.repeat(gray[:, :, None], 3, axis=2)
     try:
         if "A" in img.getbands() or "a" in img.getbands() or "transparency" in img.info:

@@ -179,7 +179,7 @@ def _opened(name: str | Path, verb: str, keep: bool = False) -> Iterator[Image.I
         raise ImageError(f"{path} is not an image (or not a format Pillow can read)") from None
     except Image.DecompressionBombError as e:
         raise ImageError(f"{path} is too large to decode safely: {e}") from None
-    except (OSError, ValueError, SyntaxError) as e:
+    except (OSError, ValueError, SyntaxError, RuntimeError) as e:  # RuntimeError: Pillow's AVIF decoder
         raise ImageError(f"{path} could not be {verb}: {e}") from None
 
 

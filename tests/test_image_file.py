@@ -120,3 +120,67 @@ def test_truncated_image(tmp_path):
     with pytest.raises(ImageError, match="could not be decoded") as e:
         read_image(tmp_path / "t.png")
     assert "\n" not in str(e.value)
+
+
+def test_a_damaged_avif_is_an_image_error(tmp_path):
+    """Pillow's AVIF decoder raises RuntimeError, when opened or when decoded: a traceback that
+    lost every other image's answer."""
+    import io
+
+    from PIL import features
+
+    from engine.request import as_rgb
+
+    if not features.check("avif"):
+        pytest.skip("this Pillow reads no AVIF")
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 96, 3), dtype=np.uint8)).save(buf, "AVIF")
+    data, found = buf.getvalue(), {}
+    for offset in range(0, len(data) - 4, 3):  # a damaged header (fails to open), damaged pixels (fail to load)
+        damaged = data[:offset] + b"\xff" * 4 + data[offset + 4:]
+        try:
+            img = Image.open(io.BytesIO(damaged))
+        except RuntimeError:
+            found.setdefault("open", damaged)
+            continue
+        except Exception:
+            continue
+        try:
+            img.load()
+        except RuntimeError:
+            found.setdefault("load", (damaged, img))
+        except Exception:
+            pass
+    assert set(found) == {"open", "load"}
+    (tmp_path / "h.avif").write_bytes(found["open"])
+    (tmp_path / "p.avif").write_bytes(found["load"][0])
+    with pytest.raises(ImageError, match="h.avif could not be read"):
+        check_image(tmp_path / "h.avif")
+    check_image(tmp_path / "p.avif")  # its header reads: it fails when decoded, as a cut file does
+    with pytest.raises(ImageError, match="p.avif could not be decoded"):
+        read_image(tmp_path / "p.avif")
+    with pytest.raises(ImageError, match="the Pillow image could not be decoded"):  # the API, given Image.open's
+        as_rgb(Image.open(io.BytesIO(found["load"][0])))
+
+
+def test_a_float_image_with_a_highlight_past_one_is_not_black(tmp_path):
+    """A 0..1 float image was scaled as 0..255 (black) when one pixel went past 1.0, or was inf."""
+    f = np.full((10, 20), 0.25, np.float32)
+    f[:, 10:] = 0.75
+    for highlight in (1.05, np.inf):
+        f[0, 0] = highlight
+        Image.fromarray(f, "F").save(tmp_path / "f.tif")
+        out = read_image(tmp_path / "f.tif")[:, :, 0]
+        assert out[5, 2] == 64 and out[5, 15] == 191 and out[0, 0] == 255
+    Image.fromarray(f * 200, "F").save(tmp_path / "g.tif")  # a 0..255 float image stays as it is
+    assert read_image(tmp_path / "g.tif")[5, 2, 0] == 50
+
+
+def test_transparency_over_grey_is_the_same_by_bands(monkeypatch):
+    """flatten_alpha works a band of rows at a time (a 13000 x 13000 PNG had taken 4.7 GB)."""
+    from engine.request import flatten_alpha
+
+    rgba = np.random.default_rng(1).integers(0, 256, (1501, 2000, 4), dtype=np.uint8)  # 699 rows a band
+    a = rgba[:, :, 3:].astype(int)
+    want = (rgba[:, :, :3].astype(int) * a + 128 * (255 - a) + 127) // 255
+    assert np.array_equal(flatten_alpha(rgba), want)
