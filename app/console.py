@@ -33,6 +33,9 @@ class _Guarded:
         except OSError as e:
             self._fail(e)
             return len(text)
+        except UnicodeEncodeError:  # a file name's undecodable bytes, on a stream that takes none
+            return self.write(text.encode(self._stream.encoding or "utf-8", "backslashreplace").decode(
+                self._stream.encoding or "utf-8"))
 
     def flush(self) -> None:
         try:

@@ -73,6 +73,7 @@ def _locate(args: argparse.Namespace) -> int:
     (the same places as one by one), with a progress bar, results in the images' order."""
     from tqdm import tqdm
 
+    from engine.errors import ImageError
     from engine.models.loader import load_model
     from engine.region_decoder import RegionDecoder
     from pipelines.image_file import check_image, read_image
@@ -80,32 +81,47 @@ def _locate(args: argparse.Namespace) -> int:
     from pipelines.stream import redact
 
     task, what = region_task(args)
-    paths, _, _ = _inputs(args.image, check_image)
+    paths, one, skipped = _inputs(args.image, check_image)
     t0 = time.perf_counter()
     loaded = load_model(args.model, device=args.device, dtype=image_dtype(args.model, args.device, args.dtype))
     load_ms = (time.perf_counter() - t0) * 1000.0
     decoder = RegionDecoder(loaded)  # a model whose region head is untrained: RequestError, exit 2
     key = "objects" if task == "detect" else "points"
     bar = tqdm(total=len(paths), desc="images", unit="image", file=sys.stderr, disable=len(paths) < 2)
-    for chunk in batched(paths, LOCATE_BATCH):
-        rgbs = [read_image(path) for path in chunk]
-        for path, rgb, found in zip(chunk, rgbs, decoder.locate_batch(rgbs, what, task)):
-            h, w = rgb.shape[:2]
-            pixels = pixel_places(found[key], w, h, task)
-            name = redact(str(path))
-            if args.json:
-                record = {"image": name, task: what,
-                          key: [{k: round(v, 4) for k, v in o.items()} for o in found[key]],
-                          "pixels": pixels, "width": w, "height": h, "timings_ms": found["timings_ms"],
-                          **_model_fields(args, loaded, load_ms)}
-                line = json.dumps(record)
-            else:
-                line = f"{name + ': ' if len(paths) > 1 else ''}{what}: {places_text(pixels, task)}"
-            tqdm.write(line, file=sys.stdout)
-            sys.stdout.flush()  # a line as soon as it is known, for a reader downstream
-        bar.update(len(chunk))
-    bar.close()
-    return 0
+    done = failed = 0
+    try:  # the bar closed however the run ends
+        for chunk in batched(paths, LOCATE_BATCH):
+            read = []  # (path, its pixels); one that fails to decode is said and left out, as captions do
+            for path in chunk:
+                try:
+                    read.append((path, read_image(path)))
+                except ImageError as e:
+                    if one:  # the single image's error is the run's (exit 2)
+                        raise
+                    failed += 1
+                    tqdm.write(f"vlmstream: warning: {e}", file=sys.stderr)
+                    if args.json:
+                        tqdm.write(json.dumps({"image": redact(str(path)), "error": str(e)}), file=sys.stdout)
+            places = decoder.locate_batch([rgb for _, rgb in read], what, task) if read else []
+            for (path, rgb), found in zip(read, places):
+                h, w = rgb.shape[:2]
+                pixels = pixel_places(found[key], w, h, task)
+                name = redact(str(path))
+                if args.json:
+                    record = {"image": name, task: what,
+                              key: [{k: round(v, 4) for k, v in o.items()} for o in found[key]],
+                              "pixels": pixels, "width": w, "height": h, "timings_ms": found["timings_ms"],
+                              **_model_fields(args, loaded, load_ms)}
+                    line = json.dumps(record)
+                else:
+                    line = f"{name + ': ' if len(paths) > 1 else ''}{what}: {places_text(pixels, task)}"
+                tqdm.write(line, file=sys.stdout)
+                done += 1
+            sys.stdout.flush()  # lines as soon as they are known, for a reader downstream
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+    return 0 if one else _closing(done, failed + skipped, "located")
 
 
 def _timed_read(path):
@@ -144,7 +160,8 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
     from tqdm import tqdm
 
     from engine import Engine, EngineConfig
-    from engine.errors import ImageError
+    from engine.errors import EngineClosedError, ImageError
+    from pipelines.sinks import json_text
     from pipelines.stream import redact
 
     out = sys.stdout
@@ -167,32 +184,44 @@ def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dt
             else:
                 handle, read_ms = item
                 result = handle.wait()  # as long as the engine makes progress (a slow model's)
+                if result.finish_reason not in ("stop", "length"):  # the engine failed under it
+                    # Each had been printed as an empty answer, and the run said "answered", exit 0.
+                    raise EngineClosedError(f"{redact(str(path))}: not answered: "
+                                            + (f"the engine failed ({engine.error})" if engine.error is not None
+                                               else f"the request was {result.finish_reason}"))
                 if args.json:
                     record = {**_record(args, result, asked, engine.loaded, load_ms), "read_ms": round(read_ms, 3)}
-                    out.write(json.dumps({"image": redact(str(path)), **record}, ensure_ascii=False) + "\n")
+                    out.write(json_text({"image": redact(str(path)), **record}) + "\n")
                 else:
                     out.write(f"{redact(str(path))}: {result.text}\n")
                 done += 1
             out.flush()
             bar.update(1)
 
-        for path in paths:
-            try:
-                rgb, read_ms = _timed_read(path)
-                pending.append((path, (engine.submit(rgb, params=params, **task), read_ms)))
-            except ImageError as e:  # unreadable, or it failed to decode
-                pending.append((path, e))
-            while len(pending) > IMAGES_IN_FLIGHT:
+        try:  # the bar closed however the run ends: an error's line came glued to it
+            for path in paths:
+                try:
+                    rgb, read_ms = _timed_read(path)
+                    pending.append((path, (engine.submit(rgb, params=params, **task), read_ms)))
+                except ImageError as e:  # unreadable, or it failed to decode
+                    pending.append((path, e))
+                while len(pending) > IMAGES_IN_FLIGHT:
+                    finish()
+            while pending:
                 finish()
-        while pending:
-            finish()
-        bar.close()
-    print(f"vlmstream: {done} image{'' if done == 1 else 's'} answered"
-          + (f", {failed + skipped} could not be read" if failed + skipped else ""), file=sys.stderr)
+        finally:
+            bar.close()
+    return _closing(done, failed + skipped, "answered")
+
+
+def _closing(done: int, unread: int, verb: str) -> int:
+    """The closing count of a run of several images, and its exit code."""
+    print(f"vlmstream: {done} image{'' if done == 1 else 's'} {verb}"
+          + (f", {unread} could not be read" if unread else ""), file=sys.stderr)
     if not done:  # a closing count alone did not say the run failed
         print("vlmstream: error: none of the images could be read", file=sys.stderr)
         return 2
-    return 1 if failed or skipped else 0  # 1: the others are answered, not all (a script sees it); as `video` does
+    return 1 if unread else 0  # 1: the others are done, not all (a script sees it); as `video` does
 
 
 def _inputs(names: list[str], check) -> tuple[list[Path], bool, int]:

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_locate(args, opened, labels, recordings, *region)
     from engine import Engine, EngineConfig
+    from pipelines.sinks import json_text
 
     warm = warm_frame(opened, labels)  # before the log: a file with no frame leaves no empty one
     log = open_log(args.output)
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                     for i, x in enumerate(records):
                         x["snapshot"] = shots[i] if i < len(shots) else None
                 try:
-                    log.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records))
+                    log.write("".join(json_text(x) + "\n" for x in records))
                     log.flush()
                 except OSError as e:  # disk full, a closed pipe: the run stops and says so
                     write_error.append((_log_name(args.output), e))

@@ -199,6 +199,11 @@ class Engine:
         raises ConstraintError here, before any request is made with it."""
         self._constraints.get(constraint)
 
+    @property
+    def error(self) -> BaseException | None:
+        """What failed the engine (every request then finished "error"), or None."""
+        return self._error
+
     def stats(self) -> EngineStats:
         wall = max(time.perf_counter() - self._started, 1e-9)
         busy = self._executor.busy_seconds() - self._busy_base

@@ -18,7 +18,6 @@ result so a viewer can skip redraws when nothing changed.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -37,6 +36,7 @@ from .connection import Connection
 from .grabber import LatestFrameGrabber, PushedFrames
 from .live import DEFAULT_MAX_INFLIGHT, ROLLING_S, LiveResult, LiveSession
 from .frame import Frame
+from .sinks import json_text
 from .locator import LiveLocator, Located, LocateSource
 
 CHART_STAGES = ("queue", "vision", "prefill", "decode")
@@ -225,7 +225,7 @@ class LiveFeed:
                 self.version += 1
 
     def _on_result(self, r: LiveResult | Located) -> None:
-        records = [json.dumps(x, ensure_ascii=False) for x in r.records()] if self._records.maxlen else []
+        records = [json_text(x) for x in r.records()] if self._records.maxlen else []
         t = r.timings_ms
         if isinstance(r, Located):  # the region decoder's one figure; the wait before it is the queue
             total = t.get("total", 0.0)

@@ -20,6 +20,16 @@ import numpy as np
 
 from .prompts import PROMPT_KEYS, answers_text, prompt_key, prompt_of
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_text(obj) -> str:
+    """One JSON line as every output writes it: UTF-8 text as it is, except a file name's bytes
+    that are not UTF-8 (Python's surrogate escapes), written as \\udcXX escapes that read back as
+    the same name. Raw, they were a UnicodeEncodeError traceback in a JSONL file, and a line a
+    strict UTF-8 reader refused on standard output."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False))
+
 
 @dataclass
 class FrameResult:
@@ -42,7 +52,7 @@ class FrameResult:
         return {**d, **prompt}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False)
+        return json_text(self.to_dict())
 
     @classmethod
     def from_json(cls, line: str) -> "FrameResult":
@@ -119,7 +129,7 @@ class JsonlSink:
         self.write_records([r.to_dict() for r in results])
 
     def write_records(self, records: list[dict]) -> None:
-        text = "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in records)
+        text = "".join(json_text(x) + "\n" for x in records)
         with self._lock:
             try:
                 self._f.write(text)

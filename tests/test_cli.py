@@ -759,3 +759,55 @@ def test_ctrl_c_during_eval_tiny_is_one_line_after_its_bar(monkeypatch, capsys):
     assert main(["eval-tiny", "--n", "10"]) == 130
     err = capsys.readouterr().err
     assert err.endswith("\nvlmstream: interrupted\n") and err.count("vlmstream: ") == 1, err
+
+
+def test_several_images_when_the_engine_fails_say_so(capsys, tmp_path, small_folder, monkeypatch):
+    """A device fault (or out of memory) mid-run: every image had been printed with an empty answer,
+    "6 images answered", exit 0."""
+    import engine.batch
+    from engine import Engine
+
+    for i in range(6):
+        shutil.copy(SCENE, tmp_path / f"{i}.png")
+    launch, submit, submitted = engine.batch.Batch.launch, Engine.submit, []
+
+    def counted(self, *args, **kwargs):
+        handle = submit(self, *args, **kwargs)
+        submitted.append(handle)
+        return handle
+
+    def failing(self, step):  # once every image is in: the requests fail, not the next submit
+        if len(submitted) == 6:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return launch(self, step)
+
+    monkeypatch.setattr(Engine, "submit", counted)
+    monkeypatch.setattr(engine.batch.Batch, "launch", failing)
+    assert main(["image", str(tmp_path), "--model", str(small_folder), "--max-tokens", "4", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert all("text" in json.loads(line) for line in captured.out.splitlines())  # those answered before
+    said = captured.err.strip().splitlines()[-1]
+    assert said.startswith("vlmstream: error: ") and said.endswith(
+        ": not answered: the engine failed (CUDA error: an illegal memory access was encountered)"), captured.err
+    assert "answered" not in captured.err.replace("not answered", "")
+
+
+def test_names_that_are_not_utf8_are_json_escapes(capsys, tmp_path, small_folder):
+    """A file name's undecodable bytes were written raw into JSON lines (invalid UTF-8), and were a
+    UnicodeEncodeError traceback in a JSONL file."""
+    name = os.fsdecode(b"caf\xe9")
+    shutil.copy(SCENE, tmp_path / f"{name}.png")
+    shutil.copy(SCENE, tmp_path / "b.png")
+    model = ["--model", str(small_folder), "--max-tokens", "3"]
+    assert main(["image", str(tmp_path / f"{name}.png"), str(tmp_path / "b.png"), *model, "--json"]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    line.encode("utf-8")  # strict: no lone surrogate left in the text
+    assert "\\udce9" in line and os.fsencode(json.loads(line)["image"]).endswith(b"caf\xe9.png")
+    clip = tmp_path / f"{name}.mp4"
+    shutil.copy(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4", clip)
+    assert main(["video", str(clip), "--every-n", "150", "-o", str(tmp_path / "out.jsonl"), *model]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert rows and all(os.fsencode(r["source"]).endswith(b"caf\xe9.mp4") for r in rows)
+    # --resume reads them back as the same name: nothing is asked again
+    assert main(["video", str(clip), "--every-n", "150", "-o", str(tmp_path / "out.jsonl"), "--resume", *model]) == 0
+    assert len((tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()) == len(rows)

@@ -138,6 +138,22 @@ def test_image_detect_and_point_on_the_command_line(capsys, small_folder, tmp_pa
     assert main([*args, "--point", "  "]) == 2
     assert main([*args, "--detect", "star", "--choices", "a,b"]) == 2
     assert "--detect gives places" in capsys.readouterr().err
+    # One image that fails to decode mid-run (its header reads) is said, the others are located,
+    # exit 1; one skipped in a folder counts too. Both had been exit 2 with nothing located, or exit 0.
+    data = (tmp_path / "0.png").read_bytes()
+    (tmp_path / "4.png").write_bytes(data[: len(data) // 2])
+    (tmp_path / "5.png").write_bytes(b"")
+    assert main(["image", *(str(tmp_path / n) for n in names[:5]), "--detect", "star", "--json", *args[2:]]) == 1
+    captured = capsys.readouterr()
+    rows = [json.loads(x) for x in captured.out.splitlines()]
+    assert [Path(r["image"]).name for r in rows] == names[:5] and "error" in rows[4] and "objects" not in rows[4]
+    assert [r["objects"] for r in rows[:4]] == [[{k: round(v, 4) for k, v in o.items()}
+                                                 for o in decoder.locate(im, "star")["objects"]] for im in rgbs[:4]]
+    assert "4 images located, 1 could not be read" in captured.err
+    assert main(["image", str(tmp_path), "--detect", "star", *args[2:]]) == 1  # 5.png skipped, 4.png cut
+    captured = capsys.readouterr()
+    assert "skipped" in captured.err and "5 images located, 2 could not be read" in captured.err
+    assert len(captured.out.splitlines()) == 5
 
 
 def _clip(path, frames: int, fps: int):
