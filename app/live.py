@@ -213,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
                                      else "no frames received" + (f" ({why})" if why else ""))
             if problem:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
+            for problem in live.problems:  # a file's, which names it
+                print(f"vlmstream: warning: {problem}", file=sys.stderr)
         per_source = [f.snapshot().counters for f in feeds]
         for live, s, label in zip(opened, per_source, labels):
             st = live.stream  # how the network (or the pipe) held up: s["stream"], from the feed

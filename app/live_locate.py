@@ -133,6 +133,8 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
         raise next(iter(failed.values()))  # nothing was ever read: a plain error
     for label, error in locator.errors().items():
         print(f"vlmstream: warning: {label + ': ' if several else ''}{error}", file=sys.stderr)
+    for problem in (p for live in opened for p in live.problems):  # a file's, which names it
+        print(f"vlmstream: warning: {problem}", file=sys.stderr)
     for label, rec in recorders.items():
         stats[label]["recording"] = {"path": str(rec.path), "frames": rec.written, "skipped": rec.skipped}
         if rec.error is not None and not write_error:

@@ -92,11 +92,15 @@ def pixels(frame, sample_aspect, lazy: bool, reading: Reading = AS_SHOWN) -> dic
 
 
 def decoded(container, stream, on_damage: Callable[[], None],
-            before_packet: Callable[[], None] | None = None, reading: Reading = AS_SHOWN) -> Iterator:
+            before_packet: Callable[[], None] | None = None, reading: Reading = AS_SHOWN,
+            on_corrupt: Callable[[], None] | None = None, retime: Callable | None = None) -> Iterator:
     """The stream's frames, packet by packet, skipping the packets the decoder rejects (damaged
     data: a bad sector, a lost datagram, a stream joined between keyframes), as FFmpeg's own tools
     do. `container.decode` ended at the first: a file with 20 KB damaged in its middle gave 180 of
-    its 329 decodable frames. Interlaced frames come whole (`Deinterlacer`), unless `reading`
+    its 329 decodable frames. A packet the demuxer marks corrupt (an MPEG-TS packet after lost
+    ones: 6 frames went missing without a word) is decoded and said to `on_corrupt` (default
+    `on_damage`). `retime(packet)` may move a packet's times before it is decoded
+    (`timestamps.Continuous`). Interlaced frames come whole (`Deinterlacer`), unless `reading`
     says to leave them woven."""
     import av
 
@@ -110,11 +114,15 @@ def decoded(container, stream, on_damage: Callable[[], None],
     for packet in container.demux(stream):
         if before_packet is not None:
             before_packet()
+        if retime is not None:
+            retime(packet)
         try:
             frames = packet.decode()
         except av.InvalidDataError:
             on_damage()
             continue
+        if packet.is_corrupt:  # the demuxer saw data lost (MPEG-TS continuity): decoded, and said
+            (on_corrupt or on_damage)()
         sent += packet.size > 0
         for frame in frames:
             made += 1
@@ -171,11 +179,23 @@ def refuse_text(container, name: str):
     return container
 
 
+def video_streams(container) -> list:
+    """The container's video streams, less cover pictures (an MP3's or an audio MP4's album art
+    is a "video" stream of one picture: read as a video of one frame at 90000 fps, with a 1 ms
+    subtitle, or looped in `live` at 30 fps)."""
+    import av
+
+    return [s for s in container.streams.video if not s.disposition & av.stream.Disposition.attached_pic]
+
+
 def main_video(container):
     """The video stream a player would show: FFmpeg's choice (the most frames, the default
-    disposition), not the first. A Matroska file with a cover picture first gave one frame of
-    the cover and no word about the film."""
-    return container.streams.best("video") or container.streams.video[0]
+    disposition), not the first, and never a cover picture. A Matroska file with a cover picture
+    first gave one frame of the cover and no word about the film. Call it on a container that
+    has `video_streams`."""
+    streams = video_streams(container)
+    best = container.streams.best("video")
+    return best if best in streams else streams[0]
 
 
 def first_line(e: Exception) -> str:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from .connection import Connection
-from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text
+from .frame import (AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text,
+                    video_streams)
+from .timestamps import BestEffort, Continuous
 from .stream import STDIN, StreamSource, is_recording, redact, unknown_host
 
 
@@ -53,6 +55,7 @@ class FileSource:
         self.incomplete = False  # the last frames() ended before the file's end (the error says why)
         self.decoded = 0  # frames decoded by the last frames() so far
         self.damaged = 0  # packets the decoder rejected in the last frames(), skipped
+        self.corrupt = 0  # packets after data the demuxer saw lost (decoded all the same)
         self.seconds = 0.0  # the video time they cover: first frame's start to last frame's end
         self._closed = False
         self.reading = reading  # as a player shows the frames, or as stored
@@ -72,9 +75,10 @@ class FileSource:
                 raise SourceError(f"cannot read {self.name}: {reason}") from None
             raise SourceError(f"{self.name} is not a readable video: {first_line(e)}") from None
         refuse_text(self._container, self.name)
-        if not self._container.streams.video:
+        if not video_streams(self._container):
+            cover = bool(self._container.streams.video)
             self._container.close()
-            raise SourceError(f"{self.name} has no video stream")
+            raise SourceError(f"{self.name} has no video stream" + (" (only a cover picture)" if cover else ""))
         if self.url and not is_recording(self._container, self.url):
             self._container.close()
             raise SourceError(f"{self.name} is a live stream (it has no end): `vlmstream live` reads it")
@@ -147,7 +151,7 @@ class FileSource:
 
         index, first = 0, None
         # end: where the last frame decoded stops showing, in its own times (subtitles end there)
-        self.decoded, self.seconds, self.damaged, self.end = 0, 0.0, 0, None
+        self.decoded, self.seconds, self.damaged, self.corrupt, self.end = 0, 0.0, 0, 0, None
         fps, time_base = self.fps, float(self._stream.time_base or 0)
         # Times as a player shows them: from the file's start. An MPEG-TS recording's clock starts
         # where the camera's or the broadcast's was (1.4 s after a plain remux, hours into a
@@ -156,19 +160,26 @@ class FileSource:
         # MPEG-TS, HLS, FLV: formats whose timestamps may jump (recordings joined end to end, a
         # camera's clock reset). A jump is a discontinuity, not time that passed: the frame after it
         # follows the one before, as players play them. An hour's jump left `live` waiting an hour.
+        # Taken out of the packets' times before decoding (`timestamps.Continuous`).
         jumps = bool(self._container.format.flags & AVFMT_TS_DISCONT)
-        shift, last, last_shown, end = 0.0, None, 1.0 / (fps or 30.0), None
+        clock = Continuous(self._stream.time_base, 1.0 / (fps or 30.0), DISCONTINUITY_S) if jumps else None
+        best = BestEffort()  # AVI's and ASF's frames with B-frames: their packets' times, in decode order
+        last_shown, end = 1.0 / (fps or 30.0), None
 
         def damage() -> None:
             self.damaged += 1
 
+        def corrupt() -> None:
+            self.corrupt += 1
+
         try:
-            for frame in decoded(self._container, self._stream, damage, reading=self.reading):
-                pts = float(frame.time) - start + shift if frame.time is not None else (index / fps if fps else 0.0)
-                if jumps and last is not None and not -EPSILON_S < pts - last < DISCONTINUITY_S:
-                    shift += last + last_shown - pts
-                    pts = last + last_shown
-                elif -EPSILON_S < pts < 0:  # the start's rounding (-3e-7 s in a TS): not a time before it
+            for frame in decoded(self._container, self._stream, damage, reading=self.reading, on_corrupt=corrupt,
+                                 retime=clock):
+                stamp = best(frame.pts, frame.dts)
+                tb = frame.time_base or self._stream.time_base  # a deinterlaced frame's is the filter's
+                seconds = float(stamp * tb) if stamp is not None and tb else None
+                pts = seconds - start if seconds is not None else (index / fps if fps else 0.0)
+                if -EPSILON_S < pts < 0:  # the start's rounding (-3e-7 s in a TS): not a time before it
                     pts = 0.0
                 self.decoded = index + 1
                 # Up to the end of the last frame: its start alone made a one-frame video 0 s long
@@ -177,10 +188,10 @@ class FileSource:
                 ticks = getattr(frame, "duration", None)  # not on every PyAV the package accepts
                 tb = float(frame.time_base or 0) or time_base  # a deinterlaced frame's is the filter's
                 shown = ticks * tb if ticks and tb else None
-                last, last_shown = pts, shown or last_shown
+                last_shown = shown or last_shown
                 self.end = pts + last_shown
-                if frame.time is not None:
-                    end = float(frame.time) + last_shown
+                if seconds is not None:
+                    end = seconds + last_shown
                 self.seconds = max(self.seconds, pts - first + (shown or (1.0 / fps if fps else 0.0)))
                 if pick is None or pick(index, pts):
                     if need_rgb is not None and not need_rgb(index):
@@ -198,10 +209,15 @@ class FileSource:
         if self.damaged and self.error is None:
             self.error = (f"{self.name}: {self.damaged} damaged packets skipped (their frames are missing, or "
                           "show decoding damage until the next keyframe)")
-        short = self._cut_short(index, end) if self.error is None and not shift else None
+        # A jump leaves the container's duration meaningless. A packet after lost data is decoded
+        # (a truncated file's last one is such a packet): the file may still be cut short.
+        short = self._cut_short(index, end) if self.error is None and not (clock and clock.jumps) else None
         if short:  # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
             self.error = f"{self.name}: decoding ended {short} its container announces (a truncated or damaged file?)"
             self.incomplete = True
+        if self.corrupt and self.error is None:
+            self.error = (f"{self.name}: data lost at {self.corrupt} point{'s' if self.corrupt > 1 else ''} (or files "
+                          "joined there): frames may be missing, or show decoding damage until the next keyframe")
 
     def _cut_short(self, index: int, end: float | None) -> str | None:
         """Where decoding ended well before the container's own frame count (MP4, MOV), or before
@@ -365,6 +381,8 @@ class LiveSource:
     loops: bool  # it can be played again from its start when it ends (a file, or a recording over the network)
     stream: StreamSource | None = None  # a network stream or a pipe: how it held up (reconnects, damage, lateness)
     connection: Connection | None = None  # a stream's or a camera's: its outages and health, a way to stop it
+    # A file's: what a pass through it found wrong (cut short, damaged packets), each said once
+    problems: list[str] = field(default_factory=list)
 
 
 def open_live(source: str, max_outage: float | None = None, reading: Reading = AS_SHOWN) -> LiveSource:
@@ -393,6 +411,7 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
         return LiveSource(stream.frames, paced=False, loops=source != STDIN, stream=stream,  # stdin reads once
                           connection=stream.connection)
     FileSource(source).close()
+    problems: list[str] = []
 
     def frames() -> Iterator[Frame]:
         src = FileSource(source, threads=False, reading=reading)
@@ -400,5 +419,7 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
             yield from src.frames(lazy=True)
         finally:
             src.close()
+            if src.error and src.error not in problems:  # `video` says these; `live` had kept quiet
+                problems.append(src.error)
 
-    return LiveSource(frames, paced=True, loops=True)
+    return LiveSource(frames, paced=True, loops=True, problems=problems)

@@ -13,7 +13,8 @@ from typing import Callable, Iterator
 
 from .catch_up import CatchUp
 from .connection import TIMED_OUT, Connection
-from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text
+from .frame import (AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text,
+                    video_streams)
 
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
@@ -284,8 +285,9 @@ class StreamSource:
                 continue
             ended, broke, came = False, "the stream ended", index
             try:
-                if not container.streams.video:
-                    raise SourceError(f"{self.display} has no video stream")
+                if not video_streams(container):
+                    raise SourceError(f"{self.display} has no video stream"
+                                      + (" (only a cover picture)" if container.streams.video else ""))
                 # A recording plays at its own pace, as a file does in `live`, not as fast as it
                 # downloads (a 25 fps clip went by at 60), and its end ends the source instead of
                 # being reopened from the start.

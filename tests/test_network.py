@@ -610,7 +610,7 @@ def test_a_server_that_hangs_up_at_once_is_retried_with_backoff_then_given_up(mo
     against the server, and a run that neither read nor failed)."""
     from types import SimpleNamespace
 
-    stream = SimpleNamespace(codec_context=SimpleNamespace(sample_aspect_ratio=None))
+    stream = SimpleNamespace(codec_context=SimpleNamespace(sample_aspect_ratio=None), disposition=0)
 
     class HungUp:
         duration = None
