@@ -152,7 +152,7 @@ def _model_fields(args: argparse.Namespace, loaded, load_ms: float) -> dict:
             "load_ms": round(load_ms, 3)}
 
 
-def _several(args: argparse.Namespace, paths: list[Path], params, task: dict, dtype: str | None,
+def _several(args: argparse.Namespace, paths: list[str | Path], params, task: dict, dtype: str | None,
              skipped: int = 0) -> int:
     """Each image through the engine, answers written in the images' order."""
     from collections import deque
@@ -224,7 +224,7 @@ def _closing(done: int, unread: int, verb: str) -> int:
     return 1 if unread else 0  # 1: the others are done, not all (a script sees it); as `video` does
 
 
-def _inputs(names: list[str], check) -> tuple[list[Path], bool, int]:
+def _inputs(names: list[str], check) -> tuple[list[str | Path], bool, int]:
     """The images to read (a folder: every image under it, by extension), whether the run is the
     one-image form (a single named file), and how many found in folders were skipped (unreadable)."""
     from engine.errors import ImageError
@@ -235,13 +235,13 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool, int]:
     twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if twice is not None:
         raise UsageError(f"{twice} is listed twice")
-    paths: list[Path] = []
+    paths: list[str | Path] = []
     skipped = 0
     for name in names:
         p = Path(name)
         if not p.is_dir():
             check(name)  # a named image must be there and be an image: exit 2 before anything runs
-            paths.append(name if is_remote(name) else p)  # Path() makes "https://h/x" "https:/h/x"
+            paths.append(name)  # as typed: Path() made "https://h/x" "https:/h/x", and "./-a.png" "-a.png"
             continue
         found = files_under(p, IMAGE_EXTENSIONS)
         if not found:
@@ -257,7 +257,7 @@ def _inputs(names: list[str], check) -> tuple[list[Path], bool, int]:
     # One answer a file, however it was reached (a.png, ./a.png, sub/../a.png, or in a folder
     # named too), under the name it was first given.
     seen: set = set()
-    paths = [p for p in paths if not ((k := p if isinstance(p, str) else p.resolve()) in seen or seen.add(k))]
+    paths = [p for p in paths if not ((k := p if is_remote(str(p)) else Path(p).resolve()) in seen or seen.add(k))]
     if not paths:
         raise UsageError("none of the image files found can be read")
     return paths, len(names) == 1 and not Path(names[0]).is_dir(), skipped

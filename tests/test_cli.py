@@ -811,3 +811,13 @@ def test_names_that_are_not_utf8_are_json_escapes(capsys, tmp_path, small_folder
     # --resume reads them back as the same name: nothing is asked again
     assert main(["video", str(clip), "--every-n", "150", "-o", str(tmp_path / "out.jsonl"), "--resume", *model]) == 0
     assert len((tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()) == len(rows)
+
+
+def test_images_are_named_as_typed(capsys, tmp_path, small_folder, monkeypatch):
+    """`./-dash.png` came back as `-dash.png` (an option, to a script reading the lines)."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(SCENE, tmp_path / "-dash.png")
+    shutil.copy(SCENE, tmp_path / "b.png")
+    assert main(["image", "./-dash.png", "b.png", "./b.png", "--model", str(small_folder), "--max-tokens", "2",
+                 "--json"]) == 0
+    assert [json.loads(x)["image"] for x in capsys.readouterr().out.splitlines()] == ["./-dash.png", "b.png"]
