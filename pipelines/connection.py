@@ -53,6 +53,11 @@ class Connection:
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
+    def pause(self, seconds: float) -> None:
+        """Wait, unless (or until) the consumer is gone."""
+        if seconds > 0:
+            self._stopped.wait(seconds)
+
     def frame(self) -> None:
         """A frame came."""
         self.last_frame, self.delay = time.perf_counter(), RETRY_FIRST_S

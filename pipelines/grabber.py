@@ -37,10 +37,10 @@ class LatestFrameGrabber:
             while not self._stop.is_set():
                 any_frame = False
                 for f in self._frames():
-                    any_frame = True
                     pts = offset + f.pts
-                    if pts > last_pts:
+                    if pts > last_pts and any_frame:  # within a pass: a pass's first frame says nothing of it
                         step = pts - last_pts
+                    any_frame = True
                     last_pts = pts
                     if self.realtime:
                         delay = t0 + pts - time.perf_counter()
@@ -58,7 +58,10 @@ class LatestFrameGrabber:
                         return
                 if not (self.loop and any_frame):
                     return
-                offset = last_pts + step  # the next loop continues the clock
+                # The next loop continues the clock; a source that paces itself (a recording over
+                # the network) is at least where the wall clock is: one of a single frame (a
+                # camera's snapshot URL) had its times grow by its whole clock at each pass.
+                offset = last_pts + step if self.realtime else max(last_pts + step, time.perf_counter() - t0)
         except BaseException as e:  # reaches the consumer through get()
             self.error = e
         finally:

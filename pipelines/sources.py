@@ -25,7 +25,8 @@ from .stream import STDIN, StreamSource, is_recording, redact, unknown_host
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
 AVFMT_NOTIMESTAMPS = 0x80  # ... of one that stores none: a raw H.264/H.265 stream (a camera's export)
-DISCONTINUITY_S = 10.0  # a frame this much after the one before, or before it at all: a jump (as ffplay)
+DISCONTINUITY_S = 10.0  # a packet this far from where the one before ended: a jump (as ffmpeg)
+MIN_PASS_S = 0.2  # a network recording is played again at most this often (a snapshot URL: 5 a second)
 EPSILON_S = 1e-3
 
 REMOTE_SCHEMES = ("http", "https")  # a file on a web server: `video` reads it as a file
@@ -408,7 +409,15 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
         if source == STDIN and (sys.stdin is None or sys.stdin.isatty()):
             raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
         stream = StreamSource(source, lazy=True, max_outage=max_outage, reading=reading)  # checks the scheme; redacts credentials
-        return LiveSource(stream.frames, paced=False, loops=source != STDIN, stream=stream,  # stdin reads once
+
+        def passes() -> Iterator[Frame]:
+            began = time.perf_counter()
+            yield from stream.frames()
+            # A still image over HTTP (a camera's snapshot URL) is a recording of one frame, each
+            # pass a new request: 400 a second, until passes took at least this long.
+            stream.connection.pause(MIN_PASS_S - (time.perf_counter() - began))
+
+        return LiveSource(passes, paced=False, loops=source != STDIN, stream=stream,  # stdin reads once
                           connection=stream.connection)
     FileSource(source).close()
     problems: list[str] = []

@@ -926,3 +926,26 @@ def test_a_pipe_that_sends_nothing_is_an_error_after_the_wait():
             wait_for_input(r, 0.3)
     finally:
         os.close(r)
+
+
+def test_a_cameras_snapshot_url_is_polled_at_a_bounded_rate(tmp_path, small_folder, capsys):
+    """A still image over HTTP is a recording of one frame, played again and again: it was asked
+    for ~400 times a second, and its frames' times grew by the whole clock at each pass (2300 s
+    into a 4 s run)."""
+    from PIL import Image
+
+    Image.open(Path(__file__).resolve().parents[1] / "sample_videos" / "scene.png").convert("RGB").save(
+        tmp_path / "snapshot.jpg")
+    requests: list = []
+    server = _serve(tmp_path, requests)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/snapshot.jpg"
+        assert main(["live", url, "--duration", "2", "--model", str(small_folder), "--max-tokens", "2",
+                     "--json", "-o", str(tmp_path / "log.jsonl")]) == 0
+    finally:
+        server.shutdown()
+    asked = len([r for r in requests if r.startswith("/snapshot.jpg")])
+    assert 3 <= asked <= 2 / 0.2 + 3, asked  # MIN_PASS_S between passes
+    rows = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert rows and all(0 <= r["pts"] <= 2.5 for r in rows), [r["pts"] for r in rows]
+    assert [r["pts"] for r in rows] == sorted(r["pts"] for r in rows)
