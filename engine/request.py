@@ -266,9 +266,10 @@ def pil_to_rgb(img: Any) -> np.ndarray:
     if mode == "F":
         f = np.asarray(img, dtype=np.float64)
         finite = f[np.isfinite(f)]
-        # 0..1 or 0..255, told by nearly all pixels: by the brightest alone, one highlight at 1.05
-        # (or an inf) had read a 0..1 image as 0..255, black.
-        scale = 255.0 if finite.size == 0 or np.percentile(finite, 99.5) <= 1.0 else 1.0
+        # 0..1 or 0..255, told by nearly all pixels and the brightest finite one: by the brightest
+        # alone, one highlight at 1.05 (or an inf) had read a 0..1 image as 0..255, black; by
+        # nearly all alone, a dark 0..255 one with a thin bright line as 0..1.
+        scale = 255.0 if finite.size == 0 or (finite.max() <= 2.0 and np.percentile(finite, 99.5) <= 1.0) else 1.0
         gray = np.clip(np.rint(np.nan_to_num(f, nan=0.0, posinf=255.0 / scale, neginf=0.0) * scale), 0, 255)
         gray = gray.astype(np.uint8)
         return np.repeat(gray[:, :, None], 3, axis=2)

@@ -179,13 +179,18 @@ def refuse_text(container, name: str):
     return container
 
 
+AV_DISPOSITION_ATTACHED_PIC = 0x400
+
+
 def video_streams(container) -> list:
     """The container's video streams, less cover pictures (an MP3's or an audio MP4's album art
     is a "video" stream of one picture: read as a video of one frame at 90000 fps, with a 1 ms
     subtitle, or looped in `live` at 30 fps)."""
-    import av
+    def cover(stream) -> bool:  # PyAV has Stream.disposition from 14.1, first as a Flag, then an IntFlag
+        disposition = getattr(stream, "disposition", 0)
+        return bool(getattr(disposition, "value", disposition) & AV_DISPOSITION_ATTACHED_PIC)
 
-    return [s for s in container.streams.video if not s.disposition & av.stream.Disposition.attached_pic]
+    return [s for s in container.streams.video if not cover(s)]
 
 
 def main_video(container):

@@ -158,7 +158,7 @@ class FileSource:
         # where the camera's or the broadcast's was (1.4 s after a plain remux, hours into a
         # broadcast day): its subtitles came that late, and `live` waited that long to show a frame.
         start = (self._container.start_time or 0) / 1_000_000  # AV_TIME_BASE
-        # MPEG-TS, HLS, FLV: formats whose timestamps may jump (recordings joined end to end, a
+        # MPEG-TS, HLS, MPEG-PS, live FLV: formats whose timestamps may jump (recordings joined end to end, a
         # camera's clock reset). A jump is a discontinuity, not time that passed: the frame after it
         # follows the one before, as players play them. An hour's jump left `live` waiting an hour.
         # Taken out of the packets' times before decoding (`timestamps.Continuous`).
@@ -170,15 +170,19 @@ class FileSource:
         def damage() -> None:
             self.damaged += 1
 
+        # An HLS recording's segments each restart MPEG-TS's continuity counters, as files joined
+        # with a jump of their clocks do: the demuxer's "corrupt" there is no data lost.
+        segmented = "hls" in self._container.format.name
+
         def corrupt() -> None:
-            self.corrupt += 1
+            self.corrupt += not segmented and not (clock and clock.jumped)
 
         try:
             for frame in decoded(self._container, self._stream, damage, reading=self.reading, on_corrupt=corrupt,
                                  retime=clock):
-                stamp = best(frame.pts, frame.dts)
                 tb = frame.time_base or self._stream.time_base  # a deinterlaced frame's is the filter's
-                seconds = float(stamp * tb) if stamp is not None and tb else None
+                seconds = best(None if frame.pts is None or not tb else float(frame.pts * tb),
+                               None if frame.dts is None or not time_base else frame.dts * time_base)
                 pts = seconds - start if seconds is not None else (index / fps if fps else 0.0)
                 if -EPSILON_S < pts < 0:  # the start's rounding (-3e-7 s in a TS): not a time before it
                     pts = 0.0

@@ -41,6 +41,11 @@ SAS_PARAMS = frozenset({"se", "st", "sp", "sv", "sr", "spr", "ss", "srt", "si", 
                         "sks", "skv", "sdd", "ses"})
 
 
+def _decoded_anyway() -> None:
+    """A packet the demuxer marked corrupt is decoded: `damaged_packets` counts those skipped, and
+    every live HLS segment (or stream joined from files) restarts MPEG-TS's continuity counters."""
+
+
 def unknown_host(url: str) -> str | None:
     """Why a URL's host cannot be reached, where it has no address (FFmpeg says only
     "Input/output error")."""
@@ -312,7 +317,8 @@ class StreamSource:
                         guard.packet(now)
 
                 catch_ups = self.catch_ups
-                for frame in decoded(container, stream, self._damage, before, self.reading):
+                for frame in decoded(container, stream, self._damage, before, self.reading,
+                                     on_corrupt=_decoded_anyway):
                     if arrived[1] is not None and arrived[0] - arrived[1] < BURST_S:
                         continue
                     if guard is not None:

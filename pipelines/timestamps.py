@@ -5,7 +5,7 @@ those go backwards more often than the decode timestamps do. AVI and ASF store n
 times: PyAV handed H.264 frames with B-frames the pts of the packet they came in, in decode order
 (0.033, 0.133, 0.1, 0.167, 0.067 s), and their subtitles overlapped and went backwards.
 
-`Continuous` removes the jumps of formats whose clock may jump (MPEG-TS, HLS, FLV: recordings
+`Continuous` removes the jumps of formats whose clock may jump (MPEG-TS, HLS, MPEG-PS: recordings
 joined end to end, a camera's clock reset) from the packets, in the order they are read, before
 they are decoded, as ffmpeg does: a packet more than `threshold_s` away from where the one before
 it ended, or over 0.1 s before the furthest time seen, moves the clock by the difference. Done on
@@ -23,12 +23,13 @@ BACKWARDS_S = 0.1  # ffmpeg's own margin for a packet behind the furthest time s
 class BestEffort:
     def __init__(self) -> None:
         self.faulty_pts = self.faulty_dts = 0
-        self.last_pts: int | None = None
-        self.last_dts: int | None = None
-        self._step: int | None = None  # between the last two decode timestamps
+        self.last_pts: float | None = None
+        self.last_dts: float | None = None
+        self._step: float | None = None  # between the last two decode timestamps
 
-    def __call__(self, pts: int | None, dts: int | None) -> int | None:
-        """The frame's time in its time base: its pts or its packet's dts, or None if neither."""
+    def __call__(self, pts: float | None, dts: float | None) -> float | None:
+        """The frame's time: its pts or its packet's dts (in seconds: a deinterlaced frame's pts
+        is in its filter's time base, its dts in the stream's), or None if neither."""
         by_dts = self.faulty_pts > self.faulty_dts
         if dts is None and by_dts and self.last_dts is not None and self._step:
             # The frames the decoder gives at the end (no packet: no dts) follow the others
@@ -56,6 +57,7 @@ class Continuous:
         self._behind = round(BACKWARDS_S / self._tb) if self._tb else 0
         self.offset = 0  # ticks added to every packet's times from here on
         self.jumps = 0
+        self.jumped = False  # at the last packet (where MPEG-TS's continuity counters restart too)
         self._next: int | None = None  # where the last packet ended, on the continuous clock
         self._furthest: int | None = None
 
@@ -67,12 +69,14 @@ class Continuous:
         if dts is None:
             return
         dts += self.offset
+        self.jumped = False
         if self._next is not None:
             delta = dts - self._next
             if abs(delta) > self._threshold or dts + self._behind < self._furthest:
                 self.offset -= delta
                 dts -= delta
                 self.jumps += 1
+                self.jumped = True
         if packet.dts is not None:
             packet.dts = dts
         if packet.pts is not None:

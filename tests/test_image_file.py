@@ -174,6 +174,10 @@ def test_a_float_image_with_a_highlight_past_one_is_not_black(tmp_path):
         assert out[5, 2] == 64 and out[5, 15] == 191 and out[0, 0] == 255
     Image.fromarray(f * 200, "F").save(tmp_path / "g.tif")  # a 0..255 float image stays as it is
     assert read_image(tmp_path / "g.tif")[5, 2, 0] == 50
+    line = np.zeros((200, 200), np.float32)  # a dark 0..255 one with a thin bright line (0.5 % of it)
+    line[100, :] = 100.0
+    Image.fromarray(line, "F").save(tmp_path / "l.tif")
+    assert read_image(tmp_path / "l.tif")[100, 0, 0] == 100
 
 
 def test_transparency_over_grey_is_the_same_by_bands(monkeypatch):

@@ -43,6 +43,13 @@ def test_continuous_removes_jumps_from_the_packets_in_read_order():
     assert [p.dts for p in packets] == [3000, 6000, 9000, 12000, 15000, 18000]
     assert [p.pts for p in packets] == [6000, 15000, 9000, 12000, 18000, 21000]
     assert clock.jumps == 2
+    # a clock reset 3 s back: within the threshold either way, but behind the furthest time read
+    reset = SimpleNamespace(pts=24000 - 3 * 90000 + 3000, dts=24000 - 3 * 90000, duration=3000)
+    clock(reset)
+    assert (reset.dts, reset.pts, clock.jumps, clock.jumped) == (21000, 24000, 3, True)
+    after = SimpleNamespace(pts=None, dts=24000 - 3 * 90000 + 3000, duration=None)
+    clock(after)
+    assert (after.dts, clock.jumps, clock.jumped) == (24000, 3, False)
 
 
 def test_h264_with_b_frames_in_avi_and_asf_is_timed_in_order(tmp_path):
@@ -55,6 +62,42 @@ def test_h264_with_b_frames_in_avi_and_asf_is_timed_in_order(tmp_path):
         # in order: the first two are the frames' own, the first backward step tells the decode times to take
         assert all(b >= a for a, b in zip(pts, pts[1:])) and all(b > a for a, b in zip(pts[2:], pts[3:])), pts
         assert pts[-1] == pytest.approx(2.033, abs=0.002)
+
+
+def test_interlaced_h264_with_b_frames_in_avi_is_timed_in_order_once_deinterlaced(tmp_path):
+    """The deinterlacer's frames carry its time base (1/50) and their packets' dts the stream's
+    (1/25): mixed, the times ran backwards (0.52, 0.56, 0.3, 0.32 ...)."""
+    ffmpeg("-f", "lavfi", "-i", "testsrc=size=160x120:rate=25", "-t", "2", "-vf", "setfield=tff", "-c:v", "libx264",
+           "-flags", "+ilme+ildct", "-x264opts", "tff=1", "-bf", "2", str(tmp_path / "i.avi"))
+    pts, error = times(tmp_path / "i.avi")
+    assert len(pts) == 50 and error is None
+    assert all(b > a for a, b in zip(pts, pts[1:])) and pts[-1] == pytest.approx(2.04, abs=0.002), pts
+
+
+def test_an_hls_recordings_segments_are_no_lost_data(tmp_path):
+    """Each segment restarts MPEG-TS's continuity counters: "data lost at 3 points" of a clean playlist."""
+    ffmpeg("-f", "lavfi", "-i", "testsrc=s=96x64:r=25", "-t", "6", "-c:v", "libx264", "-g", "25", "-pix_fmt",
+           "yuv420p", "-f", "segment", "-segment_time", "2", "-segment_list", str(tmp_path / "p.m3u8"),
+           "-segment_format", "mpegts", str(tmp_path / "s%d.ts"))
+    pts, error = times(tmp_path / "p.m3u8")
+    assert error is None and pts == pytest.approx([i / 25 for i in range(150)], abs=1e-3)
+
+
+def test_cover_pictures_are_told_on_every_pyav_the_package_takes():
+    """Stream.disposition came with PyAV 14.1 (a Flag, later an IntFlag): on 14.0 every video had
+    failed to open."""
+    import enum
+
+    from pipelines.frame import video_streams
+
+    class Flag(enum.Flag):
+        default = 1
+        attached_pic = 0x400
+
+    film, cover = SimpleNamespace(disposition=Flag.default), SimpleNamespace(disposition=Flag.attached_pic)
+    old, int_cover = SimpleNamespace(), SimpleNamespace(disposition=0x401)  # PyAV 14.0; an IntFlag
+    container = SimpleNamespace(streams=SimpleNamespace(video=[film, cover, old, int_cover]))
+    assert video_streams(container) == [film, old]
 
 
 def test_lost_mpeg_ts_packets_are_said_and_do_not_shift_the_times_after_them(tmp_path, small_folder, capsys):

@@ -117,11 +117,18 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
             state[key[len(PREFIX):]] = tensor = ckpt.read(key, dt, dev)
             # One NaN weight answered every prompt with an empty text, exit 0; so did fp32 weights
             # past 65504 read as float16 (inf).
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            if tensor.is_floating_point() and tensor.numel() and not _finite(tensor):
                 raise ModelLoadError(f"{weights}: weight {key} holds NaN or infinite values"
                                      + (f" once read as {str(dt).removeprefix('torch.')}"
                                         if ckpt.dtype_name(key) != "F16" and dt == torch.float16 else ""))
     return _assemble(config, state, tokenizer, folder, str(spec))
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    """No NaN or inf in it: its least and greatest values carry either (a tenth of the time of
+    isfinite over every value: ~9 s on Moondream 2's 1.9 B)."""
+    least, greatest = torch.aminmax(tensor)
+    return bool(torch.isfinite(least) and torch.isfinite(greatest))
 
 
 def check_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
