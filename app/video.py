@@ -11,7 +11,7 @@ from pathlib import Path
 
 from app.cli import LOCATE_BATCH, UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.launcher import stop_requested
-from app.outputs import FORMATS, check_writable, folder_arg, parse_formats, plan_outputs
+from app.outputs import FORMATS, check_not_inputs, check_writable, folder_arg, parse_formats, plan_outputs
 from app.prompt_args import check_constraints, prompt_tasks
 
 
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.batch import MAX_FPS, BatchSummary, Sampling, caption_file, merge
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
     from pipelines.prompts import prompt_key, prompt_label
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames
+    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames, source_key
     from pipelines.sources import FileSource, SourceError, file_name
 
     if args.fps is not None and not 0 < args.fps <= MAX_FPS or args.every_n is not None and args.every_n < 1:
@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         check_writable([snapshots], [])
     ann_file = Path(args.annotate) if args.annotate and not ann_dir else None
     plans = plan_outputs(paths, out_dir, formats, ann_dir, ann_file, (out, kind) if kind in ("srt", "vtt") else None)
+    if out is not None and kind == "jsonl":  # a link named .jsonl to a video had been cut and appended to
+        check_not_inputs([out], [p for p, _, _ in paths])
     check_writable([d for d in (out_dir, ann_dir) if d], [p for p in (out, ann_file) if p])
     if locate:  # places, through the region head: a path of its own (app/video_locate.py)
         from app import video_locate
@@ -168,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
             if plan.jsonl:
                 plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
                 file_done = done_frames(plan.jsonl, one_prompt, warn) if args.resume else {}
+                # The file's own JSONL: its answers are this video's, whatever path they name (one
+                # relative to where the first run ran, resumed from elsewhere, was asked again).
+                here = source_key(src.source_id)
+                file_done = {(here, *k[1:]): r for k, r in file_done.items()}
                 sinks.append(jsonl_sink(JsonlSink(plan.jsonl, append=args.resume)))
             for sub_path, fmt in plan.subtitles:
                 sub_path.parent.mkdir(parents=True, exist_ok=True)

@@ -155,12 +155,13 @@ def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None,
     MP4). Lines without a prompt (written before lines named theirs) count as `default_prompt`'s.
     What follows the last newline is what an interruption cut short, whole-looking or not:
     JsonlSink drops it, so its frame is asked again (counted done, a whole last line without its
-    newline was lost). Other lines that are no answer are skipped, and `warn` says how many."""
+    newline was lost). Other lines that are no answer are skipped, and `warn` says how many. A
+    JSONL of the answers that changed (`--changes`) is a VlmstreamError: it holds no frame's in between."""
     done: dict[tuple, FrameResult] = {}
     p = Path(path)
     if not p.exists():
         return done
-    bad, where = 0, {}
+    bad, where, changes = 0, {}, False
     beside = os.path.dirname(os.path.abspath(p))
 
     def key(r: FrameResult) -> tuple:
@@ -179,13 +180,20 @@ def done_frames(path: str | Path, default_prompt: dict[str, str] | None = None,
         if not raw.strip():
             continue
         try:  # a byte cut mid-character is a UnicodeDecodeError (a ValueError); an index of 1e999 an OverflowError
-            r = FrameResult.from_json(raw.decode("utf-8"))
+            text = raw.decode("utf-8")
+            r = FrameResult.from_json(text)
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             bad += 1
             continue
         if not r.prompt and default_prompt:
             r.prompt = prompt_of(default_prompt)  # the task may carry a constraint: not a field
+        changes = changes or '"since"' in text and {"previous", "since"} <= json.loads(text).keys()
         done[key(r)] = r
+    if changes:  # its frames in between are not there: all would be asked again, and appended out of order
+        from engine.errors import VlmstreamError
+
+        raise VlmstreamError(f"{p} holds the answers that changed (written with --changes), not every frame's: "
+                             "--resume cannot continue it; write to another file")
     if bad and warn is not None:
         warn(f"{p}: {bad} line(s) that are not answers skipped")
     return done

@@ -821,3 +821,29 @@ def test_images_are_named_as_typed(capsys, tmp_path, small_folder, monkeypatch):
     assert main(["image", "./-dash.png", "b.png", "./b.png", "--model", str(small_folder), "--max-tokens", "2",
                  "--json"]) == 0
     assert [json.loads(x)["image"] for x in capsys.readouterr().out.splitlines()] == ["./-dash.png", "b.png"]
+
+
+def test_video_resume_keeps_the_video_and_its_own_answers(capsys, tmp_path, small_folder, monkeypatch):
+    """-o naming the input (a link named .jsonl): the video was cut back and appended to; a folder
+    run resumed from another working folder asked every frame again and wrote it twice; a --changes
+    log resumed without --changes got every frame appended after its changes."""
+    clip = tmp_path / "in" / "a.mp4"
+    clip.parent.mkdir()
+    shutil.copy(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4", clip)
+    size = clip.stat().st_size
+    model = ["--every-n", "120", "--max-tokens", "2", "--model", str(small_folder)]
+    (tmp_path / "link.jsonl").symlink_to(clip)
+    for resume in ([], ["--resume"]):
+        assert main(["video", str(clip), "-o", str(tmp_path / "link.jsonl"), *resume, *model]) == 2
+        assert "would overwrite the source" in capsys.readouterr().err and clip.stat().st_size == size
+    monkeypatch.chdir(tmp_path)
+    assert main(["video", "in", "-o", "outF/", *model]) == 0
+    lines = (tmp_path / "outF" / "a.jsonl").read_text().splitlines()
+    monkeypatch.chdir(tmp_path / "in")
+    assert main(["video", str(tmp_path / "in"), "-o", str(tmp_path / "outF") + "/", "--resume", *model]) == 0
+    assert (tmp_path / "outF" / "a.jsonl").read_text().splitlines() == lines
+    assert f"0 frames captioned, {len(lines)} skipped (resume)" in capsys.readouterr().err
+    assert main(["video", str(clip), "--changes", "-o", str(tmp_path / "c.jsonl"), *model]) == 0
+    changes = (tmp_path / "c.jsonl").read_text()
+    assert main(["video", str(clip), "--resume", "-o", str(tmp_path / "c.jsonl"), *model]) == 2
+    assert "written with --changes" in capsys.readouterr().err and (tmp_path / "c.jsonl").read_text() == changes
