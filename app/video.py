@@ -153,6 +153,19 @@ def run(args: argparse.Namespace) -> int:
                         pts, was = c.since_pts, "" if c.previous is None else f"  (was: {c.previous})"
                     print(f"{prefix}{pts:9.3f}  {asked}{text}{was}", flush=True)
 
+        swaps: list[tuple[Path, Path]] = []  # (a rebuilt output, the file it replaces once it holds as much)
+        finished, broken, had = False, False, 0
+
+        def rebuilt(target: Path) -> Path:
+            """Where a --resume run rebuilds an output that exists: beside it, until it holds at
+            least the frames it had. Rebuilt in place, a resumed run stopped early had cut complete
+            subtitles and annotated videos back to its first frames (an MP4 to nothing)."""
+            if not (args.resume and target.exists()):
+                return target
+            part = target.with_name(f".{target.stem}.resume-{os.getpid()}{target.suffix}")
+            swaps.append((part, target))
+            return part
+
         try:
             file_done = done
             # Its first frame before any output of its own: a file with none (cut off after its
@@ -175,14 +188,17 @@ def run(args: argparse.Namespace) -> int:
                 here = source_key(src.source_id)
                 file_done = {(here, *k[1:]): r for k, r in file_done.items()}
                 sinks.append(jsonl_sink(JsonlSink(plan.jsonl, append=args.resume)))
+            here = source_key(src.source_id)
+            had = len({k[1] for k in file_done if k[0] == here})  # frames the outputs had (--resume)
             for sub_path, fmt in plan.subtitles:
                 sub_path.parent.mkdir(parents=True, exist_ok=True)
-                sinks.append(SubtitleSink(sub_path, fmt, sampling.period(src.fps)))
+                sinks.append(SubtitleSink(rebuilt(sub_path), fmt, sampling.period(src.fps)))
             if plan.annotate:
                 plan.annotate.parent.mkdir(parents=True, exist_ok=True)
-                sinks.append(AnnotatedVideoSink(plan.annotate, first.rgb.shape[1], first.rgb.shape[0]))
+                sinks.append(AnnotatedVideoSink(rebuilt(plan.annotate), first.rgb.shape[1], first.rgb.shape[0]))
             caption_file(engine, src, sinks, tasks, params, sampling, file_done, on_frame=show, summary=summary,
                          stop=stop)
+            finished = True
         except KeyboardInterrupt:  # stopped by the flag: the summary still counts what was written
             stop.set()
         except BrokenPipeError:  # -o - piped into a reader that has had enough (`head`): stop quietly
@@ -190,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
             stop.set()
         except OSError as e:  # an output cannot be written (disk full, permissions): this file fails
             write_failed.set()
+            broken = True
             summary.errors.append(f"{path}: cannot write its results: {e}")
         finally:
             if bar is not None:
@@ -207,9 +224,17 @@ def run(args: argparse.Namespace) -> int:
                         sink.close(src.end)
                     except OSError as e:  # named: the others (on another disk, say) are whole
                         write_failed.set()
+                        broken = True
                         said = f"{path}: cannot write {getattr(sink, 'path', None) or 'its results'}: {e.strerror or e}"
                         if said not in summary.errors:
                             summary.errors.append(said)
+            # Stopped past the frames it had: the rebuilt output holds them all, and more.
+            whole = not broken and (finished or summary.frames_captioned + summary.frames_skipped >= had)
+            for part, target in swaps:
+                if whole and part.exists():
+                    os.replace(part, target)
+                else:
+                    part.unlink(missing_ok=True)
             src.close()
         return summary
 

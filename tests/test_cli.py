@@ -847,3 +847,43 @@ def test_video_resume_keeps_the_video_and_its_own_answers(capsys, tmp_path, smal
     changes = (tmp_path / "c.jsonl").read_text()
     assert main(["video", str(clip), "--resume", "-o", str(tmp_path / "c.jsonl"), *model]) == 2
     assert "written with --changes" in capsys.readouterr().err and (tmp_path / "c.jsonl").read_text() == changes
+
+
+def test_a_resumed_run_stopped_early_leaves_the_outputs_it_had(capsys, tmp_path, small_folder, monkeypatch):
+    """Subtitles and annotated videos are rebuilt on --resume: rebuilt in place, a resumed run
+    stopped at its first frames cut complete ones back to those frames (an MP4 to nothing)."""
+    import av
+
+    import pipelines.batch
+
+    clip = tmp_path / "a.mp4"
+    shutil.copy(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4", clip)
+    args = ["video", str(clip), "-o", f"{tmp_path}/out/", "--format", "jsonl,srt", "--annotate", f"{tmp_path}/ann/",
+            "--every-n", "60", "--max-tokens", "2", "--model", str(small_folder)]
+    assert main(args) == 0
+    srt = (tmp_path / "out" / "a.srt").read_text()
+
+    def frames(path):
+        with av.open(str(path)) as c:
+            return sum(1 for _ in c.decode(video=0))
+
+    shown = frames(tmp_path / "ann" / "a.mp4")
+    caption_file = pipelines.batch.caption_file
+
+    def stopped_early(engine, source, sinks, *a, **k):
+        for sink in sinks:  # every frame is done: replayed into the outputs, then a stop (as Ctrl-C's flag)
+            def write_frame(results, rgb=None, write=sink.write_frame):
+                write(results, rgb)
+                raise KeyboardInterrupt
+            sink.write_frame = write_frame
+        return caption_file(engine, source, sinks, *a, **k)
+
+    monkeypatch.setattr(pipelines.batch, "caption_file", stopped_early)
+    main([*args, "--resume"])
+    assert (tmp_path / "out" / "a.srt").read_text() == srt and frames(tmp_path / "ann" / "a.mp4") == shown
+    assert sorted(p.name for p in (tmp_path / "ann").iterdir()) == ["a.mp4"]  # nothing left beside it
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.jsonl", "a.srt"]
+    monkeypatch.setattr(pipelines.batch, "caption_file", caption_file)
+    (tmp_path / "out" / "a.srt").write_text("")  # and a resumed run that finishes rebuilds them
+    assert main([*args, "--resume"]) == 0
+    assert (tmp_path / "out" / "a.srt").read_text() == srt and frames(tmp_path / "ann" / "a.mp4") == shown
