@@ -334,7 +334,7 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
             found += [(str(v), v.relative_to(p)) for v in videos]
         else:
             found.append((name, None))
-    paths, seen, skipped = [], set(), []
+    paths, seen, skipped, copies = [], set(), [], 0
     for p, rel in found:
         key = resolved(Path(p))
         if key in seen:
@@ -342,12 +342,20 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
         seen.add(key)
         try:
             with FileSource(p) as src:
+                if rel is not None and src.annotated:  # an earlier run's, annotated into a folder in here
+                    copies += 1
+                    continue
                 paths.append((p, src.frame_count, rel or Path(file_name(p))))
         except SourceError as e:
             if rel is None:
                 raise
             skipped.append(p)
             print(f"vlmstream: warning: skipped: {e}", file=sys.stderr)
+    said = f"{copies} annotated cop{'y' if copies == 1 else 'ies'} that vlmstream wrote"
+    if not paths and copies and not skipped:
+        raise UsageError(f"the videos found are {said}: name one to caption it")
+    if copies:
+        print(f"vlmstream: note: {said} left out (name one to caption it)", file=sys.stderr)
     if not paths:
         raise UsageError(f"none of the {len(found)} video files found can be read")
     return paths, skipped

@@ -87,6 +87,13 @@ class FileSource:
         if threads:
             self._stream.thread_type = "AUTO"  # frame + slice threads: batch work wants throughput
 
+    @property
+    def annotated(self) -> bool:
+        """Whether this is an annotated copy that vlmstream wrote (`sinks.ANNOTATED_COMMENT`)."""
+        from .sinks import ANNOTATED_COMMENT
+
+        return self._container.metadata.get("comment") == ANNOTATED_COMMENT
+
     def _check_file(self) -> None:
         path = self.path
         if not path.exists():

@@ -887,3 +887,21 @@ def test_a_resumed_run_stopped_early_leaves_the_outputs_it_had(capsys, tmp_path,
     (tmp_path / "out" / "a.srt").write_text("")  # and a resumed run that finishes rebuilds them
     assert main([*args, "--resume"]) == 0
     assert (tmp_path / "out" / "a.srt").read_text() == srt and frames(tmp_path / "ann" / "a.mp4") == shown
+
+
+def test_annotated_copies_in_an_input_folder_are_not_inputs(capsys, tmp_path, small_folder):
+    """After `video in -o in/ --annotate in/ann/`, a run on `in` without that --annotate captioned
+    in/ann/clip.mp4 as a second video."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4", folder / "clip.mp4")
+    model = ["--every-n", "120", "--max-tokens", "2", "--model", str(small_folder)]
+    assert main(["video", str(folder), "-o", f"{folder}/", "--annotate", f"{folder}/ann/", *model]) == 0
+    assert (folder / "ann" / "clip.mp4").exists()
+    capsys.readouterr()
+    assert main(["video", str(folder), "-o", f"{folder}/", "--resume", *model]) == 0
+    err = capsys.readouterr().err
+    assert "1 annotated copy that vlmstream wrote left out" in err and not (folder / "ann" / "clip.jsonl").exists()
+    assert main(["video", str(folder / "ann"), "-o", f"{tmp_path}/x/", *model]) == 2  # only copies there
+    assert "the videos found are 1 annotated copy that vlmstream wrote: name one" in capsys.readouterr().err
+    assert main(["video", str(folder / "ann" / "clip.mp4"), "-o", f"{tmp_path}/x/", *model]) == 0  # named: captioned
