@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--batch must be >= 1")
     elif args.batch is not None:
         raise UsageError("--batch goes with --detect/--point (captions are batched by the engine)")
-    paths, skipped = _inputs(args.files, exclude=ann_dir)
+    paths, skipped, copies = _inputs(args.files, exclude=ann_dir)
     if len(paths) > 1 and kind in ("srt", "vtt"):
         raise UsageError(f"several files need a folder for their subtitles: -o FOLDER/ --format {kind}")
     if len(paths) > 1 and args.annotate and not ann_dir:
@@ -80,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if out is not None and kind == "jsonl":  # a link named .jsonl to a video had been cut and appended to
         check_not_inputs([out], [p for p, _, _ in paths])
     check_writable([d for d in (out_dir, ann_dir) if d], [p for p in (out, ann_file) if p])
+    if copies:  # once the run is sure to go (a mistake is its one line alone)
+        print(f"vlmstream: note: {_copies(copies)} left out (name one to caption it)", file=sys.stderr)
     if locate:  # places, through the region head: a path of its own (app/video_locate.py)
         from app import video_locate
 
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vlmstream: warning: {message}", file=sys.stderr)
 
     done = done_frames(out, one_prompt, warn) if args.resume and kind == "jsonl" else {}
+    _same_model(done, args.model, out)
     shared = None  # the one JSONL of every file: opened (afresh, without --resume) once the model is up
     stop, write_failed, pipe_closed = threading.Event(), threading.Event(), threading.Event()
     print_lock = threading.Lock()
@@ -183,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
             if plan.jsonl:
                 plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
                 file_done = done_frames(plan.jsonl, one_prompt, warn) if args.resume else {}
+                _same_model(file_done, args.model, plan.jsonl)
                 # The file's own JSONL: its answers are this video's, whatever path they name (one
                 # relative to where the first run ran, resumed from elsewhere, was asked again).
                 here = source_key(src.source_id)
@@ -301,7 +305,19 @@ def run(args: argparse.Namespace) -> int:
 CONCURRENT_FILES = 4  # files captioned side by side, sharing the engine
 
 
-def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[str, int | None, Path]], list[str]]:
+def _same_model(done: dict, model: str, jsonl: Path | None) -> None:
+    """A UsageError where a JSONL to resume holds another model's answers: resumed with another
+    --model, its answers had been mixed in silence (lines of one model, then of the other)."""
+    from engine.models.loader import model_id
+
+    theirs = {r.model for r in done.values() if r.model}
+    if theirs and theirs != {model_id(model)}:
+        raise UsageError(f"{jsonl} holds the answers of {', '.join(sorted(theirs))}, not of --model {model}: "
+                         "resume it with that model, or write to another file")
+
+
+def _inputs(names: list[str], exclude: Path | None = None
+            ) -> tuple[list[tuple[str, int | None, Path]], list[str], int]:
     """The files to caption, each with its announced frame count and its name relative to the
     folder it was found in (a named file: its own name), and the files skipped.
 
@@ -310,7 +326,8 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
     (SourceError); one found in a folder is skipped with a warning instead: one broken clip must
     not hold up a folder of good ones. A file named twice is a mistake (UsageError); one reached
     twice through folders is taken once. Videos in an output folder (`exclude`) inside an input
-    folder are an earlier run's annotated videos, not inputs."""
+    folder are an earlier run's annotated videos, not inputs; so are those vlmstream wrote
+    anywhere in an input folder (counted: the third value)."""
     from pipelines.sources import FileSource, SourceError, file_name, video_files
 
     if len(set(names)) != len(names):
@@ -351,14 +368,15 @@ def _inputs(names: list[str], exclude: Path | None = None) -> tuple[list[tuple[s
                 raise
             skipped.append(p)
             print(f"vlmstream: warning: skipped: {e}", file=sys.stderr)
-    said = f"{copies} annotated cop{'y' if copies == 1 else 'ies'} that vlmstream wrote"
     if not paths and copies and not skipped:
-        raise UsageError(f"the videos found are {said}: name one to caption it")
-    if copies:
-        print(f"vlmstream: note: {said} left out (name one to caption it)", file=sys.stderr)
+        raise UsageError(f"the videos found are {_copies(copies)}: name one to caption it")
     if not paths:
         raise UsageError(f"none of the {len(found)} video files found can be read")
-    return paths, skipped
+    return paths, skipped, copies
+
+
+def _copies(n: int) -> str:
+    return f"{n} annotated cop{'y' if n == 1 else 'ies'} that vlmstream wrote"
 
 
 def resolved(path: Path) -> Path:

@@ -138,7 +138,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
                     raise EngineClosedError(f"{source.name}: frame {frame.index} was {out.finish_reason} "
                                             "(the engine was closed or failed)")
                 item = FrameResult(frame.source_id, frame.index, round(frame.pts, 6), out.text, out.token_ids,
-                                   out.finish_reason, out.timings_ms, prompt_of(t))
+                                   out.finish_reason, out.timings_ms, prompt_of(t), model)
                 new.append(item)
             results.append(item)
         for sink in sinks:
@@ -185,6 +185,10 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         pixels_wanted = not done or cuts is not None or any(getattr(sink, "needs_rgb", False) for sink in sinks)
 
         key = source_key(source.source_id)  # as done_frames keys its answers
+        from engine.models.loader import model_id
+
+        loaded = getattr(engine, "loaded", None)
+        model = model_id(loaded.name) if loaded is not None else None  # in each line: --resume checks it
 
         def need_rgb(index: int) -> bool:  # a frame whose every answer is recorded is only replayed
             return pixels_wanted or any((key, index, prompt_key(t)) not in done for t in tasks)

@@ -44,11 +44,14 @@ class FrameResult:
     finish_reason: str
     timings_ms: dict[str, float]
     prompt: dict[str, str] = field(default_factory=dict)
+    model: str | None = None  # the model that answered (`engine.models.loader.model_id`): --resume checks it
 
     def to_dict(self) -> dict:
         """The JSON line's fields: the prompt's key and value among them."""
         d = asdict(self)
         prompt = d.pop("prompt")
+        if d["model"] is None:
+            del d["model"]
         return {**d, **prompt}
 
     def to_json(self) -> str:
@@ -61,7 +64,8 @@ class FrameResult:
         return cls(str(obj["source"]), int(obj["index"]), float(obj["pts"]), str(obj["text"]),
                    [int(t) for t in obj.get("token_ids", [])], str(obj.get("finish_reason", "stop")),
                    {str(k): float(v) for k, v in obj.get("timings_ms", {}).items()},
-                   {k: str(obj[k]) for k in PROMPT_KEYS if k in obj})
+                   {k: str(obj[k]) for k in PROMPT_KEYS if k in obj},
+                   obj["model"] if isinstance(obj.get("model"), str) else None)
 
     def key(self) -> tuple:
         """What --resume finds this answer by (`done_frames`)."""

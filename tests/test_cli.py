@@ -905,3 +905,27 @@ def test_annotated_copies_in_an_input_folder_are_not_inputs(capsys, tmp_path, sm
     assert main(["video", str(folder / "ann"), "-o", f"{tmp_path}/x/", *model]) == 2  # only copies there
     assert "the videos found are 1 annotated copy that vlmstream wrote: name one" in capsys.readouterr().err
     assert main(["video", str(folder / "ann" / "clip.mp4"), "-o", f"{tmp_path}/x/", *model]) == 0  # named: captioned
+
+
+def test_resume_with_another_model_is_refused(capsys, tmp_path, small_folder):
+    """Resumed with another --model, a JSONL held one model's answers, then the other's, in silence."""
+    clip = tmp_path / "a.mp4"
+    shutil.copy(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4", clip)
+    common = ["--every-n", "120", "--max-tokens", "2"]
+    for out in (str(tmp_path / "one.jsonl"), f"{tmp_path}/folder/"):
+        assert main(["video", str(clip), "-o", out, *common, "--model", str(small_folder)]) == 0
+        written = tmp_path / "one.jsonl" if out.endswith(".jsonl") else tmp_path / "folder" / "a.jsonl"
+        rows = [json.loads(x) for x in written.read_text().splitlines()]
+        assert {r["model"] for r in rows} == {os.path.realpath(small_folder)}
+        before = written.read_text()
+        assert main(["video", str(clip), "-o", out, "--resume", *common]) == 2  # the tiny model
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err == (f"vlmstream: error: {written} holds the answers of {os.path.realpath(small_folder)}, not of "
+                       "--model tiny: resume it with that model, or write to another file"), err
+        assert written.read_text() == before
+        # the same model by another path to it
+        link = tmp_path / "link"
+        link.unlink(missing_ok=True)
+        link.symlink_to(small_folder)
+        assert main(["video", str(clip), "-o", out, "--resume", *common, "--model", str(link)]) == 0
+        assert written.read_text() == before

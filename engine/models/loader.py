@@ -15,6 +15,7 @@ directly on the target device, for benchmarks of a full-size model where no chec
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,15 @@ def check_header(ckpt: Checkpoint, config: ModelConfig) -> None:
 
 
 RANDOM_PREFIX = "random:"
+
+
+def model_id(spec: str | Path) -> str:
+    """A model named as two runs can compare it: "tiny", "random:LAYOUT", or its folder's real
+    path (./m and m, or a link to it, are one model)."""
+    spec = str(spec)
+    if spec == "tiny" or spec.startswith(RANDOM_PREFIX):
+        return spec
+    return os.path.realpath(os.path.expanduser(spec))
 
 
 def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
