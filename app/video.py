@@ -262,9 +262,17 @@ def run(args: argparse.Namespace) -> int:
                         raise KeyboardInterrupt
                 summaries += [f.result() for f in futures]
             except KeyboardInterrupt:  # Ctrl-C: the workers stop at their next frame
-                interrupted = True
+                interrupted, first = True, time.perf_counter()
                 stop.set()
-                summaries += [f.result() for f in futures if not f.cancelled()]
+                while True:
+                    try:
+                        summaries += [f.result() for f in futures if not f.cancelled()]
+                        break
+                    except KeyboardInterrupt:
+                        # The same stop twice (GNU timeout signals the command and its group): the
+                        # summary was lost to it. A second Ctrl-C later than that is a hurry: it goes.
+                        if time.perf_counter() - first > DOUBLE_SIGNAL_S:
+                            raise
         wall_s = time.perf_counter() - t0
     if overall is not None:
         overall.close()
@@ -303,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 CONCURRENT_FILES = 4  # files captioned side by side, sharing the engine
+DOUBLE_SIGNAL_S = 1.0  # a second interrupt this soon after the first is the same one
 
 
 def _same_model(done: dict, model: str, jsonl: Path | None) -> None:

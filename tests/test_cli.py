@@ -929,3 +929,31 @@ def test_resume_with_another_model_is_refused(capsys, tmp_path, small_folder):
         link.symlink_to(small_folder)
         assert main(["video", str(clip), "-o", out, "--resume", *common, "--model", str(link)]) == 0
         assert written.read_text() == before
+
+
+def test_an_interrupt_that_comes_twice_at_once_still_gives_the_summary(capsys, tmp_path, small_folder, monkeypatch):
+    """GNU timeout -s INT signals the command and its process group: the second KeyboardInterrupt
+    came while the files' results were being collected, and the run's summary was lost."""
+    import concurrent.futures
+
+    waits, results = [0], [0]
+    wait, result = concurrent.futures.wait, concurrent.futures.Future.result
+
+    def interrupted_wait(*a, **k):
+        waits[0] += 1
+        if waits[0] == 2:
+            raise KeyboardInterrupt
+        return wait(*a, **k)
+
+    def interrupted_again(self, *a, **k):
+        results[0] += 1
+        if results[0] == 1:
+            raise KeyboardInterrupt
+        return result(self, *a, **k)
+
+    monkeypatch.setattr(concurrent.futures, "wait", interrupted_wait)
+    monkeypatch.setattr(concurrent.futures.Future, "result", interrupted_again)
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    assert main(["video", str(clip), "--every-n", "30", "--max-tokens", "2", "--model", str(small_folder),
+                 "-o", str(tmp_path / "o.jsonl")]) == 130
+    assert "(interrupted)" in capsys.readouterr().err.strip().splitlines()[-1]
