@@ -148,3 +148,43 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     except (OSError, ValueError):
         return None
     return st.st_dev, st.st_ino
+
+
+class Rebuilds:
+    """The outputs a `--resume` run rebuilds from the start (subtitles, annotated MP4s): each that
+    exists is written beside itself (a fixed hidden name, so that one a killed run left is
+    written over) and replaces it only when `finish` says the new one is whole. Rebuilt in place,
+    a resumed run stopped early cut complete ones back to its first frames (an MP4 to nothing).
+    A link is written through (the file it names is replaced, its mode kept)."""
+
+    def __init__(self, resume: bool):
+        self.resume = resume
+        self._swaps: list[tuple[Path, Path]] = []
+
+    def path(self, target: Path) -> Path:
+        """Where to write `target` now."""
+        if not (self.resume and target.exists()):
+            return target
+        import hashlib
+        import shutil
+
+        real = Path(os.path.realpath(target))
+        tag = hashlib.sha1(os.fsencode(real.name)).hexdigest()[:12]
+        part = real.with_name(f".vlmstream-resume-{tag}{real.suffix}")
+        try:
+            part.touch()
+            shutil.copymode(real, part)
+        except OSError:  # a folder this run may not add a file to: rebuilt in place, as before
+            part.unlink(missing_ok=True)
+            return target
+        self._swaps.append((part, real))
+        return part
+
+    def finish(self, whole: bool) -> None:
+        """Put each rebuilt output in its place if `whole`, else drop it (the old one stays)."""
+        swaps, self._swaps = self._swaps, []
+        for part, real in swaps:
+            if whole and part.exists():
+                os.replace(part, real)
+            else:
+                part.unlink(missing_ok=True)

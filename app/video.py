@@ -11,7 +11,8 @@ from pathlib import Path
 
 from app.cli import LOCATE_BATCH, UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.launcher import stop_requested
-from app.outputs import FORMATS, check_not_inputs, check_writable, folder_arg, parse_formats, plan_outputs
+from app.outputs import (FORMATS, Rebuilds, check_not_inputs, check_writable, folder_arg, parse_formats,
+                         plan_outputs)
 from app.prompt_args import check_constraints, prompt_tasks
 
 
@@ -95,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
 
     done = done_frames(out, one_prompt, warn) if args.resume and kind == "jsonl" else {}
     _same_model(done, args.model, out)
+    # Each video's own JSONL, read and checked before anything runs: a folder's files had been
+    # checked each in its turn, and those before a refused one written with the other model.
+    resumed = {path: done_frames(plan.jsonl, one_prompt, warn) for path, plan in plans.items()
+               if args.resume and plan.jsonl}
+    for path, file_done in resumed.items():
+        _same_model(file_done, args.model, plans[path].jsonl)
     shared = None  # the one JSONL of every file: opened (afresh, without --resume) once the model is up
     stop, write_failed, pipe_closed = threading.Event(), threading.Event(), threading.Event()
     print_lock = threading.Lock()
@@ -139,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
             trackers.append(changed)
 
         def show(r) -> None:
-            nonlocal shown
+            nonlocal shown, written_last
+            written_last = max(written_last, r.index)  # every answer, replayed or new, once written
             with print_lock:
                 # `is None`, not truth: a bar without a total (the container gives no frame count)
                 # has no truth value in tqdm, and asking raised TypeError
@@ -156,18 +164,8 @@ def run(args: argparse.Namespace) -> int:
                         pts, was = c.since_pts, "" if c.previous is None else f"  (was: {c.previous})"
                     print(f"{prefix}{pts:9.3f}  {asked}{text}{was}", flush=True)
 
-        swaps: list[tuple[Path, Path]] = []  # (a rebuilt output, the file it replaces once it holds as much)
-        finished, broken, had = False, False, 0
-
-        def rebuilt(target: Path) -> Path:
-            """Where a --resume run rebuilds an output that exists: beside it, until it holds at
-            least the frames it had. Rebuilt in place, a resumed run stopped early had cut complete
-            subtitles and annotated videos back to its first frames (an MP4 to nothing)."""
-            if not (args.resume and target.exists()):
-                return target
-            part = target.with_name(f".{target.stem}.resume-{os.getpid()}{target.suffix}")
-            swaps.append((part, target))
-            return part
+        rebuilt = Rebuilds(args.resume)  # replaced once the new ones hold as far as the old
+        finished, broken, had_last, written_last = False, False, -1, -1
 
         try:
             file_done = done
@@ -185,21 +183,20 @@ def run(args: argparse.Namespace) -> int:
             src = FileSource(path, reading=reading)
             if plan.jsonl:
                 plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
-                file_done = done_frames(plan.jsonl, one_prompt, warn) if args.resume else {}
-                _same_model(file_done, args.model, plan.jsonl)
+                file_done = resumed.pop(path, {})
                 # The file's own JSONL: its answers are this video's, whatever path they name (one
                 # relative to where the first run ran, resumed from elsewhere, was asked again).
                 here = source_key(src.source_id)
                 file_done = {(here, *k[1:]): r for k, r in file_done.items()}
                 sinks.append(jsonl_sink(JsonlSink(plan.jsonl, append=args.resume)))
             here = source_key(src.source_id)
-            had = len({k[1] for k in file_done if k[0] == here})  # frames the outputs had (--resume)
+            had_last = max((k[1] for k in file_done if k[0] == here), default=-1)  # the outputs' last frame
             for sub_path, fmt in plan.subtitles:
                 sub_path.parent.mkdir(parents=True, exist_ok=True)
-                sinks.append(SubtitleSink(rebuilt(sub_path), fmt, sampling.period(src.fps)))
+                sinks.append(SubtitleSink(rebuilt.path(sub_path), fmt, sampling.period(src.fps)))
             if plan.annotate:
                 plan.annotate.parent.mkdir(parents=True, exist_ok=True)
-                sinks.append(AnnotatedVideoSink(rebuilt(plan.annotate), first.rgb.shape[1], first.rgb.shape[0]))
+                sinks.append(AnnotatedVideoSink(rebuilt.path(plan.annotate), first.rgb.shape[1], first.rgb.shape[0]))
             caption_file(engine, src, sinks, tasks, params, sampling, file_done, on_frame=show, summary=summary,
                          stop=stop)
             finished = True
@@ -232,13 +229,12 @@ def run(args: argparse.Namespace) -> int:
                         said = f"{path}: cannot write {getattr(sink, 'path', None) or 'its results'}: {e.strerror or e}"
                         if said not in summary.errors:
                             summary.errors.append(said)
-            # Stopped past the frames it had: the rebuilt output holds them all, and more.
-            whole = not broken and (finished or summary.frames_captioned + summary.frames_skipped >= had)
-            for part, target in swaps:
-                if whole and part.exists():
-                    os.replace(part, target)
-                else:
-                    part.unlink(missing_ok=True)
+            # Stopped past the last frame they had: the rebuilt outputs go as far, and further.
+            try:
+                rebuilt.finish(not broken and (finished or written_last >= had_last))
+            except OSError as e:
+                write_failed.set()
+                summary.errors.append(f"{path}: cannot put its rebuilt outputs in place: {e.strerror or e}")
             src.close()
         return summary
 
@@ -370,6 +366,7 @@ def _inputs(names: list[str], exclude: Path | None = None
             with FileSource(p) as src:
                 if rel is not None and src.annotated:  # an earlier run's, annotated into a folder in here
                     copies += 1
+                    seen.discard(key)  # named as well, it is captioned
                     continue
                 paths.append((p, src.frame_count, rel or Path(file_name(p))))
         except SourceError as e:

@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from app.cli import reading_arg
+from app.cli import UsageError, reading_arg
+from app.outputs import Rebuilds
 
 
 def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int], dict]:
@@ -35,22 +36,37 @@ def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int]
     done: dict[tuple[str, int], dict] = {}
     if path is None or not path.exists():
         return done
+    changes = False
     # What follows the last newline was cut short (the sink drops it: done_frames says why).
     for raw in path.read_bytes().split(b"\n")[:-1]:
         try:
             r = json.loads(raw.decode("utf-8"))
             if r.get(task) == what and isinstance(r.get("pixels"), list):
                 done[(source_key(str(r["source"])), int(r["index"]))] = r
+                changes = changes or {"previous", "since"} <= r.keys()
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             continue
+    if changes:  # its frames in between are not there: all would be located again, and appended out of order
+        raise UsageError(f"{path} holds the counts that changed (written with --changes), not every frame's: "
+                         "--resume cannot continue it; write to another file")
     return done
+
+
+def _same_model(done: dict, model: str, jsonl: Path | None) -> None:
+    """A UsageError where a JSONL to resume holds another model's places (they had been mixed)."""
+    from engine.models.loader import model_id
+
+    theirs = {model_id(r["model"]) for r in done.values() if isinstance(r.get("model"), str)}
+    if theirs and theirs != {model_id(model)}:
+        raise UsageError(f"{jsonl} holds the places of {', '.join(sorted(theirs))}, not of --model {model}: "
+                         "resume it with that model, or write to another file")
 
 
 def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to_stdout: bool,
         sampling, skipped: list[str], task: str, what: str) -> int:
     from tqdm import tqdm
 
-    from engine.models.loader import load_model
+    from engine.models.loader import load_model, model_id
     from engine.region_decoder import RegionDecoder
     from pipelines.changes import AnswerChanges
     from pipelines.locator import count_change, draw, found_text, pixel_places, place_record, places_text
@@ -59,13 +75,18 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
 
     from app.cli import realtime_dtype
 
+    resume = bool(args.resume)
+    done = done_places(out, task, what) if resume else {}
+    _same_model(done, args.model, out)
+    resumed = {path: done_places(plan.jsonl, task, what) for path, plan in plans.items() if resume and plan.jsonl}
+    for path, file_done in resumed.items():  # all before the model loads: none written with the wrong one
+        _same_model(file_done, args.model, plans[path].jsonl)
+    model = model_id(args.model)
     t0 = time.perf_counter()
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     load_ms = round((time.perf_counter() - t0) * 1000.0, 1)
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
     key = "objects" if task == "detect" else "points"
-    resume = bool(args.resume)
-    done = done_places(out, task, what) if resume else {}
     jsonl_out = out if out is not None and out.suffix.lower() == ".jsonl" else None  # not -o OUT.srt
     made = jsonl_out is not None and not jsonl_out.exists()  # removed again if the run gives nothing
     shared = JsonlSink(sys.stdout) if to_stdout else (JsonlSink(out, append=resume) if jsonl_out else None)
@@ -96,20 +117,24 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
             own = None
             ann = None
             subs: list = []
+            rebuilt = Rebuilds(resume)  # replaced once the new ones hold as far as the old
+            finished = broken = False
+            written, had_last = [-1], -1  # the last frame index written; the last the outputs had
+            source = src.source_id
+            done_key = source_key(source)  # as done_places keys its lines
             try:
                 if plan.jsonl:
                     plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
-                    if resume:
-                        done.update(done_places(plan.jsonl, task, what))
+                    # its own JSONL: its lines are this video's, whatever path they name
+                    done.update({(done_key, k[1]): r for k, r in resumed.pop(path, {}).items()})
                     own = JsonlSink(plan.jsonl, append=resume)
+                had_last = max((k[1] for k in done if k[0] == done_key), default=-1)
                 lines = own or shared
                 for sub_path, fmt in plan.subtitles:
                     sub_path.parent.mkdir(parents=True, exist_ok=True)
-                    subs.append(SubtitleSink(sub_path, fmt, sampling.period(src.fps)))
+                    subs.append(SubtitleSink(rebuilt.path(sub_path), fmt, sampling.period(src.fps)))
                 bar = tqdm(total=count, desc=file_name(path), unit="frame", file=sys.stderr)
                 shown = 0
-                source = src.source_id
-                done_key = source_key(source)  # as done_places keys its lines
                 # a frame done before needs its pixels only to be drawn again
                 need_rgb = None if plan.annotate else (lambda i: (done_key, i) not in done)
                 pending: list = []  # frames waiting for their batch, in frame order
@@ -118,7 +143,8 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                     nonlocal ann
                     if ann is None:
                         plan.annotate.parent.mkdir(parents=True, exist_ok=True)
-                        ann = AnnotatedVideoSink(plan.annotate, frame.rgb.shape[1], frame.rgb.shape[0])
+                        h, w = frame.rgb.shape[:2]
+                        ann = AnnotatedVideoSink(rebuilt.path(plan.annotate), w, h)
                     ann.write_image(draw(frame.rgb, pixels, task), found_text(what, len(pixels)), info, frame.pts)
 
                 def locate_pending() -> None:
@@ -143,7 +169,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                                 first, first_pixels = kept or (frame, pixels)
                                 change["snapshot"] = str(save_snapshot(snapshots, source, first.index,
                                                                        draw(first.rgb, first_pixels, task)))
-                            lines.write_records([{**record, **(change or {}), "model": args.model, "load_ms": load_ms}])
+                            lines.write_records([{**record, **(change or {}), "model": model, "load_ms": load_ms}])
                         elif on_terminal:
                             prefix = f"{file_name(path)}  " if len(paths) > 1 else ""
                             was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"
@@ -151,6 +177,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                         if plan.annotate:
                             ms = result["timings_ms"].get("total", 0.0)
                             annotate(frame, pixels, f"#{frame.index} {frame.pts:.3f}s  {ms:.0f} ms")
+                        written[0] = frame.index
                     pending.clear()
 
                 for frame in src.frames(pick=sampling.picker(), need_rgb=need_rgb):
@@ -166,6 +193,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                             sub.write_text(frame.pts, found_text(what, len(prior["pixels"])))
                         if plan.annotate:
                             annotate(frame, prior["pixels"], f"#{frame.index} {frame.pts:.3f}s")
+                        written[0] = frame.index
                     bar.update(src.decoded - shown)
                     shown = src.decoded
                 locate_pending()
@@ -174,9 +202,19 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 if src.error:
                     errors.append(src.error)
                 incomplete += src.incomplete
+                finished = True
+            except OSError:
+                broken = True
+                raise
             finally:
                 src.close()
-                close_all((own, ann, *subs), src.end)
+                try:
+                    close_all((own, ann, *subs), src.end)
+                except OSError:
+                    broken = True
+                    raise
+                finally:  # stopped past the last frame they had: the rebuilt outputs go as far, and further
+                    rebuilt.finish(not broken and (finished or written[0] >= had_last))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was written stays whole
         interrupted = True
     except BrokenPipeError:  # -o - into a reader that has had enough

@@ -53,6 +53,7 @@ class FileSource:
         self.name = redact(text) if self.url else str(self.path)
         self.source_id = source_id or (self.name if self.url else text)
         self.error: str | None = None
+        self.end: float | None = None  # where the last frame of the last frames() stops showing
         self.incomplete = False  # the last frames() ended before the file's end (the error says why)
         self.decoded = 0  # frames decoded by the last frames() so far
         self.damaged = 0  # packets the decoder rejected in the last frames(), skipped

@@ -957,3 +957,75 @@ def test_an_interrupt_that_comes_twice_at_once_still_gives_the_summary(capsys, t
     assert main(["video", str(clip), "--every-n", "30", "--max-tokens", "2", "--model", str(small_folder),
                  "-o", str(tmp_path / "o.jsonl")]) == 130
     assert "(interrupted)" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_resume_rebuilds_replace_the_old_outputs_once_past_their_last_frame(capsys, tmp_path, small_folder,
+                                                                          monkeypatch):
+    """Stopped before the old outputs' last frame, a resumed run leaves them (whatever it wrote:
+    with a denser --every-n it had written more frames over less time, and replaced them);
+    stopped after it, its outputs replace them, links written through."""
+    import pipelines.batch
+
+    clip = tmp_path / "a.mp4"
+    shutil.copy(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4", clip)  # 480 frames
+    (tmp_path / "elsewhere").mkdir()
+    common = ["video", str(clip), "-o", f"{tmp_path}/out/", "--format", "jsonl,srt", "--max-tokens", "2",
+              "--model", str(small_folder)]
+    assert main([*common, "--every-n", "120"]) == 0  # frames 0, 120, 240, 360
+    srt = tmp_path / "out" / "a.srt"
+    shutil.move(srt, tmp_path / "elsewhere" / "a.srt")
+    srt.symlink_to(tmp_path / "elsewhere" / "a.srt")
+    before = srt.read_text()
+    caption_file = pipelines.batch.caption_file
+
+    def stopped_at(index):
+        def run(engine, source, sinks, *a, on_frame=None, **k):
+            def seen(r):
+                on_frame(r)
+                if r.index >= index:
+                    raise KeyboardInterrupt  # as the stop flag does
+            return caption_file(engine, source, sinks, *a, on_frame=seen, **k)
+        return run
+
+    real = tmp_path / "elsewhere" / "a.srt"
+    inode = real.stat().st_ino  # a file put in its place is another
+    monkeypatch.setattr(pipelines.batch, "caption_file", stopped_at(300))  # every 60: 0..300 of 0..420
+    main([*common, "--every-n", "60", "--resume"])
+    assert srt.read_text() == before and srt.is_symlink() and real.stat().st_ino == inode
+    monkeypatch.setattr(pipelines.batch, "caption_file", stopped_at(420))  # past 360: replaced
+    main([*common, "--every-n", "60", "--resume"])
+    assert srt.is_symlink() and real.stat().st_ino != inode and srt.read_text().startswith("1\n00:00:00,000 --> ")
+    assert not [p for p in (tmp_path / "elsewhere").iterdir() if p.name.startswith(".")]
+
+
+def test_a_folder_resumed_with_another_model_is_refused_before_anything_is_written(capsys, tmp_path, small_folder):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a.mp4", "b.mp4"):
+        shutil.copy(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4", folder / name)
+    common = ["video", str(folder), "-o", f"{tmp_path}/out/", "--every-n", "240", "--max-tokens", "2"]
+    assert main([*common, "--model", str(small_folder)]) == 0
+    (tmp_path / "out" / "b.jsonl").unlink()  # b's turn had not come
+    a = (tmp_path / "out" / "a.jsonl").read_text()
+    assert main([*common, "--resume"]) == 2  # the tiny model
+    assert "holds the answers of" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.jsonl"] and (tmp_path / "out" / "a.jsonl").read_text() == a
+
+
+def test_the_tiny_model_by_name_or_by_its_folder_is_one_model():
+    from engine.models.loader import TINY_DIR, model_id
+
+    assert model_id("tiny") == model_id(str(TINY_DIR)) == model_id(f"{TINY_DIR}/../tiny") == "tiny"
+
+
+def test_an_annotated_copy_named_beside_its_folder_is_captioned(capsys, tmp_path, small_folder):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4", folder / "clip.mp4")
+    model = ["--every-n", "240", "--max-tokens", "2", "--model", str(small_folder)]
+    assert main(["video", str(folder / "clip.mp4"), "--annotate", f"{folder}/ann/", "-o", f"{tmp_path}/o1/", *model]) == 0
+    assert main(["video", str(folder), str(folder / "ann" / "clip.mp4"), "-o", f"{tmp_path}/o2/", *model]) == 2
+    assert "would both write" in capsys.readouterr().err  # the two clip.jsonl: it is an input now
+    assert main(["video", str(folder), str(folder / "ann" / "clip.mp4"), "-o", str(tmp_path / "all.jsonl"), *model]) == 0
+    sources = {json.loads(x)["source"] for x in (tmp_path / "all.jsonl").read_text().splitlines()}
+    assert sources == {str(folder / "clip.mp4"), str(folder / "ann" / "clip.mp4")}

@@ -2,6 +2,7 @@
 plain re-reading of the whole sequence at every step, on a small random Moondream layout."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -509,3 +510,43 @@ def test_eval_tiny_scores_detect_and_point_against_the_scenes_truth(loaded, monk
     assert more["detect_precision"] < 1.0 and more["detect_count"] == more["point_count"] == 0.0
     off = scores["off"]
     assert off["detect_recall"] == off["point_recall"] == 0.0 and off["detect_count"] == 1.0
+
+
+def test_video_detect_resume_checks_its_model_and_log_and_keeps_what_it_had(capsys, small_folder, tmp_path,
+                                                                         monkeypatch):
+    """--detect's --resume took another model's places, continued a --changes log with every frame,
+    and a resumed run stopped early cut its subtitles and annotated video back."""
+    import av
+
+    import pipelines.sources
+
+    clip = _clip(tmp_path / "clip.mp4", 12, 10)
+    out, ann = tmp_path / "boxes.jsonl", tmp_path / "boxes.mp4"
+    model = ["--model", str(small_folder), "--dtype", "float32"]
+    detect = ["video", str(clip), "--detect", "red circle", "--every-n", "3"]
+    assert main([*detect, "-o", str(out), "--annotate", str(ann), *model]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {r["model"] for r in rows} == {os.path.realpath(small_folder)}
+    lines = out.read_text()
+    assert main([*detect, "-o", str(out), "--resume"]) == 2  # the tiny model
+    assert "holds the places of" in capsys.readouterr().err and out.read_text() == lines
+    assert main([*detect, "--changes", "-o", str(tmp_path / "c.jsonl"), *model]) == 0
+    assert main([*detect, "-o", str(tmp_path / "c.jsonl"), "--resume", *model]) == 2
+    assert "written with --changes" in capsys.readouterr().err
+
+    def frames(path):
+        with av.open(str(path)) as c:
+            return sum(1 for _ in c.decode(video=0))
+
+    shown = frames(ann)
+    real = pipelines.sources.FileSource.frames
+
+    def stopped(self, *a, **k):  # a stop after the first frame (Ctrl-C, SIGTERM)
+        for i, frame in enumerate(real(self, *a, **k)):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield frame
+
+    monkeypatch.setattr(pipelines.sources.FileSource, "frames", stopped)
+    assert main([*detect, "-o", str(out), "--annotate", str(ann), "--resume", *model]) == 130
+    assert frames(ann) == shown and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -112,7 +112,8 @@ def model_id(spec: str | Path) -> str:
     spec = str(spec)
     if spec == "tiny" or spec.startswith(RANDOM_PREFIX):
         return spec
-    return os.path.realpath(os.path.expanduser(spec))
+    real = os.path.realpath(os.path.expanduser(spec))
+    return "tiny" if real == os.path.realpath(TINY_DIR) else real
 
 
 def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
