@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
                        or any(isinstance(f.exception, SourceError) and f.session.frames_in for f in feeds))
             interrupted = close_feeds(feeds, cancel=interrupted) or interrupted
         never_read = [f for f in feeds if isinstance(f.exception, SourceError) and not f.session.frames_in]
-        if never_read and len(never_read) == len(feeds):
+        if never_read and len(never_read) == len(feeds) and not interrupted:  # Ctrl-C: the summary, 130
             raise never_read[0].exception  # nothing was ever read: a plain error
         some_came = any(f.session.frames_in for f in feeds)
         for feed, label, live in zip(feeds, labels, opened):

@@ -41,6 +41,9 @@ SAS_PARAMS = frozenset({"se", "st", "sp", "sv", "sr", "spr", "ss", "srt", "si", 
                         "sks", "skv", "sdd", "ses"})
 
 
+PIPE_PROBE = {"probesize": "32768", "analyzeduration": "500000"}  # what a pipe is probed for before its first frame
+
+
 def _decoded_anyway() -> None:
     """A packet the demuxer marked corrupt is decoded: `damaged_packets` counts those skipped, and
     every live HLS segment (or stream joined from files) restarts MPEG-TS's continuity counters."""
@@ -241,7 +244,9 @@ class StreamSource:
             if self.connection.stopped:  # the run ended while the program piped in had not begun
                 return None
             reader = PipeReader(0, self.read_timeout, lambda: self.connection.stopped)
-            return refuse_text(av.open(reader, mode="r", timeout=None), self.display)
+            # FFmpeg probes 5 MB or 5 s of a stream before its first frame: a camera's MJPEG came
+            # after 11 s, one that sent 2 s and paused never, and the backlog then came at once.
+            return refuse_text(av.open(reader, mode="r", timeout=None, options=PIPE_PROBE), self.display)
         # A try that would outlast the time the source has left ends with it: the last one ran
         # its whole open timeout past the limit (a server that never answers: said after 38 s of 30).
         left = None if started is None else self.connection.remaining(started)
@@ -267,6 +272,10 @@ class StreamSource:
                 if container is None:
                     return
             except (av.FFmpegError, OSError) as e:
+                # A pipe's reader says end-of-input once the run ends (Ctrl-C, --duration): no error of
+                # the pipe's (a network source's try says why it had not opened yet: retry, below).
+                if connection.stopped and self.url == "pipe:0":
+                    return
                 # A client error (404, 401, 403...) from a stream that never sent a frame is a wrong
                 # URL or password, not an outage: said at once, not after max_wait of retries (the
                 # live CLI's --duration often ended first, and the reason was never shown).
@@ -341,6 +350,8 @@ class StreamSource:
                     index += 1
                 ended = recording
             except (av.FFmpegError, OSError) as e:
+                if connection.stopped and self.url == "pipe:0":  # a read the run's end broke off
+                    return
                 broke = self._clean(e, self.read_timeout)
                 self.error = f"{self.display}: {broke}"
                 if not self.reconnect:  # standard input broken off: said, not taken for its end

@@ -949,3 +949,53 @@ def test_a_cameras_snapshot_url_is_polled_at_a_bounded_rate(tmp_path, small_fold
     rows = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert rows and all(0 <= r["pts"] <= 2.5 for r in rows), [r["pts"] for r in rows]
     assert [r["pts"] for r in rows] == sorted(r["pts"] for r in rows)
+
+
+@pytest.mark.parametrize("fmt", ["mjpeg", "h264"])
+def test_a_piped_stream_gives_its_first_frame_without_probing_for_seconds(fmt):
+    """FFmpeg probed 5 MB or 5 s of a pipe before its first frame: a camera's MJPEG came after
+    11 s (or at its end), raw H.264 after 3-5 s, and the backlog then at once."""
+    script = """if True:
+        import time
+        from pipelines.sources import StreamSource
+        source = StreamSource("-")
+        t0 = time.monotonic()
+        frames = source.frames()
+        next(frames)
+        print(time.monotonic() - t0, sum(1 for _ in frames))
+    """
+    codec = ["-c:v", "mjpeg"] if fmt == "mjpeg" else ["-c:v", "libx264", "-preset", "ultrafast", "-g", "10"]
+    sender = subprocess.Popen(["ffmpeg", "-loglevel", "error", "-re", "-f", "lavfi", "-i",
+                               "testsrc=size=320x240:rate=10", "-t", "8", *codec, "-f", fmt, "-"],
+                              stdout=subprocess.PIPE)
+    try:
+        run = subprocess.run([sys.executable, "-c", script], stdin=sender.stdout, capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                             cwd=Path(__file__).resolve().parents[1])
+    finally:
+        sender.stdout.close()
+        sender.wait(30)
+    first, rest = run.stdout.split()
+    assert float(first) < 3.0 and int(rest) >= 70, (run.stdout, run.stderr[-500:])
+
+
+def test_a_run_that_ends_while_a_pipe_is_being_opened_is_no_error_of_the_pipe(tmp_path, small_folder):
+    """The run's end makes the pipe's reader say end-of-input, and FFmpeg's open then failed: "cannot
+    read standard input: Input/output error", exit 2, where nothing had come within --duration."""
+    clip = tmp_path / "clip.mkv"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(Path(__file__).resolve().parents[1] / "sample_videos"
+                                                                / "cuts_640x360_30fps.mp4"), "-t", "2", "-c", "copy",
+                    str(clip)], check=True, timeout=60)
+    exe = Path(sys.executable).with_name("vlmstream")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
+    sender = subprocess.Popen(["sh", "-c", f"head -c 400 '{clip}'; sleep 60"], stdout=subprocess.PIPE)
+    try:  # a header, then a writer that stalls
+        run = subprocess.run(cmd + ["live", "-", "--duration", "3", "--model", str(small_folder), "--max-tokens", "2"],
+                             stdin=sender.stdout, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        sender.kill()
+        sender.stdout.close()
+        sender.wait(30)
+    assert run.returncode == 1 and run.stderr.strip().splitlines()[-1] == "vlmstream: error: no frames received within 3 s", \
+        run.stderr[-800:]
