@@ -838,6 +838,19 @@ def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
     assert live.connection.health()["state"] == "ended"
 
 
+def _python_reading(script: str, sender_cmd: list[str]) -> subprocess.CompletedProcess:
+    """`script` run by Python in the repository, its standard input what `sender_cmd` writes."""
+    sender = subprocess.Popen(sender_cmd, stdout=subprocess.PIPE)
+    try:
+        return subprocess.run([sys.executable, "-c", script], stdin=sender.stdout, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              cwd=Path(__file__).resolve().parents[1])
+    finally:
+        sender.kill()
+        sender.stdout.close()
+        sender.wait(30)
+
+
 def test_a_pipe_that_stalls_after_sending_frames_is_an_error_after_the_read_timeout():
     """A program piped into `live -` that hangs (its camera stopped) while keeping the pipe open:
     FFmpeg's read of the pipe blocked in read(2), out of reach of its timeouts, and the run waited
@@ -857,16 +870,8 @@ def test_a_pipe_that_stalls_after_sending_frames_is_an_error_after_the_read_time
             print(n, time.monotonic() - t0, fcntl.fcntl(0, fcntl.F_GETFL) & os.O_NONBLOCK, e)
     """
     # 8 s of video: more than FFmpeg probes when opening (5 s), so the stall comes while reading
-    sender = subprocess.Popen(["sh", "-c", f"ffmpeg -loglevel error -i '{clip}' -t 8 -c copy -f mpegts -; sleep 60"],
-                              stdout=subprocess.PIPE)
-    try:
-        run = subprocess.run([sys.executable, "-c", script], stdin=sender.stdout, capture_output=True, text=True,
-                             timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                             cwd=Path(__file__).resolve().parents[1])
-    finally:
-        sender.kill()
-        sender.stdout.close()
-        sender.wait(30)
+    run = _python_reading(script, ["sh", "-c",
+                                   f"ffmpeg -loglevel error -i '{clip}' -t 8 -c copy -f mpegts -; sleep 60"])
     frames, waited, flags, message = run.stdout.split(" ", 3)
     assert message.strip() == "cannot read standard input: nothing came for 1.5 s", run.stderr
     assert int(frames) >= 470 and float(waited) < 20 and flags == "0"
@@ -965,16 +970,8 @@ def test_a_piped_stream_gives_its_first_frame_without_probing_for_seconds(fmt):
         print(time.monotonic() - t0, sum(1 for _ in frames))
     """
     codec = ["-c:v", "mjpeg"] if fmt == "mjpeg" else ["-c:v", "libx264", "-preset", "ultrafast", "-g", "10"]
-    sender = subprocess.Popen(["ffmpeg", "-loglevel", "error", "-re", "-f", "lavfi", "-i",
-                               "testsrc=size=320x240:rate=10", "-t", "8", *codec, "-f", fmt, "-"],
-                              stdout=subprocess.PIPE)
-    try:
-        run = subprocess.run([sys.executable, "-c", script], stdin=sender.stdout, capture_output=True, text=True,
-                             timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                             cwd=Path(__file__).resolve().parents[1])
-    finally:
-        sender.stdout.close()
-        sender.wait(30)
+    run = _python_reading(script, ["ffmpeg", "-loglevel", "error", "-re", "-f", "lavfi", "-i",
+                                   "testsrc=size=320x240:rate=10", "-t", "8", *codec, "-f", fmt, "-"])
     first, rest = run.stdout.split()
     assert float(first) < 3.0 and int(rest) >= 70, (run.stdout, run.stderr[-500:])
 
@@ -997,5 +994,5 @@ def test_a_run_that_ends_while_a_pipe_is_being_opened_is_no_error_of_the_pipe(tm
         sender.kill()
         sender.stdout.close()
         sender.wait(30)
-    assert run.returncode == 1 and run.stderr.strip().splitlines()[-1] == "vlmstream: error: no frames received within 3 s", \
-        run.stderr[-800:]
+    said = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1 and said == "vlmstream: error: no frames received within 3 s", run.stderr[-800:]
