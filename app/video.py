@@ -181,15 +181,13 @@ def run(args: argparse.Namespace) -> int:
                 summary.incomplete += 1
                 return summary
             src = FileSource(path, reading=reading)
+            here = source_key(src.source_id)
             if plan.jsonl:
                 plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
-                file_done = resumed.pop(path, {})
                 # The file's own JSONL: its answers are this video's, whatever path they name (one
                 # relative to where the first run ran, resumed from elsewhere, was asked again).
-                here = source_key(src.source_id)
-                file_done = {(here, *k[1:]): r for k, r in file_done.items()}
+                file_done = {(here, *k[1:]): r for k, r in resumed.pop(path, {}).items()}
                 sinks.append(jsonl_sink(JsonlSink(plan.jsonl, append=args.resume)))
-            here = source_key(src.source_id)
             had_last = max((k[1] for k in file_done if k[0] == here), default=-1)  # the outputs' last frame
             for sub_path, fmt in plan.subtitles:
                 sub_path.parent.mkdir(parents=True, exist_ok=True)
