@@ -150,6 +150,18 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def check_resumed_model(models, model: str, jsonl: Path | None, what: str) -> None:
+    """A UsageError where a JSONL to resume holds the `what` (answers, places) of another model
+    than --model `model` (`models`: its lines' own; those without one are not asked): resumed
+    with another model, the two had been mixed in silence."""
+    from engine.models.loader import model_id
+
+    theirs = {model_id(m) for m in models if isinstance(m, str) and m}
+    if theirs and theirs != {model_id(model)}:
+        raise UsageError(f"{jsonl} holds the {what} of {', '.join(sorted(theirs))}, not of --model {model}: "
+                         "resume it with that model, or write to another file")
+
+
 class Rebuilds:
     """The outputs a `--resume` run rebuilds from the start (subtitles, annotated MP4s): each that
     exists is written beside itself (a fixed hidden name, so that one a killed run left is

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from app.cli import LOCATE_BATCH, UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.launcher import stop_requested
-from app.outputs import (FORMATS, Rebuilds, check_not_inputs, check_writable, folder_arg, parse_formats,
-                         plan_outputs)
+from app.outputs import (FORMATS, Rebuilds, check_not_inputs, check_resumed_model, check_writable, folder_arg,
+                         parse_formats, plan_outputs)
 from app.prompt_args import check_constraints, prompt_tasks
 
 
@@ -95,13 +95,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"vlmstream: warning: {message}", file=sys.stderr)
 
     done = done_frames(out, one_prompt, warn) if args.resume and kind == "jsonl" else {}
-    _same_model(done, args.model, out)
+    check_resumed_model((r.model for r in done.values()), args.model, out, "answers")
     # Each video's own JSONL, read and checked before anything runs: a folder's files had been
     # checked each in its turn, and those before a refused one written with the other model.
     resumed = {path: done_frames(plan.jsonl, one_prompt, warn) for path, plan in plans.items()
                if args.resume and plan.jsonl}
     for path, file_done in resumed.items():
-        _same_model(file_done, args.model, plans[path].jsonl)
+        check_resumed_model((r.model for r in file_done.values()), args.model, plans[path].jsonl, "answers")
     shared = None  # the one JSONL of every file: opened (afresh, without --resume) once the model is up
     stop, write_failed, pipe_closed = threading.Event(), threading.Event(), threading.Event()
     print_lock = threading.Lock()
@@ -306,17 +306,6 @@ def run(args: argparse.Namespace) -> int:
 
 CONCURRENT_FILES = 4  # files captioned side by side, sharing the engine
 DOUBLE_SIGNAL_S = 1.0  # a second interrupt this soon after the first is the same one
-
-
-def _same_model(done: dict, model: str, jsonl: Path | None) -> None:
-    """A UsageError where a JSONL to resume holds another model's answers: resumed with another
-    --model, its answers had been mixed in silence (lines of one model, then of the other)."""
-    from engine.models.loader import model_id
-
-    theirs = {r.model for r in done.values() if r.model}
-    if theirs and theirs != {model_id(model)}:
-        raise UsageError(f"{jsonl} holds the answers of {', '.join(sorted(theirs))}, not of --model {model}: "
-                         "resume it with that model, or write to another file")
 
 
 def _inputs(names: list[str], exclude: Path | None = None

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from app.cli import UsageError, reading_arg
-from app.outputs import Rebuilds
+from app.outputs import Rebuilds, check_resumed_model
 
 
 def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int], dict]:
@@ -52,16 +52,6 @@ def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int]
     return done
 
 
-def _same_model(done: dict, model: str, jsonl: Path | None) -> None:
-    """A UsageError where a JSONL to resume holds another model's places (they had been mixed)."""
-    from engine.models.loader import model_id
-
-    theirs = {model_id(r["model"]) for r in done.values() if isinstance(r.get("model"), str)}
-    if theirs and theirs != {model_id(model)}:
-        raise UsageError(f"{jsonl} holds the places of {', '.join(sorted(theirs))}, not of --model {model}: "
-                         "resume it with that model, or write to another file")
-
-
 def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to_stdout: bool,
         sampling, skipped: list[str], task: str, what: str) -> int:
     from tqdm import tqdm
@@ -77,10 +67,10 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
 
     resume = bool(args.resume)
     done = done_places(out, task, what) if resume else {}
-    _same_model(done, args.model, out)
+    check_resumed_model((r.get("model") for r in done.values()), args.model, out, "places")
     resumed = {path: done_places(plan.jsonl, task, what) for path, plan in plans.items() if resume and plan.jsonl}
     for path, file_done in resumed.items():  # all before the model loads: none written with the wrong one
-        _same_model(file_done, args.model, plans[path].jsonl)
+        check_resumed_model((r.get("model") for r in file_done.values()), args.model, plans[path].jsonl, "places")
     model = model_id(args.model)
     t0 = time.perf_counter()
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))

@@ -98,8 +98,8 @@ def decoded(container, stream, on_damage: Callable[[], None],
     data: a bad sector, a lost datagram, a stream joined between keyframes), as FFmpeg's own tools
     do. `container.decode` ended at the first: a file with 20 KB damaged in its middle gave 180 of
     its 329 decodable frames. A packet the demuxer marks corrupt (an MPEG-TS packet after lost
-    ones: 6 frames went missing without a word) is decoded and said to `on_corrupt` (default
-    `on_damage`). `retime(packet)` may move a packet's times before it is decoded
+    ones: 6 frames went missing without a word) is decoded, and said to `on_corrupt` if given.
+    `retime(packet)` may move a packet's times before it is decoded
     (`timestamps.Continuous`). Interlaced frames come whole (`Deinterlacer`), unless `reading`
     says to leave them woven."""
     import av
@@ -121,8 +121,8 @@ def decoded(container, stream, on_damage: Callable[[], None],
         except av.InvalidDataError:
             on_damage()
             continue
-        if packet.is_corrupt:  # the demuxer saw data lost (MPEG-TS continuity): decoded, and said
-            (on_corrupt or on_damage)()
+        if packet.is_corrupt and on_corrupt is not None:  # the demuxer saw data lost (MPEG-TS continuity)
+            on_corrupt()
         sent += packet.size > 0
         for frame in frames:
             made += 1
@@ -191,6 +191,13 @@ def video_streams(container) -> list:
         return bool(getattr(disposition, "value", disposition) & AV_DISPOSITION_ATTACHED_PIC)
 
     return [s for s in container.streams.video if not cover(s)]
+
+
+def no_video(container, name: str) -> SourceError | None:
+    """The error of a container with no video to read (none, or only a cover picture), else None."""
+    if video_streams(container):
+        return None
+    return SourceError(f"{name} has no video stream" + (" (only a cover picture)" if container.streams.video else ""))
 
 
 def main_video(container):

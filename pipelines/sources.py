@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .connection import Connection
-from .frame import (AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text,
-                    video_streams)
+from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
 from .timestamps import BestEffort, Continuous
 from .stream import STDIN, StreamSource, is_recording, redact, unknown_host
 
@@ -77,10 +76,10 @@ class FileSource:
                 raise SourceError(f"cannot read {self.name}: {reason}") from None
             raise SourceError(f"{self.name} is not a readable video: {first_line(e)}") from None
         refuse_text(self._container, self.name)
-        if not video_streams(self._container):
-            cover = bool(self._container.streams.video)
+        missing = no_video(self._container, self.name)
+        if missing:
             self._container.close()
-            raise SourceError(f"{self.name} has no video stream" + (" (only a cover picture)" if cover else ""))
+            raise missing
         if self.url and not is_recording(self._container, self.url):
             self._container.close()
             raise SourceError(f"{self.name} is a live stream (it has no end): `vlmstream live` reads it")

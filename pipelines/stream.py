@@ -13,8 +13,7 @@ from typing import Callable, Iterator
 
 from .catch_up import CatchUp
 from .connection import TIMED_OUT, Connection
-from .frame import (AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, pixels, refuse_text,
-                    video_streams)
+from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
 
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
@@ -42,11 +41,6 @@ SAS_PARAMS = frozenset({"se", "st", "sp", "sv", "sr", "spr", "ss", "srt", "si", 
 
 
 PIPE_PROBE = {"probesize": "32768", "analyzeduration": "500000"}  # what a pipe is probed for before its first frame
-
-
-def _decoded_anyway() -> None:
-    """A packet the demuxer marked corrupt is decoded: `damaged_packets` counts those skipped, and
-    every live HLS segment (or stream joined from files) restarts MPEG-TS's continuity counters."""
 
 
 def unknown_host(url: str) -> str | None:
@@ -299,9 +293,9 @@ class StreamSource:
                 continue
             ended, broke, came = False, "the stream ended", index
             try:
-                if not video_streams(container):
-                    raise SourceError(f"{self.display} has no video stream"
-                                      + (" (only a cover picture)" if container.streams.video else ""))
+                missing = no_video(container, self.display)
+                if missing:
+                    raise missing
                 # A recording plays at its own pace, as a file does in `live`, not as fast as it
                 # downloads (a 25 fps clip went by at 60), and its end ends the source instead of
                 # being reopened from the start.
@@ -326,8 +320,9 @@ class StreamSource:
                         guard.packet(now)
 
                 catch_ups = self.catch_ups
-                for frame in decoded(container, stream, self._damage, before, self.reading,
-                                     on_corrupt=_decoded_anyway):
+                # Packets the demuxer marks corrupt are decoded, not counted: `damaged_packets` are those
+                # skipped, and every live HLS segment restarts MPEG-TS's continuity counters.
+                for frame in decoded(container, stream, self._damage, before, self.reading):
                     if arrived[1] is not None and arrived[0] - arrived[1] < BURST_S:
                         continue
                     if guard is not None:

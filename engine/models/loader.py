@@ -79,8 +79,9 @@ def read_config(folder: Path) -> ModelConfig:
     # A named pipe there waited for ever, a link to /dev/zero read until the machine ran out of memory.
     if not path.is_file():
         raise ConfigError(f"{path} is not a file")
-    if path.stat().st_size > CONFIG_MAX_BYTES:
-        raise ConfigError(f"{path} is {path.stat().st_size} bytes: not a model's config (at most {CONFIG_MAX_BYTES})")
+    size = path.stat().st_size
+    if size > CONFIG_MAX_BYTES:
+        raise ConfigError(f"{path} is {size} bytes: not a model's config (at most {CONFIG_MAX_BYTES})")
     return ModelConfig.from_file(path)
 
 
