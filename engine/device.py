@@ -238,13 +238,17 @@ class Executor:
     def _next(self, wait: bool = True):
         """The next job (None: stop); without `wait`, False when none is queued yet."""
         while True:
+            # Read before the queue: the steps launched before close() are queued by the time it
+            # sets the flag. Read after, a worker that found the queue empty just before they came
+            # and close() followed took the flag for its end: they never ran, their waiters waited.
+            stopping = self._stop.is_set()
             try:
                 return self._jobs.popleft()
             except IndexError:
                 pass
             if not wait:
                 return False
-            if self._stop.is_set():
+            if stopping:
                 return None
             self._bell.acquire(timeout=0.1)
 

@@ -3,6 +3,7 @@ reach the waiter, whether it blocks on a step or looks for its end (`poll`)."""
 
 import threading
 import time
+from collections import deque
 
 import pytest
 import torch
@@ -104,6 +105,32 @@ def test_close_runs_the_steps_queued_before_it():
     ex = Executor(torch.device("cpu"), name="vlmstream-test-device")
     log = []
     queued = [ex.launch(_step(0.01, i, log)) for i in range(3)]
+    ex.close(timeout=5)
+    assert not ex._thread.is_alive() and [v for v, _ in log] == [0, 1, 2]
+    assert [p.wait(0) for p in queued] == [0, 1, 2]
+
+
+def test_close_runs_the_steps_launched_while_the_worker_found_nothing_to_do():
+    """The worker found its queue empty, and before it looked at the stop flag the engine
+    launched steps and closed: it took the flag for its end, the steps never ran and their waiters
+    waited (1 run in 6 of the test above, on a loaded machine). Forced here: the empty look lasts
+    until close() sets the flag."""
+    ex = Executor(torch.device("cpu"), name="vlmstream-test-device")
+    looking = threading.Event()
+
+    class EmptyLookOutlastsTheClose(deque):
+        def popleft(self):
+            try:
+                return super().popleft()
+            except IndexError:
+                looking.set()
+                ex._stop.wait(5)
+                raise
+
+    ex._jobs = EmptyLookOutlastsTheClose()
+    assert looking.wait(5)
+    log = []
+    queued = [ex.launch(_step(0, i, log)) for i in range(3)]
     ex.close(timeout=5)
     assert not ex._thread.is_alive() and [v for v, _ in log] == [0, 1, 2]
     assert [p.wait(0) for p in queued] == [0, 1, 2]
