@@ -588,11 +588,15 @@ def run(args: argparse.Namespace) -> int:
     from app.cli import UsageError, reading_arg, realtime_dtype
     from app.listen import check_port, loopback, read_auth, tls_arguments
     from app.view import CSS, HEAD_JS
+    from pipelines.stream import is_named_pipe
 
     if not 0 < args.port < 65536:
         raise UsageError("--port must be within 1..65535")
     if args.source == "-":
         raise UsageError("--source -: the web UI does not read standard input (`vlmstream live -` does)")
+    if args.source and is_named_pipe(args.source):  # read once, where every page's Start opens its source
+        raise UsageError(f"--source {args.source}: the web UI does not read a named pipe "
+                         f"(`vlmstream live {args.source}` does)")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no network calls from this machine
     check_port(args.host, args.port)  # a port in use is one line, before the model loads
     tls = tls_arguments(args.ssl_certfile, args.ssl_keyfile)

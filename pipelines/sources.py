@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 from .connection import Connection
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
 from .timestamps import BestEffort, Continuous
-from .stream import STDIN, StreamSource, is_recording, redact, unknown_host
+from .stream import STDIN, StreamSource, is_named_pipe, is_recording, redact, unknown_host
 
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
@@ -104,8 +104,8 @@ class FileSource:
             raise SourceError(f"{path} is a device, not a video file (a camera is webcam:N or /dev/videoN, "
                               "read by `vlmstream live`)")
         if path.is_fifo():  # opening it would wait for a writer with no time limit
-            raise SourceError(f"{path} is a named pipe: `vlmstream live -` reads a stream piped in "
-                              f"(vlmstream live - < {path})")
+            raise SourceError(f"{path} is a named pipe, not a video file: `vlmstream live {path}` reads "
+                              "a stream from it")
         if path.stat().st_size == 0:
             raise SourceError(f"{path} is empty (0 bytes)")
 
@@ -398,14 +398,15 @@ class LiveSource:
 
 
 def open_live(source: str, max_outage: float | None = None, reading: Reading = AS_SHOWN) -> LiveSource:
-    """A source to watch live, by name: webcam:N, a stream URL, or a video file. A stream or a
-    camera that has sent frames is reopened for ever, or given up after `max_outage` seconds
-    without any.
+    """A source to watch live, by name: webcam:N, a stream URL, standard input (-) or a named pipe
+    (each read once, as a program writes it), or a video file. A stream or a camera that has sent
+    frames is reopened for ever, or given up after `max_outage` seconds without any.
 
     The source is checked now (camera present, URL scheme, file readable), so a mistake fails
-    here. `reading`: as a player shows its frames, or as stored. A recording served over the network paces itself (StreamSource) and ends; called
-    again, its frames start over, as a file's do. A live stream or a camera never ends that way
-    (it is reopened, `Connection`), so looping it changes nothing.
+    here. `reading`: as a player shows its frames, or as stored. A recording served over the
+    network paces itself (StreamSource) and ends; called again, its frames start over, as a file's
+    do. A live stream or a camera never ends that way (it is reopened, `Connection`), so looping
+    it changes nothing.
     """
     if not isinstance(source, str) or not source.strip():  # "" had been read as the folder "."
         raise SourceError("no source given: a file, a stream URL, webcam:N or - (standard input)")
@@ -414,7 +415,7 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
         cam = WebcamSource(camera, max_outage=max_outage)
         return LiveSource(cam.frames, paced=False, loops=False, connection=cam.connection)
     # Frames come unconverted: the grabber keeps the newest, and the feed converts the ones it takes.
-    if "://" in source or source == STDIN:
+    if "://" in source or source == STDIN or is_named_pipe(source):
         import sys
 
         if source == STDIN and (sys.stdin is None or sys.stdin.isatty()):
@@ -428,7 +429,7 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
             # pass a new request: 400 a second, until passes took at least this long.
             stream.connection.pause(MIN_PASS_S - (time.perf_counter() - began))
 
-        return LiveSource(passes, paced=False, loops=source != STDIN, stream=stream,  # stdin reads once
+        return LiveSource(passes, paced=False, loops="://" in source, stream=stream,  # a pipe reads once
                           connection=stream.connection)
     FileSource(source).close()
     problems: list[str] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import time
+from pathlib import Path
 from typing import Callable, Iterator
 
 from .catch_up import CatchUp
@@ -114,6 +115,15 @@ STDIN = "-"  # the live source name of standard input: a stream piped in
 POLL_S = 0.1  # how often a read of standard input that waits looks whether its consumer is gone
 
 
+def is_named_pipe(source: str) -> bool:
+    """A named pipe by its path (mkfifo, /dev/stdin fed by a pipe, a shell's <(...)): read as
+    standard input is, once, by `live`."""
+    try:
+        return source != STDIN and "://" not in source and Path(source).is_fifo()
+    except (OSError, ValueError):  # a name too long, a NUL in it: no pipe (FileSource says why)
+        return False
+
+
 def readable_within(fd: int, timeout: float, stopped: Callable[[], bool]) -> bool:
     """Whether `fd` has data (or its end) within `timeout` seconds; looked at every POLL_S, and
     False at once when `stopped()`."""
@@ -129,7 +139,8 @@ def readable_within(fd: int, timeout: float, stopped: Callable[[], bool]) -> boo
     return False
 
 
-def wait_for_input(fd: int, timeout: float, stopped: Callable[[], bool] = lambda: False) -> None:
+def wait_for_input(fd: int, timeout: float, stopped: Callable[[], bool] = lambda: False,
+                   name: str = "standard input") -> None:
     """Wait until a pipe has data; a SourceError if none comes within `timeout` seconds, or if it
     ends first. A program piped into `live -` may take seconds to start its camera, but one that
     never sends anything (`sleep 80 | vlmstream live -`) kept the run waiting until it exited,
@@ -141,13 +152,13 @@ def wait_for_input(fd: int, timeout: float, stopped: Callable[[], bool] = lambda
     if not readable_within(fd, timeout, stopped):
         if stopped():  # a consumer gone (--duration) ends the wait
             return
-        raise SourceError(f"cannot read standard input: nothing came for {timeout:g} s")
+        raise SourceError(f"cannot read {name}: nothing came for {timeout:g} s")
     try:
         waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
     except OSError:  # not a pipe (a file redirected in): FFmpeg reads it as it is
         return
     if waiting == 0:  # readable with nothing to read: the writer closed it
-        raise SourceError("cannot read standard input: it ended before any data came")
+        raise SourceError(f"cannot read {name}: it ended before any data came")
 
 
 class PipeReader(io.RawIOBase):
@@ -178,7 +189,7 @@ class PipeReader(io.RawIOBase):
 
 class StreamSource:
     """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP...), or standard input
-    (`STDIN`: a program's stream piped in, read once).
+    (`STDIN`: a program's stream piped in, read once) or a named pipe (`is_named_pipe`), alike.
 
     Opening and reading are bounded by timeouts. When the stream breaks (sender restarted,
     network gone), it is reopened as `connection` (a `Connection`) says: for ever once it has
@@ -195,11 +206,15 @@ class StreamSource:
                  reading: Reading = AS_SHOWN):
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         self.url, self.display = url, redact(url)
-        if url == STDIN:
-            # A program's output piped in (rpicam-vid, ffmpeg, gst-launch): FFmpeg's pipe protocol.
+        # The path of a pipe to read (STDIN for standard input), or None for a network stream
+        self._pipe: str | None = url if url == STDIN or is_named_pipe(url) else None
+        self._pipe_fd: int | None = None  # a named pipe's, opened by the first _open
+        if self._pipe is not None:
+            # A program's output piped in (rpicam-vid, ffmpeg, gst-launch): read through PipeReader.
             # It cannot be opened twice, and the program may take seconds to start its camera.
-            self.url, self.display, scheme = "pipe:0", "standard input", "pipe"
-            reconnect, open_timeout, read_timeout = False, STREAM_MAX_WAIT_S, STREAM_MAX_WAIT_S
+            # FFmpeg's name for standard input, in the messages that _clean rewrites
+            self.url, self.display = ("pipe:0", "standard input") if url == STDIN else (url, url)
+            scheme, reconnect, open_timeout, read_timeout = "pipe", False, STREAM_MAX_WAIT_S, STREAM_MAX_WAIT_S
         elif scheme not in STREAM_SCHEMES:
             raise SourceError(f"unsupported URL scheme {scheme!r} in {self.display} "
                               f"(use one of {', '.join(STREAM_SCHEMES)})")
@@ -233,11 +248,12 @@ class StreamSource:
     def _open(self, started: float | None = None):
         import av
 
-        if self.url == "pipe:0":  # read through PipeReader: FFmpeg's timeouts do not reach a pipe's read
-            wait_for_input(0, self.open_timeout, lambda: self.connection.stopped)
+        if self._pipe is not None:  # read through PipeReader: FFmpeg's timeouts do not reach a pipe's read
+            fd = self._open_pipe()
+            wait_for_input(fd, self.open_timeout, lambda: self.connection.stopped, self.display)
             if self.connection.stopped:  # the run ended while the program piped in had not begun
                 return None
-            reader = PipeReader(0, self.read_timeout, lambda: self.connection.stopped)
+            reader = PipeReader(fd, self.read_timeout, lambda: self.connection.stopped)
             # FFmpeg probes 5 MB or 5 s of a stream before its first frame: a camera's MJPEG came
             # after 11 s, one that sent 2 s and paused never, and the backlog then came at once.
             return refuse_text(av.open(reader, mode="r", timeout=None, options=PIPE_PROBE), self.display)
@@ -247,12 +263,33 @@ class StreamSource:
         timeout = self.open_timeout if left is None else min(self.open_timeout, max(0.5, left))
         return refuse_text(av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options), self.display)
 
+    def _open_pipe(self) -> int:
+        """Standard input's descriptor, or the named pipe's, opened without waiting for a writer
+        (a plain open would, out of reach of every timeout and of Ctrl-C's clean stop)."""
+        import os
+
+        if self._pipe == STDIN:
+            return 0
+        if self._pipe_fd is None:
+            try:
+                self._pipe_fd = os.open(self._pipe, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as e:
+                raise SourceError(f"cannot read {self.display}: {e.strerror}") from None
+            os.set_blocking(self._pipe_fd, True)  # reads come after select() says there is data
+        return self._pipe_fd
+
     def frames(self) -> Iterator[Frame]:
         try:
             yield from self._frames()
         except SourceError:
             self.connection.set("failed")
             raise
+        finally:
+            if self._pipe_fd is not None:
+                import os
+
+                os.close(self._pipe_fd)
+                self._pipe_fd = None
         self.connection.set("ended")
 
     def _frames(self) -> Iterator[Frame]:
@@ -268,7 +305,7 @@ class StreamSource:
             except (av.FFmpegError, OSError) as e:
                 # A pipe's reader says end-of-input once the run ends (Ctrl-C, --duration): no error of
                 # the pipe's (a network source's try says why it had not opened yet: retry, below).
-                if connection.stopped and self.url == "pipe:0":
+                if connection.stopped and self._pipe is not None:
                     return
                 # A client error (404, 401, 403...) from a stream that never sent a frame is a wrong
                 # URL or password, not an outage: said at once, not after max_wait of retries (the
@@ -345,7 +382,7 @@ class StreamSource:
                     index += 1
                 ended = recording
             except (av.FFmpegError, OSError) as e:
-                if connection.stopped and self.url == "pipe:0":  # a read the run's end broke off
+                if connection.stopped and self._pipe is not None:  # a read the run's end broke off
                     return
                 broke = self._clean(e, self.read_timeout)
                 self.error = f"{self.display}: {broke}"

@@ -498,7 +498,7 @@ def test_standard_input_devices_and_named_pipes_are_named_for_what_they_are(tmp_
     assert parse_webcam(str(tmp_path / "by-id")) == 7
     fifo = tmp_path / "cam.pipe"
     os.mkfifo(fifo)
-    with pytest.raises(SourceError, match=r"is a named pipe: `vlmstream live -` reads a stream piped in"):
+    with pytest.raises(SourceError, match=r"is a named pipe, not a video file: `vlmstream live .*cam.pipe` reads"):
         FileSource(fifo)  # opening it would wait for a writer for ever
     with pytest.raises(SourceError, match=r"/dev/null is a device, not a video file"):
         FileSource("/dev/null")  # was "is empty (0 bytes)"
@@ -910,6 +910,48 @@ def test_a_pipe_read_ends_when_its_consumer_is_gone():
             feeder.stdout.close()
             feeder.wait(30)
         assert run.stdout.strip() != "still reading" and float(run.stdout) < 1.0, (sender, run.stdout, run.stderr)
+
+
+def test_live_reads_a_named_pipe_as_it_reads_standard_input(tmp_path, small_folder, capsys):
+    """`mkfifo cam; rpicam-vid -o cam & vlmstream live cam` (or `live <(...)`, `live /dev/stdin`):
+    it was refused with a hint to `live - < cam`. Now it is read as standard input is: without
+    waiting for a writer in open(2) (out of reach of --duration and Ctrl-C), once, its end the
+    run's end, and its descriptor closed after."""
+    fifo, clip = tmp_path / "cam.pipe", tmp_path / "clip.mp4"
+    os.mkfifo(fifo)
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(Path(__file__).resolve().parents[1] / "sample_videos"
+                                                                / "cuts_640x360_30fps.mp4"), "-t", "1", "-c", "copy",
+                    "-movflags", "faststart", str(clip)], check=True, timeout=60)
+
+    def write(after: float) -> threading.Thread:
+        def run() -> None:
+            time.sleep(after)  # the camera's program starts after vlmstream
+            with open(fifo, "wb") as out:
+                out.write(clip.read_bytes())
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    fds = len(os.listdir("/proc/self/fd"))
+    writer = write(0.5)
+    log = tmp_path / "log.jsonl"
+    assert main(["live", str(fifo), "--model", str(small_folder), "--max-tokens", "2", "--json",
+                 "-o", str(log)]) == 0
+    writer.join(10)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert rows and {r["source"] for r in rows} == {str(fifo)}, capsys.readouterr().err
+    assert len(os.listdir("/proc/self/fd")) == fds  # the pipe's descriptor was closed
+    source = StreamSource(str(fifo))
+    source.open_timeout = 0.3
+    with pytest.raises(SourceError, match=rf"cannot read {re.escape(str(fifo))}: nothing came for 0.3 s"):
+        next(source.frames())  # no writer ever came: said, not waited on for ever
+    source = StreamSource(str(fifo))  # stopped (--duration, Ctrl-C) while waiting for a writer
+    threading.Timer(0.3, source.connection.stop).start()
+    t0 = time.monotonic()
+    assert list(source.frames()) == [] and time.monotonic() - t0 < 3
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert main(["ui", "--source", str(fifo)]) == 2
+    assert "the web UI does not read a named pipe" in capsys.readouterr().err
 
 
 def test_a_pipe_that_sends_nothing_is_an_error_after_the_wait():
