@@ -183,7 +183,7 @@ class Service:
         vision = (s.vision_busy_seconds - first.vision_busy_seconds) / dt if dt > 0.2 else 0.0
         stats = {"batch": s.running, "waiting": s.waiting, "tokens_per_s": round(tokens_per_s, 1),
                  "device_busy_pct": round(100 * min(max(busy, 0.0), 1.0), 1), "kv_pages_in_use": s.kv_pages_in_use,
-                 "kv_pages_total": s.kv_pages_total, "prefixes_dropped": s.prefixes_dropped,
+                 "kv_pages_total": s.kv_pages_total, "prefixes_dropped": s.prefixes_dropped, "steps": s.steps,
                  "mode": "pipelined" if self.settings.pipelined else "blocking"}
         if s.vision_busy_seconds:  # a CPU engine's vision thread (CUDA encodes in the device's steps)
             stats["vision_busy_pct"] = round(100 * min(max(vision, 0.0), 1.0), 1)

@@ -479,16 +479,18 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
 
 
 def _engine_paused(client, timeout=30.0) -> dict:
-    """No token for the last 3 s (the rate's window): a playing sample leaves the engine idle
-    between its frames, so one idle look proves nothing."""
+    """No step for 1 s and no page in use: a playing sample leaves the engine idle between its
+    frames (60 a second), so one idle look proves nothing."""
     deadline = time.time() + timeout
+    last = client.predict(api_name="/engine_stats")
     while True:
+        time.sleep(1.0)
         stats = client.predict(api_name="/engine_stats")
-        if stats.get("tokens_per_s") == 0 and stats.get("kv_pages_in_use") == 0:
+        if stats.get("steps") == last.get("steps") and stats.get("kv_pages_in_use") == 0:
             return stats
         if time.time() > deadline:
             raise AssertionError(f"the engine kept working: {stats}")
-        time.sleep(0.5)
+        last = stats
 
 
 def _engine_busy(client, timeout=30.0) -> dict:
@@ -521,7 +523,7 @@ def test_the_sample_the_page_plays_pauses_while_another_tab_works(server, client
         for name in ("Video file", "Live", "Image", "Live", "Browser webcam", "Live"):
             page.get_by_role("tab", name=name).click()
             page.wait_for_timeout(30)
-        page.wait_for_timeout(1500)
+        page.wait_for_timeout(500)  # past the page's 200 ms settle
         before = page.get_attribute("#vs-frame", "data-index")
         page.wait_for_function(f"document.querySelector('#vs-frame').dataset.index !== '{before}'", timeout=30_000)
         page.get_by_role("tab", name="Video file").click()
@@ -539,7 +541,7 @@ def test_the_sample_the_page_plays_pauses_while_another_tab_works(server, client
         page.click("#vs-start")  # the user's own Start: it plays on while they look elsewhere
         time.sleep(1.0)
         page.get_by_role("tab", name="Image").click()
-        time.sleep(2.0)
+        time.sleep(1.0)  # past the page's 200 ms settle, and a sample's pause
         _engine_busy(client, timeout=5)
         page.get_by_role("tab", name="Live").click()
         page.click("#vs-stop")
