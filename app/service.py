@@ -204,6 +204,10 @@ class Service:
             self._check_open(session)
             starting = self._starting.setdefault(session, threading.Lock())
         with starting:
+            # A close_session that came between the two found no feed to stop: one started now
+            # would play on for nobody.
+            with self._lock:
+                self._check_open(session)
             return self._start_live(session, source, task, record)
 
     def _start_live(self, session: str, source: str, task: dict, record: bool) -> object:

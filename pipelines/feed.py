@@ -207,9 +207,13 @@ class LiveFeed:
         t0, next_t = time.perf_counter(), 0.0
         try:
             while not self._stop.is_set():
+                # Read before get(): once ended, get() gives the last frame or raises the source's
+                # error. Read after a None, a source that failed in between was taken for a clean
+                # end (`live --max-outage` exited 0 for a camera given up).
+                ended = self._grabber.ended
                 frame = self._grabber.get(timeout=0.5)
                 if frame is None:
-                    if self._grabber.ended:
+                    if ended:
                         break
                     continue
                 now = time.perf_counter() - t0
@@ -251,8 +255,9 @@ class LiveFeed:
             while self._latency and self._latency[0].wall < now - self.window_s:
                 self._latency.popleft()
             self.version += 1
-        if self.on_result:
-            self.on_result(r)
+        on_result = self.on_result  # read once: the UI's Record off sets it to None from another thread
+        if on_result:
+            on_result(r)
 
     def continue_records(self, older: "LiveFeed") -> None:
         """Start this feed's export with the lines of the feed it replaces (a camera's new prompt:

@@ -71,7 +71,9 @@ class LatestFrameGrabber:
 
     def get(self, timeout: float = 5.0) -> Frame | None:
         """The newest frame not yet taken; None once the source has ended (or on timeout). Its
-        pixels may be left for the taker to convert (`Frame.load`)."""
+        pixels may be left for the taker to convert (`Frame.load`). To tell the end from a
+        timeout, read `ended` before the call: once it is True, the call gives the last frame,
+        raises the source's error, or None (the end)."""
         deadline = time.perf_counter() + timeout
         with self._cond:
             while True:

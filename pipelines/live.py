@@ -290,7 +290,9 @@ class LiveSession:
         end = self._closed_at or time.perf_counter()
         wall = max(end - self._t0, 1e-9)  # frozen once closed
         # the last ROLLING_S seconds' completions: through an outage it said the rate before it
-        c = [t for t in self._completions if t >= end - ROLLING_S]
+        # Copies first (one step under the GIL): iterated, the deques could grow from the session's
+        # thread mid-way ("deque mutated during iteration": the web UI's snapshot stopped the feed).
+        c = [t for t in list(self._completions) if t >= end - ROLLING_S]
         rolling = (len(c) - 1) / (c[-1] - c[0]) if len(c) > 1 and c[-1] > c[0] else 0.0
         return {
             "frames_in": self.frames_in, "submitted": self.submitted, "completed": self.completed,
@@ -298,7 +300,7 @@ class LiveSession:
             "cancelled_closed": self.cancelled_closed,
             "dropped": self.dropped, "max_inflight": self.max_inflight,
             "achieved_fps": self.completed / wall, "rolling_fps": rolling,
-            "latency_ms": {k: _percentiles(v) for k, v in self._latency.items() if v},
+            "latency_ms": {k: _percentiles(list(v)) for k, v in self._latency.items() if v},
         }
 
 

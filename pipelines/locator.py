@@ -202,6 +202,7 @@ class LiveLocator:
                 for s in self._states:
                     if s.ended or self._stop.is_set():
                         continue
+                    ended = s.grabber.ended  # read before get(), as LiveFeed's pump does (why there)
                     try:
                         frame = s.grabber.get(timeout=0.0)
                     except Exception as e:  # the source failed: it ends, the others go on
@@ -209,7 +210,7 @@ class LiveLocator:
                         s.error = str(e).splitlines()[0] if str(e) else type(e).__name__
                         continue
                     if frame is None:
-                        s.ended = s.grabber.ended
+                        s.ended = ended
                         continue
                     now = time.perf_counter()
                     if now < s.next_t:

@@ -31,6 +31,9 @@ class Recorder:
         self.written = self.skipped = 0
         self.full = False
         self._closed = False
+        # add() and close() from two threads: a frame that passed the closed check was queued
+        # after the end mark, neither written nor counted as skipped
+        self._adding = threading.Lock()
         self.error: Exception | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=queue_frames)
         self._t0: float | None = None
@@ -41,7 +44,11 @@ class Recorder:
         atexit.register(self.close)
 
     def add(self, r: LiveResult) -> None:
-        """A completed frame (from the session's result callback: never blocks)."""
+        """A completed frame (from the session's result callback: never blocks for long)."""
+        with self._adding:  # queued before close()'s end mark, or not at all
+            self._add(r)
+
+    def _add(self, r: LiveResult) -> None:
         if self._closed or self.error is not None or r.frame.rgb is None:
             return
         if self._t0 is None:
@@ -88,7 +95,8 @@ class Recorder:
         """Encode what is queued, finish the file, join the thread (idempotent). Frames added
         afterwards are ignored."""
         atexit.unregister(self.close)  # a server makes many: none kept for the exit once closed
-        self._closed = True
+        with self._adding:
+            self._closed = True
         deadline = time.monotonic() + timeout
         while self._thread.is_alive():
             try:
