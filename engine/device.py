@@ -322,9 +322,17 @@ class Executor:
                 self._cuda_pending = still
             return self.busy_s
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, drop_queued: bool = False) -> None:
+        """Run the steps launched before (or with `drop_queued`, only the one running: the others
+        fail with a RuntimeError) and join the worker, for at most `timeout` seconds."""
         if self._thread is not None and self._thread.is_alive():  # again after it ended: its queue has no reader
             self._stop.set()
+            while drop_queued:
+                try:
+                    _, pending, _ = self._jobs.popleft()  # the worker may take one first: it runs
+                except IndexError:
+                    break
+                pending._finish(None, RuntimeError("the device worker was closed before this step ran"))
             self._jobs.append(None)  # after the jobs queued before it
             self._ring()
             self._thread.join(timeout)
