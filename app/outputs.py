@@ -132,7 +132,7 @@ def _someone_elses_video(path: Path) -> bool:
         return False
     import av
 
-    from pipelines.sinks import ANNOTATED_COMMENT
+    from pipelines.annotated import ANNOTATED_COMMENT
 
     try:
         with av.open(str(path)) as container:

@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.batch import MAX_FPS, BatchSummary, Sampling, caption_file, merge
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
     from pipelines.prompts import prompt_key, prompt_label
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, done_frames, source_key
+    from pipelines.annotated import AnnotatedVideoSink
+    from pipelines.sinks import JsonlSink, SubtitleSink, done_frames, source_key
     from pipelines.sources import FileSource, SourceError, file_name
 
     if args.fps is not None and not 0 < args.fps <= MAX_FPS or args.every_n is not None and args.every_n < 1:

@@ -26,7 +26,8 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
     from pipelines.batch import BatchSummary, Sampling, caption_file
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
     from pipelines.prompts import prompt_key, prompt_label
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, close_all
+    from pipelines.annotated import AnnotatedVideoSink
+    from pipelines.sinks import JsonlSink, SubtitleSink, close_all
     from pipelines.sources import FileSource
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,8 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     from app.cli import LOCATE_BATCH
     from pipelines.changes import AnswerChanges
     from pipelines.locator import batched, count_change, draw, found_text, pixel_places, place_record, places_text
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, close_all
+    from pipelines.annotated import AnnotatedVideoSink
+    from pipelines.sinks import JsonlSink, SubtitleSink, close_all
     from pipelines.sources import FileSource
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     from engine.region_decoder import RegionDecoder
     from pipelines.changes import AnswerChanges
     from pipelines.locator import count_change, draw, found_text, pixel_places, place_record, places_text
-    from pipelines.sinks import AnnotatedVideoSink, JsonlSink, SubtitleSink, close_all, save_snapshot, source_key
+    from pipelines.annotated import AnnotatedVideoSink
+    from pipelines.sinks import JsonlSink, SubtitleSink, close_all, save_snapshot, source_key
     from pipelines.sources import FileSource, SourceError, file_name
 
     from app.cli import realtime_dtype

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from pipelines.feed import CHART_STAGES, FeedSnapshot, LatencyPoint, LogLine, Shot, jpeg_bytes
-from pipelines.sinks import annotate
+from pipelines.annotated import annotate
 
 STAGE_COLORS = {"queue": "#9aa5b1", "vision": "#4c78a8", "prefill": "#f58518", "decode": "#54a24b"}
 MAX_BARS = 120

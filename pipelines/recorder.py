@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from .live import LiveResult
-from .sinks import AnnotatedVideoSink
+from .annotated import AnnotatedVideoSink
 
 QUEUE_FRAMES = 120  # two seconds at 60 fps
 

@@ -89,8 +89,8 @@ class FileSource:
 
     @property
     def annotated(self) -> bool:
-        """Whether this is an annotated copy that vlmstream wrote (`sinks.ANNOTATED_COMMENT`)."""
-        from .sinks import ANNOTATED_COMMENT
+        """Whether this is an annotated copy that vlmstream wrote (`annotated.ANNOTATED_COMMENT`)."""
+        from .annotated import ANNOTATED_COMMENT
 
         return self._container.metadata.get("comment") == ANNOTATED_COMMENT
 

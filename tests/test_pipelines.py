@@ -420,7 +420,7 @@ def test_folders_with_odd_links_and_outputs_are_said_before_the_run(tmp_path, ca
     assert (tmp_path / "beside" / "clip.mp4").read_bytes() == before
     # our own annotated copy (a second run, a --resume) is written over, as is one a kill cut short
     from app.outputs import _someone_elses_video
-    from pipelines.sinks import AnnotatedVideoSink
+    from pipelines.annotated import AnnotatedVideoSink
 
     ours = AnnotatedVideoSink(tmp_path / "ours.mp4", 64, 48)
     ours.write_image(np.zeros((48, 64, 3), np.uint8), "a red circle", "#0", 0.0)
@@ -949,7 +949,7 @@ def test_answers_cut_short_by_the_engine_closing_are_not_written(tmp_path, small
 
 def test_odd_arguments_to_the_pipeline_pieces_are_errors(tmp_path):
     from pipelines.changes import AnswerChanges
-    from pipelines.sinks import AnnotatedVideoSink
+    from pipelines.annotated import AnnotatedVideoSink
     from pipelines.sources import open_live
 
     with pytest.raises(ValueError, match="not both"):  # every_n picked the frames, fps timed their cues

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from pipelines.sinks import _font, annotate
+from pipelines.annotated import _font, annotate
 
 CLIP = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
 
@@ -64,12 +64,12 @@ def test_live_recording_mistakes_and_a_full_disk(tmp_path, capsys, monkeypatch):
     assert main(["live", str(CLIP), str(other), "--annotate", str(tmp_path / "rec.mp4")]) == 2
     assert "several sources need a folder for their recordings" in capsys.readouterr().err
 
-    import pipelines.sinks
+    import pipelines.annotated
 
     def disk_full(self, *a):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(pipelines.sinks.AnnotatedVideoSink, "write_image", disk_full)
+    monkeypatch.setattr(pipelines.annotated.AnnotatedVideoSink, "write_image", disk_full)
     log = tmp_path / "log.jsonl"
     assert main(["live", str(CLIP), "--duration", "20", "--annotate", str(tmp_path / "rec.mp4"), "-o", str(log)]) == 1
     assert f"error: cannot write {tmp_path / 'rec.mp4'}: No space left on device\n" in capsys.readouterr().err
@@ -91,7 +91,7 @@ def test_a_full_disk_ends_a_recording_with_its_error_not_the_process(tmp_path):
         from pipelines.frame import Frame
         from pipelines.live import LiveResult
         from pipelines.recorder import Recorder
-        from pipelines.sinks import AnnotatedVideoSink
+        from pipelines.annotated import AnnotatedVideoSink
         rgb = np.random.default_rng(0).integers(0, 255, (360, 640, 3), dtype=np.uint8)
         r = Recorder(sys.argv[1])
         for k in range(60):
@@ -123,7 +123,8 @@ def test_every_output_is_closed_when_one_fails_to(tmp_path):
     """The web UI's video job closed its outputs one after the other: a JSONL whose close failed
     (a full disk) left the annotated MP4 after it unfinished, without its index, and its file
     held open."""
-    from pipelines.sinks import AnnotatedVideoSink, close_all
+    from pipelines.annotated import AnnotatedVideoSink
+    from pipelines.sinks import close_all
 
     class DiskFull:
         def close(self, end=None):
@@ -215,7 +216,7 @@ def test_annotated_frames_are_drawn_as_before_with_cached_captions(size):
 def test_a_long_caption_is_wrapped_whole_inside_the_frame(size):
     """A long caption ran off the frame's right edge ("... in the bottom ri"), and a portrait
     phone video's letters were 96 px high, 20 to the line: the rest of every caption was lost."""
-    from pipelines.sinks import _wrapped
+    from pipelines.annotated import _wrapped
 
     h, w = size
     out = annotate(np.zeros((h, w, 3), np.uint8), LONG, "#1 0.033s  40 ms")
@@ -293,7 +294,7 @@ def test_a_recording_whose_process_was_killed_still_plays(tmp_path):
 def test_frames_of_another_size_are_fitted_whole_not_cropped(tmp_path):
     """A stream that changes resolution on the way (an HLS rendition, a camera switching streams):
     later frames were cropped to the first one's size (a quarter of a doubled frame shown)."""
-    from pipelines.sinks import AnnotatedVideoSink
+    from pipelines.annotated import AnnotatedVideoSink
 
     sink = AnnotatedVideoSink(tmp_path / "a.mp4", 160, 120)
     first = np.full((120, 160, 3), 60, np.uint8)
@@ -312,7 +313,7 @@ def test_frames_of_another_size_are_fitted_whole_not_cropped(tmp_path):
 def test_a_one_pixel_video_is_annotated_at_two_by_two(tmp_path):
     """yuv420p wants even sizes: a 1x1 video's frames were 0 wide, the encoder refused them, and
     `video --annotate` stopped every output after the first frame with a traceback."""
-    from pipelines.sinks import AnnotatedVideoSink
+    from pipelines.annotated import AnnotatedVideoSink
 
     sink = AnnotatedVideoSink(tmp_path / "a.mp4", 1, 1)
     for i in range(3):
