@@ -32,8 +32,9 @@ class Recorder:
         self.full = False
         self._closed = False
         # add() and close() from two threads: a frame that passed the closed check was queued
-        # after the end mark, neither written nor counted as skipped
-        self._adding = threading.Lock()
+        # after the end mark, neither written nor counted as skipped. Reentrant: a close() at
+        # exit or from a signal handler may interrupt an add() on its own thread.
+        self._adding = threading.RLock()
         self.error: Exception | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=queue_frames)
         self._t0: float | None = None
