@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                           "the one piped into standard input), or "
                           "folders: every image under them; one image "
                           "prints its answer as it comes, several a line each (\"IMAGE: answer\")")
-    _add_model_args(img, "float32 for the tiny model on cpu, else " + _NATIVE_BF16)
+    _add_model_args(img, "float32 on cpu for a folder not stored in bf16 (the tiny model, train-tiny's), "
+                         "else " + _NATIVE_BF16)
     task = img.add_mutually_exclusive_group()
     task.add_argument("--caption", choices=["short", "normal", "long"],
                       help="caption length (default: normal, unless --question is given)")

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_locate(args, opened, labels, recordings, *region)
     from engine import Engine, EngineConfig
+    from engine.models.loader import model_id
     from pipelines.sinks import json_text
 
     warm = warm_frame(opened, labels)  # before the log: a file with no frame leaves no empty one
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
     several = len(opened) > 1
     params = SamplingParams(max_tokens=args.max_tokens, sticky=sticky)
+    model = model_id(args.model)
     write_error: list[tuple[str, OSError]] = []  # (what, error): the run stops
     print_lock = threading.Lock()
 
@@ -147,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
                          + ("" if c.previous is None else f"  (was: {c.previous})") for c in new]
             if log is not None and not any(what == args.output for what, _ in write_error):
                 records = r.records() if new is None else AnswerChanges.records(r, new)
+                for x in records:
+                    x["model"] = model  # as in video's lines: a log restarted with another model tells them apart
                 if snapshots is not None:
                     for i, x in enumerate(records):
                         x["snapshot"] = shots[i] if i < len(shots) else None

@@ -40,7 +40,8 @@ def check_args(args: argparse.Namespace) -> tuple[str, str]:
 
 def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: list[Path] | None,
         task: str, what: str) -> int:
-    from engine.models.loader import load_model
+    from engine.models.loader import load_model, model_id
+    from pipelines.sinks import json_text
     from engine.region_decoder import RegionDecoder
     from pipelines.changes import AnswerChanges
     from pipelines.locator import LiveLocator, LocateSource, count_change, places_text
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     recorders = {label: Recorder(path) for label, path in zip(labels, recordings or [])}
     changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
     snapshots = Path(args.snapshots) if args.snapshots else None
+    model = model_id(args.model)
 
     def show(r) -> None:  # the locator's thread, once per located frame
         if r.label in recorders:
@@ -79,7 +81,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
                         write_error.append((f"a snapshot in {snapshots}", e))
                         return
                 if log is not None:
-                    log.write(json.dumps({**r.records()[0], **(change or {}), "model": args.model}) + "\n")
+                    log.write(json_text({**r.records()[0], **(change or {}), "model": model}) + "\n")
                     log.flush()
                 if not args.json and log is not sys.stdout:
                     was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"

@@ -150,6 +150,13 @@ class LiveFeed:
         self._latest: LiveResult | None = None
         self._log: deque[LogLine] = deque(maxlen=log_size)
         self._records: deque[str] = deque(maxlen=record_size)  # JSON lines, for an export
+        loaded = getattr(engine, "loaded", None)  # the export's lines name their model, as `live -o`'s
+        if loaded is not None:
+            from engine.models.loader import model_id
+
+            self._model = {"model": model_id(loaded.name)}
+        else:
+            self._model = {}
         self._shots: deque[Shot] = deque(maxlen=shots)
         self._changes = AnswerChanges(hold)
         self._run_start: LiveResult | None = None  # the first frame of the log's newest run
@@ -229,7 +236,7 @@ class LiveFeed:
                 self.version += 1
 
     def _on_result(self, r: LiveResult | Located) -> None:
-        records = [json_text(x) for x in r.records()] if self._records.maxlen else []
+        records = [json_text({**x, **self._model}) for x in r.records()] if self._records.maxlen else []
         t = r.timings_ms
         if isinstance(r, Located):  # the region decoder's one figure; the wait before it is the queue
             total = t.get("total", 0.0)

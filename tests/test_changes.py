@@ -90,7 +90,7 @@ def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
     assert all(b["previous"] == a["text"] != b["text"] and b["since"] >= a["since"] for a, b in zip(rows, rows[1:]))
     assert all(r["since"] <= r["pts"] for r in rows)
     assert set(rows[0]) == {"source", "index", "pts", "text", "token_ids", "finish_reason", "timings_ms", "question",
-                            "time", "previous", "since", "snapshot"}
+                            "time", "previous", "since", "snapshot", "model"}
     # each change's frame, as a picture named so that names sort in time order
     shots = [Path(r["snapshot"]) for r in rows]
     assert sorted(shots) == shots == sorted((tmp_path / "shots").iterdir())

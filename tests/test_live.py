@@ -280,6 +280,7 @@ def test_live_cli_logs_to_stdout_and_appends_to_a_file(small_folder, tmp_path, c
     rows = [json.loads(line) for line in lines]  # standard output holds the log alone
     assert len(rows) > 5 and {r["source"] for r in rows} == {str(sample)}
     assert {r["caption"] for r in rows} == {"short"} and "question" not in rows[0]  # the prompt answered
+    assert {r["model"] for r in rows} == {os.path.realpath(small_folder)}  # as video's lines name it
     log = tmp_path / "log.jsonl"
     assert main(cmd + ["-o", str(log)]) == 0 and main(cmd + ["-o", str(log)]) == 0
     first_run = capsys.readouterr().out.count("\n")  # caption lines still go to the terminal

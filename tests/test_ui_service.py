@@ -286,6 +286,7 @@ def test_a_live_session_exports_its_captions_even_after_stop(service):
     assert [r["index"] for r in rows] == sorted({r["index"] for r in rows})
     assert rows[-1]["text"].strip() + ("…" if rows[-1]["finish_reason"] == "length" else "") == feed.snapshot().text
     assert all(r["source"].endswith("cuts_640x360_30fps.mp4") and r["timings_ms"]["end_to_end"] > 0 for r in rows)
+    assert {r["model"] for r in rows} == {"tiny"}  # as `live -o`'s lines
     service.close_session("tab-e")  # a closed tab's captions go with it
     with pytest.raises(UIError):
         service.export_log("tab-e")
