@@ -232,8 +232,9 @@ class Service:
         if record:
             self._drop_recording(session, "pull")
             recorder = Recorder(self._recording_path("live"), max_seconds=RECORD_MAX_S)
+        engine = self.engine()
         try:
-            feed = LiveFeed(self.engine(), task, self.params(), live.frames, realtime=live.paced, loop=live.loops,
+            feed = LiveFeed(engine, task, self.params(), live.frames, realtime=live.paced, loop=live.loops,
                             fps=LIVE_FPS, hold=self.settings.hold, on_result=recorder.add if recorder else None,
                             connection=live.connection, locate=self._region_of(task))
         except BaseException:
@@ -241,10 +242,22 @@ class Service:
                 recorder.close()
             raise
         with self._lock:
-            self._feeds[(session, "pull")] = feed
+            # Settings may have reloaded the model since engine() above: apply() closed every feed
+            # it found, not this one, and the engine it was built on
+            stale = self._engine is not engine
+            if not stale:
+                self._feeds[(session, "pull")] = feed
+                if recorder is not None:
+                    self._recorders[(session, "pull")] = recorder
+                if feed.session is not None:  # an apply() meanwhile that needed no reload
+                    feed.session.set_params(self.params())
+                self._share_inflight()
+        if stale:
+            feed.close()
             if recorder is not None:
-                self._recorders[(session, "pull")] = recorder
-            self._share_inflight()
+                recorder.close()
+                recorder.path.unlink(missing_ok=True)
+            raise UIError("the engine was reloaded (Settings) while this Start opened its source: Start again")
         return feed
 
     def recording(self, session: str, kind: str = "pull") -> Path:

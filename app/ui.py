@@ -77,6 +77,7 @@ def build(service: Service, source: str | None = None):
     # running (a camera watched for its changes, a recording).
     autoplayed: dict[str, object] = {}  # session -> its feed that the page's opening started
     paused: set[str] = set()  # sessions whose autoplayed feed waits for the Live tab
+    away: set[str] = set()  # sessions whose page said last that it left Live (page_hidden)
 
     def live(src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None, auto=False):
         sid = request.session_hash
@@ -88,6 +89,9 @@ def build(service: Service, source: str | None = None):
             else:
                 autoplayed.pop(sid, None)
             paused.discard(sid)
+            if auto and sid in away:  # the page left Live while this opened: leave_live found nothing to pause
+                paused.add(sid)
+                service.stop_live(sid)
         except (UIError, VlmstreamError, OSError) as e:
             # A bad form (an empty question) fails before start_live: the feed that plays (the
             # sample) is stopped too, else its frames covered the message within a page update.
@@ -152,12 +156,14 @@ def build(service: Service, source: str | None = None):
 
     def leave_live(request: gr.Request):
         sid = request.session_hash
+        away.add(sid)
         feed = service.feed(sid)
         if feed is not None and autoplayed.get(sid) is feed:
             paused.add(sid)
             service.stop_live(sid)
 
     def back_to_live(src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None):
+        away.discard(request.session_hash)
         if request.session_hash in paused and service.feed(request.session_hash) is None:
             yield from live(src, upload, kind, question, ckind, ctext, record, request, auto=True)
         else:
@@ -482,6 +488,7 @@ def build(service: Service, source: str | None = None):
         def closed(request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
             autoplayed.pop(request.session_hash, None)
             paused.discard(request.session_hash)
+            away.discard(request.session_hash)
             service.close_session(request.session_hash)
 
         demo.unload(closed)
@@ -631,10 +638,17 @@ def run(args: argparse.Namespace) -> int:
         while demo.is_running:
             time.sleep(0.1)
     finally:
-        if demo is not None:
-            demo.close(verbose=False)
-        service.close()
-        service.remove_outputs()
-        if own_temp:
-            os.environ.pop("GRADIO_TEMP_DIR", None)
+        # Each step whatever the one before did: a second Ctrl-C while the server closes (~1-2 s)
+        # cut this block short, and the scratch folder (every video job's outputs, recordings,
+        # exports, Gradio's copies of uploads) stayed in /tmp
+        try:
+            if demo is not None:
+                demo.close(verbose=False)
+        finally:
+            try:
+                service.close()
+            finally:
+                service.remove_outputs()
+                if own_temp:
+                    os.environ.pop("GRADIO_TEMP_DIR", None)
     return 0

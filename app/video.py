@@ -268,6 +268,11 @@ def run(args: argparse.Namespace) -> int:
                         # summary was lost to it. A second Ctrl-C later than that is a hurry: it goes.
                         if time.perf_counter() - first > DOUBLE_SIGNAL_S:
                             raise
+            finally:
+                # However the wait ended: a second SIGINT that came before the handler's stop.set()
+                # escaped it, and the pool's exit then waited for workers never told to stop (every
+                # file captioned to its end, then exit 130 without a summary).
+                stop.set()
         wall_s = time.perf_counter() - t0
     if overall is not None:
         overall.close()

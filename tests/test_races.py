@@ -4,8 +4,10 @@ each came a few times in tens of thousands of tries, or never on an idle machine
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from engine import SamplingParams
 from pipelines import grabber as grabber_module
@@ -210,3 +212,152 @@ def test_a_frame_added_as_the_recording_closes_is_written_or_not_taken(tmp_path)
     rec.close()
     adder.join(5)
     assert rec.written + rec.skipped == 1 and rec.error is None
+
+
+def test_a_start_that_loses_to_a_model_reload_is_told_to_start_again():
+    """Another viewer's Settings > Apply reloaded the model while a Start opened its source: the
+    feed was built on the engine the reload closed, installed, and showed "the engine is closed"
+    with nothing captioned."""
+    from app.service import Service, Settings, UIError
+    from app.task import make_task
+
+    service = Service(Settings(max_tokens=4, dtype="float32"))
+    try:
+        service.engine()
+        reloaded = threading.Event()
+        region_of = service._region_of
+
+        def after_the_reload(task):  # between engine() and the feed's construction
+            if threading.current_thread().name == "start":
+                reloaded.wait(60)
+            return region_of(task)
+
+        service._region_of = after_the_reload
+        said: list = []
+
+        def start() -> None:
+            try:
+                service.start_live("tab", "shapes_640x360_60fps.mp4", make_task("short"))
+            except UIError as e:
+                said.append(str(e))
+
+        starting = threading.Thread(target=start, name="start")
+        starting.start()
+        time.sleep(0.3)
+        assert service.apply(Settings(max_tokens=4, dtype="bfloat16")) == "engine reloaded"
+        reloaded.set()
+        starting.join(60)
+        feed = service.feed("tab")
+        assert feed is None and said and "reloaded" in said[0], (said, feed and feed.snapshot().error)
+    finally:
+        service.close()
+        service.remove_outputs()
+
+
+def test_a_page_that_leaves_live_while_its_sample_restarts_leaves_it_paused():
+    """Back on Live the page restarts its sample; gone again before that Start had opened it, the
+    page's leaving found no feed to pause, and the sample played on for nobody."""
+    import types
+
+    from app import ui
+    from app.service import Service, Settings
+
+    service = Service(Settings(max_tokens=4))
+    try:
+        handlers = {f.name: f.fn for f in ui.build(service).fns.values()}
+        page = types.SimpleNamespace(session_hash="tab")
+        form = ("shapes_640x360_60fps.mp4", None, "short", "", "none", "")
+        updates = []  # the page's update streams, kept open as Gradio keeps them (closed, each stops its feed)
+        updates.append(handlers["autoplay"](*form, request=page))
+        next(updates[-1])  # the page opens on Live: the sample plays
+        handlers["leave_live"](request=page)  # ...and goes to another tab: paused
+        assert service.feed("tab") is None
+        start = service.start_live
+
+        def slow_start(*args, **kwargs):
+            time.sleep(0.6)  # opening the source on a busy server
+            return start(*args, **kwargs)
+
+        service.start_live = slow_start
+        updates.append(handlers["back_to_live"](*form, request=page))
+        opening = threading.Thread(target=next, args=(updates[-1],))
+        opening.start()
+        time.sleep(0.2)
+        handlers["leave_live"](request=page)  # away again while the sample opens
+        opening.join(30)
+        time.sleep(0.5)
+        feed = service.feed("tab")
+        assert feed is None or not feed.running
+        service.start_live = start
+        updates.append(handlers["back_to_live"](*form, request=page))
+        next(updates[-1])  # and back: it plays again
+        assert service.feed("tab") is not None and service.feed("tab").running
+        handlers["closed"](request=page)
+    finally:
+        service.close()
+        service.remove_outputs()
+
+
+def test_an_interrupt_as_an_annotated_frame_is_written_keeps_the_frames_the_encoder_held(tmp_path):
+    """Ctrl-C (or SIGTERM) raised while a frame was muxed was taken for a failed write: close()
+    then skipped the encoder's flush, and the MP4 lost the frames x264 still held (27 of 40)."""
+    import av
+
+    from pipelines.annotated import AnnotatedVideoSink
+
+    sink = AnnotatedVideoSink(tmp_path / "a.mp4", 160, 120)
+    mux, calls = sink._mux, [0]
+
+    def interrupted(packets):
+        calls[0] += 1
+        if calls[0] == 21:
+            raise KeyboardInterrupt  # the signal, raised between two bytecodes here
+        mux(packets)
+
+    sink._mux = interrupted
+    rgb = np.full((120, 160, 3), 90, np.uint8)
+    for i in range(20):
+        sink.write_image(rgb, f"frame {i}", "", i / 10)
+    with pytest.raises(KeyboardInterrupt):
+        sink.write_image(rgb, "frame 20", "", 2.0)
+    sink.close()
+    with av.open(str(tmp_path / "a.mp4")) as c:
+        assert sum(1 for _ in c.decode(video=0)) >= 20
+
+
+def test_a_second_interrupt_before_the_stop_is_set_still_stops_video(tmp_path, small_folder):
+    """GNU `timeout -s INT` signals the command and then its group, microseconds apart: a second
+    SIGINT that came as the first one's handler began escaped it before it told the workers to
+    stop, and the run captioned every frame of every file before exiting. Forced: the second is
+    sent from inside the stop flag's set()."""
+    import os
+    import subprocess
+    import sys
+
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    out = tmp_path / "o.jsonl"
+    script = f"""if True:
+        import os, signal, sys, threading, time
+        set_ = threading.Event.set
+        armed = [True]
+        def set_and_signal(self):
+            if armed[0] and sys._getframe(1).f_code.co_filename.endswith("video.py") \\
+                    and threading.current_thread() is threading.main_thread():
+                armed[0] = False
+                os.kill(os.getpid(), signal.SIGINT)  # the group's copy of the signal, now
+            return set_(self)
+        threading.Event.set = set_and_signal
+        def first():
+            while not (os.path.exists({str(out)!r}) and open({str(out)!r}).read().count("\\n") >= 8):
+                time.sleep(0.02)
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=first, daemon=True).start()
+        sys.argv = ["vlmstream", "video", {str(clip)!r}, "--every-n", "4", "--model", {str(small_folder)!r},
+                    "--max-tokens", "8", "-o", {str(out)!r}]
+        from app.launcher import entry
+        entry()
+    """
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).resolve().parents[1])
+    lines = out.read_text().count("\n")
+    assert run.returncode == 130 and lines < 100, (run.returncode, lines, run.stderr[-800:])
