@@ -41,11 +41,11 @@ def check_args(args: argparse.Namespace) -> tuple[str, str]:
 def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: list[Path] | None,
         task: str, what: str) -> int:
     from engine.models.loader import load_model, model_id
-    from pipelines.sinks import json_text
     from engine.region_decoder import RegionDecoder
     from pipelines.changes import AnswerChanges
     from pipelines.locator import LiveLocator, LocateSource, count_change, places_text
     from pipelines.recorder import Recorder
+    from pipelines.sinks import json_text
     from pipelines.sources import SourceError
 
     from app.cli import realtime_dtype
