@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
@@ -22,7 +21,7 @@ import numpy as np
 
 from .frame import Frame
 from .grabber import LatestFrameGrabber
-from .live import LATENCY_WINDOW, _percentiles
+from .live import LatencyWindow
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -151,8 +150,8 @@ class _State:
     ended: bool = False
     error: str | None = None  # one line
     exception: BaseException | None = None
-    latency: dict[str, deque] = field(default_factory=lambda: {k: deque(maxlen=LATENCY_WINDOW)
-                                                               for k in ("locate", "end_to_end")})
+    latency: dict[str, LatencyWindow] = field(default_factory=lambda: {k: LatencyWindow()
+                                                                       for k in ("locate", "end_to_end")})
 
 
 class LiveLocator:
@@ -256,7 +255,7 @@ class LiveLocator:
                 g = s.grabber
                 st = {"frames_in": g.read, "completed": s.completed, "overwritten": g.overwritten,
                       "above_fps": s.above_fps, "achieved_fps": s.completed / wall,
-                      "latency_ms": {k: _percentiles(v) for k, v in s.latency.items() if v}}
+                      "latency_ms": {k: v.percentiles() for k, v in s.latency.items() if v}}
                 if s.source.connection is not None:
                     st["stream"] = s.source.connection.health()
                 out[s.source.label] = st
