@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from app.cli import UsageError
 
@@ -150,16 +151,28 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def check_resumed_model(models, model: str, jsonl: Path | None, what: str) -> None:
-    """A UsageError where a JSONL to resume holds the `what` (answers, places) of another model
-    than --model `model` (`models`: its lines' own; those without one are not asked): resumed
-    with another model, the two had been mixed in silence."""
+def read_resumed(read: Callable[[Path], dict], model_of: Callable, out: Path | None, plans: dict, model: str,
+                 what: str) -> tuple[dict, dict]:
+    """The lines a `--resume` run continues: those of the shared JSONL `out` and of each video's
+    own (`plans`: path -> its OutputPlan), read by `read` and all checked before the model loads
+    (a folder's files had been checked each in its turn, and those before a refused one written
+    with the other model). A UsageError where one holds the `what` (answers, places) of another
+    model than --model `model` (`model_of(line)`; lines without one are not asked): resumed with
+    another model, the two had been mixed in silence."""
     from engine.models.loader import model_id
 
-    theirs = {model_id(m) for m in models if isinstance(m, str) and m}
-    if theirs and theirs != {model_id(model)}:
-        raise UsageError(f"{jsonl} holds the {what} of {', '.join(sorted(theirs))}, not of --model {model}: "
-                         "resume it with that model, or write to another file")
+    def check(lines: dict, jsonl: Path | None) -> None:
+        theirs = {model_id(m) for m in map(model_of, lines.values()) if isinstance(m, str) and m}
+        if theirs and theirs != {model_id(model)}:
+            raise UsageError(f"{jsonl} holds the {what} of {', '.join(sorted(theirs))}, not of --model {model}: "
+                             "resume it with that model, or write to another file")
+
+    done = read(out) if out is not None else {}
+    check(done, out)
+    resumed = {path: read(plan.jsonl) for path, plan in plans.items() if plan.jsonl}
+    for path, lines in resumed.items():
+        check(lines, plans[path].jsonl)
+    return done, resumed
 
 
 class Rebuilds:

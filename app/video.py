@@ -11,8 +11,8 @@ from pathlib import Path
 
 from app.cli import LOCATE_BATCH, UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.launcher import stop_requested
-from app.outputs import (FORMATS, Rebuilds, check_not_inputs, check_resumed_model, check_writable, folder_arg,
-                         parse_formats, plan_outputs)
+from app.outputs import (FORMATS, Rebuilds, check_not_inputs, check_writable, folder_arg, parse_formats,
+                         plan_outputs, read_resumed)
 from app.prompt_args import check_constraints, prompt_tasks
 
 
@@ -95,14 +95,9 @@ def run(args: argparse.Namespace) -> int:
     def warn(message: str) -> None:
         print(f"vlmstream: warning: {message}", file=sys.stderr)
 
-    done = done_frames(out, one_prompt, warn) if args.resume and kind == "jsonl" else {}
-    check_resumed_model((r.model for r in done.values()), args.model, out, "answers")
-    # Each video's own JSONL, read and checked before anything runs: a folder's files had been
-    # checked each in its turn, and those before a refused one written with the other model.
-    resumed = {path: done_frames(plan.jsonl, one_prompt, warn) for path, plan in plans.items()
-               if args.resume and plan.jsonl}
-    for path, file_done in resumed.items():
-        check_resumed_model((r.model for r in file_done.values()), args.model, plans[path].jsonl, "answers")
+    done, resumed = read_resumed(lambda p: done_frames(p, one_prompt, warn), lambda r: r.model,
+                                 out if kind == "jsonl" else None, plans, args.model,
+                                 "answers") if args.resume else ({}, {})
     shared = None  # the one JSONL of every file: opened (afresh, without --resume) once the model is up
     stop, write_failed, pipe_closed = threading.Event(), threading.Event(), threading.Event()
     print_lock = threading.Lock()

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from app.cli import UsageError, reading_arg
-from app.outputs import Rebuilds, check_resumed_model
+from app.outputs import Rebuilds, read_resumed
 
 
 def done_places(path: Path | None, task: str, what: str) -> dict[tuple[str, int], dict]:
@@ -67,11 +67,8 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     from app.cli import realtime_dtype
 
     resume = bool(args.resume)
-    done = done_places(out, task, what) if resume else {}
-    check_resumed_model((r.get("model") for r in done.values()), args.model, out, "places")
-    resumed = {path: done_places(plan.jsonl, task, what) for path, plan in plans.items() if resume and plan.jsonl}
-    for path, file_done in resumed.items():  # all before the model loads: none written with the wrong one
-        check_resumed_model((r.get("model") for r in file_done.values()), args.model, plans[path].jsonl, "places")
+    done, resumed = read_resumed(lambda p: done_places(p, task, what), lambda r: r.get("model"), out, plans,
+                                 args.model, "places") if resume else ({}, {})
     model = model_id(args.model)
     t0 = time.perf_counter()
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
