@@ -14,10 +14,7 @@ import contextlib
 import json
 import math
 import os
-import secrets
-import shutil
 import sysconfig
-import tempfile
 import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, replace
@@ -26,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from app.video_jobs import VideoJobs
 from pipelines.frame import AS_SHOWN, Reading
 
 
@@ -48,15 +46,11 @@ def samples_dir() -> Path:
 SAMPLES_DIR = samples_dir()
 LIVE_FPS = 60.0
 RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about this long
-# A video job's outputs stay on disk until this many newer jobs have run (Gradio serves its own
-# copies of them; ours only need to outlive the hand-over), and go when the server stops.
-VIDEO_JOBS_KEPT = 8
 # A live recording (the Live tab's Record box) keeps the first this many seconds: ~1 MB a minute
 # at 640x360 (the 60 fps sample: 2.8 MB for 150 s). One per tab, replaced by its next one,
 # removed with the tab.
 RECORD_MAX_S = 600.0
 CLOSED_KEPT = 10_000  # closed sessions remembered, so that a late event cannot bring one back
-VIDEO_SLOTS = 2  # video jobs run at once; the others wait, each its Cancel working meanwhile
 
 
 class UIError(Exception):
@@ -93,17 +87,12 @@ class Service:
         self._feeds: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> LiveFeed
         self._ended: dict[tuple[str, str], object] = {}  # the last stopped feed of each, for an export
         self._history: deque = deque(maxlen=4096)  # engine stats snapshots behind the current rates
-        self._scratch: Path | None = None  # this process's folder of video job outputs
-        self._jobs: deque[Path] = deque()
-        self._writing: set[Path] = set()  # job folders a running video job still writes to
-        # session -> the stop flags of its running video jobs (a tab, or an API client, may run several)
-        self._video_stops: dict[str, set[threading.Event]] = {}
+        self.jobs = VideoJobs()  # video jobs' turns and stop flags; the folder of every output
         self._recorders: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> its feed's Recorder
         self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
         self._region: tuple | None = None  # (engine, its RegionDecoder, a lock: one call at a time)
         self._closed: OrderedDict[str, None] = OrderedDict()  # the sessions closed last, oldest first
-        self._video_slots = threading.Semaphore(VIDEO_SLOTS)
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):
@@ -231,7 +220,7 @@ class Service:
         recorder = None
         if record:
             self._drop_recording(session, "pull")
-            recorder = Recorder(self._recording_path("live"), max_seconds=RECORD_MAX_S)
+            recorder = Recorder(self.jobs.recording_path("live"), max_seconds=RECORD_MAX_S)
         engine = self.engine()
         try:
             feed = LiveFeed(engine, task, self.params(), live.frames, realtime=live.paced, loop=live.loops,
@@ -278,12 +267,6 @@ class Service:
         if not recorder.written:
             raise UIError("nothing recorded yet: no frame was captioned")
         return recorder.path
-
-    def _recording_path(self, kind: str) -> Path:
-        """A new recording's file, named at random: named after the session, its download told
-        the session's id, which Gradio's unauthenticated heartbeat route takes (a closed
-        connection on it closed the session: its feeds stopped, its recording deleted)."""
-        return self._scratch_dir() / f"{kind}-{secrets.token_hex(6)}.mp4"
 
     def _drop_recording(self, session: str, kind: str) -> None:
         with self._lock:
@@ -333,7 +316,8 @@ class Service:
             was, self._cam_record[session] = self._cam_record.get(session, False), record
             if record and not was:
                 self._drop_recording(session, "push")  # the last one (finished: unticked or downloaded)
-                recorder = self._recorders[key] = Recorder(self._recording_path("camera"), max_seconds=RECORD_MAX_S)
+                recorder = self._recorders[key] = Recorder(self.jobs.recording_path("camera"),
+                                                           max_seconds=RECORD_MAX_S)
                 feed.on_result = recorder.add
             elif was and not record:
                 feed.on_result, finished = None, self._recorders.get(key)
@@ -408,7 +392,7 @@ class Service:
         UIError (a full disk had shown the page a bare "[Errno 28]" and left a part file)."""
         path = None
         try:
-            path = self.video_job_dir() / name
+            path = self.jobs.new_folder() / name
             write(path)
         except OSError as e:
             if path is not None:
@@ -421,7 +405,7 @@ class Service:
             self._closed[session] = None
             while len(self._closed) > CLOSED_KEPT:
                 self._closed.popitem(last=False)
-        self.cancel_video(session)
+        self.jobs.cancel(session)
         with self._lock:
             # a Start still opening its source would install its feed after us: wait for it
             starting = self._starting.get(session) or contextlib.nullcontext()
@@ -527,100 +511,39 @@ class Service:
         `run_locate_job`).
         Setting `stop` ends the job at its next frame with what is done ("cancelled": True). With
         `changes`, the rows and the JSONL hold only the answers that changed (`video --changes`)."""
-        from app.video_job import run_locate_job, run_video_job
-
         try:
             if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
                 raise UIError("no video given")
             if isinstance(every_n, bool) or not isinstance(every_n, int) or every_n < 1:
                 raise UIError(f"every n-th frame must be a whole number >= 1, got {every_n!r}")
-            with self._lock:
-                self._writing.add(out_dir)
-            region = self._region_task(task)
-            if region is not None:  # {"detect": OBJECT} or {"point": OBJECT}: LOCATE_BATCH frames a turn
-                kind, what = region
-                decoder, lock = self._region_decoder()
-                done = [0]
+            with self.jobs.writing(out_dir):  # till the job is over: then its folder may go
+                return self._caption_video(path, task, out_dir, every_n, on_progress, stop, changes)
+        finally:  # a later Cancel has nothing of it to stop
+            self.jobs.forget(stop)
 
-                def locate_many(rgbs: list[np.ndarray]) -> list[dict]:
-                    with self._lock:  # as a caption job stops: it had run on, keeping the old model
-                        reloaded = self._region is None or self._region[1] is not decoder
-                    if reloaded:
-                        raise UIError(f"the engine was reloaded (Settings) after {done[0]} frames: run the job again")
-                    with lock:
-                        found = decoder.locate_batch(rgbs, what, kind)
-                    done[0] += len(rgbs)
-                    return found
+    def _caption_video(self, path, task, out_dir, every_n, on_progress, stop, changes) -> dict:
+        from app.video_job import run_locate_job, run_video_job
 
-                return run_locate_job(locate_many, path, kind, what, out_dir, every_n, on_progress, stop, changes,
-                                      self.reading)
-            return run_video_job(self.engine(), self.params(), path, task, out_dir, every_n, on_progress, stop,
-                                 changes, self.reading)
-        finally:
-            with self._lock:  # the job is over: its folder may go, and a later Cancel has nothing of it to stop
-                self._writing.discard(out_dir)
-            self.forget_video_stop(stop)
+        region = self._region_task(task)
+        if region is not None:  # {"detect": OBJECT} or {"point": OBJECT}: LOCATE_BATCH frames a turn
+            kind, what = region
+            decoder, lock = self._region_decoder()
+            done = [0]
 
-    def forget_video_stop(self, stop: threading.Event | None) -> None:
-        """A job's stop flag, once the job is over (or never started)."""
-        with self._lock:
-            for session, stops in list(self._video_stops.items()):
-                stops.discard(stop)
-                if not stops:
-                    del self._video_stops[session]
+            def locate_many(rgbs: list[np.ndarray]) -> list[dict]:
+                with self._lock:  # as a caption job stops: it had run on, keeping the old model
+                    reloaded = self._region is None or self._region[1] is not decoder
+                if reloaded:
+                    raise UIError(f"the engine was reloaded (Settings) after {done[0]} frames: run the job again")
+                with lock:
+                    found = decoder.locate_batch(rgbs, what, kind)
+                done[0] += len(rgbs)
+                return found
 
-    def video_stop(self, session: str) -> threading.Event:
-        """A new video job's stop flag for a session. Cancel, or the tab closing, sets the flags of
-        all the session's running jobs: a job started while another runs must not escape them."""
-        stop = threading.Event()
-        with self._lock:
-            self._video_stops.setdefault(session, set()).add(stop)
-        return stop
-
-    def video_slot(self, stop: threading.Event, waiting: Callable[[], None]) -> bool:
-        """Wait for one of VIDEO_SLOTS (`waiting` is called now and then meanwhile); False if the
-        job's `stop` is set first (Cancel, the tab closed), True once it may run: release it with
-        `release_video_slot`. Gradio's own limit had kept a waiting job out of reach of Cancel
-        (its stop flag came when it started), and it ran to its end."""
-        while not self._video_slots.acquire(timeout=0.25):
-            if stop.is_set():
-                return False
-            waiting()
-        if stop.is_set():
-            self._video_slots.release()
-            return False
-        return True
-
-    def release_video_slot(self) -> None:
-        self._video_slots.release()
-
-    def cancel_video(self, session: str) -> int:
-        """Stop every running video job of a session; returns how many there were."""
-        with self._lock:
-            stops = self._video_stops.pop(session, set())
-        for stop in stops:
-            stop.set()
-        return len(stops)
-
-    def _scratch_dir(self) -> Path:
-        """This process's folder of outputs (video jobs, recordings), removed when the server stops."""
-        with self._lock:
-            if self._scratch is None:
-                self._scratch = Path(tempfile.mkdtemp(prefix="vlmstream-ui-"))
-            return self._scratch
-
-    def video_job_dir(self) -> Path:
-        """A new folder for one video job's outputs (or an export); the oldest beyond
-        VIDEO_JOBS_KEPT are deleted, but never one that a running video job writes to: other
-        viewers' exports would otherwise pull a long job's folder from under it."""
-        with self._lock:
-            job = Path(tempfile.mkdtemp(prefix="video-", dir=self._scratch_dir()))
-            self._jobs.append(job)
-            idle = [j for j in self._jobs if j not in self._writing]
-            for old in idle[: max(0, len(self._jobs) - VIDEO_JOBS_KEPT)]:
-                self._jobs.remove(old)
-                shutil.rmtree(old, ignore_errors=True)
-            return job
+            return run_locate_job(locate_many, path, kind, what, out_dir, every_n, on_progress, stop, changes,
+                                  self.reading)
+        return run_video_job(self.engine(), self.params(), path, task, out_dir, every_n, on_progress, stop,
+                             changes, self.reading)
 
     def remove_outputs(self) -> None:
         """Delete every video job's outputs and every recording (the server is stopping)."""
@@ -628,10 +551,7 @@ class Service:
             for recorder in self._recorders.values():
                 recorder.close()
             self._recorders.clear()
-            if self._scratch is not None:
-                shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = None
-            self._jobs.clear()
+        self.jobs.remove()
 
     def close(self) -> None:
         """Stop every feed and close the engine (a later call to `engine()` opens a new one)."""

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from app.service import RECORD_MAX_S, VIDEO_SLOTS, Service, Settings, UIError, sample_videos
+from app.service import RECORD_MAX_S, Service, Settings, UIError, sample_videos
+from app.video_jobs import VIDEO_SLOTS
 from app.task import make_task
 
 PAGE_HZ = 12.0  # frame + caption updates per second pushed to a watching page (at most)
@@ -239,7 +240,7 @@ def build(service: Service, source: str | None = None):
             every = _number(every_n, 1, "every n-th frame")
         except UIError as e:
             raise _user_error(str(e)) from None
-        stop = service.video_stop(request.session_hash if request else "api")
+        stop = service.jobs.stop_flag(request.session_hash if request else "api")
 
         locating = kind in ("detect", "point")
 
@@ -247,18 +248,19 @@ def build(service: Service, source: str | None = None):
             progress((min(done, total), total) if total else done, desc="locating" if locating else "captioning",
                      unit="frames")
 
-        if not service.video_slot(stop, lambda: progress(None, desc=f"waiting: {VIDEO_SLOTS} video jobs run at once")):
-            service.forget_video_stop(stop)
+        waiting = f"waiting: {VIDEO_SLOTS} video jobs run at once"
+        if not service.jobs.wait_turn(stop, lambda: progress(None, desc=waiting)):
+            service.jobs.forget(stop)
             return "cancelled before it started", None, None, None
         try:
             # its folder once it runs: made before, while it waited, other jobs' folders pushed it
             # out of the VIDEO_JOBS_KEPT newest, and it was deleted
-            out_dir = service.video_job_dir()
+            out_dir = service.jobs.new_folder()
             out = service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes))
         except (UIError, VlmstreamError, OSError) as e:
             raise _user_error(str(_upload_named(e, path))) from None
         finally:
-            service.release_video_slot()
+            service.jobs.end_turn()
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
         note = (f"{out['frames']} frame{'' if out['frames'] == 1 else 's'} {'located' if locating else 'captioned'} "
                 f"in {out['seconds']} s "
@@ -274,7 +276,7 @@ def build(service: Service, source: str | None = None):
         return note, rows, [p[k] for k in ("srt", "vtt", "jsonl", "mp4") if k in p], p["mp4"]
 
     def cancel_video(request: gr.Request):
-        service.cancel_video(request.session_hash)
+        service.jobs.cancel(request.session_hash)
 
     def apply(model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky, hold=Settings.hold):
         try:
@@ -426,7 +428,7 @@ def build(service: Service, source: str | None = None):
             vrun.click(lambda: ("", None, None, None), None, [vnote, vtable, vfiles, vvideo], queue=False,
                        api_name=False, show_progress="hidden")
             # not Gradio's concurrency limit: a job waiting for a slot must already answer Cancel
-            # (Service.video_slot)
+            # (VideoJobs.wait_turn)
             vrun.click(video, [vfile, vkind, vquestion, every, vckind, vctext, vchanges], [vnote, vtable, vfiles, vvideo],
                        api_name="caption_video", concurrency_limit=None)
             # also an API: a gradio_client's job.cancel() cannot stop a running job (Gradio ends the
@@ -622,7 +624,7 @@ def run(args: argparse.Namespace) -> int:
     # Unset again at the end: a second server in this process (tests) must not inherit a removed folder.
     own_temp = "GRADIO_TEMP_DIR" not in os.environ
     if own_temp:
-        os.environ["GRADIO_TEMP_DIR"] = str(service._scratch_dir() / "gradio")
+        os.environ["GRADIO_TEMP_DIR"] = str(service.jobs.scratch() / "gradio")
     demo = None
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts

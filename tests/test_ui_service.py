@@ -511,20 +511,20 @@ def test_a_video_job_stops_on_cancel_or_when_its_tab_closes_and_keeps_what_is_do
     def on_progress(done, total):
         seen.append(done)
         if len(seen) == 5:
-            assert service.cancel_video("tab-v")
+            assert service.jobs.cancel("tab-v")
 
     out = service.caption_video(clip, make_task("short"), tmp_path / "job", every_n=2, on_progress=on_progress,
-                                stop=service.video_stop("tab-v"))
+                                stop=service.jobs.stop_flag("tab-v"))
     assert out["cancelled"] and 5 <= out["frames"] < 240 and len(out["rows"]) == out["frames"]
     lines = Path(out["paths"]["jsonl"]).read_text().splitlines()
     assert [json.loads(line)["index"] for line in lines] == [r["index"] for r in out["rows"]]
     assert Path(out["paths"]["srt"]).read_text().startswith("1\n")
-    assert not service.cancel_video("tab-v")  # nothing running any more
+    assert not service.jobs.cancel("tab-v")  # nothing running any more
     # a tab that closes stops its job
     started, result = threading.Event(), {}
     job = threading.Thread(target=lambda: result.update(service.caption_video(
         clip, make_task("short"), tmp_path / "job2", on_progress=lambda d, t: started.set(),
-        stop=service.video_stop("tab-w"))))
+        stop=service.jobs.stop_flag("tab-w"))))
     job.start()
     assert started.wait(60)
     service.close_session("tab-w")
@@ -541,33 +541,33 @@ def test_cancel_stops_every_video_job_of_its_session_not_only_the_newest(service
     def job(i: int, session: str) -> threading.Thread:
         t = threading.Thread(target=lambda: results[i].update(service.caption_video(
             clip, make_task("short"), tmp_path / f"job{i}", on_progress=lambda d, n: started[i].set(),
-            stop=service.video_stop(session))))
+            stop=service.jobs.stop_flag(session))))
         t.start()
         return t
 
     jobs = [job(0, "tab-x"), job(1, "tab-x"), job(2, "tab-y")]  # two in one tab (or API client), one elsewhere
     assert all(e.wait(60) for e in started)
-    assert service.cancel_video("tab-x") == 2
+    assert service.jobs.cancel("tab-x") == 2
     for t in jobs[:2]:
         t.join(60)
         assert not t.is_alive()
     assert results[0]["cancelled"] and results[1]["cancelled"]
     assert jobs[2].is_alive() or not results[2]["cancelled"]  # the other tab's job goes on
-    assert service.cancel_video("tab-y") in (0, 1)
+    assert service.jobs.cancel("tab-y") in (0, 1)
     jobs[2].join(60)
-    assert not jobs[2].is_alive() and service.cancel_video("tab-y") == 0
+    assert not jobs[2].is_alive() and service.jobs.cancel("tab-y") == 0
     with pytest.raises(UIError):  # a job refused at once leaves no stop flag behind
-        service.caption_video(clip, make_task("short"), tmp_path / "bad", every_n=0, stop=service.video_stop("tab-z"))
-    assert service.cancel_video("tab-z") == 0
+        service.caption_video(clip, make_task("short"), tmp_path / "bad", every_n=0, stop=service.jobs.stop_flag("tab-z"))
+    assert service.jobs.cancel("tab-z") == 0
 
 
 def test_video_job_outputs_are_bounded_and_removed_when_the_server_stops():
-    from app.service import VIDEO_JOBS_KEPT
+    from app.video_jobs import VIDEO_JOBS_KEPT
 
     s = Service()
     jobs = []
     for i in range(VIDEO_JOBS_KEPT + 3):
-        jobs.append(s.video_job_dir())
+        jobs.append(s.jobs.new_folder())
         (jobs[-1] / "captions.jsonl").write_text(str(i))
     assert len(set(jobs)) == len(jobs)
     assert [j.exists() for j in jobs] == [False] * 3 + [True] * VIDEO_JOBS_KEPT
@@ -576,7 +576,7 @@ def test_video_job_outputs_are_bounded_and_removed_when_the_server_stops():
     assert jobs[-1].exists()
     s.remove_outputs()
     assert not jobs[-1].parent.exists()
-    assert s.video_job_dir().exists()  # usable again (a new scratch folder)
+    assert s.jobs.new_folder().exists()  # usable again (a new scratch folder)
     s.remove_outputs()
 
 
@@ -585,14 +585,14 @@ def test_other_viewers_exports_never_remove_a_running_video_jobs_folder(service)
     must still find its folder when it writes its last frames."""
     import av
 
-    from app.service import VIDEO_JOBS_KEPT
+    from app.video_jobs import VIDEO_JOBS_KEPT
 
-    job = service.video_job_dir()
+    job = service.jobs.new_folder()
     others = []
 
     def on_progress(done, total):
         if not others:  # while the job runs, more exports than the folders kept
-            others.extend(service.video_job_dir() for _ in range(VIDEO_JOBS_KEPT + 2))
+            others.extend(service.jobs.new_folder() for _ in range(VIDEO_JOBS_KEPT + 2))
             assert job.exists() and not others[0].exists()
 
     out = service.caption_video(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), make_task("short"), job, every_n=16,
@@ -600,7 +600,7 @@ def test_other_viewers_exports_never_remove_a_running_video_jobs_folder(service)
     assert out["frames"] == 30 and not out["cancelled"]
     with av.open(out["paths"]["mp4"]) as c:
         assert sum(1 for _ in c.decode(video=0)) == 30
-    service.video_job_dir()  # done: now it is the oldest, and goes like any other
+    service.jobs.new_folder()  # done: now it is the oldest, and goes like any other
     assert not job.exists()
 
 
@@ -667,8 +667,8 @@ def test_a_storm_of_viewers_leaves_nothing_running(tmp_path):
             lambda t: s.recording(t, rng.choice(["pull", "push"])),
             close,
             lambda t: s.apply(Settings(max_tokens=8, pipelined=rng.random() < 0.7, sticky=rng.choice([0.0, 2.0]))),
-            lambda t: s.caption_video(clip, rng.choice(tasks), s.video_job_dir(), every_n=24, stop=s.video_stop(t)),
-            lambda t: s.cancel_video(t),
+            lambda t: s.caption_video(clip, rng.choice(tasks), s.jobs.new_folder(), every_n=24, stop=s.jobs.stop_flag(t)),
+            lambda t: s.jobs.cancel(t),
         ]
         while not stop.is_set():
             try:
@@ -897,7 +897,7 @@ def test_odd_inputs_from_a_page_are_one_line_errors_and_leave_nothing_behind(ser
     for every, question in ((float("nan"), "x"), ("x", "x"), (2, "  ")):
         with pytest.raises(gr_error()):
             video(clip, "question", question, every)
-    assert service._video_stops.get("api") is None
+    assert service.jobs._stops.get("api") is None
     # an upload that is no video is named by its name, not by Gradio's scratch path
     upload = tmp_path / "gradio" / "be5207d615" / "fake.mp4"
     upload.parent.mkdir(parents=True)
@@ -920,10 +920,10 @@ def test_odd_inputs_from_a_page_are_one_line_errors_and_leave_nothing_behind(ser
         service.start_live("tab-odd", "shapes_640x360_60fps.mp4", make_task("short"))
     assert service.feed("tab-odd", "push") is None and ("tab-odd", "push") not in service._feeds
     with pytest.raises(UIError, match="no video given"):
-        service.caption_video(None, make_task("short"), tmp_path / "job", stop=service.video_stop("tab-v2"))
+        service.caption_video(None, make_task("short"), tmp_path / "job", stop=service.jobs.stop_flag("tab-v2"))
     with pytest.raises(UIError, match="whole number"):
-        service.caption_video(clip, make_task("short"), tmp_path / "job", every_n=2.5, stop=service.video_stop("tab-v2"))
-    assert "tab-v2" not in service._video_stops
+        service.caption_video(clip, make_task("short"), tmp_path / "job", every_n=2.5, stop=service.jobs.stop_flag("tab-v2"))
+    assert "tab-v2" not in service.jobs._stops
 
 
 def gr_error():
@@ -1146,7 +1146,7 @@ def test_an_export_the_servers_disk_cannot_take_is_said(small_folder, tmp_path):
         full.mkdir()
         for name in ("live-captions.jsonl", "live-changes.zip"):
             (full / name).symlink_to("/dev/full")
-        s.video_job_dir = lambda: full
+        s.jobs.new_folder = lambda: full
         with pytest.raises(UIError, match="cannot write live-captions.jsonl on the server: No space left on device"):
             s.export_log("tab-x")
         with pytest.raises(UIError, match="cannot write live-changes.zip on the server: No space left on device"):
@@ -1291,20 +1291,20 @@ def test_an_image_asked_across_a_reload_is_an_error_not_empty_answers(small_fold
 def test_a_video_job_waiting_for_a_slot_answers_cancel():
     """Two video jobs run at once; a third waited in Gradio's queue, where its stop flag did not
     exist yet: Cancel did nothing, and it ran to its end once a slot freed."""
-    from app.service import VIDEO_SLOTS
+    from app.video_jobs import VIDEO_SLOTS
 
     service = Service(Settings())
-    running = [service.video_stop(f"tab-{i}") for i in range(VIDEO_SLOTS)]
-    assert all(service.video_slot(stop, lambda: None) for stop in running)
-    waiting, waited, got = service.video_stop("tab-w"), [], []
-    t = threading.Thread(target=lambda: got.append(service.video_slot(waiting, lambda: waited.append(1))))
+    running = [service.jobs.stop_flag(f"tab-{i}") for i in range(VIDEO_SLOTS)]
+    assert all(service.jobs.wait_turn(stop, lambda: None) for stop in running)
+    waiting, waited, got = service.jobs.stop_flag("tab-w"), [], []
+    t = threading.Thread(target=lambda: got.append(service.jobs.wait_turn(waiting, lambda: waited.append(1))))
     t.start()
     time.sleep(0.6)
     assert t.is_alive() and waited  # waiting, and the page is told so
-    assert service.cancel_video("tab-w") == 1
+    assert service.jobs.cancel("tab-w") == 1
     t.join(2)
     assert not t.is_alive() and got == [False]
-    service.release_video_slot()  # a slot frees: the next job takes it at once
-    assert service.video_slot(service.video_stop("tab-n"), lambda: None)
+    service.jobs.end_turn()  # a slot frees: the next job takes it at once
+    assert service.jobs.wait_turn(service.jobs.stop_flag("tab-n"), lambda: None)
     for _ in range(VIDEO_SLOTS):
-        service.release_video_slot()
+        service.jobs.end_turn()
