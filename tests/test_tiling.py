@@ -236,3 +236,30 @@ def test_a_white_or_black_page_is_shown_mid_grey_and_what_is_on_it_kept():
     paged = dataclasses.replace(cfg, page_to_grey=True)
     assert not np.array_equal(overlap_crops(rgb, cfg)[0], overlap_crops(rgb, paged)[0])
     assert np.array_equal(overlap_crops(rgb, paged)[0], overlap_crops(page_to_grey(rgb), cfg)[0])
+
+
+@pytest.mark.parametrize("level", [255, 0])
+def test_a_page_is_half_the_edge_within_the_tolerance_in_every_channel(level):
+    from engine.models.tiling import PAGE_GREY, PAGE_TOLERANCE
+
+    near = level - PAGE_TOLERANCE if level else PAGE_TOLERANCE  # the farthest still near
+    far = near - 1 if level else near + 1
+
+    def frame(edge_value, share: float, channel: int | None = None) -> np.ndarray:
+        rgb = np.full((40, 60, 3), 128, np.uint8)  # a mid-grey inside that is no page's colour
+        mask = np.zeros((40, 60), bool)
+        mask[0], mask[-1], mask[:, 0], mask[:, -1] = True, True, True, True
+        ys, xs = np.nonzero(mask)
+        k = int(round(share * len(ys)))
+        value = np.full(3, near, np.uint8)
+        if channel is not None:
+            value[channel] = edge_value
+        else:
+            value[:] = edge_value
+        rgb[ys[:k], xs[:k]] = value
+        return rgb
+
+    assert page_to_grey(frame(near, 0.5))[0, 0].tolist() == [PAGE_GREY] * 3  # half the edge: a page
+    unchanged = [frame(near, 0.45), frame(far, 1.0)] + [frame(far, 1.0, c) for c in range(3)]
+    for rgb in unchanged:  # less than half; one level past the tolerance, in any one channel
+        assert page_to_grey(rgb) is rgb
