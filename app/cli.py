@@ -20,7 +20,7 @@ from typing import NoReturn, Sequence
 
 from app.console import StandardOutputError, guarded_console
 from app.errors import UsageError
-from app.launcher import keep_freed_memory, sigterm_as_interrupt, stopped_code
+from app.launcher import keep_freed_memory, one_opencv_thread, sigterm_as_interrupt, stopped_code
 from app.prompt_args import add_constraint_args, add_prompt_args
 from pipelines.live import LIVE_STICKY
 from engine.errors import VlmstreamError, shortened
@@ -458,6 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(EXIT_USAGE, f"vlmstream: error: unrecognized arguments: {' '.join(unknown)} "
                                 f"(see vlmstream {args.command} --help)\n")
     keep_freed_memory()
+    one_opencv_thread()
     # `kill`, `timeout`, systemd: ended as Ctrl-C ends it
     with sigterm_as_interrupt() as term, guarded_console():
         try:

@@ -1029,3 +1029,16 @@ def test_an_annotated_copy_named_beside_its_folder_is_captioned(capsys, tmp_path
     assert main(["video", str(folder), str(folder / "ann" / "clip.mp4"), "-o", str(tmp_path / "all.jsonl"), *model]) == 0
     sources = {json.loads(x)["source"] for x in (tmp_path / "all.jsonl").read_text().splitlines()}
     assert sources == {str(folder / "clip.mp4"), str(folder / "ann" / "clip.mp4")}
+
+
+def test_the_cli_runs_opencv_on_the_calling_thread(tmp_path, capsys):
+    """OpenCV's pool took more CPU for each frame's thumbnail than one thread, from the model's
+    cores: every command sets it to one thread (even one that ends on a user's mistake)."""
+    import cv2
+
+    cv2.setNumThreads(4)
+    try:
+        assert main(["image", str(tmp_path / "missing.png")]) == 2
+        assert cv2.getNumThreads() == 1
+    finally:
+        cv2.setNumThreads(1)
