@@ -31,6 +31,40 @@ def test_a_backlog_skips_to_keyframes_until_the_edge_then_decodes_all_again():
     assert codec.skip_frame == "DEFAULT" and guard.late < 0.1
 
 
+def _behind(guard: CatchUp) -> float:
+    """A 30 fps stream decoded in time for a second, then at 20 fps for three: ~1.5 s behind, skipping."""
+    for i in range(30):
+        guard.frame(i / 30, 100.0 + i / 30)
+    for i in range(30, 120):
+        guard.frame(i / 30, 100.0 + 1.0 + (i - 30) / 20)
+    assert guard.skipping and guard.late > CATCH_UP_S
+    return 101.0 + 89 / 20 - 119 / 30  # the last frame's wall time minus its stream time
+
+
+def test_skipping_goes_on_until_the_stream_is_nearly_caught_up():
+    """Every frame is decoded again only within CAUGHT_UP_S of the edge, not as soon as the
+    stream is under CATCH_UP_S late: it would hover a second behind, catching up again and again."""
+    codec = Codec()
+    guard = CatchUp(codec)
+    _behind(guard)
+    guard.frame(5.5, 106.0)  # half a second late: still skipping
+    assert 0.4 < guard.late < 0.6 and codec.skip_frame == "NONKEY"
+    guard.frame(5.95, 106.05)
+    assert codec.skip_frame == "DEFAULT" and guard.catch_ups == 1
+
+
+def test_a_stream_given_up_on_takes_where_it_is_as_its_edge():
+    """After GIVE_UP_S of keyframes only (none came), the next frame is the edge: measured against
+    the old one it was as late as before, and the decoder went back to skipping for another
+    GIVE_UP_S, again and again."""
+    codec = Codec()
+    guard = CatchUp(codec)
+    offset = _behind(guard)
+    guard.packet(105.45 + GIVE_UP_S + 0.1)
+    guard.frame(4.0, 4.0 + offset)  # as far behind as it was
+    assert codec.skip_frame == "DEFAULT" and guard.late < 0.01 and guard.catch_ups == 1
+
+
 def test_a_slow_camera_clock_a_timestamp_jump_and_a_stream_without_keyframes_do_not_stall_decoding():
     codec = Codec()
     guard = CatchUp(codec)

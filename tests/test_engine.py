@@ -968,6 +968,21 @@ def test_stages_add_up_to_the_total(small_folder, images, vision_thread):
     assert 0 < sum(o.timings_ms["vision"] for o in outs) <= busy * 1000
 
 
+def test_a_request_is_charged_the_encoding_it_waited_for_not_all_of_it():
+    """A second prompt on an image whose encoding began before it came waited for only the rest:
+    charged the whole, its vision outgrew its wait, its queue went negative and the stages no
+    longer made up the total."""
+    from engine.sequence import Image, Sequence
+
+    img = Image(id=1, crops=None, tiling=(1, 1), staged=True)  # encoded on the vision thread
+    img.timings.vision = 50.0
+    seq = Sequence(id=1, prompt=[3, 4, 5], params=SamplingParams(max_tokens=5), image=img, handle=None, capacity=5)
+    seq.submitted_at, seq.admitted_at, seq.first_token_at = 100.0, 100.010, 100.020
+    t = seq.output("stop", 100.030).timings
+    assert t.vision == pytest.approx(10.0) and t.queue == pytest.approx(0.0)
+    assert t.preprocess + t.queue + t.vision + t.prefill + t.decode == pytest.approx(t.total)
+
+
 def test_vision_thread_error_reaches_the_caller(small_folder, images):
     eng = _engine(small_folder)
 

@@ -289,6 +289,20 @@ def test_subtitles_merge_and_parse_back(tmp_path, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_cues_past_an_hour_and_a_last_frame_at_the_stated_end(tmp_path, fmt):
+    """Times past the hour carry their hours (a film's captions); a video whose stated end is its
+    last frame's time (or before it) still shows that frame's answer for a frame, not 1 ms."""
+    sep = "," if fmt == "srt" else "."
+    path = tmp_path / f"s.{fmt}"
+    sink = SubtitleSink(path, fmt, frame_duration=0.5)
+    sink.write(FrameResult("v", 0, 3725.0, "a red star", [], "stop", {}))
+    sink.write(FrameResult("v", 1, 3726.0, "a blue star", [], "stop", {}))
+    sink.close(end=3726.0)
+    assert _parse_subs(path.read_text()) == [(f"01:02:05{sep}000", f"01:02:06{sep}000", "a red star"),
+                                             (f"01:02:06{sep}000", f"01:02:06{sep}500", "a blue star")]
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
 def test_cue_text_cannot_end_a_cue_or_read_as_markup(tmp_path, fmt):
     """Answers are the model's (or a constraint's) text: a blank line in one ended its cue early,
     a line of "a --> b" read as a timing line, and in WebVTT "<b>" was applied and a bare & is

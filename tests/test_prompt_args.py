@@ -53,6 +53,8 @@ def test_a_constraint_belongs_to_the_prompt_before_it():
     (["--json-schema", "/dev/null"], "not a regular file '/dev/null'"),
     (["--json-schema", '{"type": '], "--json-schema is not valid JSON"),
     (["--json-schema", '{"type": "object"} [1]'], "--json-schema is not valid JSON"),
+    # asked twice, a frame's two lines had one key: --resume took them for one answer
+    (["--question", "Q", "--question", "Q"], "a --question is asked twice"),
 ])
 def test_constraint_mistakes_are_usage_errors(argv, needle):
     import warnings
@@ -61,6 +63,14 @@ def test_constraint_mistakes_are_usage_errors(argv, needle):
         warnings.simplefilter("error")  # nothing but the one line reaches the user
         with pytest.raises(UsageError, match=re.escape(needle)):
             tasks_of(*argv)
+
+
+def test_a_schema_file_that_holds_no_object_is_a_usage_error(tmp_path):
+    for text in ("[1]", "true", '"string"'):
+        path = tmp_path / "schema.json"
+        path.write_text(text)
+        with pytest.raises(UsageError, match="--json-schema must be a JSON object"):
+            tasks_of("--json-schema", str(path))
 
 
 def test_image_answers_within_the_constraint_as_the_reference_decoder_does(capsys, small_folder, tmp_path):

@@ -65,6 +65,10 @@ def test_masked_tokens_are_never_sampled():
     u = (torch.arange(64, dtype=torch.float32) + 0.5) / 64
     out = sample(logits, torch.ones(64), torch.ones(64), u)
     assert set(out.tolist()) == {1, 3}
+    # A draw past the kept mass through rounding (u at its top) falls back to the last kept
+    # token, not to the last of the vocabulary, which a constraint masked
+    masked_last = torch.tensor([[1.0, 2.0, float("-inf")]])
+    assert sample(masked_last, torch.ones(1), torch.ones(1), torch.tensor([1.0])).tolist() == [1]
 
 
 def test_step_uniform():

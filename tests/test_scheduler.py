@@ -56,3 +56,28 @@ def test_an_image_prefix_is_never_cut_and_one_goes_even_over_the_budget():
     assert step.images == fresh[:1] and [s.id for s in step.admit] == [30]
     roomy = Budget(free_pages=1000, free_slots=32, prefill_tokens=2 * PREFIX + 10, prefix_len=PREFIX, prefix_pages=6)
     assert plan(waiting, [], fresh, roomy, PAGE).images == fresh[:2]
+
+
+def test_a_request_short_of_pages_keeps_its_place_before_smaller_ones_on_encoded_images():
+    """FIFO within a priority: requests behind one that lacks pages wait for it. Let smaller ones
+    past, a request with a long answer limit could wait for ever while short ones kept coming."""
+    encoded = Image(id=1, crops=None, tiling=(1, 1), launched=True, ready=True)
+    big, small = _seq(1, encoded, 5), _seq(2, encoded, 5)
+    small.capacity = 2
+    budget = Budget(free_pages=2, free_slots=8, prefill_tokens=512, prefix_len=PREFIX, prefix_pages=6)
+    assert plan(deque([big, small]), [], [], budget, PAGE).admit == []
+    assert plan(deque([small, big]), [], [], budget, PAGE).admit == [small]
+
+
+def test_draft_rows_stop_one_short_of_the_capacity():
+    """A sequence's rows never run past the last position its pages hold (the last answer token is
+    never fed back): with 3 of 5 tokens launched, one draft row beside the decode, not two."""
+    encoded = Image(id=1, crops=None, tiling=(1, 1), launched=True, ready=True)
+    seq = _seq(1, encoded, 5, admitted=True, launched=3)
+    seq.capacity = 5
+    seq.set_draft([10, 11, 12, 13, 14], eos=0)
+    for t in (10, 11, 12):
+        seq.keep(t)
+    budget = Budget(free_pages=100, free_slots=8, prefill_tokens=512, prefix_len=PREFIX, prefix_pages=6,
+                    max_draft=8, draft_rows=8)
+    assert plan(deque(), [seq], [], budget, PAGE).drafts == [[13]]

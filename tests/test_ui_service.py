@@ -73,6 +73,7 @@ def test_tasks_and_constraints_from_form_fields():
     assert make_task("question", " How many shapes are there? ") == {"question": "How many shapes are there?"}
     assert make_task("question", "Is there a star?", "choices", "yes, no") == {
         "question": "Is there a star?", "constraint": Choice(["yes", "no"])}
+    assert make_constraint("choices", "yes\nno\n") == Choice(["yes", "no"])  # one a line, as the box says
     assert make_constraint("regex", "(one|two)") == Regex("(one|two)")
     assert make_constraint("json schema", '{"type": "string"}') == JsonSchema({"type": "string"})
     assert make_task("question", "How many?\n\n Is there a star? \n", "choices", "yes, no, one") == [
