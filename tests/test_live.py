@@ -632,3 +632,27 @@ def test_a_latency_window_keeps_the_newest_values_in_memory_made_once():
     tracemalloc.stop()
     assert kept < 10_000, kept  # a deque held every one of them (~640 KB)
     assert big.percentiles()["p50"] == round(float(np.percentile(np.arange(20_000) * 1.5, 50)), 3)
+
+
+def test_a_feed_counts_the_frames_it_passes_over_above_its_fps(monkeypatch):
+    """`live --fps 10` of a 60 fps source: every frame read is offered, overwritten before it was
+    taken, or passed over above the rate; the last had been counted nowhere (41 frames in of
+    the ~240 a camera sent, none dropped)."""
+    from pipelines.feed import LiveFeed
+
+    offered = []
+    monkeypatch.setattr(LiveSession, "offer", lambda self, frame: offered.append(frame) or True)
+
+    def frames():  # 1.5 s of a 60 fps source, played in real time
+        for i in range(90):
+            yield Frame("cam", i, i / 60, np.zeros((8, 8, 3), np.uint8))
+
+    feed = LiveFeed(None, {"caption": "short"}, SamplingParams(), frames, realtime=True, fps=10)
+    try:
+        feed._pump.join(10)
+        assert not feed._pump.is_alive()
+        counters = feed.snapshot().counters
+        assert 10 <= len(offered) <= 20 and counters["above_fps"] >= 60
+        assert len(offered) + counters["above_fps"] + counters["overwritten_at_grab"] == feed._grabber.read == 90
+    finally:
+        feed.close()
