@@ -162,16 +162,33 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
                 items[i] = handle
         pending.append((frame, items))  # recorded answers queue too, so every sink sees frame order
 
-    staged: list[tuple[Frame, list, object, bool]] = []  # sticky: the next group, its images encoding
+    staged: list[tuple[Frame, list, object, bool | None]] = []  # sticky: the next group, its images encoding
     cuts = CutDetector() if last is not None else None
+    # Sticky answers look for scene cuts in every frame, recorded or not, as a full run does. A
+    # resumed run reads a recorded frame's pixels only where they decide a cut in a group that
+    # asks new frames (`find_cuts`): converting every replayed frame to RGB for its thumbnail made
+    # a resume of 60,000 done frames wait 100 s for its first new answer.
+    replay = cuts is not None and bool(done)
+    edge: list = [None, None]  # a resumed run: the frame picked before the group, and the last one `cuts` read
+
+    def find_cuts() -> None:
+        if any(ref is not None for _, _, ref, _ in staged):  # a group that asks: its cuts as a full run finds them
+            if edge[0] is not None and edge[1] is not edge[0]:
+                cuts.is_cut(edge[0].load().rgb)  # the frame before the group, as the one to compare with
+            for i, (frame, items, ref, _) in enumerate(staged):
+                staged[i] = (frame, items, ref, cuts.is_cut(frame.load().rgb))
+            edge[1] = staged[-1][0]
+        edge[0] = staged[-1][0]
 
     def next_group() -> None:
         while pending:  # the group before: its last answers are this group's drafts
             finish_one()
         try:
+            if replay:
+                find_cuts()
             fresh = False  # from a scene cut on, the group's frames are asked without a draft
             for frame, items, ref, cut in staged:
-                fresh |= cut
+                fresh |= bool(cut)  # None: a group of recorded answers only, which asks nothing
                 submit(frame, items, ref, fresh)
         finally:
             for _, _, ref, _ in staged:
@@ -181,8 +198,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
 
     decoded_before = summary.frames_decoded  # a summary may span several files
     try:
-        # Sticky answers look for scene cuts in every frame, recorded or not (as a full run would).
-        pixels_wanted = not done or cuts is not None or any(getattr(sink, "needs_rgb", False) for sink in sinks)
+        pixels_wanted = not done or any(getattr(sink, "needs_rgb", False) for sink in sinks)
 
         key = source_key(source.source_id)  # as done_frames keys its answers
         from engine.models.loader import model_id
@@ -194,7 +210,10 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             return pixels_wanted or any((key, index, prompt_key(t)) not in done for t in tasks)
 
         picked: set[int] = set()
-        for frame in source.frames(pick=sampling.picker(), need_rgb=need_rgb):
+        # replayed: every frame comes unconverted, and those with a new answer to ask are converted now
+        for frame in source.frames(pick=sampling.picker(), need_rgb=None if replay else need_rgb, lazy=replay):
+            if replay and need_rgb(frame.index):
+                frame.load()
             picked.add(frame.index)
             summary.frames_decoded = decoded_before + source.decoded
             if stop is not None and stop.is_set():
@@ -208,7 +227,8 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             # Sticky: frames are asked a group at a time, drafting from the group before's last
             # answers; a group's images are encoded while the group before decodes.
             new = any(item is None for item in items)
-            staged.append((frame, items, engine.encode_image(frame.rgb) if new else None, cuts.is_cut(frame.rgb)))
+            staged.append((frame, items, engine.encode_image(frame.rgb) if new else None,
+                           None if replay else cuts.is_cut(frame.rgb)))
             if len(staged) >= max_inflight:
                 next_group()
         if staged:

@@ -204,3 +204,48 @@ def test_a_video_is_asked_a_group_at_a_time_drafting_from_the_group_before(small
         done = {(r.source, r.index, prompt_key(task)): r for r in got[:half]}
         assert [r.token_ids for r in run(params, done)[1]] == want
     assert eng.stats().kv_pages_in_use == 0
+
+
+def test_a_resumed_video_reads_only_the_pixels_that_decide_its_new_answers(small_folder, monkeypatch):
+    """A resumed run converted every recorded frame to RGB to look for scene cuts in it: 100 s
+    before the first new answer of a file with 60,000 done. Now only the frames of groups that
+    ask (and the one before such a group) are converted, and cut wherever, around a scene cut
+    too, the run still gives a full run's answers."""
+    import json
+    from pathlib import Path
+
+    import pipelines.frame
+    from pipelines.batch import Sampling, caption_file, sticky_group
+    from pipelines.prompts import prompt_key
+    from pipelines.sources import FileSource
+
+    clip = str(Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4")
+    sampling, task = Sampling(fps=11), {"caption": "short"}
+    params = SamplingParams(max_tokens=8, sticky=1e6)  # every answer its draft, but after a cut
+    converted = [0]
+    as_shown = pipelines.frame.as_shown
+
+    def counted(*args):
+        converted[0] += 1
+        return as_shown(*args)
+
+    monkeypatch.setattr(pipelines.frame, "as_shown", counted)
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        def run(done=None) -> list:
+            got = []
+            converted[0] = 0
+            caption_file(eng, FileSource(clip), [], task, params, sampling, done=done, on_frame=got.append)
+            return got
+
+        full = run()
+        assert converted[0] == len(full)
+        group = sticky_group(sampling, FileSource(clip).fps, 32)
+        cuts = [f["index"] for f in json.loads(Path(clip).with_suffix(".json").read_text())["frames"] if f["cut"]]
+        at = [next(k for k, r in enumerate(full) if r.index >= c) for c in cuts[1:]]  # the frames after a cut
+        mid = next(k for k in at if k % group)  # in a group's middle: found in a recorded frame, asks the next
+        first = next(k for k in at if k % group == 0)  # a group's first: found against the group before
+        for k in (mid, mid + 1, first, len(full) - 1):
+            done = {(r.source, r.index, prompt_key(task)): r for r in full[:k]}
+            assert [r.token_ids for r in run(done)] == [r.token_ids for r in full], k
+            assert converted[0] <= len(full) - k + 2 * group, (k, converted[0])
+    assert eng.stats().kv_pages_in_use == 0
