@@ -104,10 +104,13 @@ def run(args: argparse.Namespace) -> int:
     # Up to CONCURRENT_FILES run side by side, each with a bar of its own; more files than that
     # share one bar over all their frames, so a folder of hundreds does not print hundreds of bars.
     overall = None
+    counts = {p: n for p, n, _ in paths}  # the frames each file announces (None: it does not say)
     if len(paths) > CONCURRENT_FILES:
-        known = [n for _, n, _ in paths]
-        overall = tqdm(total=sum(known) if all(known) else None, desc=f"{len(paths)} files", unit="frame",
-                       file=sys.stderr)
+        # A file that announces no frame count (a raw .h264 camera export) adds its frames as they
+        # are read, and each file's count is set right at its end: one such file had taken the
+        # total, and with it the ETA, off a whole folder's bar.
+        overall = tqdm(total=sum(n for n in counts.values() if n) or None, desc=f"{len(paths)} files",
+                       unit="frame", file=sys.stderr)
         overall.set_postfix(files_done=0)
     files_done = 0
     trackers: list = []  # with --changes: every AnswerChanges, for the count of changes
@@ -141,14 +144,21 @@ def run(args: argparse.Namespace) -> int:
         if changed:
             trackers.append(changed)
 
+        def advance() -> None:  # with print_lock held
+            nonlocal shown
+            step = max(0, summary.frames_decoded - shown)
+            if bar is None and not counts[path] and overall.total is not None:
+                overall.total += step
+            # `is None`, not truth: a bar without a total (the container gives no frame count)
+            # has no truth value in tqdm, and asking raised TypeError
+            (overall if bar is None else bar).update(step)
+            shown = max(shown, summary.frames_decoded)
+
         def show(r) -> None:
-            nonlocal shown, written_last
+            nonlocal written_last
             written_last = max(written_last, r.index)  # every answer, replayed or new, once written
             with print_lock:
-                # `is None`, not truth: a bar without a total (the container gives no frame count)
-                # has no truth value in tqdm, and asking raised TypeError
-                (overall if bar is None else bar).update(max(0, summary.frames_decoded - shown))
-                shown = max(shown, summary.frames_decoded)
+                advance()
                 if on_terminal:
                     prefix = f"{name}  " if len(paths) > 1 else ""
                     asked = "" if one_prompt else f"{prompt_label(r.prompt)}: "
@@ -204,14 +214,14 @@ def run(args: argparse.Namespace) -> int:
             broken = True
             summary.errors.append(f"{path}: cannot write its results: {e}")
         finally:
-            if bar is not None:
-                with print_lock:
-                    bar.update(max(0, summary.frames_decoded - shown))  # frames after the last one picked
-                bar.close()
-            else:
-                with print_lock:
+            with print_lock:
+                advance()  # frames after the last one picked
+                if bar is not None:
+                    bar.close()
+                else:
                     files_done += 1
-                    overall.update(max(0, summary.frames_decoded - shown))
+                    if counts[path] and overall.total is not None:  # what it held, not what it announced
+                        overall.total += summary.frames_decoded - counts[path]
                     overall.set_postfix(files_done=files_done)
             for sink in sinks:
                 if sink is not shared:
