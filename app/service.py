@@ -521,7 +521,9 @@ class Service:
         finally:  # a later Cancel has nothing of it to stop
             self.jobs.forget(stop)
 
-    def _caption_video(self, path, task, out_dir, every_n, on_progress, stop, changes) -> dict:
+    def _caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int,
+                       on_progress: Callable[[int, int | None], None] | None, stop: threading.Event | None,
+                       changes: bool) -> dict:
         from app.video_job import run_locate_job, run_video_job
 
         region = self._region_task(task)
