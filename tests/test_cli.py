@@ -1042,3 +1042,22 @@ def test_the_cli_runs_opencv_on_the_calling_thread(tmp_path, capsys):
         assert cv2.getNumThreads() == 1
     finally:
         cv2.setNumThreads(1)
+
+
+def test_a_rebuilt_output_keeps_the_mode_of_the_one_it_replaces(tmp_path):
+    """--resume rebuilds subtitles and annotated copies beside the old ones: the new file takes
+    the old one's permissions (a subtitle kept private stayed private; one shared stayed shared)."""
+    import stat
+
+    from app.outputs import Rebuilds
+
+    for mode in (0o600, 0o664):
+        old = tmp_path / f"a{mode:o}.srt"
+        old.write_text("old")
+        old.chmod(mode)
+        rebuilds = Rebuilds(resume=True)
+        part = rebuilds.path(old)
+        assert part != old
+        part.write_text("new")
+        rebuilds.finish(True)
+        assert old.read_text() == "new" and stat.S_IMODE(old.stat().st_mode) == mode

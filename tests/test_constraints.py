@@ -415,3 +415,51 @@ def test_a_pattern_printed_for_outlines_core_matches_nothing_python_would_refuse
                 assert python == printed, (p, s)
             if in_json is not None and re.fullmatch(in_json, s):
                 assert python and not any(c in '"\\' or ord(c) < 0x20 for c in s), (p, s)
+
+
+def test_a_choice_allows_its_options_as_written_not_read_as_regexes():
+    """Choice(["1+1", "3.5", "(yes)", "a|b"]): each option is a string; read as a regex they had
+    allowed '111', '3x5', 'yes' and 'a' as answers."""
+    options = ["1+1", "3.5", "(yes)", "a|b"]
+    pattern = to_regex(Choice(options))
+    assert all(re.fullmatch(pattern, o) for o in options)
+    assert not any(re.fullmatch(pattern, o) for o in ["111", "3x5", "yes", "a", "b"])
+
+
+@pytest.mark.parametrize("constraint", [Regex("[a-z ]*"), Regex("(no )*yes"), Choice(["yes", "no"])], ids=repr)
+def test_the_mask_in_every_state_reached_is_outlines_cores(small, constraint):
+    """The device automaton allows, in each state, exactly the tokens outlines-core's index does
+    (EOS in final states): a token wrongly masked changes the answer (in a pattern that comes back
+    to its first state, `[a-z ]*`, every answer was ''), one wrongly allowed breaks the constraint."""
+    from collections import deque
+
+    import torch
+
+    eos, vocab_size = small.config.tokenizer.eos_id, small.config.text.vocab_size
+    automaton = compile_constraint(constraint, small.tokenizer, vocab_size, eos, small.device)
+    index = Index(to_regex(constraint), Vocabulary(eos, token_bytes(small.tokenizer, vocab_size, eos)))
+    seen, todo = {0}, deque([(0, index.get_initial_state())])
+    while todo:
+        ours, theirs = todo.popleft()
+        allowed = set(torch.nonzero(automaton.allowed(torch.tensor([ours], device=small.device))[0]).flatten().tolist())
+        assert allowed == set(index.get_allowed_tokens(theirs)), (constraint, ours)
+        for t in sorted(allowed - {eos}):
+            nxt = int(automaton.advance(torch.tensor([ours], device=small.device),
+                                        torch.tensor([t], device=small.device))[0])
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append((nxt, index.get_next_state(theirs, t)))
+    assert len(seen) > 1
+
+
+@pytest.mark.parametrize("pattern, other_case",
+                         [("(?i)[^s]+", "\u017f"), ("(?i)[^sx]+", "\u017f"), ("(?i)[^ix]+", "\u0131")])
+def test_a_class_that_forbids_a_letter_under_ignorecase_forbids_every_case_python_matches_it_with(pattern,
+                                                                                                  other_case):
+    """`(?i)[^s]+`: Python's re reads the long s (U+017F) as an s, and the dotless i as an i; the
+    pattern printed for outlines-core must refuse them too, or an answer it allows fails the check."""
+    from engine.regex_text import for_outlines
+
+    assert re.fullmatch(pattern, other_case) is None  # as Python reads it
+    assert re.fullmatch(for_outlines(pattern), other_case) is None
+    assert re.fullmatch(for_outlines(pattern), "abc")

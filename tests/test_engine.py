@@ -1111,3 +1111,45 @@ def test_a_cancelled_close_waits_for_the_encoding_under_way_not_for_those_queued
     assert len(started) == 1  # the one under way finished; the one queued behind it never ran
     assert [h.result(0).finish_reason for h in handles] == ["cancelled"] * 3
     assert not engine._vision._executor._thread.is_alive()
+
+
+def test_the_vision_thread_encodes_the_highest_priority_first_and_never_a_released_image():
+    """A live frame's image (priority 1) is encoded before the batch images waiting (FIFO among
+    those), the image whose turn it is (`first`) before all, a released one (no request holds it)
+    not at all; each encoding's time is recorded in ms, as every stage's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.types import StageTimings
+    from engine.vision_stage import VisionStage
+
+    def run(images, first=None):
+        order = []
+
+        def encode(crops, tiling):
+            order.append(crops)
+            time.sleep(0.02)
+            return torch.zeros(1, 1)
+
+        stage = VisionStage(encode, lambda: None, torch.device("cpu"), depth=1)
+        try:
+            end = time.time() + 20
+            while any(i.embeds is None and i.holders for i in images):
+                assert time.time() < end
+                stage.feed([i for i in images if i.embeds is None], first)
+                time.sleep(0.005)
+                stage.collect()
+        finally:
+            stage.close()
+        return order
+
+    def image(name, priority, holders=1):
+        return SimpleNamespace(crops=name, tiling=(1, 1), priority=priority, encoding=False, embeds=None,
+                               holders=holders, staged=True, timings=StageTimings())
+
+    images = [image("batch1", 0), image("batch2", 0), image("gone", 2, holders=0), image("live", 1)]
+    assert run(images) == ["live", "batch1", "batch2"]
+    assert all(15 <= i.timings.vision < 10_000 for i in images if i.holders)  # ms, as busy as the encoder
+    images = [image("batch1", 0), image("batch2", 0), image("live", 1)]
+    assert run(images, first=images[1]) == ["batch2", "live", "batch1"]

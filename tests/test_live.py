@@ -656,3 +656,159 @@ def test_a_feed_counts_the_frames_it_passes_over_above_its_fps(monkeypatch):
         assert len(offered) + counters["above_fps"] + counters["overwritten_at_grab"] == feed._grabber.read == 90
     finally:
         feed.close()
+
+
+class _CancelCountingEngine(_HeldEngine):
+    """A held engine whose handles count the cancels they get."""
+
+    def submit(self, rgb, params=None, draft=None, **task):
+        h = super().submit(rgb, params, draft, **task)
+        h.cancelled = 0
+
+        def cancel(h=h):
+            h.cancelled += 1
+
+        h.cancel = cancel
+        return h
+
+
+def test_a_newer_frames_result_cancels_the_older_frames_requests_in_the_engine():
+    """Their captions are never shown: their requests are cancelled (pages freed, decode slots
+    given back at once), not left to run on to max_tokens under the frames that matter."""
+    engine = _CancelCountingEngine()
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3)
+    try:
+        for f in _frames(3):
+            assert s.offer(f)
+        engine.handles[1].finish("newer")
+        _wait(lambda: s.completed == 1 and s.in_flight == 1)
+        assert [h.cancelled for h in engine.handles] == [1, 0, 0]  # the older one only
+        engine.handles[2].finish("newest")
+        _wait(lambda: s.completed == 2)
+    finally:
+        s.close()
+    assert [h.cancelled for h in engine.handles] == [1, 0, 0] and s.cancelled_stale == 1
+
+
+def test_a_frame_past_its_deadline_is_cancelled_in_the_engine():
+    """`--deadline-ms`: a frame that expires is cancelled, not only left unreported: it stops
+    taking the engine's time and pages from the frames after it."""
+    engine = _CancelCountingEngine()
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3, deadline_ms=1000)
+    try:
+        assert s.offer(_frames(1)[0])
+        engine.handles[0].finish("a red circle")  # in time: the frames after have a draft, none runs on
+        _wait(lambda: s.completed == 1)
+        assert s.offer(_frames(2)[1])
+        _wait(lambda: s.cancelled_deadline == 1 and s.in_flight == 0)
+        assert [h.cancelled for h in engine.handles] == [0, 1]
+    finally:
+        s.close()
+
+
+def test_stats_say_the_rolling_rate_and_end_to_end_latency_of_the_frames_delivered(monkeypatch):
+    """The page's fps and the CLI's closing "p50 ... ms": 4 frames answered 0.1 s apart, each 40 ms
+    after its capture, are 10 frames a second (3 intervals in 0.3 s) at a p50 of 40 ms."""
+    import types
+
+    import pipelines.live
+
+    clock = [100.0]
+    monkeypatch.setattr(pipelines.live, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    engine, results = _HeldEngine(), []
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=1, on_result=results.append)
+    try:
+        for i in range(4):
+            clock[0] = 100.0 + 0.1 * i
+            assert s.offer(Frame("cam", i, i / 10, np.zeros((48, 64, 3), np.uint8), captured_at=clock[0] - 0.04))
+            engine.handles[-1].finish("a red circle")
+            _wait(lambda i=i: s.completed == i + 1 and s.in_flight == 0)
+    finally:
+        s.close()
+    st = s.stats()
+    assert [r.end_to_end_ms for r in results] == pytest.approx([40.0] * 4)
+    assert st["rolling_fps"] == pytest.approx(10.0)
+    assert st["achieved_fps"] == pytest.approx(4 / 0.3)
+    assert st["latency_ms"]["end_to_end"] == {"p50": 40.0, "p90": 40.0, "p99": 40.0}
+
+
+def test_a_frames_stage_timings_are_those_of_its_slowest_answer():
+    """Several prompts a frame: the frame waits for all its answers, so its stage latencies (the
+    page's chart, the percentiles) are each stage's slowest."""
+    from engine.types import StageTimings
+    from pipelines.live import LiveResult
+
+    a = RequestOutput("a", [1], "stop", StageTimings(vision=5.0, decode=30.0, total=40.0))
+    b = RequestOutput("b", [2], "stop", StageTimings(vision=5.0, decode=10.0, total=60.0))
+    r = LiveResult(_frames(1)[0], [a, b], 70.0, [{"question": "A?"}, {"question": "B?"}])
+    assert r.timings_ms["decode"] == 30.0 and r.timings_ms["total"] == 60.0 and r.timings_ms["vision"] == 5.0
+
+
+def test_a_looped_source_goes_on_one_frame_step_after_its_last_frame():
+    """`live clip.mp4 --loop`: the next pass starts a frame's step after the last frame, on the
+    same clock: no time shown twice, no frame let through early."""
+    frames = [Frame("f", i, i * 0.25, np.zeros((2, 2, 3), np.uint8)) for i in range(3)]  # 0, 0.25, 0.5
+    g = LatestFrameGrabber(lambda: iter(frames), realtime=True, loop=True)
+    got = []
+    try:
+        while len(got) < 7:
+            f = g.get(timeout=2)
+            assert f is not None
+            got.append(f.pts)
+    finally:
+        g.close()
+    assert got == pytest.approx([0.25 * i for i in range(7)]) and g.overwritten == 0
+
+
+def test_a_looped_source_that_gives_no_frame_ends():
+    """Looping a source with nothing in it (a stream that answers with no frame) ends it; it had
+    asked again and again, a core busy for as long as the run lasted."""
+    calls = []
+    g = LatestFrameGrabber(lambda: calls.append(1) or iter(()), realtime=True, loop=True)
+    try:
+        _wait(lambda: g.ended, timeout=5)
+        assert g.get(timeout=0.1) is None and len(calls) == 1
+    finally:
+        g.close()
+
+
+def test_a_feeds_latency_history_holds_its_last_window_only():
+    """The web UI's latency chart covers the feed's last `window_s` seconds: older points go (a feed
+    runs for days; kept, they grew its memory and the page's chart without end)."""
+    from pipelines.feed import LiveFeed
+
+    engine = _HeldEngine()
+    feed = LiveFeed(engine, {"caption": "short"}, SamplingParams(), window_s=0.3, max_inflight=1)
+    try:
+        for i in range(2):
+            assert feed.push(np.zeros((48, 64, 3), np.uint8))
+            engine.handles[-1].finish("a red circle")
+            _wait(lambda i=i: feed.snapshot().counters["completed"] == i + 1)
+            if i == 0:
+                time.sleep(0.5)
+        assert [p.index for p in feed.snapshot().latency] == [1]
+    finally:
+        feed.close()
+
+
+def test_a_feeds_chart_counts_preprocessing_in_the_vision_stage():
+    """The web UI's chart stacks queue, vision, prefill and decode: the image's preprocessing (its
+    crops) is part of the vision bar, so the bars add up to the frame's time in the engine."""
+    from engine.types import StageTimings
+    from pipelines.feed import LiveFeed
+
+    engine = _HeldEngine()
+    feed = LiveFeed(engine, {"caption": "short"}, SamplingParams(), max_inflight=1)
+    try:
+        assert feed.push(np.zeros((48, 64, 3), np.uint8))
+        h = engine.handles[-1]
+        h.out = RequestOutput("a red circle", [1], "stop",
+                              StageTimings(preprocess=3.0, vision=5.0, prefill=7.0, decode=11.0, total=28.0, queue=2.0))
+        for fn in h.callbacks:
+            fn(h)
+        _wait(lambda: feed.snapshot().counters["completed"] == 1)
+        (point,) = feed.snapshot().latency
+        assert point.stages_ms == {"queue": 2.0, "vision": 8.0, "prefill": 7.0, "decode": 11.0}
+        assert sum(point.stages_ms.values()) == 28.0
+    finally:
+        feed.close()

@@ -1011,3 +1011,78 @@ def test_odd_arguments_to_the_pipeline_pieces_are_errors(tmp_path):
     video.close(0.5)
     video.close(0.5)  # the second had raised EOFError
     assert _frames_in(tmp_path / "a.mp4") == 1
+
+
+def test_a_video_run_stopped_cancels_the_frames_it_has_in_flight():
+    """A stop (Ctrl-C, the web UI's Stop) ends a run at its next frame: the frames it had in
+    flight are cancelled in the engine, not left to decode for nobody."""
+    import threading
+
+    from engine.types import RequestOutput
+    from pipelines.batch import Sampling, caption_file
+    from pipelines.sources import FileSource
+
+    class Handle:
+        def __init__(self):
+            self.cancelled = 0
+
+        def wait(self, stall=600.0):
+            return RequestOutput("a red circle", [1], "stop")
+
+        def cancel(self):
+            self.cancelled += 1
+
+    class HeldEngine:
+        def __init__(self):
+            self.handles = []
+
+        def submit(self, rgb, params=None, draft=None, priority=0, **task):
+            self.handles.append(Handle())
+            return self.handles[-1]
+
+    engine, stop = HeldEngine(), threading.Event()
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    with FileSource(str(clip)) as src, pytest.raises(KeyboardInterrupt):
+        caption_file(engine, src, [], {"caption": "short"}, SamplingParams(max_tokens=4), Sampling(every_n=10),
+                     max_inflight=4, on_frame=lambda r: stop.set(), stop=stop)
+    # frame 0 answered (the stop comes with it), frames 1-3 in flight when the next frame is read
+    assert [h.cancelled for h in engine.handles] == [0, 1, 1, 1]
+
+
+def test_a_sticky_video_run_gives_back_every_page_it_took(small_folder):
+    """With sticky answers a group's images are encoded ahead: each encoding is released once its
+    frames are asked, or its pages stayed held after the run (the engine, shared by the web UI's
+    runs, lost them for good)."""
+    from pipelines.batch import Sampling, caption_file
+    from pipelines.sources import FileSource
+
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        with FileSource(str(clip)) as src:
+            summary = caption_file(eng, src, [], {"caption": "short"}, SamplingParams(max_tokens=4, sticky=2.0),
+                                   Sampling(fps=4))
+        assert summary.frames_captioned >= 16
+        end = time.time() + 10
+        while eng.stats().kv_pages_in_use and time.time() < end:
+            time.sleep(0.01)
+        assert eng.stats().kv_pages_in_use == 0
+
+
+def test_a_rate_above_the_videos_groups_sticky_frames_as_every_frame_does():
+    """`video --fps 120` of a 30 fps clip takes every frame, and asks them in the same groups as
+    a run without --fps (a quarter second: 8 frames), so its sticky answers are the same."""
+    from pipelines.batch import sticky_group
+
+    assert sticky_group(Sampling(fps=120), 30.0, 32) == sticky_group(Sampling(), 30.0, 32) == 8
+
+
+def test_the_summary_says_how_many_times_faster_than_real_time_the_run_went(tmp_path, small_folder, capsys):
+    """The closing line's speed is video time over wall time: 16 s of video captioned in a few
+    seconds is several times real time (inverted, it said 0.1x)."""
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"  # 16 s
+    t0 = time.perf_counter()
+    assert main(["video", str(clip), "--every-n", "240", "--max-tokens", "1", "-o", str(tmp_path / "a.jsonl"),
+                 "--model", str(small_folder)]) == 0
+    wall = time.perf_counter() - t0
+    speed = float(re.search(r", ([0-9.]+)x real time", capsys.readouterr().err).group(1))
+    assert 16.0 / wall - 0.1 <= speed  # the run inside main() took less than the whole call

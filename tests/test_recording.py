@@ -321,3 +321,47 @@ def test_a_one_pixel_video_is_annotated_at_two_by_two(tmp_path):
     sink.close()
     _, frames = _decoded(tmp_path / "a.mp4")
     assert [f.shape for f in frames] == [(2, 2, 3)] * 3
+
+
+def test_frames_the_encoder_could_not_take_are_counted_skipped(tmp_path, monkeypatch):
+    """A slow disk or a 4K stream: frames that find the encoder's queue full are left out of the
+    recording and counted (`live --json`'s "recording": every completed frame is written or
+    skipped)."""
+    import threading
+
+    from engine.types import RequestOutput
+    from pipelines import recorder as recorder_module
+    from pipelines.annotated import AnnotatedVideoSink
+    from pipelines.live import LiveResult
+    from pipelines.sources import Frame
+
+    go = threading.Event()
+    write = AnnotatedVideoSink.write_image
+    monkeypatch.setattr(AnnotatedVideoSink, "write_image", lambda self, *a: go.wait(10) and write(self, *a))
+    rec = recorder_module.Recorder(tmp_path / "r.mp4", queue_frames=2)
+    rgb = np.full((120, 160, 3), 90, np.uint8)
+    for i in range(10):
+        rec.add(LiveResult(Frame("cam", i, i / 10, rgb, captured_at=100.0 + i / 10), [RequestOutput("yes", [], "stop")],
+                           20.0, [{"caption": "short"}]))
+    go.set()
+    rec.close()
+    times, _ = _decoded(tmp_path / "r.mp4")
+    assert rec.written == len(times) and 1 <= rec.written <= 3 and rec.written + rec.skipped == 10
+
+
+def test_a_recording_is_timed_by_capture_from_its_first_frame_whatever_the_sources_clock(tmp_path):
+    """A camera's MPEG-TS clock an hour in (pts 3600 s): the recording starts at 0 and each frame
+    comes when it was captured after the first, not at its presentation time."""
+    from engine.types import RequestOutput
+    from pipelines.live import LiveResult
+    from pipelines.recorder import Recorder
+    from pipelines.sources import Frame
+
+    rgb = np.full((120, 160, 3), 90, np.uint8)
+    rec = Recorder(tmp_path / "r.mp4")
+    for i in range(5):
+        rec.add(LiveResult(Frame("cam", i, 3600 + i / 30, rgb, captured_at=100.0 + i / 10),
+                           [RequestOutput("yes", [], "stop")], 20.0, [{"caption": "short"}]))
+    rec.close()
+    times, _ = _decoded(tmp_path / "r.mp4")
+    assert times == [round(i / 10, 3) for i in range(5)]

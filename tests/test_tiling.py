@@ -263,3 +263,14 @@ def test_a_page_is_half_the_edge_within_the_tolerance_in_every_channel(level):
     unchanged = [frame(near, 0.45), frame(far, 1.0)] + [frame(far, 1.0, c) for c in range(3)]
     for rgb in unchanged:  # less than half; one level past the tolerance, in any one channel
         assert page_to_grey(rgb) is rgb
+
+
+def test_an_object_cut_by_the_pages_edge_leaves_the_rest_of_the_picture_as_it_is():
+    """A drawing on paper whose red square runs off the page's left edge: only the page turns
+    grey; the square and the blue card in the middle keep their colours."""
+    rgb = np.full((60, 80, 3), 250, np.uint8)  # a white page
+    rgb[20:40, 0:15] = (220, 40, 40)  # a red square cut by the frame's edge
+    rgb[35:55, 40:70] = (30, 90, 200)  # a blue card inside
+    out = page_to_grey(rgb)
+    assert (out[0, 0] == 128).all() and (out[5, 40] == 128).all()  # the page
+    assert (out[20:40, 0:15] == (220, 40, 40)).all() and (out[35:55, 40:70] == (30, 90, 200)).all()
