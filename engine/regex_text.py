@@ -32,6 +32,11 @@ from re import _parser
 
 from .char_dfa import LAST, _complement, _merged  # the same interval arithmetic as the state count
 
+try:  # the lower case that re's IGNORECASE compares, one code point for one
+    from _sre import unicode_tolower as _re_lower
+except ImportError:  # not CPython
+    _re_lower = None
+
 SURROGATES = (0xD800, 0xDFFF)
 # Rust's \s (the Unicode White_Space property, stable since Unicode 6.3).
 RUST_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
@@ -247,7 +252,10 @@ def _case_groups(widest: bool) -> dict[int, tuple[int, ...]]:
         if SURROGATES[0] <= code <= SURROGATES[1]:
             continue
         ch = chr(code)
-        for other in (ch.lower(), ch.upper()) if widest else (ch.lower(),):
+        # and the one-character lower case that Python's re itself compares (U+0130, a dotted
+        # capital I, lowers to two characters, but re matches it with an i: `(?i)[^i]` let it pass)
+        lower = (ch.lower(), chr(_re_lower(code))) if _re_lower else (ch.lower(),)
+        for other in lower + (ch.upper(),) if widest else lower:
             if len(other) == 1 and ord(other) != code:
                 a, b = root(code), root(ord(other))
                 if a != b:

@@ -453,7 +453,8 @@ def test_the_mask_in_every_state_reached_is_outlines_cores(small, constraint):
 
 
 @pytest.mark.parametrize("pattern, other_case",
-                         [("(?i)[^s]+", "\u017f"), ("(?i)[^sx]+", "\u017f"), ("(?i)[^ix]+", "\u0131")])
+                         [("(?i)[^s]+", "\u017f"), ("(?i)[^sx]+", "\u017f"), ("(?i)[^ix]+", "\u0131"),
+                          ("(?i)[^i]+", "\u0130")])  # a dotted capital I: two characters in lower case
 def test_a_class_that_forbids_a_letter_under_ignorecase_forbids_every_case_python_matches_it_with(pattern,
                                                                                                   other_case):
     """`(?i)[^s]+`: Python's re reads the long s (U+017F) as an s, and the dotless i as an i; the
