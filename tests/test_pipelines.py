@@ -961,7 +961,9 @@ def test_a_recording_whose_clock_starts_late_or_jumps_is_timed_from_its_start(tm
     for path, frames in [(late, 5), (joined, 45)]:  # the joined file's jump comes after 1 s
         assert main(["live", str(path), "--duration", "2", "--json", "--model", str(small_folder),
                      "--max-tokens", "2"]) == 0
-        assert json.loads(capsys.readouterr().out)["frames_in"] > frames
+        stats = json.loads(capsys.readouterr().out)
+        # the frames the source gave in 2 s, captioned or not (on a loaded machine the feed takes fewer)
+        assert stats["frames_in"] + stats["overwritten_at_grab"] + stats["above_fps"] > frames
 
 
 def test_answers_cut_short_by_the_engine_closing_are_not_written(tmp_path, small_folder):
