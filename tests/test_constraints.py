@@ -307,6 +307,21 @@ def test_json_schemas_outlines_core_reads_right_still_compile(schema):
     assert to_regex(JsonSchema(schema))
 
 
+def test_formats_take_real_dates_and_times_only():
+    """A date or time answer meets its format as a reader checks it: no month or day 00, no 13th
+    month, no 32nd day, no hour 24."""
+    from engine.json_schema import FORMATS
+
+    good = {"date": ["2026-12-05", "1999-01-31"], "time": ["00:00:00", "23:59:59Z"],
+            "date-time": ["2026-12-05T23:59:59.123Z", "2026-01-01T00:00:00"]}
+    bad = {"date": ["2026-00-10", "2026-12-00", "2026-13-01", "2026-12-32"], "time": ["24:00:00", "12:60:00"],
+           "date-time": ["2026-00-05T10:00:00", "2026-12-00T10:00:00", "2026-12-05T24:00:00"]}
+    for name, values in good.items():
+        assert all(re.fullmatch(FORMATS[name], v) for v in values), name
+    for name, values in bad.items():
+        assert not any(re.fullmatch(FORMATS[name], v) for v in values), name
+
+
 def test_a_strings_format_or_pattern_cannot_end_the_json_string(small_folder):
     """outlines-core's time format wanted a backslash before its fraction ('"13:55:17\\,69"', which
     json.loads refuses), its date any Unicode digit, and a pattern's `.` took a quote: every
