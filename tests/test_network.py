@@ -1039,3 +1039,73 @@ def test_a_run_that_ends_while_a_pipe_is_being_opened_is_no_error_of_the_pipe(tm
         sender.wait(30)
     said = run.stderr.strip().splitlines()[-1]
     assert run.returncode == 1 and said == "vlmstream: error: no frames received within 3 s", run.stderr[-800:]
+
+
+class _Clock:
+    """A perf_counter the test moves by hand (Connection's own waits are made 0)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def _connection_at(monkeypatch, clock, **kw):
+    import pipelines.connection as connection
+
+    monkeypatch.setattr(connection, "time", clock)
+    c = connection.Connection("rtsp://cam", max_wait=30.0, **kw)
+    c.delay = 0.0  # no real waits between tries
+    return c
+
+
+def test_connection_says_a_long_outage_at_doubling_gaps_not_at_every_try(monkeypatch):
+    """After a minute without frames the outage is said, then at 2, 4 min...: said at every try
+    to reopen (every 4 s), an outage of an hour filled the log with ~900 lines."""
+    clock, events = _Clock(), []
+    c = _connection_at(monkeypatch, clock)
+    c.on_event = events.append
+    c.frame()
+    c.lost("it stopped")
+    c.delay = 0.0  # a frame set the first gap again
+    for t in (30, 61, 62, 70, 119, 121, 130, 239, 241):
+        clock.now = 1000.0 + t
+        assert c.retry("Connection refused", 1000.0)
+    still = [e for e in events if e.startswith("still reconnecting")]
+    assert still == ["still reconnecting: nothing for 61.0 s (Connection refused)",
+                     "still reconnecting: nothing for 2 min (Connection refused)",
+                     "still reconnecting: nothing for 4 min (Connection refused)"], events
+
+
+def test_connection_forgets_why_it_could_not_open_once_frames_come(monkeypatch):
+    """A reason for a failed try is the health's and the closing line's only while the source is
+    still trying: once live, a stale "Connection refused" read as a source in trouble."""
+    clock = _Clock()
+    c = _connection_at(monkeypatch, clock)
+    assert c.retry("Connection refused", 1000.0)
+    assert c.health()["reason"] == "Connection refused" and c.why_nothing() == "Connection refused"
+    clock.now += 1.0
+    c.frame()
+    health = c.health()
+    assert health["state"] == "live" and "reason" not in health
+    assert c.why_nothing() is None  # it sent frames: "no frames received (Connection refused)" would be false
+
+
+def test_a_source_refused_at_once_beside_one_that_plays_is_a_warning_not_a_failed_run(monkeypatch, capsys,
+                                                                                        small_folder):
+    """A source that fails before sending any frame (a wrong URL) beside one that plays: the run
+    goes on, says which one failed, and exits 0, as for a silent one; only when no source ever
+    sent a frame is that a plain error."""
+    def frames(self):
+        raise SourceError(f"cannot read {self.display}: 404 Not Found")
+        yield
+
+    monkeypatch.setattr(StreamSource, "_frames", frames)
+    clip = str(Path(__file__).resolve().parents[1] / "sample_videos" / "shapes_640x360_60fps.mp4")
+    assert main(["live", clip, "rtsp://127.0.0.1:9/cam", "--model", str(small_folder), "--json", "--max-tokens", "2",
+                 "--duration", "2"]) == 0
+    captured = capsys.readouterr()
+    stats = json.loads(captured.out)
+    assert stats["sources"][clip]["completed"] > 0 and stats["sources"]["rtsp://127.0.0.1:9/cam"]["frames_in"] == 0
+    assert "vlmstream: warning: rtsp://127.0.0.1:9/cam: cannot read rtsp://127.0.0.1:9/cam: 404 Not Found" in captured.err
