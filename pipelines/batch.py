@@ -164,21 +164,33 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
 
     staged: list[tuple[Frame, list, object, bool | None]] = []  # sticky: the next group, its images encoding
     cuts = CutDetector() if last is not None else None
-    # Sticky answers look for scene cuts in every frame, recorded or not, as a full run does. A
-    # resumed run reads a recorded frame's pixels only where they decide a cut in a group that
-    # asks new frames (`find_cuts`): converting every replayed frame to RGB for its thumbnail made
-    # a resume of 60,000 done frames wait 100 s for its first new answer.
+    # Sticky answers look for scene cuts in every frame, recorded or not, as a full run does: as
+    # frames are staged, while the group before decodes. A resumed run reads a recorded frame's
+    # pixels only where they decide a cut in a group that asks new frames (`find_cuts`, before it
+    # asks): converting every replayed frame to RGB for its thumbnail made a resume of 60,000 done
+    # frames wait 100 s for its first new answer.
     replay = cuts is not None and bool(done)
-    edge: list = [None, None]  # a resumed run: the frame picked before the group, and the last one `cuts` read
+    picked_before: list = [None, None]  # the frame staged last, and the last one `cuts` read
+    group_before: list = [None]  # the last frame of the group before
+
+    def cut_of(frame: Frame, before: Frame | None) -> bool:
+        """Whether a scene cut comes at `frame`, against `before`, the frame picked before it."""
+        if before is not None and picked_before[1] is not before:  # the one to compare with, first
+            cuts.is_cut(before.load().rgb)
+        picked_before[1] = frame
+        return cuts.is_cut(frame.load().rgb)
+
+    def stage_cut(frame: Frame) -> bool | None:
+        """The cut at a frame as it is staged, or None to find later (a replayed frame not converted)."""
+        before, picked_before[0] = picked_before[0], frame
+        return None if frame.rgb is None else cut_of(frame, before)
 
     def find_cuts() -> None:
-        if any(ref is not None for _, _, ref, _ in staged):  # a group that asks: its cuts as a full run finds them
-            if edge[0] is not None and edge[1] is not edge[0]:
-                cuts.is_cut(edge[0].load().rgb)  # the frame before the group, as the one to compare with
-            for i, (frame, items, ref, _) in enumerate(staged):
-                staged[i] = (frame, items, ref, cuts.is_cut(frame.load().rgb))
-            edge[1] = staged[-1][0]
-        edge[0] = staged[-1][0]
+        if not any(ref is not None for _, _, ref, _ in staged):  # recorded answers only: it asks nothing
+            return
+        for i, (frame, items, ref, cut) in enumerate(staged):  # a group that asks: as a full run finds them
+            if cut is None:
+                staged[i] = (frame, items, ref, cut_of(frame, staged[i - 1][0] if i else group_before[0]))
 
     def next_group() -> None:
         while pending:  # the group before: its last answers are this group's drafts
@@ -186,6 +198,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         try:
             if replay:
                 find_cuts()
+                group_before[0] = staged[-1][0]
             fresh = False  # from a scene cut on, the group's frames are asked without a draft
             for frame, items, ref, cut in staged:
                 fresh |= bool(cut)  # None: a group of recorded answers only, which asks nothing
@@ -227,8 +240,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             # Sticky: frames are asked a group at a time, drafting from the group before's last
             # answers; a group's images are encoded while the group before decodes.
             new = any(item is None for item in items)
-            staged.append((frame, items, engine.encode_image(frame.rgb) if new else None,
-                           None if replay else cuts.is_cut(frame.rgb)))
+            staged.append((frame, items, engine.encode_image(frame.rgb) if new else None, stage_cut(frame)))
             if len(staged) >= max_inflight:
                 next_group()
         if staged:
