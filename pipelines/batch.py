@@ -170,19 +170,22 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
     # asks): converting every replayed frame to RGB for its thumbnail made a resume of 60,000 done
     # frames wait 100 s for its first new answer.
     replay = cuts is not None and bool(done)
-    picked_before: list = [None, None]  # the frame staged last, and the last one `cuts` read
-    group_before: list = [None]  # the last frame of the group before
+    last_staged: Frame | None = None
+    last_read: Frame | None = None  # the frame whose thumbnail `cuts` compares the next one with
+    group_before: Frame | None = None  # the last frame of the group before
 
     def cut_of(frame: Frame, before: Frame | None) -> bool:
         """Whether a scene cut comes at `frame`, against `before`, the frame picked before it."""
-        if before is not None and picked_before[1] is not before:  # the one to compare with, first
+        nonlocal last_read
+        if before is not None and last_read is not before:  # the one to compare with, first
             cuts.is_cut(before.load().rgb)
-        picked_before[1] = frame
+        last_read = frame
         return cuts.is_cut(frame.load().rgb)
 
     def stage_cut(frame: Frame) -> bool | None:
         """The cut at a frame as it is staged, or None to find later (a replayed frame not converted)."""
-        before, picked_before[0] = picked_before[0], frame
+        nonlocal last_staged
+        before, last_staged = last_staged, frame
         return None if frame.rgb is None else cut_of(frame, before)
 
     def find_cuts() -> None:
@@ -190,15 +193,16 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             return
         for i, (frame, items, ref, cut) in enumerate(staged):  # a group that asks: as a full run finds them
             if cut is None:
-                staged[i] = (frame, items, ref, cut_of(frame, staged[i - 1][0] if i else group_before[0]))
+                staged[i] = (frame, items, ref, cut_of(frame, staged[i - 1][0] if i else group_before))
 
     def next_group() -> None:
+        nonlocal group_before
         while pending:  # the group before: its last answers are this group's drafts
             finish_one()
         try:
             if replay:
                 find_cuts()
-                group_before[0] = staged[-1][0]
+                group_before = staged[-1][0]
             fresh = False  # from a scene cut on, the group's frames are asked without a draft
             for frame, items, ref, cut in staged:
                 fresh |= bool(cut)  # None: a group of recorded answers only, which asks nothing
