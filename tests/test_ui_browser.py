@@ -25,6 +25,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / ".artifacts"
 SAMPLES = ROOT / "sample_videos"
+# httpx gives up after 5 s by default: a busy 2-core machine can be that slow to serve a file
+SLOW_MACHINE = {"timeout": 60}
 
 pytest.importorskip("gradio_client")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -80,7 +82,7 @@ def server():
 def client(server):
     from gradio_client import Client
 
-    return Client(server, verbose=False)
+    return Client(server, verbose=False, httpx_kwargs=SLOW_MACHINE)
 
 
 def engine_idle(client, timeout=60.0) -> dict:
@@ -367,8 +369,9 @@ def test_ui_serves_https_and_asks_a_password(tmp_path):
                     "--max-upload", "80kb", scheme="https", log_name="ui_server_https.log",
                     env={"TMPDIR": str(tmp)}) as url:
         with pytest.raises(Exception, match="login|credentials"):
-            Client(url, verbose=False, ssl_verify=False)
-        client = Client(url, auth=("alice", "wonder land"), verbose=False, ssl_verify=False)
+            Client(url, verbose=False, ssl_verify=False, httpx_kwargs=SLOW_MACHINE)
+        client = Client(url, auth=("alice", "wonder land"), verbose=False, ssl_verify=False,
+                        httpx_kwargs=SLOW_MACHINE)
         assert client.predict(api_name="/engine_stats")["kv_pages_total"] > 0
         # Gradio's copy of an upload lies in this server's own folder (in /tmp/gradio it outlived
         # the server, as did every export and video job's files)

@@ -952,7 +952,8 @@ def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tm
         rgb = np.random.default_rng(6).integers(0, 256, (72, 128, 3), dtype=np.uint8)
         path = tmp_path / "frame.png"
         Image.fromarray(rgb).save(path)
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        # httpx waits 5 s by default: a file download timed out once on a busy 2-core machine
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False, httpx_kwargs={"timeout": 60})
         text, picture, record = client.predict(handle_file(str(path)), "red circle", api_name="/detect_image")
         want = s.locate_image(rgb, "red circle")
         assert record["objects"] == want["objects"] and record["pixels"] == want["pixels"]
