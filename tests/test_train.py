@@ -328,8 +328,9 @@ def test_ctrl_c_stops_train_tiny_in_one_line(tmp_path):
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
-    # one line, after the closed bar (it said two, glued to the bar, and the bar came again after)
-    assert err.endswith(f"\nvlmstream: interrupted: train-tiny stopped, {out} left as it was\n"), err[-1000:]
+    # one line, after the closed bar (it said two, glued to the bar, and the bar came again after); on a
+    # loaded machine the interrupt can come before the bar is drawn, and the line is all there is
+    assert ("\n" + err).endswith(f"\nvlmstream: interrupted: train-tiny stopped, {out} left as it was\n"), err[-1000:]
     assert err.count("vlmstream: ") == 1, err[-1000:]
     assert not (tmp_path / "new").exists()  # the folders made for the run are gone with it
 
