@@ -12,7 +12,7 @@ line's `--help` and argument errors then answer without importing torch (~4 s).
 import importlib
 
 _HOMES = {
-    "EngineConfig": "config", "ModelConfig": "config",
+    "EngineConfig": "engine_config", "ModelConfig": "config",
     "Choice": "constraints", "ConstraintError": "constraints", "JsonSchema": "constraints", "Regex": "constraints",
     "Engine": "engine",
     "RegionDecoder": "region_decoder",

@@ -18,7 +18,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .config import EngineConfig, ModelConfig
+from .config import ModelConfig
+from .engine_config import EngineConfig
 from .detokenizer import WordStreamer
 from .kv_cache import PagePool
 from .scheduler import Budget, StepPlan, own_pages, plan

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .config import EngineConfig
+from .engine_config import EngineConfig
 from .engine import Engine
 from .types import SamplingParams
 

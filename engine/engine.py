@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .batch import Batch
-from .config import EngineConfig
+from .engine_config import EngineConfig
 from .constraint_cache import ConstraintCache
 from .device import Executor, graph_mode, script_mode, use_triton_kernels
 from .errors import ConfigError, EngineClosedError, RequestError

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from .config import EngineConfig
+from .engine_config import EngineConfig
 from .errors import ConfigError
 
 
