@@ -202,7 +202,8 @@ class Service:
     def _start_live(self, session: str, source: str, task: dict, record: bool) -> object:
         from pipelines.feed import LiveFeed
         from pipelines.recorder import Recorder
-        from pipelines.sources import open_live, parse_webcam
+        from pipelines.sources import open_live
+        from pipelines.webcam import parse_webcam
 
         self.stop_live(session)
         if source in sample_videos():

@@ -191,7 +191,7 @@ def test_webcam_frames_are_rgb_and_timed_and_a_camera_plugged_in_again_is_read_a
     import cv2
     import numpy as np
 
-    from pipelines.sources import WebcamSource
+    from pipelines.webcam import WebcamSource
 
     plugged = iter([5, None, 3])  # frames each time the camera is opened (None: not there), then gone
 
@@ -230,7 +230,7 @@ def test_webcam_frames_are_rgb_and_timed_and_a_camera_plugged_in_again_is_read_a
 def test_a_camera_that_sends_nothing_is_an_error(monkeypatch):
     import cv2
 
-    from pipelines.sources import WebcamSource
+    from pipelines.webcam import WebcamSource
 
     class Silent:
         def __init__(self, index):
@@ -484,7 +484,8 @@ def test_live_reads_a_stream_piped_into_standard_input(small_folder, tmp_path):
 def test_standard_input_devices_and_named_pipes_are_named_for_what_they_are(tmp_path, monkeypatch, capsys):
     import os
 
-    from pipelines.sources import FileSource, parse_webcam
+    from pipelines.sources import FileSource
+    from pipelines.webcam import parse_webcam
 
     class Terminal:
         def isatty(self) -> bool:
