@@ -6,7 +6,8 @@ in frame order, never dropped. Several files can run at once, each in its own th
 one engine (which then batches their frames together); several prompts about each frame share
 its image prefix. With `done` (a previous run's JSONL, read by `done_frames`), answers already
 given are not asked again: they go, in frame order, to the sinks that do not hold them already
-(subtitles and an annotated MP4 are rebuilt whole; the JSONL only gets the new answers). A
+(subtitles and an annotated MP4 are rebuilt whole; the JSONL only gets the new answers), and
+the frames up to the last of them are not decoded again where the file can seek (resume.py). A
 `stop` event ends a run early (Ctrl-C): its frames still in flight are cancelled, what was
 written stays.
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
 
 from .cuts import CutDetector
 from .prompts import ask, prompt_key, prompt_of
+from .resume import resume_point
 from .sinks import FrameResult, source_key
 from .frame import Frame
 from .sources import FileSource
@@ -227,8 +229,8 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             return pixels_wanted or any((key, index, prompt_key(t)) not in done for t in tasks)
 
         picked: set[int] = set()
-        # replayed: every frame comes unconverted, and those with a new answer to ask are converted now
-        for frame in source.frames(pick=sampling.picker(), need_rgb=None if replay else need_rgb, lazy=replay):
+
+        def take(frame: Frame) -> None:
             if replay and need_rgb(frame.index):
                 frame.load()
             picked.add(frame.index)
@@ -240,13 +242,26 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
                 submit(frame, items, frame.rgb)
                 if len(pending) >= max_inflight:
                     finish_one()
-                continue
+                return
             # Sticky: frames are asked a group at a time, drafting from the group before's last
             # answers; a group's images are encoded while the group before decodes.
             new = any(item is None for item in items)
             staged.append((frame, items, engine.encode_image(frame.rgb) if new else None, stage_cut(frame)))
             if len(staged) >= max_inflight:
                 next_group()
+
+        pick = sampling.picker()
+        # Resumed: the frames whose answers are all recorded are replayed from them, undecoded, up
+        # to the one decoding starts at (the keyframe before it, where the file can seek)
+        done_part = [] if pixels_wanted else resume_point(done, key, tasks, sampling, source.fps,
+                                                          max_inflight if last is not None else None)
+        for index, pts in done_part[:-1]:
+            pick(index, pts)  # where a full run's picker is when it gets there
+            take(Frame(source.source_id, index, pts, None))
+        resume = (*done_part[-1], done_part[0][1]) if done_part else None
+        # replayed: every frame comes unconverted, and those with a new answer to ask are converted now
+        for frame in source.frames(pick=pick, need_rgb=None if replay else need_rgb, lazy=replay, resume=resume):
+            take(frame)
         if staged:
             next_group()
         while pending:

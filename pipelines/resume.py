@@ -1,0 +1,54 @@
+"""Where a `video --resume` picks a file up without decoding what is done.
+
+A previous run's JSONL holds the answers of a file's first frames; those up to the last frame
+of its unbroken prefix are replayed from it, and decoding starts at the keyframe before that
+frame (`FileSource.frames(resume=)`): a 2-hour file stopped near its end had been decoded from
+its start again before its first new answer. The prefix must be what this run picks: the first
+frame, then each next frame its sampling takes, every answer there. Answers written with another
+`--fps` or `--every-n` break it early, and the run reads from wherever it breaks, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .prompts import prompt_key
+from .sinks import FrameResult
+
+# A frame more than this later than the one before, beyond the sampling's period, says a frame
+# between them was left out (the answers were written with a lower --fps): in frame intervals.
+GAP_FRAMES = 1.5
+MIN_SKIP = 2  # frames: a resume this near the start reads from it
+
+
+def resume_point(done: Mapping[tuple, FrameResult], key: str, tasks: list[dict], sampling,
+                 video_fps: float | None, group: int | None = None) -> list[tuple[int, float]]:
+    """(index, pts) of the recorded frames a resumed run replays before the frame it reads from,
+    that frame last; empty to read from the start. `group`: with sticky answers, frames are asked
+    a group at a time, and a group that asks anything needs the pixels of its frames and of the
+    frame before it (scene cuts): the reading starts at the end of the last group done."""
+    prompts = [prompt_key(t) for t in tasks]
+    indices = sorted({index for k, index, _ in done if k == key})
+    if not indices or indices[0] != 0:
+        return []
+    pick, step = sampling.picker(), sampling.every_n or 1
+    period = 1.0 / sampling.fps if sampling.fps else None
+    frame_s = 1.0 / (video_fps or 30.0)
+    prefix: list[tuple[int, float]] = []
+    for index in indices:
+        records = [done.get((key, index, p)) for p in prompts]
+        if any(r is None for r in records):
+            break
+        pts = records[0].pts
+        if prefix:
+            before_index, before_pts = prefix[-1]
+            if period is None and index != before_index + step:
+                break
+            if period is not None and pts - before_pts > period + GAP_FRAMES * frame_s:
+                break
+        if not pick(index, pts):  # written with a higher --fps
+            break
+        prefix.append((index, pts))
+    if group:
+        prefix = prefix[:len(prefix) // group * group]  # the groups done, the last one's last frame read
+    return prefix if prefix and prefix[-1][0] >= MIN_SKIP else []
