@@ -269,11 +269,12 @@ class FileSource:
     def _seek(self, seconds: float) -> bool:
         """Whether decoding now starts at the keyframe before `seconds` (the file's own time, a
         little earlier: a frame's time and the index's may differ by its reordering). Not in a
-        stream that stores no times (raw H.264)."""
+        stream that stores no times (raw H.264), nor in a file on a web server: one that takes no
+        byte ranges (Python's http.server) broke the reading off at the seek."""
         import av
 
         time_base = self._stream.time_base
-        if self._container.format.flags & AVFMT_NOTIMESTAMPS or not time_base:
+        if self.url or self._container.format.flags & AVFMT_NOTIMESTAMPS or not time_base:
             return False
         target = int((seconds - SEEK_MARGIN_S) / time_base)
         if target <= (self._stream.start_time or 0):  # near the start: read from it

@@ -20,10 +20,10 @@ from pipelines.sources import FileSource
 CUTS = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
 
 
-def _clip(path: Path, *args: str) -> Path:
-    """An 8 s clip of the cuts sample (240 frames at 30 fps, small), encoded by Debian's ffmpeg."""
-    subprocess.run([shutil.which("ffmpeg"), "-loglevel", "error", "-y", "-i", str(CUTS), "-t", "8", "-vf", "scale=256:144",
-                    *args, str(path)], check=True)
+def _clip(path: Path, *args: str, seconds: int = 8, height: int = 144) -> Path:
+    """A clip of the cuts sample (8 s: 240 frames at 30 fps, small), encoded by Debian's ffmpeg."""
+    subprocess.run([shutil.which("ffmpeg"), "-loglevel", "error", "-y", "-i", str(CUTS), "-t", str(seconds), "-vf",
+                    f"scale=-2:{height}", *args, str(path)], check=True)
     return path
 
 
@@ -141,3 +141,30 @@ def test_a_video_resumed_with_another_fps_still_answers_every_frame_it_picks(tmp
     assert counted[0] >= 240  # all of it (and the first frame, which the run reads first to check the file)
     answered = {json.loads(x)["index"] for x in (tmp_path / "o.jsonl").read_text().splitlines()}
     assert answered >= {json.loads(x)["index"] for x in (tmp_path / "five.jsonl").read_text().splitlines()}
+
+
+def test_a_file_on_a_web_server_is_resumed_from_its_start(tmp_path):
+    """A server that takes no byte ranges (Python's http.server) broke the reading off at the
+    seek ("decoding stopped after 0 frames: Input/output error"): a file on a web server is read
+    from its start, the frames before the one resumed at passed over."""
+    import functools
+    import http.server
+    import threading
+
+    _clip(tmp_path / "m.mkv", "-c:v", "libx264", "-g", "30", seconds=16, height=360)  # a seek too far to read through
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/m.mkv"
+        full, _ = _read(url)
+        assert len(full) == 480
+        for k in (300, 400, 440, 470):  # a seek there had broken the reading off at some of these
+            got, src = _read(url, resume=(k, round(full[k][1], 6), full[0][1]))
+            assert got == full[k:] and src.error is None, (k, src.error)
+    finally:
+        server.shutdown()
