@@ -250,6 +250,9 @@ class FileSource:
             return
         except (av.FFmpegError, OSError, ValueError) as e:
             self.error = f"{self.name}: decoding stopped after {index} frames: {first_line(e)}"
+            if self.url and index == 0 and "mp4" in self._container.format.name and takes_ranges(self.url) is False:
+                self.error += (" (its web server sends no byte ranges, which FFmpeg needs to read an MP4 whose index "
+                               "is at its end: download the file first, or serve it from a server that sends ranges)")
         if index == 0 and self.error is None:
             self.error = f"{self.name}: no frame could be decoded"
         self.incomplete = self.error is not None  # damaged packets skipped on the way are not that
@@ -325,6 +328,18 @@ def is_remote(name: str | Path) -> bool:
     """Whether a name is an http(s) URL: a file on a web server."""
     text = str(name)
     return "://" in text and text.split("://", 1)[0].lower() in REMOTE_SCHEMES
+
+
+def takes_ranges(url: str, timeout: float = 5.0) -> bool | None:
+    """Whether a web server answers a request for a byte range with that range (206), None
+    when it cannot be asked (no answer, an error, credentials in the URL)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=0-0"}), timeout=timeout) as r:
+            return r.status == 206  # the body of a whole-file answer is not read
+    except (OSError, ValueError):
+        return None
 
 
 def file_name(source: str) -> str:

@@ -302,6 +302,29 @@ def test_a_file_from_a_server_without_ranges_is_a_recording(tmp_path, capsys, sm
         server.shutdown()
 
 
+def test_an_mp4_indexed_at_its_end_from_a_server_without_ranges_says_why_it_cannot_be_read(tmp_path, capsys,
+                                                                                          small_folder):
+    """A phone's or a plain ffmpeg copy's MP4 keeps its index after its frames; served by a web
+    server that sends no byte ranges (python3 -m http.server), FFmpeg cannot go back to its frames,
+    and `video` said only "decoding stopped after 0 frames: Input/output error"."""
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    for name, flags in (("end.mp4", []), ("start.mp4", ["-movflags", "+faststart"])):
+        subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(clip), "-c", "copy", *flags, str(tmp_path / name)],
+                       check=True)  # the whole clip: a small file is read into FFmpeg's buffer whole
+    server = _serve(tmp_path)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        assert main(["video", url + "end.mp4", "--model", str(small_folder), "--max-tokens", "2", "-o", "-"]) == 2
+        err = capsys.readouterr().err
+        assert "end.mp4: decoding stopped after 0 frames" in err and "sends no byte ranges" in err, err
+        # the index first: read as it downloads
+        assert main(["video", url + "start.mp4", "--model", str(small_folder), "--max-tokens", "2", "--every-n", "60",
+                     "-o", "-"]) == 0
+        assert len(capsys.readouterr().out.splitlines()) == 8
+    finally:
+        server.shutdown()
+
+
 def test_hls_playlist_is_read_segment_after_segment(tmp_path):
     clip = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
     subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(clip), "-c", "copy", "-f", "hls", "-hls_time", "2",
