@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
 
 from .cuts import CutDetector
 from .prompts import ask, prompt_key, prompt_of
-from .resume import resume_point
+from .resume import answered, resume_point
 from .sinks import FrameResult, source_key
 from .frame import Frame
 from .sources import FileSource
@@ -253,7 +253,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         pick = sampling.picker()
         # Resumed: the frames whose answers are all recorded are replayed from them, undecoded, up
         # to the one decoding starts at (the keyframe before it, where the file can seek)
-        done_part = [] if pixels_wanted else resume_point(done, key, tasks, sampling, source.fps,
+        done_part = [] if pixels_wanted else resume_point(answered(done, key, tasks), sampling, source.fps,
                                                           max_inflight if last is not None else None)
         for index, pts in done_part[:-1]:
             pick(index, pts)  # where a full run's picker is when it gets there

@@ -21,14 +21,14 @@ GAP_FRAMES = 1.5
 MIN_SKIP = 2  # frames: a resume this near the start reads from it
 
 
-def resume_point(done: Mapping[tuple, FrameResult], key: str, tasks: list[dict], sampling,
-                 video_fps: float | None, group: int | None = None) -> list[tuple[int, float]]:
+def resume_point(recorded: Mapping[int, float], sampling, video_fps: float | None,
+                 group: int | None = None) -> list[tuple[int, float]]:
     """(index, pts) of the recorded frames a resumed run replays before the frame it reads from,
-    that frame last; empty to read from the start. `group`: with sticky answers, frames are asked
-    a group at a time, and a group that asks anything needs the pixels of its frames and of the
-    frame before it (scene cuts): the reading starts at the end of the last group done."""
-    prompts = [prompt_key(t) for t in tasks]
-    indices = sorted({index for k, index, _ in done if k == key})
+    that frame last; empty to read from the start. `recorded`: the time of each frame whose every
+    answer is recorded, by index. `group`: with sticky answers, frames are asked a group at a
+    time, and a group that asks anything needs the pixels of its frames and of the frame before
+    it (scene cuts): the reading starts at the end of the last group done."""
+    indices = sorted(recorded)
     if not indices or indices[0] != 0:
         return []
     pick, step = sampling.picker(), sampling.every_n or 1
@@ -36,10 +36,7 @@ def resume_point(done: Mapping[tuple, FrameResult], key: str, tasks: list[dict],
     frame_s = 1.0 / (video_fps or 30.0)
     prefix: list[tuple[int, float]] = []
     for index in indices:
-        records = [done.get((key, index, p)) for p in prompts]
-        if any(r is None for r in records):
-            break
-        pts = records[0].pts
+        pts = recorded[index]
         if prefix:
             before_index, before_pts = prefix[-1]
             if period is None and index != before_index + step:
@@ -52,3 +49,10 @@ def resume_point(done: Mapping[tuple, FrameResult], key: str, tasks: list[dict],
     if group:
         prefix = prefix[:len(prefix) // group * group]  # the groups done, the last one's last frame read
     return prefix if prefix and prefix[-1][0] >= MIN_SKIP else []
+
+
+def answered(done: Mapping[tuple, FrameResult], key: str, tasks: list[dict]) -> dict[int, float]:
+    """The time of each frame of source `key` that `done` holds an answer of every task for."""
+    first, *rest = [prompt_key(t) for t in tasks]
+    return {index: r.pts for (k, index, p), r in done.items()
+            if k == key and p == first and all((key, index, q) in done for q in rest)}

@@ -13,7 +13,7 @@ import pipelines.sources
 from app.cli import main
 from pipelines.batch import Sampling
 from pipelines.prompts import prompt_key
-from pipelines.resume import resume_point
+from pipelines.resume import answered, resume_point
 from pipelines.sinks import FrameResult
 from pipelines.sources import FileSource
 
@@ -88,7 +88,8 @@ def _records(indices: list[int], prompts: list[dict], fps: float = 30.0) -> dict
 
 def test_the_resume_point_is_the_end_of_what_this_run_would_have_picked():
     cap, ask = {"caption": "short"}, {"question": "Is there a dog?"}
-    point = lambda done, sampling, tasks=(cap,), group=None: resume_point(done, "v", list(tasks), sampling, 30.0, group)
+    point = lambda done, sampling, tasks=(cap,), group=None: resume_point(answered(done, "v", list(tasks)), sampling,
+                                                                         30.0, group)
     every = Sampling()
     assert [i for i, _ in point(_records(list(range(10)), [cap]), every)] == list(range(10))
     assert point(_records(list(range(1, 10)), [cap]), every) == []  # no first frame: from the start
@@ -109,7 +110,7 @@ def test_the_resume_point_is_the_end_of_what_this_run_would_have_picked():
 
 
 def _untimed(lines: list[str]) -> list[dict]:
-    return [{k: v for k, v in json.loads(x).items() if k != "timings_ms"} for x in lines]
+    return [{k: v for k, v in json.loads(x).items() if k not in ("timings_ms", "load_ms")} for x in lines]
 
 
 @pytest.mark.parametrize("sampling", [["--every-n", "3"], ["--fps", "7"], ["--every-n", "2", "--sticky", "0"],
@@ -168,3 +169,19 @@ def test_a_file_on_a_web_server_is_resumed_from_its_start(tmp_path):
             assert got == full[k:] and src.error is None, (k, src.error)
     finally:
         server.shutdown()
+
+
+def test_a_resumed_detect_run_reads_only_what_is_left(tmp_path, small_folder, counted):
+    """`video --detect --resume`: the places found before are replayed from the JSONL, and the
+    file is read from the keyframe before the last of them."""
+    path = _clip(tmp_path / "v.mp4", "-c:v", "libx264", "-g", "30")
+    out = tmp_path / "o.jsonl"
+    cmd = ["video", str(path), "--detect", "red circle", "--every-n", "8", "--model", str(small_folder),
+           "--dtype", "float32", "-o", str(out)]
+    assert main(cmd) == 0
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:len(lines) * 3 // 4]) + "\n")
+    counted[0] = 0
+    assert main(cmd + ["--resume"]) == 0
+    assert _untimed(out.read_text().splitlines()) == _untimed(lines) and len(lines) == 30
+    assert counted[0] <= 240 // 4 + 30 + 30 + 10, counted[0]
