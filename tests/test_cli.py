@@ -67,6 +67,13 @@ def test_seeded_sampling_is_reproducible(capsys, small_folder):
     assert run_json(capsys, *args)["token_ids"] == run_json(capsys, *args)["token_ids"]
 
 
+def test_a_sampled_answer_says_its_seed(capsys, small_folder):
+    """The JSON of a sampled answer carries its seed: what a user passes to --seed to get the
+    same answer again."""
+    r = run_json(capsys, SCENE, "--model", small_folder, "--temperature", "1", "--seed", "11", "--max-tokens", "3")
+    assert r["seed"] == 11
+
+
 def test_default_output_is_the_streamed_text(capsys, small_folder):
     assert main(["image", str(SCENE), "--model", str(small_folder), "--caption", "long", "--max-tokens", "6"]) == 0
     printed = capsys.readouterr().out
@@ -701,6 +708,29 @@ def test_several_images_and_folders_answer_one_line_each(capsys, tmp_path, small
         assert main(["image", *args, "--model", "/no/such/model"]) == 2
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, err
+
+
+def test_several_images_none_of_which_decode_is_a_failed_run(capsys, tmp_path, small_folder):
+    """Images whose headers read (so the run starts) but none of which decodes: nothing was
+    answered, and the run says so and exits 2, not 1 as when some were answered."""
+    data = SCENE.read_bytes()
+    for name in ("a.png", "b.png"):
+        (tmp_path / name).write_bytes(data[: len(data) // 2])
+    assert main(["image", str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--model", str(small_folder)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines()[-2:] == ["vlmstream: 0 images answered, 2 could not be read",
+                                              "vlmstream: error: none of the images could be read"], captured.err
+
+
+def test_a_folder_of_which_no_image_can_be_read_fails_before_the_model_loads(capsys, tmp_path):
+    """Every image in the folder unreadable: said in one line at once (exit 2), not after loading a
+    model (minutes for Moondream 2) to answer nothing."""
+    (tmp_path / "a.png").write_bytes(b"junk" * 10)
+    (tmp_path / "b.jpg").write_bytes(b"")
+    assert main(["image", str(tmp_path), "--model", "/no/such/model"]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if "skipped" not in line]
+    assert said == ["vlmstream: error: none of the image files found can be read"]
 
 
 def test_live_on_a_file_cut_off_after_its_header_is_one_line(capsys, tmp_path, small_folder):

@@ -775,6 +775,39 @@ def test_image_reads_a_picture_from_a_web_server(capsys, small_folder, tmp_path)
     assert rows[0]["text"] == local["text"] and rows[1]["text"]
 
 
+def test_several_images_on_a_web_server_are_answered_under_names_without_the_password(capsys, small_folder,
+                                                                                     tmp_path):
+    """`image URL URL` of a NAS's pictures: every line (an answer, a picture that fails to decode,
+    a place found by --detect) names its image with the password hidden, as a one-image run does;
+    and the closing count says "1 image" for one."""
+    import shutil
+
+    scene = Path(__file__).resolve().parents[1] / "sample_videos" / "scene.png"
+    shutil.copy(scene, tmp_path / "scene.png")
+    data = scene.read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])  # its header reads: it fails when decoded
+    server = _serve(tmp_path)
+    base = f"http://user:s3cret@127.0.0.1:{server.server_address[1]}"
+    shown = f"http://***@127.0.0.1:{server.server_address[1]}"
+    images = [f"{base}/scene.png", f"{base}/cut.png"]
+    args = ["--model", str(small_folder), "--max-tokens", "3"]
+    try:
+        assert main(["image", *images, *args]) == 1
+        text = capsys.readouterr()
+        assert main(["image", *images, *args, "--json"]) == 1
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert main(["image", *images, *args, "--detect", "star", "--json"]) == 1
+        found = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    finally:
+        server.shutdown()
+    assert text.out.startswith(f"{shown}/scene.png: ") and text.out.count("\n") == 1
+    assert f"{shown}/cut.png could not be decoded" in text.err and "s3cret" not in text.out + text.err
+    assert "vlmstream: 1 image answered, 1 could not be read" in text.err
+    assert [r["image"] for r in rows] == [f"{shown}/scene.png", f"{shown}/cut.png"] and "error" in rows[1]
+    assert {r["image"]: "error" in r for r in found} == {f"{shown}/scene.png": False, f"{shown}/cut.png": True}
+    assert "s3cret" not in json.dumps(rows + found)
+
+
 def test_a_host_with_no_address_is_named(capsys, tmp_path, monkeypatch):
     """`live` said FFmpeg's "Input/output error" after 37 s of retries, where `video` named the host;
     a web server's page (no video) was retried for 30 s too."""
@@ -1133,3 +1166,149 @@ def test_a_source_refused_at_once_beside_one_that_plays_is_a_warning_not_a_faile
     stats = json.loads(captured.out)
     assert stats["sources"][clip]["completed"] > 0 and stats["sources"]["rtsp://127.0.0.1:9/cam"]["frames_in"] == 0
     assert "vlmstream: warning: rtsp://127.0.0.1:9/cam: cannot read rtsp://127.0.0.1:9/cam: 404 Not Found" in captured.err
+
+
+def test_a_password_with_an_at_sign_is_hidden_whole():
+    """A camera's password may hold "@" (typed raw, as many users do): all of user:password goes,
+    not the part of it before the first "@"."""
+    assert redact("rtsp://admin:p@ss@10.0.0.5:554/live") == "rtsp://***@10.0.0.5:554/live"
+    assert redact("rtsp://admin@cam:p@ss@[fe80::1]/live") == "rtsp://***@[fe80::1]/live"
+
+
+def test_a_host_name_that_cannot_be_is_named_at_once():
+    """A host name no resolver can look up (a label over 63 characters: a paste gone wrong) is said
+    at once, as a host with no address is, not retried as an outage."""
+    import pipelines.stream
+
+    host = "cam" + "x" * 70 + ".example.com"
+    assert pipelines.stream.unknown_host(f"rtsp://{host}/live") == \
+        f"no address for the host {host} (a typo, or no network?)"
+
+
+def test_which_network_sources_are_recordings():
+    """A file over HTTP (a duration, or a size from a server without ranges) is read once at its
+    own pace; a live HLS playlist (the size of its text), a stream of unknown size and a camera's
+    RTSP stream are live, reopened when they break."""
+    from types import SimpleNamespace
+
+    from pipelines.stream import is_recording
+
+    def opened(duration=None, size=-38, fmt="mpegts"):  # -38: FFmpeg's ENOSYS, a size it cannot know
+        return SimpleNamespace(duration=duration, size=size, format=SimpleNamespace(name=fmt))
+
+    assert is_recording(opened(duration=1_500_000), "rtsp://cam/replay")
+    assert is_recording(opened(size=123456), "http://nas/clip.ts")
+    assert is_recording(opened(size=123456), "HTTPS://nas/clip.ts")
+    assert not is_recording(opened(size=512, fmt="hls"), "http://cdn/live.m3u8")
+    assert not is_recording(opened(), "http://cam/live.ts") and not is_recording(opened(size=0), "http://cam/live.ts")
+    assert not is_recording(opened(size=123456), "rtsp://cam/live")
+
+
+def test_a_pipe_wait_and_read_end_quietly_once_the_consumer_is_gone():
+    """`live - --duration 5` ending while the program piped in sends nothing: the wait for input
+    and a waiting read end at once, as an end (no "nothing came" error, no TimeoutError)."""
+    from pipelines.stream import PipeReader, wait_for_input
+
+    r, w = os.pipe()
+    try:
+        t0 = time.monotonic()
+        assert wait_for_input(r, 5.0, lambda: True) is None
+        assert PipeReader(r, 5.0, lambda: True).read(10) == b""
+        assert time.monotonic() - t0 < 1.0
+        with pytest.raises(TimeoutError, match="nothing came for 0.2 s"):
+            PipeReader(r, 0.2, lambda: False).read(10)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_network_streams_are_opened_with_their_transport_options(monkeypatch):
+    """RTSP is asked for over TCP (over UDP, a camera behind NAT or a lossy Wi-Fi link gave grey,
+    smeared frames); UDP gets a large FIFO and survives its overruns."""
+    import av
+
+    asked = {}
+
+    def refused(url, timeout=None, options=None, **kwargs):
+        asked[url.split(":", 1)[0]] = dict(options or {})
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(av, "open", refused)
+    for url in ("rtsp://127.0.0.1:9/cam", "udp://127.0.0.1:9", "http://127.0.0.1:9/live.ts"):
+        with pytest.raises(SourceError, match="Connection refused"):
+            next(StreamSource(url, reconnect=False).frames())
+    assert asked["rtsp"] == {"rtsp_transport": "tcp"} and asked["http"] == {}
+    assert asked["udp"] == {"fifo_size": "1000000", "overrun_nonfatal": "1"}
+
+
+def test_a_source_that_may_not_reconnect_fails_at_its_first_try_and_a_busy_server_is_asked_again(monkeypatch):
+    """reconnect=False (standard input, the web UI's one-shot reads) fails at the first refused
+    open; a web server's 429 Too Many Requests is "later", not "no": tried again within max_wait,
+    where a 404 or 401 is said at once."""
+    import av
+
+    opened = []
+
+    def fails(error):
+        def _open(self, started=None):
+            opened.append(error)
+            raise error
+        return _open
+
+    monkeypatch.setattr(StreamSource, "_open", fails(ConnectionRefusedError(111, "Connection refused")))
+    t0 = time.monotonic()
+    with pytest.raises(SourceError, match="Connection refused$"):
+        next(StreamSource("rtsp://127.0.0.1:9/cam", reconnect=False, max_wait=1.0).frames())
+    assert len(opened) == 1 and time.monotonic() - t0 < 1.0
+    busy = av.HTTPTooManyRequestsError(-1, "Too Many Requests", "http://127.0.0.1:9/live.ts")
+    monkeypatch.setattr(StreamSource, "_open", fails(busy))
+    opened.clear()
+    with pytest.raises(SourceError, match="Too Many Requests"):
+        next(StreamSource("http://127.0.0.1:9/live.ts", max_wait=0.6).frames())
+    assert len(opened) >= 2
+
+
+def test_a_stream_that_sent_frames_and_then_answers_404_is_reconnected_not_given_up(monkeypatch, tmp_path):
+    """A 404 or 401 before any frame is a wrong URL (said at once); after frames it is the server
+    restarting or its token being renewed: an outage, tried again until --max-outage."""
+    import av
+
+    import pipelines.stream
+
+    clip = tmp_path / "live.ts"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=20", "-frames:v",
+                    "10", "-c:v", "mpeg2video", "-f", "mpegts", str(clip)], check=True, timeout=60)
+    opened = []
+
+    def _open(self, started=None):
+        opened.append(time.perf_counter())
+        if len(opened) == 1:
+            return av.open(str(clip))
+        raise av.HTTPNotFoundError(-1, "Server returned 404 Not Found", self.url)
+
+    monkeypatch.setattr(StreamSource, "_open", _open)
+    monkeypatch.setattr(pipelines.stream, "is_recording", lambda container, url: False)  # a live stream's end
+    src, got = StreamSource("http://127.0.0.1:9/live.ts", max_outage=0.6), []
+    with pytest.raises(SourceError, match="404 Not Found"):
+        for frame in src.frames():
+            got.append(frame.index)
+    assert got == list(range(10)) and len(opened) >= 3 and src.connection.outages == 1
+
+
+def test_a_recording_read_by_a_slow_consumer_loses_no_frame(tmp_path):
+    """A file over HTTP read by a consumer slower than the read timeout (a large model on a CPU):
+    only a live stream's frames that come in a burst after a silence are stale and left out; a
+    recording's frames arrive late because they were not asked for, and every one is given."""
+    clip = tmp_path / "clip.mkv"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=10", "-frames:v", "6",
+                    "-c:v", "mjpeg", str(clip)], check=True, timeout=60)
+    server = _serve(tmp_path)
+    try:
+        src, got = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/clip.mkv", read_timeout=0.2,
+                                pace=False), []
+        for frame in src.frames():
+            got.append(frame.index)
+            time.sleep(0.25)  # longer than the read timeout
+    finally:
+        server.shutdown()
+    assert got == list(range(6)) and src.reconnects == 0
