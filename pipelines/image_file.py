@@ -132,7 +132,7 @@ def _without_credentials(url: str) -> tuple[str, dict]:
         return url, headers
     user_pass = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
     headers["Authorization"] = "Basic " + base64.b64encode(user_pass).decode("ascii")
-    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    host = parts.netloc.rpartition("@")[2]  # as written: `hostname` drops an IPv6 address's brackets
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), headers
 
 
