@@ -91,19 +91,24 @@ def _locate(args: argparse.Namespace) -> int:
     done = failed = 0
     try:  # the bar closed however the run ends
         for chunk in batched(paths, LOCATE_BATCH):
-            read = []  # (path, its pixels); one that fails to decode is said and left out, as captions do
+            read, broken = [], {}  # (path, its pixels); one that fails to decode is said and left out, as captions do
             for path in chunk:
                 try:
                     read.append((path, read_image(path)))
                 except ImageError as e:
                     if one:  # the single image's error is the run's (exit 2)
                         raise
+                    broken[path] = e
+            places = iter(decoder.locate_batch([rgb for _, rgb in read], what, task) if read else [])
+            pixels_of = dict(read)
+            for path in chunk:  # in the images' order, an error line where its image is
+                if path in broken:
                     failed += 1
-                    tqdm.write(f"vlmstream: warning: {e}", file=sys.stderr)
+                    tqdm.write(f"vlmstream: warning: {broken[path]}", file=sys.stderr)
                     if args.json:
-                        tqdm.write(json.dumps({"image": redact(str(path)), "error": str(e)}), file=sys.stdout)
-            places = decoder.locate_batch([rgb for _, rgb in read], what, task) if read else []
-            for (path, rgb), found in zip(read, places):
+                        tqdm.write(json.dumps({"image": redact(str(path)), "error": str(broken[path])}), file=sys.stdout)
+                    continue
+                rgb, found = pixels_of[path], next(places)
                 h, w = rgb.shape[:2]
                 pixels = pixel_places(found[key], w, h, task)
                 name = redact(str(path))

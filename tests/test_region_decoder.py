@@ -157,6 +157,20 @@ def test_image_detect_and_point_on_the_command_line(capsys, small_folder, tmp_pa
     assert len(captured.out.splitlines()) == 5
 
 
+def test_one_image_that_fails_to_decode_is_the_detect_runs_error(capsys, small_folder, tmp_path):
+    """`image cut.png --detect star`: the one image named fails to decode (its header reads): that
+    is the run's error, one line, exit 2, not a warning and exit 0 with nothing located."""
+    from PIL import Image
+
+    Image.fromarray(np.random.default_rng(3).integers(0, 256, (120, 200, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    data = (tmp_path / "a.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
+    assert main(["image", str(tmp_path / "cut.png"), "--detect", "star", "--model", str(small_folder)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"vlmstream: error: {tmp_path / 'cut.png'} could not be "
+                                                          "decoded") and captured.err.count("\n") == 1, captured.err
+
+
 def _clip(path, frames: int, fps: int):
     """An H.264 clip of random 96x64 frames (frame i from seed i)."""
     import av
@@ -550,3 +564,20 @@ def test_video_detect_resume_checks_its_model_and_log_and_keeps_what_it_had(caps
     monkeypatch.setattr(pipelines.sources.FileSource, "frames", stopped)
     assert main([*detect, "-o", str(out), "--annotate", str(ann), "--resume", *model]) == 130
     assert frames(ann) == shown and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_detect_json_lines_follow_the_images_order_when_one_fails_to_decode(capsys, small_folder, tmp_path):
+    """An image of a batch that failed to decode had its error line written as the batch was
+    read, before the places of the images ahead of it (b's error, then a's boxes)."""
+    import shutil
+
+    scene = Path(__file__).resolve().parents[1] / "sample_videos" / "scene.png"
+    shutil.copy(scene, tmp_path / "a.png")
+    data = scene.read_bytes()
+    (tmp_path / "b.png").write_bytes(data[: len(data) // 2])  # its header reads: it fails when decoded
+    shutil.copy(scene, tmp_path / "c.png")
+    assert main(["image", *(str(tmp_path / n) for n in ("a.png", "b.png", "c.png")), "--detect", "star", "--json",
+                 "--model", str(small_folder), "--max-tokens", "3"]) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [Path(r["image"]).name for r in rows] == ["a.png", "b.png", "c.png"]
+    assert "error" in rows[1] and rows[0]["objects"] == rows[2]["objects"]
