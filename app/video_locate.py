@@ -192,7 +192,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                 # the keyframe before the last of them (an --annotate MP4 draws them again: read all)
                 pick = sampling.picker()
                 recorded = {} if plan.annotate else {k[1]: float(r["pts"]) for k, r in done.items() if k[0] == done_key}
-                done_part = resume_point(recorded, sampling, src.fps)
+                done_part = resume_point(recorded, sampling)
                 for index, pts in done_part[:-1]:
                     pick(index, pts)  # where a full run's picker is when it gets there
                     take(Frame(source, index, pts, None))

@@ -97,6 +97,7 @@ class Sampling:
             n = max(n + 1, math.floor((pts - t0 + 1e-6) * fps) + 1)
             return True
 
+        pick.next_slot = lambda: t0 + n / fps  # a frame from this time on is taken next (resume.py)
         return pick
 
 
@@ -253,7 +254,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
         pick = sampling.picker()
         # Resumed: the frames whose answers are all recorded are replayed from them, undecoded, up
         # to the one decoding starts at (the keyframe before it, where the file can seek)
-        done_part = [] if pixels_wanted else resume_point(answered(done, key, tasks), sampling, source.fps,
+        done_part = [] if pixels_wanted else resume_point(answered(done, key, tasks), sampling,
                                                           max_inflight if last is not None else None)
         for index, pts in done_part[:-1]:
             pick(index, pts)  # where a full run's picker is when it gets there

@@ -15,14 +15,10 @@ from typing import Mapping
 from .prompts import prompt_key
 from .sinks import FrameResult
 
-# A frame more than this later than the one before, beyond the sampling's period, says a frame
-# between them was left out (the answers were written with a lower --fps): in frame intervals.
-GAP_FRAMES = 1.5
 MIN_SKIP = 2  # frames: a resume this near the start reads from it
 
 
-def resume_point(recorded: Mapping[int, float], sampling, video_fps: float | None,
-                 group: int | None = None) -> list[tuple[int, float]]:
+def resume_point(recorded: Mapping[int, float], sampling, group: int | None = None) -> list[tuple[int, float]]:
     """(index, pts) of the recorded frames a resumed run replays before the frame it reads from,
     that frame last; empty to read from the start. `recorded`: the time of each frame whose every
     answer is recorded, by index. `group`: with sticky answers, frames are asked a group at a
@@ -32,16 +28,18 @@ def resume_point(recorded: Mapping[int, float], sampling, video_fps: float | Non
     if not indices or indices[0] != 0:
         return []
     pick, step = sampling.picker(), sampling.every_n or 1
-    period = 1.0 / sampling.fps if sampling.fps else None
-    frame_s = 1.0 / (video_fps or 30.0)
     prefix: list[tuple[int, float]] = []
     for index in indices:
         pts = recorded[index]
         if prefix:
             before_index, before_pts = prefix[-1]
-            if period is None and index != before_index + step:
+            if not sampling.fps and index != before_index + step:
                 break
-            if period is not None and pts - before_pts > period + GAP_FRAMES * frame_s:
+            # --fps: the frame just before this one (its time from the frames' mean interval since
+            # the one recorded before) must have come before the next slot, or it was to be taken
+            # (a line missing, or the answers written with a lower --fps)
+            if sampling.fps and index > before_index + 1 and \
+                    pts - (pts - before_pts) / (index - before_index) >= pick.next_slot() - 1e-6:
                 break
         if not pick(index, pts):  # written with a higher --fps
             break

@@ -89,7 +89,7 @@ def _records(indices: list[int], prompts: list[dict], fps: float = 30.0) -> dict
 def test_the_resume_point_is_the_end_of_what_this_run_would_have_picked():
     cap, ask = {"caption": "short"}, {"question": "Is there a dog?"}
     point = lambda done, sampling, tasks=(cap,), group=None: resume_point(answered(done, "v", list(tasks)), sampling,
-                                                                         30.0, group)
+                                                                         group)
     every = Sampling()
     assert [i for i, _ in point(_records(list(range(10)), [cap]), every)] == list(range(10))
     assert point(_records(list(range(1, 10)), [cap]), every) == []  # no first frame: from the start
@@ -104,6 +104,11 @@ def test_the_resume_point_is_the_end_of_what_this_run_would_have_picked():
     assert point(_records(list(range(0, 60, 3)), [cap]), Sampling(fps=10))[-1][0] == 57
     assert point(_records(list(range(0, 60, 6)), [cap]), Sampling(fps=10)) == []
     assert point(_records(list(range(0, 60, 3)), [cap]), Sampling(fps=5)) == []  # written at a higher rate
+    # 20 a second takes frames 0, 2, 3, 5, 6, 8...: one missing (a line lost, or --fps 10: 0, 3, 6) ends it
+    twenty = [i for i in range(60) if i % 3 != 1]
+    assert [i for i, _ in point(_records(twenty, [cap]), Sampling(fps=20))] == twenty
+    assert [i for i, _ in point(_records([i for i in twenty if i != 5], [cap]), Sampling(fps=20))] == [0, 2, 3]
+    assert point(_records(list(range(0, 60, 3)), [cap]), Sampling(fps=20)) == []
     # sticky groups of 4: the last whole group's last frame (the frame before the group that asks)
     assert point(_records(list(range(10)), [cap]), every, group=4)[-1][0] == 7
     assert point(_records(list(range(3)), [cap]), every, group=4) == []
@@ -185,3 +190,19 @@ def test_a_resumed_detect_run_reads_only_what_is_left(tmp_path, small_folder, co
     assert main(cmd + ["--resume"]) == 0
     assert _untimed(out.read_text().splitlines()) == _untimed(lines) and len(lines) == 30
     assert counted[0] <= 240 // 4 + 30 + 30 + 10, counted[0]
+
+
+def test_a_frame_whose_line_is_missing_is_asked_again(tmp_path, small_folder):
+    """--fps 20 of a 30 fps file takes frames 0, 2, 3, 5, 6...: a JSONL without frame 5's line
+    (a 3-frame gap, within the 1.5-frame slack the first check allowed) was replayed past it, and
+    frame 5 was never asked."""
+    path = _clip(tmp_path / "v.mp4", "-c:v", "libx264", "-bf", "3", "-g", "30", seconds=4)
+    out = tmp_path / "o.jsonl"
+    cmd = ["video", str(path), "--model", str(small_folder), "--max-tokens", "3", "--sticky", "0", "--fps", "20",
+           "-o", str(out)]
+    assert main(cmd) == 0
+    full = out.read_text().splitlines()
+    out.write_text("".join(x + "\n" for x in full[:12] if json.loads(x)["index"] != 5))
+    assert main(cmd + ["--resume"]) == 0
+    assert sorted(json.loads(x)["index"] for x in out.read_text().splitlines()) == \
+        sorted(json.loads(x)["index"] for x in full)
