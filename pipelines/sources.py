@@ -200,12 +200,21 @@ class FileSource:
             self.corrupt += not segmented and not (clock and clock.jumped)
 
         skip, at = 0, None  # frames before index `skip` are passed over; `at`: (index, pts) a seek went to
+        ahead: list = []  # the frame after the one resumed at, read to check it (then given as the next)
+
+        def in_order(frames: Iterator) -> Iterator:
+            for f in frames:
+                yield f
+                while ahead:
+                    yield ahead.pop()
+
         try:
             if resume is not None:
                 skip, first = resume[0], resume[2]
                 at = resume[:2] if seek and skip and not jumps and self._seek(resume[1] + start) else None
-            for frame in decoded(self._container, self._stream, damage, reading=self.reading, on_corrupt=corrupt,
-                                 retime=clock):
+            under = decoded(self._container, self._stream, damage, reading=self.reading, on_corrupt=corrupt,
+                            retime=clock)
+            for frame in in_order(under):
                 tb = frame.time_base or self._stream.time_base  # a deinterlaced frame's is the filter's
                 seconds = best(None if frame.pts is None or not tb else float(frame.pts * tb),
                                None if frame.dts is None or not time_base else frame.dts * time_base)
@@ -217,6 +226,10 @@ class FileSource:
                         continue
                     if pts > at[1] + MATCH_S:  # not there (a file changed since its answers?)
                         raise _NotThere
+                    following = next(under, None)
+                    if following is not None and following.pts is not None and following.pts == frame.pts:
+                        raise _NotThere  # two frames at its time (a screen recorder's): which one it was is a guess
+                    ahead += [following] if following is not None else []
                     index, at = at[0], None
                 self.decoded = index + 1
                 # Up to the end of the last frame: its start alone made a one-frame video 0 s long
