@@ -102,3 +102,26 @@ def lose_a_sigterm(term: list) -> None:
     except KeyboardInterrupt:
         pass  # swallowed, as by a finalizer
     assert term and stop_requested()
+
+
+
+HUNG_AFTER_S = 300.0  # the slowest test takes ~20 s on 2 busy cores
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard():
+    """A test that hangs (a blocking open, a lost wake-up) fails after HUNG_AFTER_S, with its
+    traceback, and the run goes on, instead of holding CI to its limit. SIGALRM interrupts the
+    main thread's blocking waits (joins, locks, reads); nothing here uses it otherwise."""
+    import signal
+
+    def hung(signum, frame):
+        pytest.fail(f"hung: still running after {HUNG_AFTER_S:g} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, HUNG_AFTER_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
