@@ -61,8 +61,7 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
     from pipelines.changes import AnswerChanges
     from pipelines.locator import count_change, draw, found_text, pixel_places, place_record, places_text
     from pipelines.annotated import AnnotatedVideoSink
-    from pipelines.frame import Frame
-    from pipelines.resume import resume_point
+    from pipelines.resume import resumed_frames
     from pipelines.sinks import JsonlSink, SubtitleSink, close_all, save_snapshot, source_key
     from pipelines.sources import FileSource, SourceError, file_name
 
@@ -170,8 +169,10 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                         written[0] = frame.index
                     pending.clear()
 
-                def take(frame: Frame) -> None:
-                    nonlocal replayed, shown
+                # Resumed: the frames done are replayed from their lines, and the file is read from
+                # the keyframe before the last of them (an --annotate MP4 draws them again: read all)
+                recorded = {} if plan.annotate else {k[1]: float(r["pts"]) for k, r in done.items() if k[0] == done_key}
+                for frame in resumed_frames(src, sampling, recorded, need_rgb=need_rgb):
                     prior = done.get((done_key, frame.index))
                     if prior is None:
                         pending.append(frame)
@@ -187,18 +188,6 @@ def run(args: argparse.Namespace, paths: list, plans: dict, out: Path | None, to
                         written[0] = frame.index
                     bar.update(src.decoded - shown)
                     shown = src.decoded
-
-                # Resumed: the frames done are replayed from their lines, and the file is read from
-                # the keyframe before the last of them (an --annotate MP4 draws them again: read all)
-                pick = sampling.picker()
-                recorded = {} if plan.annotate else {k[1]: float(r["pts"]) for k, r in done.items() if k[0] == done_key}
-                done_part = resume_point(recorded, sampling)
-                for index, pts in done_part[:-1]:
-                    pick(index, pts)  # where a full run's picker is when it gets there
-                    take(Frame(source, index, pts, None))
-                at = (*done_part[-1], done_part[0][1]) if done_part else None
-                for frame in src.frames(pick=pick, need_rgb=need_rgb, resume=at):
-                    take(frame)
                 locate_pending()
                 bar.update(src.decoded - shown)
                 bar.close()

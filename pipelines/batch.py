@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
 
 from .cuts import CutDetector
 from .prompts import ask, prompt_key, prompt_of
-from .resume import answered, resume_point
+from .resume import answered, resumed_frames
 from .sinks import FrameResult, source_key
 from .frame import Frame
 from .sources import FileSource
@@ -230,8 +230,12 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
             return pixels_wanted or any((key, index, prompt_key(t)) not in done for t in tasks)
 
         picked: set[int] = set()
-
-        def take(frame: Frame) -> None:
+        # Resumed: the frames whose answers are all recorded are replayed from them, undecoded, up
+        # to the one decoding starts at. Replayed: every frame comes unconverted, and those with a
+        # new answer to ask are converted now
+        recorded = {} if pixels_wanted else answered(done, key, tasks)
+        for frame in resumed_frames(source, sampling, recorded, max_inflight if last is not None else None,
+                                    need_rgb=None if replay else need_rgb, lazy=replay):
             if replay and need_rgb(frame.index):
                 frame.load()
             picked.add(frame.index)
@@ -243,26 +247,13 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
                 submit(frame, items, frame.rgb)
                 if len(pending) >= max_inflight:
                     finish_one()
-                return
+                continue
             # Sticky: frames are asked a group at a time, drafting from the group before's last
             # answers; a group's images are encoded while the group before decodes.
             new = any(item is None for item in items)
             staged.append((frame, items, engine.encode_image(frame.rgb) if new else None, stage_cut(frame)))
             if len(staged) >= max_inflight:
                 next_group()
-
-        pick = sampling.picker()
-        # Resumed: the frames whose answers are all recorded are replayed from them, undecoded, up
-        # to the one decoding starts at (the keyframe before it, where the file can seek)
-        done_part = [] if pixels_wanted else resume_point(answered(done, key, tasks), sampling,
-                                                          max_inflight if last is not None else None)
-        for index, pts in done_part[:-1]:
-            pick(index, pts)  # where a full run's picker is when it gets there
-            take(Frame(source.source_id, index, pts, None))
-        resume = (*done_part[-1], done_part[0][1]) if done_part else None
-        # replayed: every frame comes unconverted, and those with a new answer to ask are converted now
-        for frame in source.frames(pick=pick, need_rgb=None if replay else need_rgb, lazy=replay, resume=resume):
-            take(frame)
         if staged:
             next_group()
         while pending:

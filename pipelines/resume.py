@@ -10,8 +10,9 @@ frame, then each next frame its sampling takes, every answer there. Answers writ
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterator, Mapping
 
+from .frame import Frame
 from .prompts import prompt_key
 from .sinks import FrameResult
 
@@ -47,6 +48,20 @@ def resume_point(recorded: Mapping[int, float], sampling, group: int | None = No
     if group:
         prefix = prefix[:len(prefix) // group * group]  # the groups done, the last one's last frame read
     return prefix if prefix and prefix[-1][0] >= MIN_SKIP else []
+
+
+def resumed_frames(source, sampling, recorded: Mapping[int, float], group: int | None = None,
+                   **read) -> Iterator[Frame]:
+    """The frames of `source` (a FileSource) that `sampling` picks: those of the recorded prefix
+    (`resume_point`) first, without pixels and undecoded, then the file's from the last of them
+    on, read from the keyframe before it where it can seek. `read`: FileSource.frames' options."""
+    pick = sampling.picker()
+    done_part = resume_point(recorded, sampling, group)
+    for index, pts in done_part[:-1]:
+        pick(index, pts)  # where a full run's picker is when it gets there
+        yield Frame(source.source_id, index, pts, None)
+    resume = (*done_part[-1], done_part[0][1]) if done_part else None
+    yield from source.frames(pick=pick, resume=resume, **read)
 
 
 def answered(done: Mapping[tuple, FrameResult], key: str, tasks: list[dict]) -> dict[int, float]:
