@@ -91,24 +91,24 @@ def _locate(args: argparse.Namespace) -> int:
     done = failed = 0
     try:  # the bar closed however the run ends
         for chunk in batched(paths, LOCATE_BATCH):
-            read, broken = [], {}  # (path, its pixels); one that fails to decode is said and left out, as captions do
+            read = []  # (path, its pixels or why they could not be read: said and left out, as captions do)
             for path in chunk:
                 try:
                     read.append((path, read_image(path)))
                 except ImageError as e:
                     if one:  # the single image's error is the run's (exit 2)
                         raise
-                    broken[path] = e
-            places = iter(decoder.locate_batch([rgb for _, rgb in read], what, task) if read else [])
-            pixels_of = dict(read)
-            for path in chunk:  # in the images' order, an error line where its image is
-                if path in broken:
+                    read.append((path, e))
+            images = [rgb for _, rgb in read if not isinstance(rgb, ImageError)]
+            places = iter(decoder.locate_batch(images, what, task) if images else [])
+            for path, rgb in read:  # in the images' order, an error line where its image is
+                if isinstance(rgb, ImageError):
                     failed += 1
-                    tqdm.write(f"vlmstream: warning: {broken[path]}", file=sys.stderr)
+                    tqdm.write(f"vlmstream: warning: {rgb}", file=sys.stderr)
                     if args.json:
-                        tqdm.write(json.dumps({"image": redact(str(path)), "error": str(broken[path])}), file=sys.stdout)
+                        tqdm.write(json.dumps({"image": redact(str(path)), "error": str(rgb)}), file=sys.stdout)
                     continue
-                rgb, found = pixels_of[path], next(places)
+                found = next(places)
                 h, w = rgb.shape[:2]
                 pixels = pixel_places(found[key], w, h, task)
                 name = redact(str(path))
