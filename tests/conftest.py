@@ -104,7 +104,6 @@ def lose_a_sigterm(term: list) -> None:
     assert term and stop_requested()
 
 
-
 HUNG_AFTER_S = 300.0  # the slowest test takes ~20 s on 2 busy cores
 
 

@@ -153,18 +153,10 @@ def test_a_file_on_a_web_server_is_resumed_from_its_start(tmp_path):
     """A server that takes no byte ranges (Python's http.server) broke the reading off at the
     seek ("decoding stopped after 0 frames: Input/output error"): a file on a web server is read
     from its start, the frames before the one resumed at passed over."""
-    import functools
-    import http.server
-    import threading
+    from test_network import _serve
 
     _clip(tmp_path / "m.mkv", "-c:v", "libx264", "-g", "30", seconds=16, height=360)  # a seek too far to read through
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _serve(tmp_path)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/m.mkv"
         full, _ = _read(url)
