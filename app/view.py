@@ -192,7 +192,7 @@ document.addEventListener("click", (e) => {
 }, true);
 // The sample a page plays on opening stops while the page is hidden (another browser tab, a
 // minimised window) or on a tab that wants the engine, and starts over back on Live
-// (app/ui.py): a page left open in the background kept the server's cores busy for nobody.
+// (app/page_events.py): a page left open in the background kept the server's cores busy for nobody.
 // Said once things settle: each tab's own event, run side by side on the server, left a quick
 // Video file -> Live stopped.
 // Which tab shows is read from the panels (app/ui.py gives each an id), not from the tab buttons:

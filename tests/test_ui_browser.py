@@ -289,7 +289,7 @@ def test_a_bad_url_is_a_message_in_the_page(server):
         page.wait_for_timeout(2500)  # the message stays: no frame of the feed it replaced lands on it
         assert "gopher" in page.inner_text("#vs-frame")
         # Detect on the Live tab: the tiny model's untrained region head is said, not boxes at random
-        from app.ui import OBJECT_QUESTION_LABEL
+        from app.tabs import OBJECT_QUESTION_LABEL
 
         box.fill("shapes_640x360_60fps.mp4")
         box.press("Enter")

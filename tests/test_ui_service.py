@@ -60,7 +60,7 @@ def wait_for(pred, timeout=60.0):
 def test_the_upload_fields_take_every_video_the_cli_reads():
     from gradio_client.utils import is_valid_file
 
-    from app.ui import video_file_types
+    from app.tabs import video_file_types
     from pipelines.sources import VIDEO_EXTENSIONS
 
     # through Gradio's own check: "video" alone turned away .ts, .mts, .m2ts, .3gp and raw .h264
@@ -796,7 +796,7 @@ def test_views_render_what_the_snapshot_holds():
     assert 'data-count="0"' in shots_html([])
     # a page gets the pictures only when it lacks some, across the feeds it follows (a new prompt
     # on the webcam tab starts a new feed, whose changes count from 1 again)
-    from app.ui import _new_shots
+    from app.page_events import _new_shots
 
     sent, shown = _new_shots(shots, None)
     assert sent == shots and shown == 1006.0
@@ -1215,9 +1215,10 @@ def test_a_feed_whose_page_reads_nothing_pauses_its_updates_then_stops(service, 
     import asyncio
     import types
 
+    import app.page_events as events
     import app.ui as ui
 
-    monkeypatch.setattr(ui, "ORPHAN_S", 1.5)
+    monkeypatch.setattr(events, "ORPHAN_S", 1.5)
     demo = ui.build(service)
     live = next(f.fn for f in demo.fns.values() if f.name == "live")
     request = types.SimpleNamespace(session_hash="tab-orphan")
@@ -1225,7 +1226,7 @@ def test_a_feed_whose_page_reads_nothing_pauses_its_updates_then_stops(service, 
     demo._queue.pending_messages_per_session["tab-orphan"] = unread
     updates = live("cuts_640x360_30fps.mp4", None, "short", "", "none", "", False, request)
     next(updates)  # the page's first update: it reads nothing from here on
-    for _ in range(ui.BACKLOG_MAX):
+    for _ in range(events.BACKLOG_MAX):
         unread.put_nowait("an update")
     feed = service.feed("tab-orphan")
     assert feed is not None and feed.running
@@ -1238,7 +1239,7 @@ def test_a_feed_whose_page_reads_nothing_pauses_its_updates_then_stops(service, 
         unread.get_nowait()
     updates = live("cuts_640x360_30fps.mp4", None, "short", "", "none", "", False, request)
     next(updates)
-    for _ in range(ui.BACKLOG_MAX + 8):  # behind until the last read, 3 s from now
+    for _ in range(events.BACKLOG_MAX + 8):  # behind until the last read, 3 s from now
         unread.put_nowait("an update")
 
     def read_slowly():

@@ -1,0 +1,314 @@
+"""What a browser page's events do in the web UI (`app.ui` wires them to its components).
+
+`PageEvents` holds one `Service` (shared by every tab) and the little each tab's page adds: which
+feed its opening autoplayed, and whether it is away from Live. Handlers take Gradio's values and
+return its updates; a user's mistake is raised as a one-line `gr.Error` (`user_error`). A live
+feed's page is sent updates at most PAGE_HZ a second, and a page that reads none of them stops its
+feed after ORPHAN_S.
+"""
+
+import math
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from app.service import Service, Settings, UIError
+from app.task import make_task
+from app.video_jobs import VIDEO_SLOTS
+from app.view import chart_svg, counters_html, frame_html, log_text, shots_html
+from engine import VlmstreamError
+from engine.request import as_rgb
+from pipelines.locator import places_text
+
+PAGE_HZ = 12.0  # frame + caption updates per second pushed to a watching page (at most)
+SLOW_HZ = 2.0  # chart, counters and log
+MIN_GAP_S = 0.02
+CAMERA_SILENT_S = 1.5  # a browser's camera sends a frame every 0.1 s: this long without one, it has stopped
+# Updates Gradio holds for a page, unread: past BACKLOG_MAX the page's updates wait (a slow link
+# gets fresh frames, not a growing delay); unread for ORPHAN_S, the feed stops. A feed started
+# through the API by a client that never read its stream ran until the server stopped, its
+# updates piling up in memory (3,000 in minutes), the engine busy for nobody.
+BACKLOG_MAX = int(2 * PAGE_HZ)
+ORPHAN_S = 60.0
+VIDEO_TABLE_ROWS = 5000  # a page holds this many; the downloads hold every answer
+
+
+class PageEvents:
+    def __init__(self, service: Service):
+        self.service = service
+        self.demo = None  # the Blocks, once built: its queue tells how far behind a page reads
+        # The sample a page plays on opening stops while the page is on another tab that works
+        # (Browser webcam, Video file, Image), or hidden in the browser, and starts over back on
+        # Live: it took 3/4 of the engine from those tabs (a video job beside it took 4x as long),
+        # and a page left open in the background kept the cores busy for nobody. A feed the user
+        # started keeps running (a camera watched for its changes, a recording).
+        self.autoplayed: dict[str, object] = {}  # session -> its feed that the page's opening started
+        self.paused: set[str] = set()  # sessions whose autoplayed feed waits for the Live tab
+        self.away: set[str] = set()  # sessions whose page said last that it left Live (page_hidden)
+
+    def live(self, src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None, auto=False):
+        sid = request.session_hash
+        try:
+            task = make_task(kind, question, ckind, ctext, regions=True)
+            feed = self.service.start_live(sid, upload or src, task, record=bool(record))
+            if auto:
+                self.autoplayed[sid] = feed
+            else:
+                self.autoplayed.pop(sid, None)
+            self.paused.discard(sid)
+            if auto and sid in self.away:  # the page left Live while this opened: leave_live found nothing to pause
+                self.paused.add(sid)
+                self.service.stop_live(sid)
+        except (UIError, VlmstreamError, OSError) as e:
+            # A bad form (an empty question) fails before start_live: the feed that plays (the
+            # sample) is stopped too, else its frames covered the message within a page update.
+            self.service.stop_live(sid)
+            self.autoplayed.pop(sid, None)
+            e = upload_named(e, upload)
+            # Again for two seconds: the previous feed's loop may have passed its check that it
+            # still owns the page just before it was stopped, and its last frame must not land on
+            # the message (once it did, in a browser test on a loaded machine, after 0.25 s).
+            for _ in range(8):
+                yield frame_html(None, f"error: {e}"), counters_html({}, self.service.engine_stats(), False, str(e)), \
+                    gr.skip(), gr.skip(), gr.skip()
+                time.sleep(0.25)
+            return
+        version, next_at, slow_at, shown = -1, time.monotonic(), 0.0, None
+        stuck = None  # (updates unread, since when) while the page reads none of them
+        try:
+            while True:
+                if self.service.feed(sid) is not feed:  # replaced by a new Start: that one owns the page now
+                    if self.service.feed(sid) is None:  # stopped: make sure the page says so (and why)
+                        snap = feed.snapshot()
+                        yield gr.skip(), counters_html(snap.counters, self.service.engine_stats(), False, snap.error), \
+                            gr.skip(), gr.skip(), gr.skip()
+                    return
+                now = time.monotonic()
+                backlog = _unread(self.demo, sid)
+                if backlog is not None and backlog >= BACKLOG_MAX:
+                    if stuck is None or backlog < stuck[0]:  # read from since: not stuck
+                        stuck = (backlog, now)
+                    elif now - stuck[1] > ORPHAN_S:
+                        return  # and the feed stops (below)
+                    time.sleep(1.0 / PAGE_HZ)
+                    next_at = time.monotonic()
+                    continue
+                stuck = None
+                full = now >= slow_at or not feed.running
+                snap = feed.snapshot(full=full)
+                # before the first frame, each full update says how reaching the source goes
+                frame = frame_html(snap) if snap.version != version or full and snap.frame_rgb is None else gr.skip()
+                version = snap.version
+                if full:
+                    slow_at = now + 1.0 / SLOW_HZ
+                    shots, shown = _new_shots(snap.shots, shown)
+                    yield (frame, counters_html(snap.counters, self.service.engine_stats(), snap.running, snap.error),
+                           chart_svg(snap.latency, feed.window_s), log_text(snap.log),
+                           gr.skip() if shots is None else shots_html(shots))
+                else:
+                    yield frame, gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                if not snap.running:
+                    return
+                next_at += 1.0 / PAGE_HZ  # a steady rate, not work + sleep; never a busy catch-up
+                now = time.monotonic()
+                next_at = max(next_at, now + MIN_GAP_S)
+                time.sleep(next_at - now)
+        finally:  # the page went away (or Stop): nothing keeps running for nobody
+            if self.service.feed(sid) is feed:
+                self.service.stop_live(sid)
+
+    # Gradio passes the request to a parameter annotated gr.Request, not to one after *args
+    def autoplay(self, src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None):
+        yield from self.live(src, upload, kind, question, ckind, ctext, record, request, auto=True)
+
+    def leave_live(self, request: gr.Request):
+        sid = request.session_hash
+        self.away.add(sid)
+        feed = self.service.feed(sid)
+        if feed is not None and self.autoplayed.get(sid) is feed:
+            self.paused.add(sid)
+            self.service.stop_live(sid)
+
+    def back_to_live(self, src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None):
+        self.away.discard(request.session_hash)
+        if request.session_hash in self.paused and self.service.feed(request.session_hash) is None:
+            yield from self.live(src, upload, kind, question, ckind, ctext, record, request, auto=True)
+        else:
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+
+    def stop(self, request: gr.Request):
+        feed = self.service.feed(request.session_hash)
+        self.service.stop_live(request.session_hash)
+        if feed is None:
+            return gr.skip()
+        snap = feed.snapshot()
+        return counters_html(snap.counters, self.service.engine_stats(), False, snap.error)
+
+    def download(self, make_file, kind: str):
+        """A button's handler: the file `make_file(session, kind)` writes (captions, a recording)."""
+        def run(request: gr.Request):
+            try:
+                return str(make_file(request.session_hash, kind))
+            except UIError as e:
+                raise user_error(str(e)) from None
+        return run
+
+    def webcam(self, rgb, kind, question, ckind, ctext, record, shown, request: gr.Request):
+        if rgb is None:
+            return gr.skip(), gr.skip(), gr.skip(), shown
+        try:
+            feed = self.service.push_frame(request.session_hash, rgb, make_task(kind, question, ckind, ctext, regions=True),
+                                      record=bool(record))
+        except (UIError, VlmstreamError) as e:
+            return frame_html(None, f"error: {e}"), gr.skip(), gr.skip(), shown
+        snap = feed.snapshot()
+        shots, shown = _new_shots(snap.shots, shown)
+        return (frame_html(snap), counters_html(snap.counters, self.service.engine_stats(), True, snap.error),
+                gr.skip() if shots is None else shots_html(shots), shown)
+
+    def cam_silent(self, shown: float | None, request: gr.Request):
+        """The camera's counters once it stops sending (its own Stop, a camera unplugged): the
+        page's updates came with its frames, and the last had left them saying "running". Once per
+        silence (`shown`: the last push it was said for)."""
+        feed = self.service.feed(request.session_hash, "push") if request else None
+        if feed is None or feed.pushed_at == shown or time.monotonic() - feed.pushed_at < CAMERA_SILENT_S:
+            return gr.skip(), shown
+        snap = feed.snapshot()
+        return counters_html(snap.counters, self.service.engine_stats(), False, snap.error), feed.pushed_at
+
+    def image(self, picture, kind, question, ckind, ctext):
+        if picture is None:
+            raise user_error("upload an image first")
+        try:
+            out = self.service.caption_image(as_rgb(picture), make_task(kind, question, ckind, ctext))
+        except (UIError, VlmstreamError) as e:
+            raise user_error(str(e)) from None
+        return out["text"], out
+
+    def locate(self, picture, what, task):
+        if picture is None:
+            raise user_error("upload an image first")
+        if not (what or "").strip():
+            raise user_error(f"say what to {task}: the object is empty")
+        try:
+            out = self.service.locate_image(as_rgb(picture), what, task)
+        except VlmstreamError as e:
+            raise user_error(str(e)) from None
+        picture = out.pop("picture")
+        return f"{out[task]}: {places_text(out['pixels'], task)}", gr.Image(picture, visible=True), out
+
+    def video(self, path, kind, question, every_n, ckind="none", ctext="", changes=False, request: gr.Request = None,
+              progress=gr.Progress()):
+        if not path:
+            raise user_error("upload a video first")
+        try:  # before the job's stop flag: a job that never starts must not leave one behind
+            task = make_task(kind, question, ckind, ctext, regions=True)
+            every = _number(every_n, 1, "every n-th frame")
+        except UIError as e:
+            raise user_error(str(e)) from None
+        stop = self.service.jobs.stop_flag(request.session_hash if request else "api")
+
+        locating = kind in ("detect", "point")
+
+        def on_progress(done: int, total: int | None) -> None:
+            progress((min(done, total), total) if total else done, desc="locating" if locating else "captioning",
+                     unit="frames")
+
+        waiting = f"waiting: {VIDEO_SLOTS} video jobs run at once"
+        if not self.service.jobs.wait_turn(stop, lambda: progress(None, desc=waiting)):
+            self.service.jobs.forget(stop)
+            return "cancelled before it started", None, None, None
+        try:
+            # its folder once it runs: made before, while it waited, other jobs' folders pushed it
+            # out of the VIDEO_JOBS_KEPT newest, and it was deleted
+            out_dir = self.service.jobs.new_folder()
+            out = self.service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes))
+        except (UIError, VlmstreamError, OSError) as e:
+            raise user_error(str(upload_named(e, path))) from None
+        finally:
+            self.service.jobs.end_turn()
+        rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
+        note = (f"{out['frames']} frame{'' if out['frames'] == 1 else 's'} {'located' if locating else 'captioned'} "
+                f"in {out['seconds']} s "
+                f"({out['x_real_time']}x real time)"
+                + (f", {len(out['rows'])} {'count' if locating else 'answer'}{'' if len(out['rows']) == 1 else 's'} "
+                   "that changed" if changes else "")
+                + (" — cancelled; the downloads hold the frames done" if out["cancelled"] else "")
+                + (f"\n\nthe table shows the first {VIDEO_TABLE_ROWS:,} of {len(out['rows']):,} answers; the "
+                   "downloads hold them all" if len(out["rows"]) > VIDEO_TABLE_ROWS else "")
+                # the upload by its name, as in errors: not by Gradio's scratch path
+                + "".join(f"\n\nwarning: {upload_named(UIError(w), path)}" for w in out["warnings"]))
+        p = out["paths"]
+        return note, rows, [p[k] for k in ("srt", "vtt", "jsonl", "mp4") if k in p], p["mp4"]
+
+    def cancel_video(self, request: gr.Request):
+        self.service.jobs.cancel(request.session_hash)
+
+    def apply(self, model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky, hold=Settings.hold):
+        try:
+            # A box left empty comes as None: the setting as it is (float(None) escaped as a TypeError).
+            now = self.service.settings
+            msg = self.service.apply(Settings(model=(model or "tiny").strip(), device=device, dtype=now.dtype,
+                                         temperature=_number(temperature, now.temperature, "temperature"),
+                                         max_tokens=_number(max_tokens, now.max_tokens, "max tokens"),
+                                         pipelined=bool(pipelined), sticky=_number(sticky, now.sticky, "steadiness"),
+                                         hold=_number(hold, now.hold, "frames a change holds")))
+        except (UIError, VlmstreamError, OSError) as e:
+            raise user_error(str(e)) from None
+        return msg
+
+    def closed(self, request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
+        self.autoplayed.pop(request.session_hash, None)
+        self.paused.discard(request.session_hash)
+        self.away.discard(request.session_hash)
+        self.service.close_session(request.session_hash)
+
+
+def _unread(demo, session: str) -> int | None:
+    """The updates Gradio holds for a page that its stream has not read yet (None where this
+    Gradio keeps them elsewhere: its queue's internals, read defensively)."""
+    try:
+        pending = demo._queue.pending_messages_per_session.get(session)
+        return None if pending is None else int(pending.qsize())
+    except Exception:  # another Gradio: no backpressure, as before
+        return None
+
+
+def upload_named(e: Exception, path: str | None) -> Exception:
+    """The error with an uploaded file named by its name, not by Gradio's scratch path
+    (/tmp/gradio/be5207.../clip.mp4 is not a readable video...)."""
+    if not path or path not in str(e):
+        return e
+    return UIError(str(e).replace(path, Path(path).name))
+
+
+def user_error(message: str) -> Exception:
+    """A mistake of the page's user: said on the page in one line, and not logged with a traceback
+    in the server's console (Gradio printed one for every such error)."""
+    import gradio as gr
+
+    return gr.Error(message, print_exception=False)
+
+
+def _number(value, default: int | float, what: str) -> int | float:
+    """A number box's value: empty (None) keeps `default`; else a finite number, whole where
+    `default` is (a whole one that is not is left for the check that says so)."""
+    if value is None or value == "":
+        return default
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise UIError(f"{what} must be a number, got {value!r}") from None
+    if not math.isfinite(x):
+        raise UIError(f"{what} must be a finite number, got {value!r}")
+    return int(x) if isinstance(default, int) and x == int(x) else x
+
+
+def _new_shots(shots: list, shown: float | None) -> tuple[list | None, float | None]:
+    """(the feed's change pictures if the page lacks some, else None; what the page then shows):
+    pictures go to a page only when there are new ones. `shown` is the newest picture's time
+    (unique across the feeds a page may follow, whose change numbers each start at 1)."""
+    if not shots or shots[-1].wall == shown:
+        return None, shown
+    return shots, shots[-1].wall
