@@ -1,11 +1,10 @@
-"""`vlmstream` command line.
+"""`vlmstream` command line: `main` parses the arguments (`app.parser`) and runs the command.
 
-    vlmstream image IMAGE|FOLDER... [--model tiny|DIR] (--caption short|normal|long | --question TEXT)
-                          [--choices A,B,... | --regex PATTERN | --json-schema FILE|JSON]
-                          [--temperature T] [--top-p P] [--max-tokens N] [--seed S]
-                          [--device cpu|cuda] [--dtype D] [--json]
+    vlmstream image | video | live | ui | bench | train-tiny | eval-tiny ... (`vlmstream COMMAND --help`)
 
-User mistakes print one line `vlmstream: error: ...` on stderr and exit with code 2.
+User mistakes print one line `vlmstream: error: ...` on stderr and exit with code 2; Ctrl-C and
+SIGTERM one line and 130 or 143. The checks of argument values that several commands share live
+here too.
 """
 
 from __future__ import annotations
@@ -14,288 +13,17 @@ import argparse
 import errno
 import json
 import os
-import re
 import sys
-from typing import NoReturn, Sequence
+from typing import Sequence
 
 from app.console import StandardOutputError, guarded_console
 from app.errors import UsageError
 from app.launcher import keep_freed_memory, one_opencv_thread, sigterm_as_interrupt, stopped_code
-from app.prompt_args import add_constraint_args, add_prompt_args
+from app.parser import EXIT_USAGE, build_parser
 from pipelines.live import LIVE_STICKY
 from engine.errors import VlmstreamError, shortened
 
-EXIT_USAGE = 2
-# Frames `video --detect` locates together: 4 images in step make ~1.6x the frames a second of one
-# on the tiny layout, 8 ~1.8x (BENCHMARKS.md); each holds a KV buffer of the whole context.
-LOCATE_BATCH = 4
-MAX_BENCH_STREAMS = 1024
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse's own mistakes (a bad number, an unknown option, two flags that exclude each
-    other) in one line like every other: its usage block came first, up to a dozen lines that
-    hid the error, under the prefix `vlmstream image: error:`."""
-
-    def error(self, message: str) -> NoReturn:
-        command = self.prog.partition(" ")[2]
-        help_cmd = f"vlmstream {command} --help" if command else "vlmstream --help"
-        self.exit(EXIT_USAGE, f"vlmstream: error: {message} (see {help_cmd})\n")
-
-
-_SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
-
-
-def upload_size(text: str) -> int:
-    """Bytes of a size such as "500mb" or "4 GB" (units of 1024, as Gradio counts them)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?b)\s*", text.lower())
-    if not m or int(m[1]) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is no size: write a whole number and a unit, e.g. 500mb or 4gb")
-    return int(m[1]) * _SIZE_UNITS[m[2]]
-
-
-def _parser() -> argparse.ArgumentParser:
-    from importlib.metadata import PackageNotFoundError, version
-
-    p = _Parser(prog="vlmstream", description="Real-time video understanding with a VLM.")
-    try:
-        p.add_argument("--version", action="version", version=f"vlmstream {version('vlmstream')}")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        pass
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    img = sub.add_parser("image", help="caption or ask a question about images",
-                         description="Caption images or answer a question about them (one image: the reference "
-                                     "decoder, word by word; several: the engine, answers in order).")
-    img.add_argument("image", nargs="+", metavar="IMAGE|FOLDER",
-                     help="image files (any format Pillow reads; an http(s) URL names one on a web server; - "
-                          "the one piped into standard input), or "
-                          "folders: every image under them; one image "
-                          "prints its answer as it comes, several a line each (\"IMAGE: answer\")")
-    _add_model_args(img, "float32 on cpu for a folder not stored in bf16 (the tiny model, train-tiny's), "
-                         "else " + _NATIVE_BF16)
-    task = img.add_mutually_exclusive_group()
-    task.add_argument("--caption", choices=["short", "normal", "long"],
-                      help="caption length (default: normal, unless --question is given)")
-    task.add_argument("--question", metavar="TEXT", help="a question about the image")
-    task.add_argument("--detect", metavar="OBJECT",
-                      help="boxes around every OBJECT (Moondream 2 weights: the tiny model's region head is untrained)")
-    task.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
-    add_constraint_args(img)
-    _add_sampling_args(img)
-    img.add_argument("--json", action="store_true",
-                     help="print one JSON object: text, token_ids, finish_reason, timings_ms, asked (for a "
-                          "question: what the model was asked, {\"question\": ...} or {\"caption\": length}) "
-                          "(several images: one a line, with an 'image' field)")
-    img.set_defaults(func=_lazy("app.image"))
-
-    vid = sub.add_parser("video", help="caption video files (or folders of them) frame by frame",
-                         description="Caption (or ask about) the frames of video files; results in frame order.")
-    vid.add_argument("files", nargs="+", metavar="FILE|FOLDER",
-                     help="video files (whatever FFmpeg reads; an http(s) URL names one on a web server), or "
-                          "folders: every video in them and their subfolders, by extension (unreadable ones "
-                          "there are skipped with a warning)")
-    add_prompt_args(vid)
-    region = vid.add_mutually_exclusive_group()
-    region.add_argument("--detect", metavar="OBJECT",
-                        help="boxes around every OBJECT in each processed frame, as JSON lines (or terminal lines), "
-                             "the number found in subtitles, drawn by --annotate (Moondream 2 weights: the tiny "
-                             "model's region head is untrained)")
-    region.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
-    vid.add_argument("--batch", type=int, default=None, metavar="N",
-                     help=f"with --detect/--point: frames located together, one forward a step for all (default "
-                          f"{LOCATE_BATCH}; each holds a KV buffer of the model's context: ~0.8 GB for Moondream 2 "
-                          "in fp32)")
-    pick = vid.add_mutually_exclusive_group()
-    pick.add_argument("--fps", type=float, metavar="N", help="process N frames per second of video")
-    pick.add_argument("--every-n", type=int, metavar="N", help="process every Nth frame")
-    pick.add_argument("--every-frame", action="store_true", help="process every frame (the default)")
-    vid.add_argument("-o", "--output", metavar="OUT",
-                     help="write OUT.jsonl, OUT.srt or OUT.vtt (by extension), or JSON lines to standard "
-                          "output (-); or a FOLDER/: one output per video, named after it (subfolders kept), "
-                          "in each of --format's formats")
-    vid.add_argument("--format", metavar="LIST",
-                     help="with -o FOLDER/: jsonl, srt, vtt, or several separated by commas (default jsonl)")
-    vid.add_argument("--annotate", metavar="OUT.mp4",
-                     help="write an MP4 with captions and latency drawn; a FOLDER/: one per video")
-    _add_changes_args(vid, "JSON lines (or terminal lines) only for answers that differ from the last one of "
-                           "their video and prompt, with the answer replaced (previous) and when it began (since); with "
-                           "--detect/--point, when the number found changes",
-                      "processed frames", "JSON line")
-    _add_sticky_arg(vid, "the answer of the frames a quarter second earlier")
-    vid.add_argument("--resume", action="store_true",
-                     help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
-                          "without it, outputs are written afresh")
-    _add_model_args(vid, _NATIVE_BF16)
-    vid.add_argument("--max-tokens", type=int, default=64, metavar="N", help="answer length limit (default 64)")
-    vid.add_argument("--no-vision-thread", action="store_true",
-                     help="CPU: encode frames in the device thread's steps instead of a thread of their own "
-                          "(same answers, for comparison)")
-    _add_reading_args(vid)
-    vid.set_defaults(func=_lazy('app.video'))
-
-    live = sub.add_parser("live", help="caption a live source frame by frame (latest frame wins)",
-                          description="Caption a live source: a network stream (reconnecting when it breaks) "
-                                      "or a file played in real time (looped to --duration); several sources "
-                                      "share one engine, each with its own latest-frame-wins session.")
-    live.add_argument("sources", nargs="+", metavar="SOURCE",
-                      help="a video file (played in real time), webcam:N (or /dev/videoN), a stream URL: "
-                           "rtsp, udp, http(s)/HLS, rtmp, or - for a stream piped in (rpicam-vid -t 0 -o - | "
-                           "vlmstream live -); several sources share one engine")
-    add_prompt_args(live, " (a frame completes with all its answers)")
-    region = live.add_mutually_exclusive_group()
-    region.add_argument("--detect", metavar="OBJECT",
-                        help="boxes around every OBJECT in each newest frame, at the region decoder's pace "
-                             "(frames that come while it works are passed over), drawn by --annotate "
-                             "(Moondream 2 weights: the tiny model's region head is untrained)")
-    region.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
-    live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
-    live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
-    live.add_argument("--max-outage", type=float, default=None, metavar="S",
-                      help="give up on a stream that sends nothing for S seconds once it has sent frames "
-                           "(default: reconnect for as long as it takes, as for a camera that reboots; a stream "
-                           "that never sent a frame is given 30 s)")
-    live.add_argument("--max-inflight", type=int, default=None, metavar="N",
-                      help="frames of a source in the engine at once (default 4, shared out among several "
-                           "sources: as many frames a second as more would give on 2 cores, with less latency)")
-    live.add_argument("--deadline-ms", type=float, default=None, metavar="D", help="cancel a frame after D ms")
-    live.add_argument("--max-tokens", type=int, default=64, metavar="N",
-                      help="answer length limit (default 64: the tiny model's long captions take up to 44)")
-    _add_sticky_arg(live, "the previous frame's answer")
-    live.add_argument("--no-draft", action="store_true",
-                      help="decode every frame's answer token by token, without the previous answer as a draft "
-                           "(same answers, for comparison)")
-    live.add_argument("--no-vision-thread", action="store_true",
-                      help="CPU: encode frames in the device thread's steps instead of a thread of their own "
-                           "(same answers, for comparison)")
-    _add_model_args(live, _NATIVE_BF16)
-    live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
-    _add_changes_args(live, "print (and log) an answer only when it changes, with the answer it replaced: "
-                            "events instead of every frame (--detect/--point: when the number found changes)", "frames", "log")
-    live.add_argument("--annotate", metavar="OUT.mp4",
-                      help="record the completed frames with their answers and latency drawn, at the times they "
-                           "were captured; a FOLDER/: one file per source, named by start time and source")
-    live.add_argument("-o", "--output", metavar="OUT.jsonl",
-                      help="append one JSON line per captioned frame (source, index, pts, UTC time, text, "
-                           "token ids, timings); '-' writes them to standard output instead of the captions")
-    _add_reading_args(live)
-    live.set_defaults(func=_lazy('app.live'))
-
-    ui = sub.add_parser("ui", help="the web UI: live view, browser webcam, video files (Gradio)",
-                        description="Serve the web UI; it opens with a sample video playing live.")
-    ui.add_argument("--source", default=None, metavar="SOURCE",
-                    help="what the Live tab plays when a page opens: a sample name, a file, webcam index "
-                         "or URL (default: the 60 fps sample)")
-    _add_reading_args(ui)
-    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    ui.add_argument("--port", type=int, default=7860, help="port (default 7860)")
-    ui.add_argument("--ssl-certfile", metavar="FILE",
-                    help="serve HTTPS with this certificate (PEM), with --ssl-keyfile: a browser lets a page "
-                         "use its camera (the Browser webcam tab) only over HTTPS, or from this machine")
-    ui.add_argument("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM, unencrypted)")
-    ui.add_argument("--max-upload", type=upload_size, default=upload_size("4gb"), metavar="SIZE",
-                    help="largest file a page may upload, e.g. 500mb or 8gb (default 4gb): a bigger one is "
-                         "refused before it fills this server's disk")
-    ui.add_argument("--auth-file", metavar="FILE",
-                    help="ask for a user name and password: FILE has one 'user:password' a line (the page can "
-                         "play any file or URL the server reaches, so share it on a network only with this)")
-    _add_model_args(ui, _NATIVE_BF16)
-    ui.set_defaults(func=_lazy('app.ui'))
-
-    bench = sub.add_parser("bench", help="decode throughput: pipelined vs blocking",
-                           description="Throughput of pipelined vs blocking decoding at several concurrencies.")
-    _add_model_args(bench, random=True)
-    bench.add_argument("--streams", default="1,8,32", metavar="N,N,...",
-                       help="concurrent requests per run, each 1 to 1024 (default 1,8,32)")
-    bench.add_argument("--tokens", type=int, default=64, metavar="N",
-                       help="answer tokens per request, at least 2 (default 64)")
-    bench.add_argument("--repeats", type=int, default=3, metavar="N",
-                       help="runs per mode, at least, and on until each mode has run --seconds; medians (default 3)")
-    bench.add_argument("--seconds", type=float, default=3.0, metavar="S",
-                       help="wall time each mode runs at least, per concurrency: longer evens out a noisy "
-                            "machine (default 3; 0: just --repeats)")
-    bench.add_argument("--frames", type=int, default=240, metavar="N",
-                       help="also caption N distinct 640x360 frames and report frames/s (0 skips; default 240)")
-    bench.add_argument("--no-script", action="store_true",
-                       help="CPU: decode eagerly instead of through TorchScript (for comparison)")
-    bench.add_argument("--no-vision-thread", action="store_true",
-                       help="CPU: encode images in the device thread's steps instead of a thread of their own "
-                            "(for comparison)")
-    bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    bench.set_defaults(func=_cmd_bench)
-
-    tr = sub.add_parser("train-tiny", help="train the embedded tiny model on generated scenes (CPU)",
-                        description="Train the tiny model on the procedural scene world; deterministic for a seed "
-                                    "when the run keeps ahead of its time budget's pace (the steps, not the clock, "
-                                    "drive its schedule).")
-    tr.add_argument("--out", default=None, metavar="DIR", help="output folder (default: the embedded tiny folder)")
-    tr.add_argument("--steps", type=int, default=30000,
-                    help="optimizer steps (default 30000; the time budget ends the run first, and with it "
-                         "the vision-only stage lasts ~18 of the 85 minutes)")
-    tr.add_argument("--batch-size", type=int, default=16, help="images per step (default 16)")
-    tr.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--threads", type=int, default=1,
-                    help="torch threads for training (default 1: the scene renderer has the other core)")
-    tr.add_argument("--max-minutes", type=float, default=85.0, help="stop early after this long (default 85)")
-    tr.add_argument("--processes", type=int, default=2,
-                    help="training processes averaging gradients, each with its own scene renderer (default 2)")
-    tr.add_argument("--vision-share", type=float, default=0.25,
-                    help="share of the run that trains the vision encoder alone on its dense targets (default 0.25)")
-    tr.add_argument("--init", default=None, metavar="DIR",
-                    help="continue from this weights folder (tiny: the embedded one; same architecture and "
-                         "tokenizer) instead of random weights, e.g. with --vision-share 0 and a lower --lr")
-    tr.add_argument("--first-item", type=int, default=0,
-                    help="index of the first training scene (a continued run takes scenes the first never saw)")
-    tr.add_argument("--tiling", default=None, choices=["fill", "moondream"],
-                    help="the vision tiling trained on (default: fill, the tiny model's)")
-    tr.add_argument("--regions", type=int, default=0, metavar="N",
-                    help="detect and point tasks per training image (0..8, default 0): trains the region head")
-    tr.add_argument("--freeze-vision", action="store_true",
-                    help="train the decoder and region head alone, the vision encoder as in --init "
-                         "(with --vision-share 0)")
-    tr.set_defaults(func=_lazy("app.train_tiny"))
-
-    ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",
-                        description="Caption and question accuracy on scenes from a seed range never used in training.")
-    ev.add_argument("--model", default="tiny", metavar="tiny|DIR")
-    ev.add_argument("--device", default="cpu")
-    ev.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="weights and activations (default: float32 on cpu, bfloat16 on cuda)")
-    ev.add_argument("--n", type=int, default=1000, help="held-out scenes (default 1000)")
-    ev.add_argument("--renderer", default="world", choices=["world", "second"],
-                    help="draw the scenes with the world's renderer (training's) or a second, independent one")
-    ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    ev.set_defaults(func=_lazy("app.eval_tiny"))
-    return p
-
-
-def _lazy(module: str):
-    """A command implemented in its own module, imported only when that command runs."""
-
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        return importlib.import_module(module).run(args)
-
-    return run
-
-
-def _add_changes_args(p: argparse.ArgumentParser, what: str, frames: str, where: str) -> None:
-    """--changes, --hold and --snapshots of `video` and `live` (checked by `check_changes_args`)."""
-    p.add_argument("--changes", action="store_true",
-                   help=what + " (the same things named in another order are the same answer)")
-    p.add_argument("--hold", type=int, default=None, metavar="N",
-                   help=f"with --changes, a new answer counts once N {frames} in a row gave it (default 1)")
-    p.add_argument("--snapshots", metavar="FOLDER",
-                   help=f"with --changes, save the frame of each change there as a JPEG (its path in the {where})")
-
-
-def _add_sticky_arg(p: argparse.ArgumentParser, kept: str) -> None:
-    p.add_argument("--sticky", type=float, default=None, metavar="M",
-                   help=f"keep {kept}, token by token, unless the model rates another token more than M logits "
-                        f"higher (default {LIVE_STICKY:g}: captions change when the frame does, not frame to frame; "
-                        "0: each frame's plain greedy answer; after a scene cut a frame is asked afresh)")
+__all__ = ["UsageError", "main"]  # UsageError: the commands raise it from here
 
 
 def sticky_arg(args: argparse.Namespace) -> float:
@@ -304,16 +32,6 @@ def sticky_arg(args: argparse.Namespace) -> float:
     if not 0 <= sticky < float("inf"):  # also NaN
         raise UsageError("--sticky must be a number >= 0")
     return sticky
-
-
-def _add_reading_args(p: argparse.ArgumentParser) -> None:
-    """--no-deinterlace and --no-tonemap (read by `reading_arg`): frames as stored, not as shown."""
-    p.add_argument("--no-deinterlace", action="store_true",
-                   help="read frames flagged interlaced as stored, their two fields woven (default: made whole, "
-                        "as a player shows them); for progressive video flagged interlaced (PsF masters)")
-    p.add_argument("--no-tonemap", action="store_true",
-                   help="read HDR video (HLG, PQ) as if SDR (default: tone-mapped to SDR BT.709, as a player "
-                        "shows it); for SDR video tagged HDR by mistake, which tone-mapping makes dim and flat")
 
 
 def reading_arg(args: argparse.Namespace):
@@ -328,25 +46,6 @@ def check_changes_args(args: argparse.Namespace) -> None:
         raise UsageError("--hold N goes with --changes, N >= 1")
     if args.snapshots and not args.changes:
         raise UsageError("--snapshots goes with --changes (a picture of each change)")
-
-
-_NATIVE_BF16 = "bfloat16 on cuda and on CPUs with bf16 matrix instructions (AVX512-BF16, AMX), else float32"
-
-
-def _add_model_args(p: argparse.ArgumentParser, default: str = "float32 on cpu, bfloat16 on cuda",
-                    random: bool = False) -> None:
-    """--model, --device, and --dtype with `default` as the help's account of what no --dtype means.
-    random: the model may also be a layout with random weights (bench)."""
-    if random:
-        p.add_argument("--model", default="tiny", metavar="tiny|DIR|random:LAYOUT",
-                       help="'tiny', a local Moondream 2 folder, or random:moondream2 / random:tiny (that "
-                            "layout with random weights; default: tiny)")
-    else:
-        p.add_argument("--model", default="tiny", metavar="tiny|DIR",
-                       help="'tiny' (embedded default) or a local Moondream 2 folder (default: tiny)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help=f"weights and activations (default: {default})")
 
 
 def realtime_dtype(device: str, dtype: str | None) -> str | None:
@@ -385,46 +84,6 @@ def image_dtype(model: str, device: str, dtype: str | None) -> str | None:
     return realtime_dtype(device, dtype) if stored_bf16 else dtype
 
 
-def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0 = greedy (default); > 0 samples with top-p")
-    p.add_argument("--top-p", type=float, default=0.3, metavar="P", help="nucleus mass, in (0, 1] (default 0.3)")
-    p.add_argument("--max-tokens", type=int, default=768, metavar="N", help="answer length limit (default 768)")
-    p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="sampling seed (default: a fresh one, reported with --json)")
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from engine.bench import BenchConfig, format_table, run_bench
-
-    try:
-        streams = tuple(int(x) for x in args.streams.split(","))
-    except ValueError:
-        raise UsageError(f"--streams must be comma-separated integers, got {args.streams!r}") from None
-    if not streams or min(streams) < 1 or max(streams) > MAX_BENCH_STREAMS:
-        # each stream holds its own image: 100000 of them filled 10 GB before the first step
-        raise UsageError(f"--streams values must be between 1 and {MAX_BENCH_STREAMS}")
-    if args.tokens < 2:  # the decode rate counts the tokens after the first
-        raise UsageError("--tokens must be >= 2 (decode throughput counts the tokens after the first)")
-    if args.repeats < 1 or args.frames < 0:
-        raise UsageError("--repeats must be >= 1, --frames >= 0")
-    if not 0 <= args.seconds <= 3600:  # NaN too
-        raise UsageError("--seconds must be between 0 and 3600")
-    cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, streams=streams,
-                      tokens=args.tokens, repeats=args.repeats, frames=args.frames, min_seconds=args.seconds,
-                      cpu_script=False if args.no_script else None,
-                      vision_thread=False if args.no_vision_thread else None)
-    total = len(streams) * 2 * args.repeats + (1 if args.frames else 0)
-    done = [0]
-
-    def progress(what: str) -> None:
-        done[0] += 1
-        print(f"[{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
-
-    print_report(run_bench(cfg, progress), args.json, format_table)
-    return 0
-
-
 def print_report(report: dict, as_json: bool, table) -> None:
     """One JSON object on stdout with --json, else the human table."""
     if as_json:
@@ -452,7 +111,7 @@ def check_not_empty(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the top parser, which would name its own help, not the command's
         parser.exit(EXIT_USAGE, f"vlmstream: error: unrecognized arguments: {' '.join(unknown)} "

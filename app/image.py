@@ -19,8 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from app.cli import LOCATE_BATCH, image_dtype
+from app.cli import image_dtype
 from app.errors import UsageError
+from app.parser import LOCATE_BATCH
 from app.prompt_args import prompt_tasks, region_task
 
 # Enough to fill the engine's batches. A waiting image holds its crops, not its pixels (a few MB

@@ -9,10 +9,11 @@ import threading
 import time
 from pathlib import Path
 
-from app.cli import LOCATE_BATCH, UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
+from app.cli import UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.launcher import stop_requested
 from app.outputs import (FORMATS, Rebuilds, check_not_inputs, check_writable, folder_arg, parse_formats,
                          plan_outputs, read_resumed)
+from app.parser import LOCATE_BATCH
 from app.prompt_args import check_constraints, prompt_tasks
 
 

@@ -95,7 +95,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     batch not yet located are dropped)."""
     import time
 
-    from app.cli import LOCATE_BATCH
+    from app.parser import LOCATE_BATCH
     from pipelines.changes import AnswerChanges
     from pipelines.locator import batched, count_change, draw, found_text, pixel_places, place_record, places_text
     from pipelines.annotated import AnnotatedVideoSink

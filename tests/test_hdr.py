@@ -107,7 +107,8 @@ def test_the_reading_switches_reach_video_live_and_the_ui(clips, small_folder, t
     """`video`, `live` and `ui` take --no-tonemap / --no-deinterlace to every source they open."""
     import pipelines.frame as frame_module
     import pipelines.sources as sources_module
-    from app.cli import _parser, main, reading_arg
+    from app.cli import main, reading_arg
+    from app.parser import build_parser
     from app.service import Service, UIError
     from pipelines.frame import Reading
 
@@ -124,9 +125,9 @@ def test_the_reading_switches_reach_video_live_and_the_ui(clips, small_folder, t
     assert main(["live", str(clips["hlg"]), "--duration", "1.5", "--no-tonemap", "-o", str(tmp_path / "b.jsonl"),
                  *model]) == 0
     assert (tmp_path / "b.jsonl").read_text() and not calls
-    args = _parser().parse_args(["ui", "--no-deinterlace", "--no-tonemap"])
+    args = build_parser().parse_args(["ui", "--no-deinterlace", "--no-tonemap"])
     assert reading_arg(args) == Reading(deinterlace=False, tonemap=False)
-    assert reading_arg(_parser().parse_args(["ui"])) == Reading()
+    assert reading_arg(build_parser().parse_args(["ui"])) == Reading()
     seen = []
 
     def opened(source, reading=Reading()):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import _parser, main
+from app.cli import main
+from app.parser import build_parser
 from app.prompt_args import UsageError, prompt_tasks
 from engine import Choice, JsonSchema, Regex
 from engine.models.loader import load_model
@@ -22,7 +23,7 @@ SCHEMA = {"type": "object", "properties": {"count": {"enum": ["one", "two", "thr
 
 
 def tasks_of(*argv):
-    return prompt_tasks(_parser().parse_args(["video", "clip.mp4", *argv]))
+    return prompt_tasks(build_parser().parse_args(["video", "clip.mp4", *argv]))
 
 
 def test_a_constraint_belongs_to_the_prompt_before_it():
