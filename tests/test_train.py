@@ -536,10 +536,10 @@ def test_a_signal_during_the_final_renames_waits_for_them():
     import os
     import signal
 
-    from tinyvlm.train import _signals_held
+    from tinyvlm.interrupts import signals_held
 
     before = signal.getsignal(signal.SIGINT)
-    with _signals_held():
+    with signals_held():
         os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt here
         renamed = True
     assert renamed and signal.getsignal(signal.SIGINT) is before
@@ -554,8 +554,8 @@ def test_a_render_worker_is_quiet_about_a_training_process_gone_mid_handshake():
 
     code = ("import signal, sys\n"
             "from multiprocessing import AuthenticationError\n"
-            "from tinyvlm.train import _render_worker_init\n"
-            "_render_worker_init(0)\n"
+            "from tinyvlm.interrupts import render_worker_init\n"
+            "render_worker_init(0)\n"
             "assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
             "for e in (EOFError('peer gone'), ConnectionResetError(104, 'reset'), AuthenticationError('digest')):\n"
             "    sys.excepthook(type(e), e, None)\n"

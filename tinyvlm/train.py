@@ -20,271 +20,27 @@ import math
 import os
 import shutil
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from app.launcher import stop_requested
 
-from engine.config import TILINGS, ModelConfig
+from engine.config import ModelConfig
 from engine.device import cpu_has_native_bf16
-from engine.models.loader import TINY_DIR
 from engine.models.moondream import MoondreamModel
-from engine.models.tiling import crops_to_tensor
-from engine.models.vision import sdpa
 from engine.models.weights import PREFIX, random_state_dict, save_weights
 
-from .data import PATCH_COLORS, PATCH_SHAPES, ItemStream
-from .language import CAPTION_REWRITES, QUESTION_REWRITES
-from .regions import region_loss, with_regions
+from .data import ItemStream
+from .interrupts import children_born_deaf, deaf_to_ctrl_c, render_worker_init, signals_held
+from .loss import AUX_WEIGHT, PatchProbe, forward_loss
 from .tokenizer import build_tokenizer, templates
+from .train_config import TrainConfig, tiny_config
 
-
-def tiny_config(vocab_size: int, template_ids: dict) -> ModelConfig:
-    """The architecture of Moondream 2 scaled down for 60 fps on two CPU cores (see EVAL.md)."""
-    # A 2 x 96 encoder on up to 8 tiles (2x3 for 4:3 to 16:9 frames) costs what 3 x 128 on 4 did
-    # and draws small objects ~1.8x taller: +7 to +19 points on their shape (ninth session).
-    return ModelConfig.from_dict({
-        "text": {"dim": 192, "ff_dim": 768, "n_layers": 3, "vocab_size": vocab_size, "max_context": 256,
-                 "n_heads": 3, "n_kv_heads": 3},
-        "vision": {"enc_dim": 96, "enc_patch_size": 14, "enc_n_layers": 2, "enc_ff_dim": 384, "enc_n_heads": 2,
-                   "proj_inner_dim": 512, "proj_out_dim": 192, "crop_size": 126, "in_channels": 3,
-                   "max_crops": 8, "overlap_margin": 1, "resample": "bicubic", "tiling": "fill",
-                   "page_to_grey": True},
-        "region": {"dim": 192, "coord_feat_dim": 64, "coord_out_dim": 256, "size_feat_dim": 64,
-                   "size_out_dim": 512, "inner_dim": 256, "trained": False},  # no region task in training
-        "tokenizer": {"templates": template_ids, "question_rewrites": [list(r) for r in QUESTION_REWRITES],
-                      "caption_rewrites": [list(r) for r in CAPTION_REWRITES]},
-    })
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    out: Path = TINY_DIR
-    steps: int = 3000
-    batch_size: int = 16
-    lr: float = 2e-3
-    warmup: int = 150
-    weight_decay: float = 0.01
-    seed: int = 0
-    # One thread: the render worker takes ~2/3 of the other core, and torch's two threads, one of
-    # them sharing its core, ran 0.46 s a step against 0.33 s for one thread alone.
-    threads: int = 1
-    max_minutes: float = 90.0
-    # bf16 autocast (None: where the CPU has bf16 matrix instructions, AVX512-BF16 or AMX): there
-    # bf16 matmuls ran ~4x fp32 ones and a training step ~1.7x faster; master weights and the
-    # optimizer stay fp32. An AVX2-only CPU emulates bf16 ~50x slower than fp32 (twelfth session).
-    bf16: bool | None = None
-    # Training processes of `threads` threads each, every one with its own render worker, that
-    # average their gradients every step (gloo over loopback); each takes batch_size / processes
-    # images of a step, so a step is the same batch. One process leaves ~60 % of the render
-    # worker's core idle: two concurrent runs of 8 images a step made 64 images/s against 47 for
-    # one of 16 (EVAL.md, eighth session).
-    processes: int = 2
-    # The first share of the run (of its steps or its time, whichever is further along: vision-only
-    # steps are fast, so with the CLI's default 30000 steps it ends after ~18 of 85 minutes) trains the
-    # vision encoder and projection alone on the per-token and outline targets: no decoder pass,
-    # so ~2x the images a minute through the stage where shape is learned slowest. The decoder
-    # then starts, with its own warm-up. Every answer but position gained, up to 31 points (EVAL.md,
-    # tenth session).
-    vision_share: float = 0.25
-    # A weights folder of the same architecture and tokenizer to continue from (its optimizer state
-    # is not kept: a continued run warms up again), e.g. to adapt weights to another tiling.
-    init: Path | None = None
-    # The first training scene (item) of the run: a continued run takes scenes the first never saw.
-    first_item: int = 0
-    # The vision tiling trained on (None: the tiny config's, "fill"); "moondream" reproduces runs
-    # made before the fill tiling existed.
-    tiling: str | None = None
-    # Detect and point blocks per training image (tinyvlm/regions.py); > 0 trains the region head
-    # and marks it trained in config.json.
-    regions: int = 0
-    # Train the decoder and region head alone (the vision encoder and projection as in --init):
-    # teaching a new task to trained weights leaves what the image tokens say unchanged, and a
-    # step costs the decoder's pass alone.
-    freeze_vision: bool = False
-
-    def __post_init__(self):
-        if self.processes < 1 or self.batch_size % self.processes:
-            raise ValueError(f"batch size {self.batch_size} does not split over {self.processes} processes")
-        # NaN and infinity too: a NaN budget never ran out (every step ran), a negative one neither
-        if not 0.0 < self.max_minutes < float("inf"):
-            raise ValueError(f"the time budget must be a finite number of minutes > 0, not {self.max_minutes}")
-        if not 0.0 < self.lr < float("inf"):
-            raise ValueError(f"the learning rate must be a finite number > 0, not {self.lr}")
-        if not 0.0 <= self.vision_share < 1.0:
-            raise ValueError(f"the vision-only share must be in [0, 1), not {self.vision_share}")
-        if self.first_item < 0:
-            raise ValueError(f"the first training item must be >= 0, not {self.first_item}")
-        if self.tiling is not None and self.tiling not in TILINGS:
-            raise ValueError(f"unknown tiling {self.tiling!r} (use one of {', '.join(TILINGS)})")
-        if not 0 <= self.regions <= 8:
-            raise ValueError(f"region blocks per image must be 0..8, not {self.regions}")
-        if self.freeze_vision and self.init is None:
-            raise ValueError("a frozen vision encoder needs trained weights to start from (--init)")
-        if self.freeze_vision and self.vision_share > 0:
-            raise ValueError("a frozen vision encoder has no vision-only stage: set the vision share to 0")
-
-
-AUX_WEIGHT = 0.5
 REGION_HEAD_LR_SCALE = 4.0
-AUX_BACKGROUND_WEIGHT = 0.2  # most cells are background; objects are what the captions are about
-# The outline target (object pixels of each patch of every crop): in a vision-only probe on
-# single-object scenes, shape read off the mean image token stayed at chance (0.25) for 40 k images
-# without it and rose to ~0.31 with it; a per-pixel target is the densest signal about outlines.
-# The tiles get the same target with a weight of their own (the global crop's is unchanged):
-# small objects, where shape answers fail, are twice as large there.
-OUTLINE_WEIGHT = 1.0
-TILE_OUTLINE_WEIGHT = 1.0
-
-
-class PatchProbe(torch.nn.Module):
-    """Training-only heads reading colour and shape off each image token, and the object pixels
-    of each patch off the encoder's features of every crop (never saved)."""
-
-    def __init__(self, dim: int, enc_dim: int, patch_pixels: int):
-        super().__init__()
-        self.color = torch.nn.Linear(dim, len(PATCH_COLORS))
-        self.shape = torch.nn.Linear(dim, len(PATCH_SHAPES))
-        self.outline = torch.nn.Linear(enc_dim, patch_pixels)
-
-    def loss(self, image_BND: torch.Tensor, labels_B2N: torch.Tensor) -> tuple[torch.Tensor, float, float]:
-        """(loss, colour accuracy, shape accuracy), accuracies on object cells."""
-        total, accs = image_BND.new_zeros(()), []
-        for head, y in ((self.color, labels_B2N[:, 0]), (self.shape, labels_B2N[:, 1])):
-            logits = head(image_BND).float().flatten(0, 1)
-            y = y.flatten()
-            w = torch.where(y > 0, 1.0, AUX_BACKGROUND_WEIGHT)
-            total = total + (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum()
-            obj = y > 0
-            accs.append(int((logits[obj].argmax(-1) == y[obj]).sum()) / max(int(obj.sum()), 1))
-        return total, accs[0], accs[1]
-
-    def outline_loss(self, feats_BND: torch.Tensor, outline_BNP: torch.Tensor) -> torch.Tensor:
-        return F.binary_cross_entropy_with_logits(self.outline(feats_BND).float(), outline_BNP.float())
-
-
-def forward_loss(model: MoondreamModel, batch, probe: PatchProbe | None = None, vision_only: bool = False,
-                 frozen_vision: bool = False):
-    """Next-token loss on answers plus, where the batch has region blocks, the coordinate and size
-    losses; with a probe, also (aux loss, colour accuracy, shape accuracy). vision_only: the encoder
-    and projection on the probe's targets alone (answer loss None). frozen_vision: the image tokens
-    without gradients (no probe then)."""
-    cfg = model.config
-    crops = crops_to_tensor(batch.crops.numpy(), torch.device("cpu"), torch.float32)
-    with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen_vision):
-        feats = model.vision.encode(crops)
-        tokens, start, is_global = [], 0, torch.zeros(feats.shape[0], dtype=torch.bool)
-        for n, tiling in zip(batch.n_crops, batch.tilings):
-            tokens.append(model.vision.project(feats[start:start + n], tiling))
-            is_global[start] = True
-            start += n
-        image_BND = torch.stack(tokens)
-    loss = None
-    if not vision_only:
-        bos = model.text.embed(torch.tensor([cfg.tokenizer.bos_id]))
-        text_BTC = with_regions(model, model.text.embed(batch.ids), batch)
-        x = torch.cat([bos.expand(len(tokens), 1, -1), image_BND.to(text_BTC.dtype), text_BTC], dim=1)
-
-        def attend(_layer, q, k, v):
-            return sdpa(q, k, v, attn_mask=batch.mask)
-
-        h = model.text(x, batch.positions, attend)
-        keep = batch.targets >= 0
-        logits = model.text.logits(h[keep])
-        loss = F.cross_entropy(logits.float(), batch.targets[keep]) + region_loss(model, h, batch)
-        if probe is None:
-            return loss
-    aux, color_acc, shape_acc = probe.loss(image_BND, batch.labels)
-    aux = aux + (OUTLINE_WEIGHT * probe.outline_loss(feats[is_global], batch.outline[is_global])
-                 + TILE_OUTLINE_WEIGHT * probe.outline_loss(feats[~is_global], batch.outline[~is_global])) / AUX_WEIGHT
-    return loss, aux, color_acc, shape_acc
-
-
 _GROUP_TIMEOUT_S = 120  # how long a process waits on the others before it gives up
-
-
-@contextmanager
-def _signals_held():
-    """Ctrl-C and SIGTERM wait until the block is done; the run it ends is then complete, and
-    ends as such. Between two renames, one had left a new tokenizer and config beside the old
-    weights, and the command said the folder was left as it was."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
-        yield
-        return
-    held = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
-
-
-def _deaf_to_ctrl_c(*_) -> None:
-    """Ctrl-C reaches every process of the terminal's foreground group: the render workers and
-    the other training processes died of it, and PyTorch turned the main process's
-    KeyboardInterrupt into "DataLoader worker exited unexpectedly" (exit 1, three tracebacks).
-    The main process alone takes it, and ends the others."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _render_worker_init(*_) -> None:
-    """A render worker: deaf to Ctrl-C (above), and quiet when its training process is gone. It
-    hands each batch's tensors over through a listener thread (multiprocessing's resource
-    sharer), which prints through sys.excepthook a peer that died during the handshake: a
-    Ctrl-C that stopped the run cleanly once ended with that traceback under its one line.
-    Its other errors reach the training process through the DataLoader, not this hook."""
-    import sys
-    from multiprocessing import AuthenticationError
-
-    _deaf_to_ctrl_c()
-    report = sys.excepthook
-
-    def hook(kind, value, tb) -> None:
-        if not issubclass(kind, (EOFError, ConnectionError, AuthenticationError)):
-            report(kind, value, tb)
-
-    sys.excepthook = hook
-
-
-@contextmanager
-def _children_born_deaf(spawned: bool):
-    """Processes started inside ignore Ctrl-C from their first instruction: a spawned training
-    process that got it while still importing torch (two seconds, more on a loaded machine)
-    printed a KeyboardInterrupt traceback before `_deaf_to_ctrl_c` could run.
-    spawned: started by exec, which keeps an ignored signal (Python then installs no handler of
-    its own) but not a blocked mask; this process ignores it too meanwhile, the milliseconds
-    that starting takes, so a Ctrl-C then is lost and a second one stops the run. Otherwise
-    forked: the blocked mask of this thread is inherited until the child ignores the signal,
-    and here another thread takes a Ctrl-C meanwhile (ignoring it here had lost one that came
-    as the render worker was forked, and the run trained on)."""
-    import signal
-    import threading
-
-    if not spawned:
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            yield
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        return
-    if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
-        yield
-        return
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
@@ -306,7 +62,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     done = False
     try:
         report = _train_all(replace(cfg, out=work), tok, init, progress)
-        with _signals_held():  # the five renames are one change: never half of them
+        with signals_held():  # the five renames are one change: never half of them
             for name in ("tokenizer.json", "config.json", "loss.csv", "loss.png", "model.safetensors"):
                 os.replace(work / name, out / name)
             done = True
@@ -341,7 +97,7 @@ def _train_all(cfg: TrainConfig, tok: Tokenizer, init: dict | None, progress: bo
     others = [ctx.Process(target=_train, args=(cfg, rank, False, port, init)) for rank in range(1, cfg.processes)]
     stopped = False
     try:
-        with _children_born_deaf(spawned=True):
+        with children_born_deaf(spawned=True):
             for p in others:
                 p.start()
         report = _train(cfg, 0, progress, port, init)
@@ -418,7 +174,7 @@ def _average(params: list[torch.nn.Parameter], stats: list[float], processes: in
 def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
            init: dict[str, torch.Tensor] | None = None) -> dict:
     if rank > 0:  # rank 0 ends this process when it is interrupted
-        _deaf_to_ctrl_c()
+        deaf_to_ctrl_c()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
@@ -468,8 +224,8 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     # it mid-batch at the time budget.
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1, prefetch_factor=4,
                                          persistent_workers=False, multiprocessing_context="fork",
-                                         worker_init_fn=_render_worker_init)
-    with _children_born_deaf(spawned=False):  # its render worker is forked here
+                                         worker_init_fn=render_worker_init)
+    with children_born_deaf(spawned=False):  # its render worker is forked here
         batches = iter(loader)
     if cfg.processes > 1:
         import torch.distributed as dist
