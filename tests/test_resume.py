@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pipelines.sources
+import pipelines.file_source
 from app.cli import main
 from pipelines.batch import Sampling
 from pipelines.prompts import prompt_key
@@ -31,14 +31,14 @@ def _clip(path: Path, *args: str, seconds: int = 8, height: int = 144) -> Path:
 def counted(monkeypatch) -> list[int]:
     """Frames out of the decoder, across every FileSource read."""
     count = [0]
-    real = pipelines.sources.decoded
+    real = pipelines.file_source.decoded
 
     def decoded(*args, **kwargs):
         for frame in real(*args, **kwargs):
             count[0] += 1
             yield frame
 
-    monkeypatch.setattr(pipelines.sources, "decoded", decoded)
+    monkeypatch.setattr(pipelines.file_source, "decoded", decoded)
     return count
 
 

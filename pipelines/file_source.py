@@ -1,0 +1,341 @@
+"""A video file (or one on a web server) read with PyAV: `FileSource`.
+
+It yields `Frame`s in decode order with presentation times from the container (variable frame
+rates keep their real timestamps), as a player shows them (frame.py). Every failure to open is a
+`SourceError` with a one-line message; a file that breaks off mid-way yields what decodes and
+records the problem in `source.error` instead of raising, so batch jobs keep what they got. A
+resumed read (`frames(resume=)`) seeks near where it starts and finds its frame by its time.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
+from .timestamps import BestEffort, Continuous
+from .stream import is_recording, redact, unknown_host
+
+AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
+AVFMT_NOTIMESTAMPS = 0x80  # ... of one that stores none: a raw H.264/H.265 stream (a camera's export)
+DISCONTINUITY_S = 10.0  # a packet this far from where the one before ended: a jump (as ffmpeg)
+EPSILON_S = 1e-3
+SEEK_MARGIN_S = 1.0  # `frames(resume=)` seeks this long before the frame it starts at
+MATCH_S = 1e-5  # ... and finds it by its time, as recorded (to the microsecond)
+
+REMOTE_SCHEMES = ("http", "https")  # a file on a web server: `video` reads it as a file
+REMOTE_TIMEOUTS_S = (15.0, 30.0)  # to open, and for a read, before a remote file is given up
+# FFmpeg's http client reopens a connection dropped mid-file at the byte it had reached (a Range
+# request: a file cut in half by a reset came whole, 480 frames against 178). Not on a failed
+# connect ("reconnect_on_network_error"): a server that is down is said at once, not in 15 s.
+REMOTE_OPTIONS = {"reconnect": "1", "reconnect_delay_max": "30"}
+
+
+class _NotThere(Exception):
+    """The frame a resumed read starts at is not where the seek led."""
+
+
+class FileSource:
+    """A video file read with PyAV: whatever FFmpeg decodes. A file on a web server (an http or
+    https URL) is read as a file is."""
+
+    def __init__(self, path: str | Path, source_id: str | None = None, threads: bool = True,
+                 reading: Reading = AS_SHOWN):
+        import av
+
+        text = str(path)
+        # A file on a web server (http, https: S3, a NAS, a CDN) is read as a file is, its bytes
+        # fetched as decoding needs them; its name in messages and outputs has no password.
+        self.url = text if is_remote(text) else None
+        self.path = None if self.url else Path(path)
+        self.name = redact(text) if self.url else str(self.path)
+        self.source_id = source_id or (self.name if self.url else text)
+        self.error: str | None = None
+        self.end: float | None = None  # where the last frame of the last frames() stops showing
+        self.incomplete = False  # the last frames() ended before the file's end (the error says why)
+        self.decoded = 0  # frames decoded by the last frames() so far
+        self.damaged = 0  # packets the decoder rejected in the last frames(), skipped
+        self.corrupt = 0  # packets after data the demuxer saw lost (decoded all the same)
+        self.seconds = 0.0  # the video time they cover: first frame's start to last frame's end
+        self._closed = False
+        self.reading = reading  # as a player shows the frames, or as stored
+        if self.url is None:
+            if "://" in text and not self.path.exists():  # Path() would print it as "rtsp:/host/..."
+                raise SourceError(f"{redact(text)} is a stream, not a file: `vlmstream live` reads streams")
+            self._check_file()
+        try:
+            if self.url:
+                self._container = av.open(self.url, timeout=REMOTE_TIMEOUTS_S, options=REMOTE_OPTIONS)
+            else:
+                self._container = av.open(text)
+        except (av.FFmpegError, OSError, ValueError) as e:
+            if self.url and not isinstance(e, av.InvalidDataError):  # refused, not found, no answer
+                reason = (f"nothing came for {REMOTE_TIMEOUTS_S[0]:g} s" if isinstance(e, av.ExitError)
+                          else unknown_host(self.url) or first_line(e).replace(text, self.name))
+                raise SourceError(f"cannot read {self.name}: {reason}") from None
+            raise SourceError(f"{self.name} is not a readable video: {first_line(e)}") from None
+        refuse_text(self._container, self.name)
+        missing = no_video(self._container, self.name)
+        if missing:
+            self._container.close()
+            raise missing
+        if self.url and not is_recording(self._container, self.url):
+            self._container.close()
+            raise SourceError(f"{self.name} is a live stream (it has no end): `vlmstream live` reads it")
+        self._stream = main_video(self._container)
+        if threads:
+            self._stream.thread_type = "AUTO"  # frame + slice threads: batch work wants throughput
+
+    @property
+    def annotated(self) -> bool:
+        """Whether this is an annotated copy that vlmstream wrote (`annotated.ANNOTATED_COMMENT`)."""
+        from .annotated import ANNOTATED_COMMENT
+
+        return self._container.metadata.get("comment") == ANNOTATED_COMMENT
+
+    def _check_file(self) -> None:
+        path = self.path
+        if not path.exists():
+            raise SourceError(f"video not found: {path}")
+        if path.is_dir():
+            raise SourceError(f"{path} is a folder, not a video")
+        if path.is_char_device() or path.is_block_device():
+            raise SourceError(f"{path} is a device, not a video file (a camera is webcam:N or /dev/videoN, "
+                              "read by `vlmstream live`)")
+        if path.is_fifo():  # opening it would wait for a writer with no time limit
+            raise SourceError(f"{path} is a named pipe, not a video file: `vlmstream live {path}` reads "
+                              "a stream from it")
+        if path.stat().st_size == 0:
+            raise SourceError(f"{path} is empty (0 bytes)")
+
+    @property
+    def _open_stream(self):
+        # PyAV 19 refuses to read a closed container's stream (AssertionError); 18 answered. Refusing
+        # here on every version keeps a use after close() from passing the tests on one of them.
+        if self._closed:
+            raise RuntimeError(f"{self.name} was closed: read its fields before close()")
+        return self._stream
+
+    @property
+    def fps(self) -> float | None:
+        stream = self._open_stream
+        if self._container.format.flags & AVFMT_NOTIMESTAMPS:
+            # A raw stream's "average" is the demuxer's default of 25; the rate the stream itself
+            # states (its SPS) is the decoder's. A 15 fps camera's export ran 1.67x fast, its
+            # frames' times (index / fps: it has no others) too early, --fps picked other frames.
+            stated = stream.codec_context.framerate
+            # A stream may state nonsense (90000 fps: every frame at 0 s); then FFmpeg's guess.
+            rate = stated if stated and 0.5 <= stated <= 1000 else stream.guessed_rate or stream.average_rate
+        else:
+            rate = stream.average_rate or stream.guessed_rate
+        return float(rate) if rate else None
+
+    @property
+    def frame_count(self) -> int | None:
+        """Frames the container announces (may be 0/None for streams that do not say)."""
+        if self._open_stream.frames:
+            stream = self._stream
+            seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else None
+            if seconds and self.fps:
+                # An edit list hides frames its file keeps: a clip cut with `ffmpeg -ss -c copy` or
+                # trimmed on a phone holds the frames back to the keyframe before its start, which
+                # are never shown. Counted, they made a false "truncated file?" warning.
+                return min(int(stream.frames), math.ceil(seconds * self.fps - 1e-6))
+            return int(stream.frames)
+        if self._container.duration and self.fps:
+            return int(self._container.duration / 1_000_000 * self.fps)
+        return None
+
+    def frames(self, pick: Callable[[int, float], bool] | None = None,
+               need_rgb: Callable[[int], bool] | None = None, lazy: bool = False,
+               resume: tuple[int, float, float] | None = None, seek: bool = True) -> Iterator[Frame]:
+        """Every decoded frame in order, or those `pick(index, pts)` accepts: the others are
+        decoded (later frames may depend on them) but never converted to RGB, which costs more
+        than decoding (1.6 of 2.7 ms a 1280x720 H.264 frame). A picked frame for which
+        `need_rgb(index)` is False comes without its pixels (`rgb` None): a resumed run that
+        only replays its answer. `decoded` counts them all. lazy: frames come with `convert`
+        instead of their pixels (`Frame.load`), for a consumer that keeps only some.
+
+        resume (index, pts, first): the frames start at the one of that index and time (`first`:
+        the time of the file's first frame), for a `video --resume` that has the answers before
+        it. Where the container can seek, decoding starts at the keyframe before it, and that
+        frame, found by its time, tells the index; elsewhere (or when it is not there) the frames
+        before it are decoded and passed over (`seek` False: always). `pick` is not asked about them."""
+        import av
+
+        index, first = 0, None
+        # end: where the last frame decoded stops showing, in its own times (subtitles end there)
+        self.decoded, self.seconds, self.damaged, self.corrupt, self.end = 0, 0.0, 0, 0, None
+        fps, time_base = self.fps, float(self._stream.time_base or 0)
+        # Times as a player shows them: from the file's start. An MPEG-TS recording's clock starts
+        # where the camera's or the broadcast's was (1.4 s after a plain remux, hours into a
+        # broadcast day): its subtitles came that late, and `live` waited that long to show a frame.
+        start = (self._container.start_time or 0) / 1_000_000  # AV_TIME_BASE
+        # MPEG-TS, HLS, MPEG-PS, live FLV: formats whose timestamps may jump (recordings joined end to end, a
+        # camera's clock reset). A jump is a discontinuity, not time that passed: the frame after it
+        # follows the one before, as players play them. An hour's jump left `live` waiting an hour.
+        # Taken out of the packets' times before decoding (`timestamps.Continuous`).
+        jumps = bool(self._container.format.flags & AVFMT_TS_DISCONT)
+        clock = Continuous(self._stream.time_base, 1.0 / (fps or 30.0), DISCONTINUITY_S) if jumps else None
+        best = BestEffort()  # AVI's and ASF's frames with B-frames: their packets' times, in decode order
+        last_shown, end = 1.0 / (fps or 30.0), None
+
+        def damage() -> None:
+            self.damaged += 1
+
+        # An HLS recording's segments each restart MPEG-TS's continuity counters, as files joined
+        # with a jump of their clocks do: the demuxer's "corrupt" there is no data lost.
+        segmented = "hls" in self._container.format.name
+
+        def corrupt() -> None:
+            self.corrupt += not segmented and not (clock and clock.jumped)
+
+        skip, at = 0, None  # frames before index `skip` are passed over; `at`: (index, pts) a seek went to
+        ahead: list = []  # the frame after the one resumed at, read to check it (then given as the next)
+
+        def in_order(frames: Iterator) -> Iterator:
+            for f in frames:
+                yield f
+                while ahead:
+                    yield ahead.pop()
+
+        try:
+            if resume is not None:
+                skip, first = resume[0], resume[2]
+                at = resume[:2] if seek and skip and not jumps and self._seek(resume[1] + start) else None
+            under = decoded(self._container, self._stream, damage, reading=self.reading, on_corrupt=corrupt,
+                            retime=clock)
+            for frame in in_order(under):
+                tb = frame.time_base or self._stream.time_base  # a deinterlaced frame's is the filter's
+                seconds = best(None if frame.pts is None or not tb else float(frame.pts * tb),
+                               None if frame.dts is None or not time_base else frame.dts * time_base)
+                pts = seconds - start if seconds is not None else (index / fps if fps else 0.0)
+                if -EPSILON_S < pts < 0:  # the start's rounding (-3e-7 s in a TS): not a time before it
+                    pts = 0.0
+                if at is not None:  # from the keyframe before the frame resumed at, to it
+                    if pts < at[1] - MATCH_S:
+                        continue
+                    if pts > at[1] + MATCH_S:  # not there (a file changed since its answers?)
+                        raise _NotThere
+                    following = next(under, None)
+                    if following is not None and following.pts is not None and following.pts == frame.pts:
+                        raise _NotThere  # two frames at its time (a screen recorder's): which one it was is a guess
+                    ahead += [following] if following is not None else []
+                    index, at = at[0], None
+                self.decoded = index + 1
+                # Up to the end of the last frame: its start alone made a one-frame video 0 s long
+                # (and "0.0x real time"), and every video a frame short.
+                first = pts if first is None else first
+                ticks = getattr(frame, "duration", None)  # not on every PyAV the package accepts
+                tb = float(frame.time_base or 0) or time_base  # a deinterlaced frame's is the filter's
+                shown = ticks * tb if ticks and tb else None
+                last_shown = shown or last_shown
+                self.end = pts + last_shown
+                if seconds is not None:
+                    end = seconds + last_shown
+                self.seconds = max(self.seconds, pts - first + (shown or (1.0 / fps if fps else 0.0)))
+                if index >= skip and (pick is None or pick(index, pts)):
+                    if need_rgb is not None and not need_rgb(index):
+                        yield Frame(self.source_id, index, pts, None)
+                    else:
+                        # The decoder's value, not the header's: broadcasts switch between 4:3 and 16:9
+                        aspect = self._stream.codec_context.sample_aspect_ratio
+                        yield Frame(self.source_id, index, pts, **pixels(frame, aspect, lazy, self.reading))
+                index += 1
+            if at is not None:  # the file ends before it
+                raise _NotThere
+        except _NotThere:  # read from the start instead, the frames before the one resumed at passed over
+            try:
+                self._container.seek(self._container.start_time or 0)
+            except (av.FFmpegError, OSError, ValueError) as e:
+                self.error, self.incomplete = f"{self.name}: cannot read it from its start again: {first_line(e)}", True
+                return
+            yield from self.frames(pick, need_rgb, lazy, resume, seek=False)
+            return
+        except (av.FFmpegError, OSError, ValueError) as e:
+            self.error = f"{self.name}: decoding stopped after {index} frames: {first_line(e)}"
+            if self.url and index == 0 and "mp4" in self._container.format.name and takes_ranges(self.url) is False:
+                self.error += (" (its web server sends no byte ranges, which FFmpeg needs to read an MP4 whose index "
+                               "is at its end: download the file first, or serve it from a server that sends ranges)")
+        if index == 0 and self.error is None:
+            self.error = f"{self.name}: no frame could be decoded"
+        self.incomplete = self.error is not None  # damaged packets skipped on the way are not that
+        if self.damaged and self.error is None:
+            self.error = (f"{self.name}: {self.damaged} damaged packets skipped (their frames are missing, or "
+                          "show decoding damage until the next keyframe)")
+        # A jump leaves the container's duration meaningless. A packet after lost data is decoded
+        # (a truncated file's last one is such a packet): the file may still be cut short.
+        short = self._cut_short(index, end) if self.error is None and not (clock and clock.jumps) else None
+        if short:  # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
+            self.error = f"{self.name}: decoding ended {short} its container announces (a truncated or damaged file?)"
+            self.incomplete = True
+        if self.corrupt and self.error is None:
+            self.error = (f"{self.name}: data lost at {self.corrupt} point{'s' if self.corrupt > 1 else ''} (or files "
+                          "joined there): frames may be missing, or show decoding damage until the next keyframe")
+
+    def _seek(self, seconds: float) -> bool:
+        """Whether decoding now starts at the keyframe before `seconds` (the file's own time, a
+        little earlier: a frame's time and the index's may differ by its reordering). Not in a
+        stream that stores no times (raw H.264), nor in a file on a web server: one that takes no
+        byte ranges (Python's http.server) broke the reading off at the seek."""
+        import av
+
+        time_base = self._stream.time_base
+        if self.url or self._container.format.flags & AVFMT_NOTIMESTAMPS or not time_base:
+            return False
+        target = int((seconds - SEEK_MARGIN_S) / time_base)
+        if target <= (self._stream.start_time or 0):  # near the start: read from it
+            return False
+        try:
+            self._container.seek(target, stream=self._stream)
+        except (av.FFmpegError, OSError, ValueError):  # no index to seek by: read from the start
+            # A failed seek may have moved the demuxer (AVI's did, its frames then decoded damaged)
+            self._container.seek(self._container.start_time or 0)
+            return False
+        return True
+
+    def _cut_short(self, index: int, end: float | None) -> str | None:
+        """Where decoding ended well before the container's own frame count (MP4, MOV), or before
+        its duration where the video is its only stream (MKV, WebM: an audio track may run longer
+        than the video). By time there, not by the duration's worth of frames at the average rate:
+        a variable-rate file has no such count, nor one whose video starts late (7 s in), and
+        complete ones of both kinds were said to be cut. `end`: the last frame's end, in the
+        file's own time. None when nothing is missing."""
+        if self._stream.frames:
+            announced = self.frame_count
+            if announced and index < announced * 0.9 and announced - index >= 3:
+                return f"after {index} of the {announced} frames"
+        elif len(self._container.streams) == 1 and self._container.duration and end is not None:
+            total = self._container.duration / 1_000_000
+            if end < total * 0.9 and total - end >= 3 / (self.fps or 30.0):
+                return f"at {end:.1f} s of the {total:.1f} s"
+        return None
+
+    def close(self) -> None:
+        self._closed = True
+        self._container.close()
+
+    def __enter__(self) -> "FileSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def is_remote(name: str | Path) -> bool:
+    """Whether a name is an http(s) URL: a file on a web server."""
+    text = str(name)
+    return "://" in text and text.split("://", 1)[0].lower() in REMOTE_SCHEMES
+
+
+def takes_ranges(url: str, timeout: float = 5.0) -> bool | None:
+    """Whether a web server answers a request for a byte range with that range (206), None
+    when it cannot be asked (no answer, an error, credentials in the URL)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=0-0"}), timeout=timeout) as r:
+            return r.status == 206  # the body of a whole-file answer is not read
+    except (OSError, ValueError):
+        return None
