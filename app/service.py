@@ -12,38 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import sysconfig
 import threading
 from collections import OrderedDict, deque
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from app.errors import UIError
+from app.samples import SAMPLES_DIR, sample_videos, samples_dir
+from app.settings import Settings, checked
 from app.video_jobs import VideoJobs
 from pipelines.frame import AS_SHOWN, Reading
 
+# The names of this module, some of them from the modules they moved to: app.ui, the tests and the
+# scripts import them from here.
+__all__ = ["CLOSED_KEPT", "LIVE_FPS", "RATE_WINDOW_S", "RECORD_MAX_S", "SAMPLES_DIR", "Service", "Settings",
+           "UIError", "sample_videos", "samples_dir"]
 
-def samples_dir() -> Path:
-    """The bundled sample videos: the source tree's, else where an install from a wheel put them
-    (pyproject's data-files: the environment's share/ folder, or the user's with pip --user)."""
-    tree = Path(__file__).resolve().parent.parent / "sample_videos"
-    if tree.is_dir():
-        return tree
-    for scheme in (sysconfig.get_default_scheme(), f"{os.name}_user"):
-        try:
-            installed = Path(sysconfig.get_path("data", scheme)) / "share" / "vlmstream" / "sample_videos"
-        except KeyError:  # no such install scheme here
-            continue
-        if installed.is_dir():
-            return installed
-    return tree  # none anywhere: the UI opens without a sample
-
-
-SAMPLES_DIR = samples_dir()
 LIVE_FPS = 60.0
 RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about this long
 # A live recording (the Live tab's Record box) keeps the first this many seconds: ~1 MB a minute
@@ -51,29 +38,6 @@ RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about
 # removed with the tab.
 RECORD_MAX_S = 600.0
 CLOSED_KEPT = 10_000  # closed sessions remembered, so that a late event cannot bring one back
-
-
-class UIError(Exception):
-    """A user mistake the page reports in one line (bad URL, unreadable upload, empty question)."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    model: str = "tiny"
-    device: str = "cpu"
-    dtype: str | None = None
-    temperature: float = 0.0
-    max_tokens: int = 64  # the tiny model's long captions take up to 44 tokens (32 cut them mid-sentence)
-    pipelined: bool = True
-    sticky: float = 2.0  # answers keep the previous frame's (pipelines.live.LIVE_STICKY); 0 = off
-    # A new answer gets a picture in the live tabs' Changes once it has held this many frames in a
-    # row: at 60 fps a small object's shape read one way for a frame or two is a line of the log,
-    # not one of the 16 pictures.
-    hold: int = 3
-
-
-def sample_videos() -> list[str]:
-    return sorted(p.name for p in SAMPLES_DIR.glob("*.mp4"))
 
 
 class Service:
@@ -117,15 +81,7 @@ class Service:
         """Change settings; a new model or device stops every feed and reloads the engine. One
         that cannot load is said before anything stops (every tab's feeds and jobs stopped for a
         mistyped model folder)."""
-        numbers = (settings.max_tokens, settings.temperature, settings.sticky, settings.hold)
-        if (not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in numbers)
-                or settings.max_tokens != int(settings.max_tokens) or settings.hold != int(settings.hold)
-                or settings.max_tokens < 1 or not 0.0 <= settings.temperature <= 2.0
-                or not 0.0 <= settings.sticky <= 10.0 or not 1 <= settings.hold <= 600):
-            raise UIError("max tokens must be a whole number >= 1, temperature within 0..2, steadiness within "
-                          "0..10 and frames a change holds a whole number within 1..600")
-        settings = replace(settings, max_tokens=int(settings.max_tokens), hold=int(settings.hold),
-                           temperature=float(settings.temperature), sticky=float(settings.sticky))
+        settings = checked(settings)
         with self._lock:
             old = self.settings
             reload = (old.model, old.device, old.dtype) != (settings.model, settings.device, settings.dtype)

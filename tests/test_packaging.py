@@ -30,14 +30,14 @@ def test_a_wheel_carries_the_tiny_model_and_the_sample_videos(tmp_path):
 
 
 def test_the_ui_finds_the_samples_where_a_wheel_installs_them(tmp_path, monkeypatch):
-    import app.service as service
+    import app.samples as samples
 
     share = tmp_path / "env" / "share" / "vlmstream" / "sample_videos"
     share.mkdir(parents=True)
     (share / "clip.mp4").write_bytes(b"")
     # The module as a wheel installs it: in site-packages, with no sample_videos beside its package.
-    monkeypatch.setattr(service, "__file__", str(tmp_path / "site-packages" / "app" / "service.py"))
-    monkeypatch.setattr(service.sysconfig, "get_path", lambda name, scheme=None: str(tmp_path / "env"))
-    assert service.samples_dir() == share
-    monkeypatch.setattr(service.sysconfig, "get_path", lambda name, scheme=None: str(tmp_path / "nowhere"))
-    assert not service.samples_dir().is_dir()  # none anywhere: the UI opens without a sample
+    monkeypatch.setattr(samples, "__file__", str(tmp_path / "site-packages" / "app" / "samples.py"))
+    monkeypatch.setattr(samples.sysconfig, "get_path", lambda name, scheme=None: str(tmp_path / "env"))
+    assert samples.samples_dir() == share
+    monkeypatch.setattr(samples.sysconfig, "get_path", lambda name, scheme=None: str(tmp_path / "nowhere"))
+    assert not samples.samples_dir().is_dir()  # none anywhere: the UI opens without a sample
