@@ -155,7 +155,7 @@ def test_a_start_that_loses_to_closing_its_tab_leaves_no_feed():
     try:
         service.start_live("tab", "shapes_640x360_60fps.mp4", {"caption": "short"})  # its lock now exists
         service.stop_live("tab")
-        lock = service._starting["tab"]
+        lock = service.live._starting["tab"]
 
         class LateToTake:  # the Start is switched out before it takes the session's lock
             def __enter__(self):
@@ -166,7 +166,7 @@ def test_a_start_that_loses_to_closing_its_tab_leaves_no_feed():
             def __exit__(self, *exc):
                 return lock.__exit__(*exc)
 
-        service._starting["tab"] = LateToTake()
+        service.live._starting["tab"] = LateToTake()
         failed: list = []
 
         def start() -> None:

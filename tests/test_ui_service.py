@@ -152,7 +152,7 @@ def test_a_live_feed_keeps_a_picture_of_each_change_of_its_answers(service):
 
     with zipfile.ZipFile(service.export_shots("tab-s")) as z:
         rows = [json.loads(line) for line in z.read("changes.jsonl").decode().splitlines()]
-        ended = service._ended["tab-s", "pull"].snapshot().shots  # a result may have come after snap
+        ended = service.live._ended["tab-s", "pull"].snapshot().shots  # a result may have come after snap
         assert [(r["number"], r["index"], r["pts"], r["text"]) for r in rows] \
             == [(x.number, x.index, round(x.pts, 6), x.text) for x in ended]
         assert sorted(z.namelist()) == sorted([r["file"] for r in rows] + ["changes.jsonl"])
@@ -302,7 +302,7 @@ def test_a_live_session_records_its_captioned_frames_for_a_download(service):
     with pytest.raises(UIError, match="nothing recorded"):
         service.recording("tab-r")
     feed = service.start_live("tab-r", "cuts_640x360_30fps.mp4", make_task("short"), record=True)
-    recorder = service._recorders[("tab-r", "pull")]
+    recorder = service.live._recorders[("tab-r", "pull")]
     # The recorder's own count: a frame is counted completed a moment before it reaches the
     # recorder, and one that comes after the recording ended is not in it.
     wait_for(lambda: recorder.written >= 10)
@@ -348,14 +348,14 @@ def test_a_camera_records_while_its_record_box_is_ticked(service):
     with pytest.raises(UIError, match="while your camera streams"):
         service.recording("tab-w", "push")
     feed = stream(make_task("short"), False, lambda f: f.snapshot().counters["completed"] >= 2)
-    assert ("tab-w", "push") not in service._recorders  # not ticked: nothing recorded
+    assert ("tab-w", "push") not in service.live._recorders  # not ticked: nothing recorded
     feed = stream(make_task("short"), True, lambda f: f.snapshot().counters["completed"] >= 6)
-    recorder = service._recorders[("tab-w", "push")]
+    recorder = service.live._recorders[("tab-w", "push")]
     wait_for(lambda: recorder.written >= 2)
     # a new prompt starts a new feed; the recording goes on across it
     written = recorder.written
     new = stream(make_task("normal"), True, lambda f: f.snapshot().counters["completed"] >= 3)
-    assert new is not feed and service._recorders[("tab-w", "push")] is recorder
+    assert new is not feed and service.live._recorders[("tab-w", "push")] is recorder
     stream(make_task("normal"), False, lambda f: True)  # unticked: the file is finished
     path = service.recording("tab-w", "push")
     assert "tab-w" not in path.name and path.name.startswith("camera-")
@@ -366,12 +366,12 @@ def test_a_camera_records_while_its_record_box_is_ticked(service):
     import os
 
     with open(path, "rb") as finished:  # the same name: the new recording's file is opened as it starts
-        stream(make_task("normal"), True, lambda f: service._recorders[("tab-w", "push")].written >= 1)
+        stream(make_task("normal"), True, lambda f: service.live._recorders[("tab-w", "push")].written >= 1)
         assert os.fstat(finished.fileno()).st_nlink == 0  # the finished one was removed
     path = service.recording("tab-w", "push")
-    done = service._recorders[("tab-w", "push")].written
+    done = service.live._recorders[("tab-w", "push")].written
     stream(make_task("normal"), True, lambda f: f.snapshot().counters["completed"] >= 6)
-    assert path.exists() and service._recorders[("tab-w", "push")].written == done
+    assert path.exists() and service.live._recorders[("tab-w", "push")].written == done
     with pytest.raises(UIError, match="nothing recorded: tick Record, then Start"):
         service.recording("tab-w")  # the Live tab's recording is another one
     service.close_session("tab-w")
@@ -922,7 +922,7 @@ def test_odd_inputs_from_a_page_are_one_line_errors_and_leave_nothing_behind(ser
         service.push_frame("tab-odd", grey, make_task("short"))
     with pytest.raises(UIError, match="closed"):
         service.start_live("tab-odd", "shapes_640x360_60fps.mp4", make_task("short"))
-    assert service.feed("tab-odd", "push") is None and ("tab-odd", "push") not in service._feeds
+    assert service.feed("tab-odd", "push") is None and ("tab-odd", "push") not in service.live._feeds
     with pytest.raises(UIError, match="no video given"):
         service.caption_video(None, make_task("short"), tmp_path / "job", stop=service.jobs.stop_flag("tab-v2"))
     with pytest.raises(UIError, match="whole number"):
