@@ -13,7 +13,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from app.service import Service, Settings, UIError
+from app.errors import UIError
+from app.service import Service
+from app.settings import Settings
 from app.task import make_task
 from app.video_jobs import VIDEO_SLOTS
 from app.view import chart_svg, counters_html, frame_html, log_text, shots_html

@@ -26,8 +26,8 @@ from app.settings import Settings, checked
 from app.video_jobs import VideoJobs
 from pipelines.frame import AS_SHOWN, Reading
 
-# The names of this module, some of them from the modules they moved to: app.ui, the tests and the
-# scripts import them from here.
+# The web UI's back end in one import (the tests and scripts take these from here), some of the
+# names from the modules that hold them
 __all__ = ["RATE_WINDOW_S", "RECORD_MAX_S", "SAMPLES_DIR", "Service", "Settings", "UIError", "sample_videos",
            "samples_dir"]
 

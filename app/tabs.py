@@ -7,8 +7,8 @@ from typing import Callable
 
 import gradio as gr
 
+from app.live_sessions import RECORD_MAX_S
 from app.page_events import PageEvents, upload_named, user_error
-from app.service import RECORD_MAX_S
 from app.view import chart_svg, frame_html, shots_html
 from pipelines.feed import EXPORT_LINES, SHOTS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from app.service import UIError
+from app.errors import UIError
 
 
 def make_task(kind: str, question: str = "", constraint_kind: str = "none",

@@ -14,7 +14,9 @@ import sys
 import time
 from typing import Callable
 
-from app.service import Service, Settings, sample_videos
+from app.samples import sample_videos
+from app.service import Service
+from app.settings import Settings
 
 DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from app.service import UIError
+from app.errors import UIError
 from pipelines.frame import AS_SHOWN, Reading
 
 
