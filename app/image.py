@@ -79,7 +79,7 @@ def _locate(args: argparse.Namespace) -> int:
     from engine.region_decoder import RegionDecoder
     from pipelines.image_file import check_image, read_image
     from pipelines.locator import batched, pixel_places, places_text
-    from pipelines.stream import redact
+    from pipelines.url import redact
 
     task, what = region_task(args)
     paths, one, skipped = _inputs(args.image, check_image)
@@ -168,7 +168,7 @@ def _several(args: argparse.Namespace, paths: list[str | Path], params, task: di
     from engine import Engine, EngineConfig
     from engine.errors import EngineClosedError, ImageError
     from pipelines.sinks import json_text
-    from pipelines.stream import redact
+    from pipelines.url import redact
 
     out = sys.stdout
     done = failed = 0

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from app.cli import UsageError, reading_arg, realtime_dtype
     from app.listen import check_port, loopback, read_auth, tls_arguments
     from app.view import CSS, HEAD_JS
-    from pipelines.stream import is_named_pipe
+    from pipelines.pipe import is_named_pipe
 
     if not 0 < args.port < 65536:
         raise UsageError("--port must be within 1..65535")

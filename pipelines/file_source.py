@@ -15,7 +15,8 @@ from typing import Callable, Iterator
 
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
 from .timestamps import BestEffort, Continuous
-from .stream import is_recording, redact, unknown_host
+from .stream import is_recording
+from .url import redact, unknown_host
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
 AVFMT_NOTIMESTAMPS = 0x80  # ... of one that stores none: a raw H.264/H.265 stream (a camera's export)

@@ -25,7 +25,8 @@ from engine.errors import ImageError
 from engine.request import pil_to_rgb
 
 from .sources import is_remote
-from .stream import STDIN, PipeReader, redact, unknown_host
+from .pipe import STDIN, PipeReader
+from .url import redact, unknown_host
 
 
 FETCH_TIMEOUT_S = 15.0  # to connect, and between two reads

@@ -14,7 +14,9 @@ from typing import Callable, Iterator
 from .connection import Connection
 from .file_source import FileSource, is_remote, takes_ranges
 from .frame import AS_SHOWN, Frame, Reading, SourceError
-from .stream import STDIN, StreamSource, is_named_pipe, redact
+from .pipe import STDIN, is_named_pipe
+from .stream import StreamSource
+from .url import redact
 from .webcam import WebcamSource, parse_webcam
 
 # The names a caller takes from here, whichever module holds them

@@ -7,15 +7,14 @@ appear in messages.
 
 from __future__ import annotations
 
-import io
 import time
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from .catch_up import CatchUp
 from .connection import TIMED_OUT, Connection
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
-
+from .pipe import PIPE_PROBE, STDIN, PipeReader, is_named_pipe, wait_for_input
+from .url import redact, unknown_host
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
 # Streams pushed as they are shot, with the sender's clock in their timestamps: the ones whose
@@ -24,47 +23,6 @@ STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", 
 # a pipe that is not read holds its writer back).
 CLOCKED_SCHEMES = tuple(s for s in STREAM_SCHEMES if not s.startswith("http"))
 WEB = ("http", "https")
-
-
-# Query parameters that carry a credential or its signature: presigned S3 (SigV2 and SigV4),
-# Google Cloud Storage and CloudFront links, tokens of CDNs and cameras. A presigned link is a
-# bearer credential until it expires, and a new one is drawn each time: kept, it leaked into every
-# output line, and --resume with a fresh link of the same file redid it all.
-SECRET_PARAMS = frozenset({
-    "signature", "sig", "awsaccesskeyid", "googleaccessid", "key-pair-id", "policy", "expires", "token",
-    "access_token", "auth", "authorization", "api_key", "apikey", "password", "passwd", "pwd", "secret",
-    "hdnts", "hdnea", "wmsauthsign", "jwt"})
-SECRET_PREFIXES = ("x-amz-", "x-goog-")
-# An Azure SAS link's other parameters (its expiry, permissions, version...) change with each
-# link too; short names, so only where the link is signed (`sig`).
-SAS_PARAMS = frozenset({"se", "st", "sp", "sv", "sr", "spr", "ss", "srt", "si", "skoid", "sktid", "skt", "ske",
-                        "sks", "skv", "sdd", "ses"})
-
-
-PIPE_PROBE = {"probesize": "32768", "analyzeduration": "500000"}  # what a pipe is probed for before its first frame
-
-
-def unknown_host(url: str) -> str | None:
-    """Why a URL's host cannot be reached, where it has no address (FFmpeg says only
-    "Input/output error")."""
-    import socket
-    from urllib.parse import urlsplit
-
-    host = urlsplit(url).hostname
-    if not host:  # udp://:1234 listens on every address
-        return None
-    try:
-        socket.getaddrinfo(host, None)
-    except socket.gaierror as e:
-        # not a DNS server that failed for now (EAI_AGAIN): a camera is tried again for that
-        if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
-            return f"no address for the host {host} (a typo, or no network?)"
-        return None
-    except UnicodeError:
-        return f"no address for the host {host} (a typo, or no network?)"
-    except (OSError, TypeError):
-        return None
-    return None
 
 
 def is_recording(container, url: str) -> bool:
@@ -79,112 +37,9 @@ def is_recording(container, url: str) -> bool:
     return web and (container.size or 0) > 0 and "hls" not in container.format.name  # a live playlist's size is its text's
 
 
-def redact(url: str) -> str:
-    """The URL with any user:password and the values of its credential query parameters
-    (SECRET_PARAMS) replaced by ***: for messages, logs and outputs, and the name a --resume
-    finds a file's results by (the same with each new presigned link)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    try:
-        parts = urlsplit(url)
-    except ValueError as e:  # "udp://[::1": Invalid IPv6 URL (a traceback where the name was first shown)
-        raise SourceError(f"{url} is not a valid URL: {e}") from None
-    if not parts.scheme or not parts.netloc:  # a path (a colon in a file name is no scheme)
-        return url
-    netloc, query = parts.netloc, parts.query
-    if parts.username or parts.password:
-        netloc = "***@" + netloc.rpartition("@")[2]  # the host as written ([::1] keeps its brackets)
-    if query:
-        pairs = [pair.partition("=") for pair in query.split("&")]
-        signed = any(name.lower() == "sig" for name, _, _ in pairs)
-
-        def secret(name: str) -> bool:
-            name = name.lower()
-            return name in SECRET_PARAMS or name.startswith(SECRET_PREFIXES) or signed and name in SAS_PARAMS
-
-        query = "&".join(f"{name}=***" if eq and secret(name) else name + eq + value for name, eq, value in pairs)
-    if (netloc, query) == (parts.netloc, parts.query):
-        return url
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
 STALE_AFTER, BURST_S = 0.9, 0.05  # a silence this share of the read timeout; the burst it ends (see _frames)
 STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error
 BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
-STDIN = "-"  # the live source name of standard input: a stream piped in
-POLL_S = 0.1  # how often a read of standard input that waits looks whether its consumer is gone
-
-
-def is_named_pipe(source: str) -> bool:
-    """A named pipe by its path (mkfifo, /dev/stdin fed by a pipe, a shell's <(...)): read as
-    standard input is, once, by `live`."""
-    try:
-        return source != STDIN and "://" not in source and Path(source).is_fifo()
-    except (OSError, ValueError):  # a name too long, a NUL in it: no pipe (FileSource says why)
-        return False
-
-
-def readable_within(fd: int, timeout: float, stopped: Callable[[], bool]) -> bool:
-    """Whether `fd` has data (or its end) within `timeout` seconds; looked at every POLL_S, and
-    False at once when `stopped()`."""
-    import select
-
-    deadline = time.monotonic() + timeout
-    while not stopped():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        if select.select([fd], [], [], min(POLL_S, left))[0]:
-            return True
-    return False
-
-
-def wait_for_input(fd: int, timeout: float, stopped: Callable[[], bool] = lambda: False,
-                   name: str = "standard input") -> None:
-    """Wait until a pipe has data; a SourceError if none comes within `timeout` seconds, or if it
-    ends first. A program piped into `live -` may take seconds to start its camera, but one that
-    never sends anything (`sleep 80 | vlmstream live -`) kept the run waiting until it exited,
-    and a pipe closed at once (`true | ...`) was called "Invalid data"."""
-    import fcntl
-    import struct
-    import termios
-
-    if not readable_within(fd, timeout, stopped):
-        if stopped():  # a consumer gone (--duration) ends the wait
-            return
-        raise SourceError(f"cannot read {name}: nothing came for {timeout:g} s")
-    try:
-        waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-    except OSError:  # not a pipe (a file redirected in): FFmpeg reads it as it is
-        return
-    if waiting == 0:  # readable with nothing to read: the writer closed it
-        raise SourceError(f"cannot read {name}: it ended before any data came")
-
-
-class PipeReader(io.RawIOBase):
-    """Standard input as PyAV reads it. FFmpeg's own pipe read blocks in read(2), out of reach of
-    its timeouts: a program piped in that stalled (its camera hung) kept `live -` waiting for
-    ever, and a run's --duration could not end it. Here each read waits for data at most
-    `timeout` seconds (then a TimeoutError), and reads as the end once `stopped()` (the consumer
-    is gone)."""
-
-    def __init__(self, fd: int, timeout: float, stopped: Callable[[], bool]):
-        super().__init__()
-        self._fd, self._timeout, self._stopped = fd, timeout, stopped
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        import os
-
-        if readable_within(self._fd, self._timeout, self._stopped):
-            data = os.read(self._fd, len(buffer))  # what the pipe holds, at once; b"" at its end
-            buffer[: len(data)] = data
-            return len(data)
-        if self._stopped():
-            return 0
-        raise TimeoutError(f"{TIMED_OUT} {self._timeout:.1f} s")
 
 
 class StreamSource:

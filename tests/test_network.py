@@ -839,7 +839,7 @@ def test_a_host_with_no_address_is_named(capsys, tmp_path, monkeypatch):
 def test_a_dns_server_that_fails_for_now_is_not_a_host_with_no_address(monkeypatch):
     """Only "no such name" is hopeless: a camera whose DNS server failed for the moment (EAI_AGAIN)
     is tried again as before, not refused at its first try."""
-    import pipelines.stream
+    import pipelines.url
 
     def fails(errno):
         def lookup(*args, **kwargs):
@@ -847,10 +847,10 @@ def test_a_dns_server_that_fails_for_now_is_not_a_host_with_no_address(monkeypat
         return lookup
 
     monkeypatch.setattr(socket, "getaddrinfo", fails(socket.EAI_AGAIN))
-    assert pipelines.stream.unknown_host("rtsp://cam.local/live") is None
+    assert pipelines.url.unknown_host("rtsp://cam.local/live") is None
     monkeypatch.setattr(socket, "getaddrinfo", fails(socket.EAI_NONAME))
-    assert "no address for the host cam.local" in pipelines.stream.unknown_host("rtsp://cam.local/live")
-    assert pipelines.stream.unknown_host("udp://:1234") is None  # listens on every address
+    assert "no address for the host cam.local" in pipelines.url.unknown_host("rtsp://cam.local/live")
+    assert pipelines.url.unknown_host("udp://:1234") is None  # listens on every address
 
 
 @pytest.mark.parametrize("name, said", [
@@ -1017,7 +1017,7 @@ def test_live_reads_a_named_pipe_as_it_reads_standard_input(tmp_path, small_fold
 def test_a_pipe_that_sends_nothing_is_an_error_after_the_wait():
     """FFmpeg's timeouts never reach a pipe's read: `sleep 80 | vlmstream live -` waited the 80 s
     and then said "Invalid data found", as did a pipe closed at once (`true | ...`)."""
-    from pipelines.stream import wait_for_input
+    from pipelines.pipe import wait_for_input
 
     r, w = os.pipe()
     try:
@@ -1180,10 +1180,10 @@ def test_a_password_with_an_at_sign_is_hidden_whole():
 def test_a_host_name_that_cannot_be_is_named_at_once():
     """A host name no resolver can look up (a label over 63 characters: a paste gone wrong) is said
     at once, as a host with no address is, not retried as an outage."""
-    import pipelines.stream
+    import pipelines.url
 
     host = "cam" + "x" * 70 + ".example.com"
-    assert pipelines.stream.unknown_host(f"rtsp://{host}/live") == \
+    assert pipelines.url.unknown_host(f"rtsp://{host}/live") == \
         f"no address for the host {host} (a typo, or no network?)"
 
 
@@ -1209,7 +1209,7 @@ def test_which_network_sources_are_recordings():
 def test_a_pipe_wait_and_read_end_quietly_once_the_consumer_is_gone():
     """`live - --duration 5` ending while the program piped in sends nothing: the wait for input
     and a waiting read end at once, as an end (no "nothing came" error, no TimeoutError)."""
-    from pipelines.stream import PipeReader, wait_for_input
+    from pipelines.pipe import PipeReader, wait_for_input
 
     r, w = os.pipe()
     try:
