@@ -1,0 +1,254 @@
+"""One `vlmstream live` run of captions or answers (--detect/--point: app/live_locate.py), from
+the model's warm-up to its closing figures: what it writes (the terminal lines, the -o log,
+--snapshots, the --annotate recordings), the answers it follows (--changes), and the first write
+that failed, which stops the run (exit 1; a closed pipe, as into `head`, exit 0 quietly). The
+feeds' threads report through `show` under one lock; the main thread does the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+from engine.types import EngineStats
+from pipelines.changes import AnswerChanges
+from pipelines.prompts import prompt_label
+from pipelines.recorder import Recorder
+from pipelines.sinks import json_text
+from pipelines.sources import SourceError
+
+from app.launcher import stop_requested
+from app.live import _log_name, _p50, file_names
+
+# With several sources, the JSON's totals (each source's own figures, percentiles included, are
+# under "sources").
+_SUMMED = ("frames_in", "submitted", "completed", "cancelled_stale", "cancelled_deadline", "cancelled_closed",
+           "dropped", "achieved_fps")
+
+
+class LiveRun:
+    """A run's outputs and the state they share; `labels` name its sources, `log` is the -o log
+    (None, standard output or an open file: app.live.open_log)."""
+
+    def __init__(self, args: argparse.Namespace, labels: list[str], log, snapshots: Path | None,
+                 model: str) -> None:
+        self.args, self.labels, self.log, self.snapshots, self.model = args, labels, log, snapshots, model
+        self.several = len(labels) > 1
+        self.write_error: list[tuple[str, OSError]] = []  # (what, error): the run stops
+        self.print_lock = threading.Lock()
+        # --changes: each source's answers are followed, and only the new ones reported
+        self.names = dict(zip(labels, file_names(args.sources, labels)))  # the snapshots' names for the sources
+        self.changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
+        self.recorders: dict = {}  # label -> Recorder, with --annotate (started once the model is up)
+
+    def say(self, line: str) -> None:
+        with self.print_lock:
+            print(f"vlmstream: warning: {line}", file=sys.stderr, flush=True)
+
+    def start(self, opened: list, recordings: list[Path] | None) -> None:
+        """Once the model is up: the recordings begin, and each stream's outages are said."""
+        self.recorders.update((label, Recorder(path)) for label, path in zip(self.labels, recordings or []))
+        for live, label in zip(opened, self.labels):
+            if live.connection is not None:  # an outage is said when it happens, not only in the closing figures
+                live.connection.on_event = lambda line, label=label: self.say(
+                    f"{label + ': ' if self.several else ''}{line}")
+
+    @property
+    def stopped(self) -> bool:
+        """A write failed (the log, a snapshot, standard output, a recording): the run stops."""
+        return bool(self.write_error) or any(rec.error for rec in self.recorders.values())
+
+    def show(self, label: str, r) -> None:
+        """A completed frame (the feeds' threads): recorded, logged, printed; with --changes only
+        the answers that changed (--snapshots: each with the frame it began on)."""
+        args, log, snapshots, write_error = self.args, self.log, self.snapshots, self.write_error
+        if label in self.recorders:
+            self.recorders[label].add(r)  # every completed frame, whether its answers changed or not
+        with self.print_lock:  # several feeds' threads report here
+            new, shots = None, []  # with --changes: the answers that changed, the snapshot of each
+            if self.changes is None:
+                lines = r.text.splitlines() or [""]  # one line per prompt
+            else:
+                new = self.changes[label].update(r)
+                if not new:
+                    return
+                if snapshots is not None and not write_error:
+                    from app.live import _snapshot  # looked up here: a test stands a full disk in for it
+
+                    try:  # the frame each answer began on (--hold N: N-1 frames back), once a frame
+                        saved: dict = {}
+                        for c in new:
+                            first = c.since_kept or r.frame
+                            if first.index not in saved:
+                                saved[first.index] = str(_snapshot(snapshots, self.names[label] if self.several
+                                                                   else "", first))
+                            shots.append(saved[first.index])
+                    except OSError as e:  # a run that cannot keep its pictures stops and says so (the
+                        write_error.append((f"a snapshot in {snapshots}", e))  # change is still logged)
+                lines = [(f"{prompt_label(r.prompts[c.prompt])}: " if len(r.prompts) > 1 else "") + c.text
+                         + ("" if c.previous is None else f"  (was: {c.previous})") for c in new]
+            if log is not None and not any(what == args.output for what, _ in write_error):
+                records = r.records() if new is None else AnswerChanges.records(r, new)
+                for x in records:
+                    x["model"] = self.model  # as in video's lines: a log restarted with another model tells them apart
+                if snapshots is not None:
+                    for i, x in enumerate(records):
+                        x["snapshot"] = shots[i] if i < len(shots) else None
+                try:
+                    log.write("".join(json_text(x) + "\n" for x in records))
+                    log.flush()
+                except OSError as e:  # disk full, a closed pipe: the run stops and says so
+                    write_error.append((_log_name(args.output), e))
+            if not args.json and log is not sys.stdout and not write_error:
+                prefix = f"{label}  " if self.several else ""
+                try:
+                    for line in lines:
+                        print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {line}", flush=True)
+                except OSError as e:  # `head` closed the pipe, or the disk under a redirect is full: stop
+                    write_error.append(("standard output", e))
+
+    def close_feeds(self, feeds: list, cancel: bool) -> bool:
+        """Stop the feeds, then their frames in flight finish, reported and recorded (with cancel,
+        a Ctrl-C, they are cancelled); the run's figures and recordings are taken after. A slow
+        model's frames take a while: said after 2 s, and a Ctrl-C meanwhile cancels them. The
+        wait had ended after 30 s (Moondream 2 on a CPU: 25-70 s a frame) with a false warning,
+        a summary short of the frames still to come, and recordings closed before them. True if
+        a Ctrl-C came meanwhile."""
+        from app.live import WAIT_NOTICE_S  # looked up at each run: a test says it at once
+
+        waiting = sum(f.session.in_flight for f in feeds)
+
+        def notice() -> None:
+            with self.print_lock:
+                print(f"vlmstream: waiting for the {waiting} frame{'s' * (waiting != 1)} in flight "
+                      "(Ctrl-C cancels them)", file=sys.stderr, flush=True)
+
+        timer = threading.Timer(WAIT_NOTICE_S, notice)
+        timer.daemon = True
+        if waiting and not cancel:
+            timer.start()
+        try:
+            if cancel:
+                for feed in feeds:
+                    feed.close(cancel=True, timeout=30.0)
+            else:
+                _wait_closed(feeds)
+            return False
+        except KeyboardInterrupt:
+            for feed in feeds:
+                feed.close(cancel=True, timeout=30.0)
+            return True
+        finally:
+            timer.cancel()
+
+    def sources_ended(self, feeds: list, opened: list, interrupted: bool) -> list[dict]:
+        """Once the feeds are closed: each source's figures, what went wrong with it said, and its
+        recording closed (in the figures). A run in which no source could be read is its error."""
+        labels, several = self.labels, self.several
+        never_read = [f for f in feeds if isinstance(f.exception, SourceError) and not f.session.frames_in]
+        if never_read and len(never_read) == len(feeds) and not interrupted:  # Ctrl-C: the summary, 130
+            raise never_read[0].exception  # nothing was ever read: a plain error
+        some_came = any(f.session.frames_in for f in feeds)
+        for feed, label, live in zip(feeds, labels, opened):
+            # a stream that broke off, or never came beside others that did (when none came, the
+            # closing error says so, once), with why it had not where it said (Connection refused)
+            why = live.connection.why_nothing() if live.connection else None
+            problem = feed.error or (None if feed.session.frames_in or not some_came
+                                     else "no frames received" + (f" ({why})" if why else ""))
+            if problem:
+                print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
+            for problem in live.problems:  # a file's, which names it
+                print(f"vlmstream: warning: {problem}", file=sys.stderr)
+        per_source = [f.snapshot().counters for f in feeds]
+        for live, s, label in zip(opened, per_source, labels):
+            st = live.stream  # how the network (or the pipe) held up: s["stream"], from the feed
+            if st is not None and st.catch_ups:
+                print(f"vlmstream: warning: {label + ': ' if several else ''}decoding fell behind the stream "
+                      f"({st.max_late:.1f} s at most) and skipped ahead to its newest keyframe {st.catch_ups} "
+                      "times: a lower resolution or frame rate (a camera's substream) would keep up",
+                      file=sys.stderr)
+        for label, s in zip(labels, per_source):
+            if label in self.recorders:  # after the feeds: their last frames are in
+                rec = self.recorders[label]
+                rec.close()
+                # no path where nothing was recorded: no file was made (a stream that sent no keyframe)
+                s["recording"] = {"path": str(rec.path) if rec.path.exists() else None, "frames": rec.written,
+                                  "skipped": rec.skipped}
+                if rec.error is not None and not self.write_error:
+                    self.write_error.append((str(rec.path), rec.error))
+        return per_source
+
+    def close_log(self) -> int | None:
+        """The log closed; then, where a write failed, the run's exit code (said), else None."""
+        log, write_error = self.log, self.write_error
+        if log is not None and log is not sys.stdout:
+            try:
+                log.close()
+            except OSError as e:  # its last flush: said already if a write had failed
+                if not write_error:
+                    write_error.append((_log_name(self.args.output), e))
+        if write_error:
+            if isinstance(write_error[0][1], BrokenPipeError):  # e.g. piped into `head`: stop quietly
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+                return 0
+            what, e = write_error[0]
+            print(f"vlmstream: error: cannot write {what}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+            return 1
+        return None
+
+    def report(self, per_source: list[dict], es: EngineStats, sticky: float) -> None:
+        """The closing figures: one JSON object (--json), or a line per source on standard error."""
+        args, labels, several, changes = self.args, self.labels, self.several, self.changes
+        stats = per_source[0] if not several else {
+            **{k: sum(s[k] for s in per_source) for k in _SUMMED},
+            "sources": dict(zip(labels, per_source))}
+        if changes is not None:  # answers reported as changed, per source
+            for s, label in zip(per_source, labels):
+                s["changes"] = changes[label].count
+            stats["changes"] = sum(c.count for c in changes.values())
+        stats["kv_pages_in_use_after"] = es.kv_pages_in_use
+        stats["draft_tokens"] = {"proposed": es.draft_proposed, "accepted": es.draft_accepted}
+        stats["sticky"] = sticky
+        if args.json:
+            print(json.dumps(stats))
+        else:
+            for label, s in zip(labels, per_source):
+                print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames captioned, "
+                      f"{s['achieved_fps']:.1f} fps, {s['cancelled_stale']} stale cancelled, "
+                      + (f"{s['cancelled_deadline']} past the deadline, " if args.deadline_ms else "")
+                      + f"{s['dropped']} dropped" + _p50(s), file=sys.stderr)
+
+
+def _wait_closed(feeds: list) -> None:
+    """Close the feeds letting their frames in flight finish, as long as they take, on a thread of
+    its own: the main thread polls for a SIGTERM whose KeyboardInterrupt was lost (raised inside a
+    finalizer, which Python ignores) and raises it, which cancels those frames, where a wait
+    without end would have left the run going after its `kill`."""
+    failed: list[BaseException] = []
+    stop = threading.Event()  # the main thread cancels: the feeds left are its to close
+
+    def close_all() -> None:
+        try:
+            for feed in feeds:
+                if stop.is_set():
+                    return
+                feed.close(cancel=False, timeout=None)
+        except BaseException as e:  # reaches the caller
+            failed.append(e)
+
+    closer = threading.Thread(target=close_all, name="vlmstream-close", daemon=True)
+    closer.start()
+    try:
+        while closer.is_alive():
+            closer.join(0.05)
+            if stop_requested():
+                raise KeyboardInterrupt
+    except BaseException:
+        stop.set()
+        raise
+    if failed:
+        raise failed[0]
