@@ -1,7 +1,7 @@
 """The engine: continuous batching with pipelined decoding.
 
-Callers (any thread) post messages to a bounded inbox; one engine thread owns all host state (the
-running batch: engine/batch.py) and runs the loop:
+Callers (any thread) post messages to a bounded inbox (engine/inbox.py); one engine thread owns
+all host state (the running batch: engine/batch.py) and runs the loop:
 
     drain the inbox -> plan a step (pure) -> launch it -> commit the oldest step once
     `pipeline_depth` steps are in flight (or nothing else can be planned)
@@ -17,12 +17,10 @@ from __future__ import annotations
 import atexit
 import itertools
 import numbers
-import queue
 import sys
 import threading
 import time
 import weakref
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -31,7 +29,8 @@ from .batch import Batch
 from .engine_config import EngineConfig
 from .constraint_cache import ConstraintCache
 from .device import Executor, graph_mode, script_mode, use_triton_kernels
-from .errors import ConfigError, EngineClosedError, RequestError
+from .errors import ConfigError, RequestError
+from .inbox import Inbox
 from .kv_cache import PagePool
 from .kv_memory import check_kv_fits, default_pages
 from .models.loader import load_model
@@ -73,13 +72,14 @@ class Engine:
         kernels = use_triton_kernels(cfg.triton_kernels, device)
         graphs, script = graph_mode(cfg.cuda_graphs, device), script_mode(cfg.cpu_script, device, kernels)
         staged = vision_thread_mode(cfg.vision_thread, device)
+        self._inbox = Inbox(cfg.max_queue)  # before the vision stage, which wakes the engine through it
         self._executor = Executor(device)
         self._vision = None
         try:
             self.runner = Runner(self.loaded, n_pages, ps, cfg.max_batch_size, self._executor, kernels=kernels,
                                  graphs=graphs, script=script,
                                  draft_rows=min(cfg.prefill_token_budget, cfg.max_batch_size * cfg.max_draft))
-            self._vision = VisionStage(self.runner.vision_prefix, self._wake, device) if staged else None
+            self._vision = VisionStage(self.runner.vision_prefix, self._inbox.wake, device) if staged else None
         except BaseException:
             self._executor.close()
             raise
@@ -88,23 +88,9 @@ class Engine:
         self._batch = Batch(cfg, mc, self.loaded.tokenizer.decode, self.pool, self.runner,
                             prefix_pages=prefix_pages, reserve_pages=need, max_draft=self._max_draft)
 
-        self._inbox: queue.Queue = queue.Queue(maxsize=cfg.max_queue)
-        # Messages the engine thread posts itself (from done callbacks), behind what the inbox held
-        # then: read before the inbox. Engine thread only.
-        self._own: deque = deque()
-        # Releases and cancels that found the inbox full, read once it is empty (after what was
-        # queued before them). Each ImageRef and handle sends one at most, so this stays small;
-        # refused after a 10 s wait instead, a release was lost (the image's pages held until
-        # close) and a cancel raised, which the API promises never to do.
-        self._overflow: deque = deque()
         self._ids = itertools.count(1)
         self._closing = threading.Event()
-        self._closed = False
         self._cancelling = False  # close(cancel=True): every request is cancelled, those to come too
-        self._error: BaseException | None = None
-        self._post_lock = threading.Lock()
-        self._posting = 0  # posts past their checks, their message not yet in the inbox
-        self._stopped = False  # the engine thread has ended (or failed) and reads no more messages
         self._constraints = ConstraintCache(self.loaded.tokenizer, self.model_config.text.vocab_size,
                                             self.model_config.tokenizer.eos_id, self.loaded.device)
 
@@ -114,6 +100,7 @@ class Engine:
 
         self._shut = False  # close() has joined every thread
         self._thread = threading.Thread(target=self._loop, name="vlmstream-engine", daemon=True)
+        self._inbox.owner = self._thread
         self._thread.start()
         _open_engines.add(self)
 
@@ -202,7 +189,7 @@ class Engine:
     @property
     def error(self) -> BaseException | None:
         """What failed the engine (every request then finished "error"), or None."""
-        return self._error
+        return self._inbox.error
 
     def stats(self) -> EngineStats:
         wall = max(time.perf_counter() - self._started, 1e-9)
@@ -235,8 +222,7 @@ class Engine:
         After a TimeoutError, a second call waits again (it had returned at once, the engine still
         running). From a done callback, which runs on the engine thread, it starts the closing and
         returns: the engine ends once the callback returns and the requests are done."""
-        with self._post_lock:
-            self._closed = True
+        self._inbox.close()
         if self._shut:  # closed and joined already (by a with block, then by hand, then at exit)
             return
         if cancel:
@@ -263,53 +249,7 @@ class Engine:
         self.close(cancel=exc_type is not None)
 
     def _post(self, message: tuple) -> None:
-        # From the engine thread itself (a done callback) a message goes to a queue of its own,
-        # never blocking: put in a full inbox it had waited 10 s on the thread that empties it,
-        # then been refused. What the inbox holds goes first, in order: a release had overtaken a
-        # request on its image still there (the image freed, then taken back without pages: the
-        # engine failed), a cancel the request it cancelled (lost). Not handled here: handling
-        # the inbox inside the callback nested a level per message whose callback posted again
-        # (300 queued cancels of requests that release their images: RecursionError, 64 handles
-        # never finished).
-        block = threading.current_thread() is not self._thread
-        with self._post_lock:
-            new = message[0] in ("image", "request", "depth", "reset_stats")
-            if self._error is not None and new:  # a release or cancel after a failure is moot: not an error
-                raise EngineClosedError(f"the engine failed: {self._error}") from self._error
-            if self._closed and new:
-                raise EngineClosedError("the engine is closed")
-            if self._stopped:  # a late release or cancel: the engine thread let everything go
-                return
-            # Counted until the message is in the inbox: the engine thread does not end (nor
-            # fail everything) while a message that passed the checks above is on its way.
-            if block:
-                self._posting += 1
-        if not block:
-            while True:
-                try:
-                    self._own.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            self._own.append(message)
-            return
-        try:
-            if message[0] in ("release", "cancel"):
-                try:
-                    self._inbox.put_nowait(message)
-                except queue.Full:
-                    with self._post_lock:
-                        self._overflow.append(message)
-            else:
-                self._inbox.put(message, timeout=10.0)
-        except queue.Full:
-            raise RequestError(f"the engine's queue is full ({self.config.max_queue} messages)") from None
-        finally:
-            with self._post_lock:
-                self._posting -= 1
-
-    def _quiet(self) -> bool:
-        """No message is in the inbox or on its way there (called with _post_lock held)."""
-        return self._posting == 0 and self._inbox.empty() and not self._own and not self._overflow
+        self._inbox.post(message)
 
     # ------------------------------------------------------------------ engine thread
 
@@ -323,10 +263,8 @@ class Engine:
                 self._drain(block=stalled or not batch.has_work(self._closing.is_set()))
                 if self._cancelling:  # close(cancel=True): what is running, and what comes
                     batch.cancel_all()
-                if self._closing.is_set() and not batch.has_work(True) and self._inbox.empty() and not self._own:
-                    with self._post_lock:
-                        self._stopped = self._quiet()
-                    if self._stopped:
+                if self._closing.is_set() and not batch.has_work(True) and not self._inbox.holds():
+                    if self._inbox.stop_if_quiet():
                         batch.drop_images()
                         break
                 turn = batch.lower_turn()
@@ -349,34 +287,16 @@ class Engine:
             if self._vision is not None:
                 self._vision.close()
         except BaseException as e:  # a device or engine bug: fail every request, keep the cause
-            with self._post_lock:
-                self._error = e
+            self._inbox.fail(e)
             self._fail_all(e)
 
     def _drain(self, block: bool) -> None:
         while True:
-            message = self._next_message(block)
+            message = self._inbox.next(block)
             if message is None:
                 return
             block = False
             self._handle(*message)
-
-    def _next_message(self, block: bool) -> tuple | None:
-        if self._own:
-            return self._own.popleft()
-        try:
-            return self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            pass
-        with self._post_lock:
-            return self._overflow.popleft() if self._overflow else None
-
-    def _wake(self) -> None:
-        """From the vision thread: an encoding is done (a full inbox is being drained anyway)."""
-        try:
-            self._inbox.put_nowait(("wake", None))
-        except queue.Full:
-            pass
 
     def _handle(self, kind: str, item: Any) -> None:
         batch = self._batch
@@ -400,12 +320,10 @@ class Engine:
         with "error" and every page goes back."""
         deadline = time.monotonic() + 15.0  # a post waits 10 s at most for room in the inbox
         while True:
-            message = self._next_message(block=True)
+            message = self._inbox.next(block=True)
             if message is None:
-                with self._post_lock:
-                    if self._quiet() or time.monotonic() > deadline:
-                        self._stopped = True
-                        break
+                if self._inbox.stop_if_quiet(force=time.monotonic() > deadline):
+                    break
                 continue
             if message[0] in ("image", "request", "release"):
                 self._handle(*message)

@@ -315,7 +315,7 @@ def test_a_request_posted_while_the_engine_closes_is_answered(small_folder, imag
     between let the engine thread end first, and the request waited forever."""
     eng = _engine(small_folder)
     ref = eng.encode_image(images[0])
-    put, posted = eng._inbox.put, threading.Event()
+    put, posted = eng._inbox.queue.put, threading.Event()
 
     def slow_put(message, *args, **kwargs):
         if message[0] == "request":
@@ -323,7 +323,7 @@ def test_a_request_posted_while_the_engine_closes_is_answered(small_folder, imag
             time.sleep(0.5)  # past its checks, not yet in the inbox: close() runs now
         return put(message, *args, **kwargs)
 
-    eng._inbox.put = slow_put
+    eng._inbox.queue.put = slow_put
     handles = []
     poster = threading.Thread(target=lambda: handles.append(eng.submit(ref, caption="short", params=GREEDY)))
     poster.start()
@@ -488,7 +488,7 @@ def test_what_a_callback_posts_goes_after_what_is_queued_and_waits_on_no_submit(
     first = eng.submit(ref, caption="short", params=SamplingParams(max_tokens=2))
     first.add_done_callback(callback)
     assert called.wait(timeout=30)
-    assert box["on_ref"].result(timeout=30).finish_reason in ("stop", "length") and eng._error is None
+    assert box["on_ref"].result(timeout=30).finish_reason in ("stop", "length") and eng.error is None
     assert box["cancelled"].result(timeout=30).finish_reason == "cancelled"
     eng.close(timeout=30)
     _assert_clean(eng)
@@ -545,7 +545,7 @@ def test_callbacks_that_post_behind_many_queued_cancels_finish_every_request(sma
     deadline = time.monotonic() + 30
     while (eng._batch.images or eng.stats().kv_pages_in_use) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not eng._batch.images and eng.stats().kv_pages_in_use == 0 and eng._error is None
+    assert not eng._batch.images and eng.stats().kv_pages_in_use == 0 and eng.error is None
     assert not [r for r in caplog.records if r.name == "vlmstream"]
     eng.close(timeout=30)
     _assert_clean(eng)
@@ -1029,7 +1029,7 @@ def test_releases_and_cancels_get_through_a_full_queue_at_once(small_folder, ima
     deadline = time.monotonic() + 30
     while (eng.stats().images or eng.stats().kv_pages_in_use) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert eng.stats().images == 0 and eng.stats().kv_pages_in_use == 0 and eng._error is None
+    assert eng.stats().images == 0 and eng.stats().kv_pages_in_use == 0 and eng.error is None
     eng.close(timeout=30)
     _assert_clean(eng)
 
@@ -1040,18 +1040,18 @@ def test_a_refused_request_gives_back_the_image_encoded_for_it(small_folder, ima
     import queue
 
     with _engine(small_folder) as eng:
-        real = eng._inbox.put
+        real = eng._inbox.queue.put
 
         def full_for_requests(message, *args, **kwargs):
             if message[0] == "request":
                 raise queue.Full
             return real(message, *args, **kwargs)
 
-        eng._inbox.put = full_for_requests
+        eng._inbox.queue.put = full_for_requests
         for _ in range(3):
             with pytest.raises(RequestError, match="queue is full"):
                 eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=4))
-        eng._inbox.put = real
+        eng._inbox.queue.put = real
         deadline = time.monotonic() + 30
         while (eng.stats().images or eng.stats().kv_pages_in_use) and time.monotonic() < deadline:
             time.sleep(0.01)
