@@ -1,0 +1,265 @@
+"""The files of one `vlmstream video` run, captioned on one engine: `VideoRun`.
+
+Up to CONCURRENT_FILES files run side by side, each in a worker thread of its own and with its own
+outputs (a JSONL, subtitles, an annotated MP4, as its `Outputs` plan says) besides the one JSONL
+all of them share (-o OUT.jsonl, -o -). A file's failure is its summary's (an error, counted as
+incomplete), never the others'. Ctrl-C (or SIGTERM) sets the stop flag: every worker ends at its
+next frame and its summary still counts what was written; a second Ctrl-C later than
+DOUBLE_SIGNAL_S after the first leaves at once. A reader of -o - that has had enough stops the run
+quietly (`pipe_closed`); an output that cannot be written fails its file (`write_failed`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from app.launcher import stop_requested
+from app.outputs import Rebuilds
+from app.video_args import VideoArgs
+from pipelines.prompts import prompt_key, prompt_label
+
+if TYPE_CHECKING:
+    from pipelines.batch import BatchSummary
+
+CONCURRENT_FILES = 4  # files captioned side by side, sharing the engine
+DOUBLE_SIGNAL_S = 1.0  # a second interrupt this soon after the first is the same one
+
+
+class VideoRun:
+    """What the files of a run share: the engine, the shared JSONL, the flags, the progress bars."""
+
+    def __init__(self, args: argparse.Namespace, checked: VideoArgs, params, sampling, reading,
+                 done: dict, resumed: dict) -> None:
+        from tqdm import tqdm
+
+        self.args, self.checked = args, checked
+        self.params, self.sampling, self.reading = params, sampling, reading
+        self.done, self.resumed = done, resumed
+        self.engine = None
+        self.shared = None  # the one JSONL of every file: opened (afresh, without --resume) once the model is up
+        self.stop, self.write_failed, self.pipe_closed = threading.Event(), threading.Event(), threading.Event()
+        self.interrupted = False
+        self.print_lock = threading.Lock()
+        # Up to CONCURRENT_FILES run side by side, each with a bar of its own; more files than that
+        # share one bar over all their frames, so a folder of hundreds does not print hundreds of bars.
+        self.overall = None
+        paths = checked.paths
+        self.counts = {p: n for p, n, _ in paths}  # the frames each file announces (None: it does not say)
+        if len(paths) > CONCURRENT_FILES:
+            # A file that announces no frame count (a raw .h264 camera export) adds its frames as they
+            # are read, and each file's count is set right at its end: one such file had taken the
+            # total, and with it the ETA, off a whole folder's bar.
+            self.overall = tqdm(total=sum(n for n in self.counts.values() if n) or None, desc=f"{len(paths)} files",
+                                unit="frame", file=sys.stderr)
+            self.overall.set_postfix(files_done=0)
+        self.files_done = 0
+        self.trackers: list = []  # with --changes: every AnswerChanges, for the count of changes
+
+    def jsonl_sink(self, sink):
+        """The sink itself, or with --changes the filter that passes it only the answers that changed."""
+        from pipelines.changes import ChangedAnswersSink
+
+        if not self.args.changes:
+            return sink
+        filtered = ChangedAnswersSink(sink, self.args.hold or 1, self.checked.snapshots)
+        self.trackers.append(filtered.changes)
+        return filtered
+
+    def open_shared(self) -> None:
+        """The JSONL every file writes to (-o OUT.jsonl, -o -), if there is one."""
+        from pipelines.sinks import JsonlSink
+
+        c = self.checked
+        self.shared = (self.jsonl_sink(JsonlSink(sys.stdout if c.to_stdout else c.out, append=self.args.resume))
+                       if c.kind == "jsonl" else None)
+
+    def caption(self, engine) -> list[BatchSummary]:
+        """Every file's BatchSummary (those of files stopped before their turn too); `interrupted`
+        says whether Ctrl-C (or SIGTERM) stopped them. A second Ctrl-C in a hurry raises."""
+        from concurrent.futures import ThreadPoolExecutor, wait
+
+        self.engine = engine
+        paths, summaries = self.checked.paths, []
+        with ThreadPoolExecutor(max_workers=min(CONCURRENT_FILES, len(paths))) as pool:
+            futures = [pool.submit(self.process, i, path) for i, (path, _, _) in enumerate(paths)]
+            try:
+                # Poll: a SIGINT the kernel hands to a worker thread is only noticed by the main
+                # thread when it next wakes, so it must never block without a timeout.
+                while wait(futures, timeout=0.1).not_done:
+                    if stop_requested():  # a SIGTERM whose KeyboardInterrupt was lost (in a finalizer)
+                        raise KeyboardInterrupt
+                summaries += [f.result() for f in futures]
+            except KeyboardInterrupt:  # Ctrl-C: the workers stop at their next frame
+                self.interrupted, first = True, time.perf_counter()
+                self.stop.set()
+                while True:
+                    try:
+                        summaries += [f.result() for f in futures if not f.cancelled()]
+                        break
+                    except KeyboardInterrupt:
+                        # The same stop twice (GNU timeout signals the command and its group): the
+                        # summary was lost to it. A second Ctrl-C later than that is a hurry: it goes.
+                        if time.perf_counter() - first > DOUBLE_SIGNAL_S:
+                            raise
+            finally:
+                # However the wait ended: a second SIGINT that came before the handler's stop.set()
+                # escaped it, and the pool's exit then waited for workers never told to stop (every
+                # file captioned to its end, then exit 130 without a summary).
+                self.stop.set()
+        return summaries
+
+    def close(self) -> None:
+        if self.overall is not None:
+            self.overall.close()
+        if self.shared:
+            self.shared.close()
+
+    def process(self, i: int, path: str) -> BatchSummary:
+        """One file captioned (the i-th: its bar's line) into its outputs; its BatchSummary."""
+        from pipelines.annotated import AnnotatedVideoSink
+        from pipelines.batch import BatchSummary, caption_file
+        from pipelines.sinks import JsonlSink, SubtitleSink, source_key
+        from pipelines.sources import FileSource, SourceError
+
+        args, summary, plan = self.args, BatchSummary(), self.checked.plans[path]
+        if self.stop.is_set():  # interrupted before this file's turn
+            return summary
+        try:
+            src = FileSource(path, reading=self.reading)  # probed already; opened only now: a folder may hold thousands
+        except SourceError as e:  # changed since it was probed
+            summary.errors.append(str(e))
+            summary.incomplete += 1
+            return summary
+        shared = self.shared
+        sinks: list = [shared] if shared else []
+        progress = _FileProgress(self, i, path, src.frame_count, summary)
+        rebuilt = Rebuilds(args.resume)  # replaced once the new ones hold as far as the old
+        finished, broken, had_last = False, False, -1
+
+        try:
+            file_done = self.done
+            # Its first frame before any output of its own: a file with none (cut off after its
+            # header) is said, and left empty outputs behind that looked like a run without answers.
+            first = next(src.frames(lazy=True), None)
+            if first is not None and plan.annotate:  # its pixels converted only for --annotate's size
+                first.load()
+            src.close()
+            if first is None:
+                summary.files += 1
+                summary.errors.append(src.error or f"{path}: no frame could be decoded")
+                summary.incomplete += 1
+                return summary
+            src = FileSource(path, reading=self.reading)
+            here = source_key(src.source_id)
+            if plan.jsonl:
+                plan.jsonl.parent.mkdir(parents=True, exist_ok=True)
+                # The file's own JSONL: its answers are this video's, whatever path they name (one
+                # relative to where the first run ran, resumed from elsewhere, was asked again).
+                file_done = {(here, *k[1:]): r for k, r in self.resumed.pop(path, {}).items()}
+                sinks.append(self.jsonl_sink(JsonlSink(plan.jsonl, append=args.resume)))
+            had_last = max((k[1] for k in file_done if k[0] == here), default=-1)  # the outputs' last frame
+            for sub_path, fmt in plan.subtitles:
+                sub_path.parent.mkdir(parents=True, exist_ok=True)
+                sinks.append(SubtitleSink(rebuilt.path(sub_path), fmt, self.sampling.period(src.fps)))
+            if plan.annotate:
+                plan.annotate.parent.mkdir(parents=True, exist_ok=True)
+                sinks.append(AnnotatedVideoSink(rebuilt.path(plan.annotate), first.rgb.shape[1], first.rgb.shape[0]))
+            caption_file(self.engine, src, sinks, self.checked.tasks, self.params, self.sampling, file_done,
+                         on_frame=progress.show, summary=summary, stop=self.stop)
+            finished = True
+        except KeyboardInterrupt:  # stopped by the flag: the summary still counts what was written
+            self.stop.set()
+        except BrokenPipeError:  # -o - piped into a reader that has had enough (`head`): stop quietly
+            self.pipe_closed.set()
+            self.stop.set()
+        except OSError as e:  # an output cannot be written (disk full, permissions): this file fails
+            self.write_failed.set()
+            broken = True
+            summary.errors.append(f"{path}: cannot write its results: {e}")
+        finally:
+            progress.finish()
+            for sink in sinks:
+                if sink is not shared:
+                    try:
+                        sink.close(src.end)
+                    except OSError as e:  # named: the others (on another disk, say) are whole
+                        self.write_failed.set()
+                        broken = True
+                        said = f"{path}: cannot write {getattr(sink, 'path', None) or 'its results'}: {e.strerror or e}"
+                        if said not in summary.errors:
+                            summary.errors.append(said)
+            # Stopped past the last frame they had: the rebuilt outputs go as far, and further.
+            try:
+                rebuilt.finish(not broken and (finished or progress.written_last >= had_last))
+            except OSError as e:
+                self.write_failed.set()
+                summary.errors.append(f"{path}: cannot put its rebuilt outputs in place: {e.strerror or e}")
+            src.close()
+        return summary
+
+
+class _FileProgress:
+    """One file's bar (or its share of the run's bar) and its terminal lines, drawn under the run's
+    print lock; the last frame index written."""
+
+    def __init__(self, run: VideoRun, i: int, path: str, frame_count: int | None, summary) -> None:
+        from tqdm import tqdm
+
+        from pipelines.changes import AnswerChanges
+        from pipelines.sources import file_name
+
+        c = run.checked
+        self.run, self.path, self.summary = run, path, summary
+        self.name = file_name(path)
+        self.bar = None if run.overall is not None else tqdm(total=frame_count, desc=self.name, unit="frame",
+                                                             position=i, leave=True, file=sys.stderr)
+        self.shown = 0
+        self.on_terminal = c.out is None and not c.out_dir and not c.to_stdout
+        self.changed = AnswerChanges(run.args.hold or 1) if run.args.changes and self.on_terminal else None
+        if self.changed:
+            run.trackers.append(self.changed)
+        self.written_last = -1
+
+    def advance(self) -> None:  # with print_lock held
+        overall = self.run.overall
+        step = max(0, self.summary.frames_decoded - self.shown)
+        if self.bar is None and not self.run.counts[self.path] and overall.total is not None:
+            overall.total += step
+        # `is None`, not truth: a bar without a total (the container gives no frame count)
+        # has no truth value in tqdm, and asking raised TypeError
+        (overall if self.bar is None else self.bar).update(step)
+        self.shown = max(self.shown, self.summary.frames_decoded)
+
+    def show(self, r) -> None:
+        """caption_file's on_frame: the bars moved on, and the answer on the terminal if it goes there."""
+        self.written_last = max(self.written_last, r.index)  # every answer, replayed or new, once written
+        with self.run.print_lock:
+            self.advance()
+            if self.on_terminal:
+                c = self.run.checked
+                prefix = f"{self.name}  " if len(c.paths) > 1 else ""
+                asked = "" if c.one_prompt else f"{prompt_label(r.prompt)}: "
+                pts, text, was = r.pts, r.text.strip(), ""
+                if self.changed is not None:
+                    ch = self.changed.observe(prompt_key(r.prompt), r.text, r.pts)
+                    if ch is None:
+                        return
+                    pts, was = ch.since_pts, "" if ch.previous is None else f"  (was: {ch.previous})"
+                print(f"{prefix}{pts:9.3f}  {asked}{text}{was}", flush=True)
+
+    def finish(self) -> None:
+        """The file is done: its bar closed, or the run's bar told."""
+        run = self.run
+        with run.print_lock:
+            self.advance()  # frames after the last one picked
+            if self.bar is not None:
+                self.bar.close()
+            else:
+                run.files_done += 1
+                if run.counts[self.path] and run.overall.total is not None:  # what it held, not what it announced
+                    run.overall.total += self.summary.frames_decoded - run.counts[self.path]
+                run.overall.set_postfix(files_done=run.files_done)
