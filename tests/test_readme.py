@@ -46,3 +46,16 @@ def test_the_readme_python_examples_run_as_written(tmp_path, capsys):
     with FileSource(clip) as src:
         assert stats["completed"] >= 1 and stats["frames_in"] == len(list(src.frames(lazy=True)))
     assert re.search(r"^(yes|no) was None$", capsys.readouterr().out, re.M)  # the first answer is a change
+
+
+def test_the_names_the_readme_says_to_import_are_where_it_says():
+    """`A`, `B` and `C` from `module`: each name imports from that module (AnnotatedVideoSink had
+    moved to pipelines.annotated and the README still sent users to pipelines.sinks)."""
+    import importlib
+
+    text = (ROOT / "README.md").read_text()
+    said = re.findall(r"((?:`\w+`(?:,\s+|\s+and\s+))*`\w+`)\s+from\s+`([\w.]+)`", text)
+    assert said
+    missing = [f"{module}.{name}" for names, module in said for name in re.findall(r"`(\w+)`", names)
+               if not hasattr(importlib.import_module(module), name)]
+    assert not missing, missing
