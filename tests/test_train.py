@@ -306,10 +306,12 @@ def test_sigterm_stops_two_training_processes_at_once(tmp_path):
                 and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]], "a process was left running"
 
 
-def test_ctrl_c_stops_train_tiny_in_one_line(tmp_path):
-    """Ctrl-C reaches the whole foreground group: the render workers and the second training
-    process died of it too, and the command ended with exit 1 and three tracebacks ("DataLoader
-    worker exited unexpectedly") instead of exit 130 and its one line."""
+@pytest.mark.parametrize("stop, code, said", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_ctrl_c_or_a_group_sigterm_stops_train_tiny_in_one_line(tmp_path, stop, code, said):
+    """Ctrl-C reaches the whole foreground group, and a SIGTERM sent to the group (`timeout`,
+    systemd's stop) every process of it: the render workers and the second training process died
+    of it too, and the command ended with exit 1 and tracebacks ("DataLoader worker exited
+    unexpectedly", "... killed by signal: Terminated") instead of exit 130 (143) and its one line."""
     import os
     import signal
     import subprocess
@@ -325,12 +327,12 @@ def test_ctrl_c_stops_train_tiny_in_one_line(tmp_path):
         assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()[-2000:] if p.poll() else "no start"
         time.sleep(0.1)
     time.sleep(3.0)  # into the steps, both processes and their render workers running
-    os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    os.killpg(p.pid, getattr(signal, stop))  # what Ctrl-C in a terminal does (SIGINT), or `timeout`
     _, err = p.communicate(timeout=120)
-    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert p.returncode == code and "Traceback" not in err, err[-3000:]
     # one line, after the closed bar (it said two, glued to the bar, and the bar came again after); on a
     # loaded machine the interrupt can come before the bar is drawn, and the line is all there is
-    assert ("\n" + err).endswith(f"\nvlmstream: interrupted: train-tiny stopped, {out} left as it was\n"), err[-1000:]
+    assert ("\n" + err).endswith(f"\nvlmstream: {said}: train-tiny stopped, {out} left as it was\n"), err[-1000:]
     assert err.count("vlmstream: ") == 1, err[-1000:]
     assert not (tmp_path / "new").exists()  # the folders made for the run are gone with it
 

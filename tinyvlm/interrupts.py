@@ -5,7 +5,10 @@ instruction, and the final renames of a run happen whole or not at all.
 
 from __future__ import annotations
 
+import signal
 from contextlib import contextmanager
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops a run: Ctrl-C, `kill`, `timeout`, systemd
 
 
 @contextmanager
@@ -27,18 +30,20 @@ def signals_held():
             signal.signal(sig, handler)
 
 
-def deaf_to_ctrl_c(*_) -> None:
-    """Ctrl-C reaches every process of the terminal's foreground group: the render workers and
-    the other training processes died of it, and PyTorch turned the main process's
-    KeyboardInterrupt into "DataLoader worker exited unexpectedly" (exit 1, three tracebacks).
-    The main process alone takes it, and ends the others."""
+def deaf_to_stop_signals(*_) -> None:
+    """Ctrl-C reaches every process of the terminal's foreground group, and a SIGTERM sent to the
+    group (`timeout`, systemd's stop) every process of it: the render workers and the other
+    training processes died of it, and PyTorch turned the main process's KeyboardInterrupt into
+    "DataLoader worker exited unexpectedly" or "... killed by signal: Terminated" (exit 1,
+    tracebacks). The main process alone takes them, and ends the others."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def render_worker_init(*_) -> None:
-    """A render worker: deaf to Ctrl-C (above), and quiet when its training process is gone. It
+    """A render worker: deaf to Ctrl-C and SIGTERM (above), and quiet when its training process is gone. It
     hands each batch's tensors over through a listener thread (multiprocessing's resource
     sharer), which prints through sys.excepthook a peer that died during the handshake: a
     Ctrl-C that stopped the run cleanly once ended with that traceback under its one line.
@@ -46,7 +51,7 @@ def render_worker_init(*_) -> None:
     import sys
     from multiprocessing import AuthenticationError
 
-    deaf_to_ctrl_c()
+    deaf_to_stop_signals()
     report = sys.excepthook
 
     def hook(kind, value, tb) -> None:
@@ -58,20 +63,20 @@ def render_worker_init(*_) -> None:
 
 @contextmanager
 def children_born_deaf(spawned: bool):
-    """Processes started inside ignore Ctrl-C from their first instruction: a spawned training
-    process that got it while still importing torch (two seconds, more on a loaded machine)
-    printed a KeyboardInterrupt traceback before `deaf_to_ctrl_c` could run.
+    """Processes started inside ignore Ctrl-C and SIGTERM from their first instruction: a spawned
+    training process that got one while still importing torch (two seconds, more on a loaded
+    machine) printed a KeyboardInterrupt traceback before `deaf_to_stop_signals` could run.
     spawned: started by exec, which keeps an ignored signal (Python then installs no handler of
-    its own) but not a blocked mask; this process ignores it too meanwhile, the milliseconds
+    its own) but not a blocked mask; this process ignores them too meanwhile, the milliseconds
     that starting takes, so a Ctrl-C then is lost and a second one stops the run. Otherwise
-    forked: the blocked mask of this thread is inherited until the child ignores the signal,
-    and here another thread takes a Ctrl-C meanwhile (ignoring it here had lost one that came
+    forked: the blocked mask of this thread is inherited until the child ignores the signals,
+    and here another thread takes one meanwhile (ignoring Ctrl-C here had lost one that came
     as the render worker was forked, and the run trained on)."""
     import signal
     import threading
 
     if not spawned:
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
         try:
             yield
         finally:
@@ -80,8 +85,9 @@ def children_born_deaf(spawned: bool):
     if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
         yield
         return
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, handler)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

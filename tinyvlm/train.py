@@ -34,7 +34,7 @@ from engine.models.moondream import MoondreamModel
 from engine.models.weights import PREFIX, random_state_dict, save_weights
 
 from .data import ItemStream
-from .interrupts import children_born_deaf, deaf_to_ctrl_c, render_worker_init, signals_held
+from .interrupts import children_born_deaf, deaf_to_stop_signals, render_worker_init, signals_held
 from .loss import AUX_WEIGHT, PatchProbe, forward_loss
 from .tokenizer import build_tokenizer, templates
 from .train_config import TrainConfig, tiny_config
@@ -104,19 +104,22 @@ def _train_all(cfg: TrainConfig, tok: Tokenizer, init: dict | None, progress: bo
     except BaseException:
         # Interrupted (Ctrl-C, SIGTERM) or failed: the others would wait on this process at their
         # next step until the group's timeout, two minutes, and the command with them.
+        # They ignore SIGTERM (deaf_to_stop_signals): SIGKILL, which a SIGTERM's default action
+        # was (no handler of theirs cleaned up anything); their render workers see them gone.
         stopped = True
         for p in others:
             if p.pid is not None:  # started
-                p.terminate()
+                p.kill()
         raise
     finally:
         for p in others:
             if p.pid is None:
                 continue
-            # Stopped: a few seconds for it to go, then SIGKILL; the command is to end now.
+            # Stopped: killed above, gone in a moment; else it ends with its last step, or is killed
+            # after the group's timeout.
             p.join(timeout=10 if stopped else _GROUP_TIMEOUT_S + 30)
             if p.is_alive():
-                p.kill() if stopped else p.terminate()
+                p.kill()
                 p.join(timeout=10)
     if any(p.exitcode != 0 for p in others):
         raise RuntimeError(f"a training process failed (exit codes {[p.exitcode for p in others]})")
@@ -174,7 +177,7 @@ def _average(params: list[torch.nn.Parameter], stats: list[float], processes: in
 def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
            init: dict[str, torch.Tensor] | None = None) -> dict:
     if rank > 0:  # rank 0 ends this process when it is interrupted
-        deaf_to_ctrl_c()
+        deaf_to_stop_signals()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
