@@ -226,12 +226,13 @@ def settings_tab(events: PageEvents) -> None:
 
 def _read_in_one_line(preprocess: Callable) -> Callable:
     """An Image component's preprocess, whose upload Pillow cannot read (not an image, a
-    decompression bomb) is said in one line with the file's name, as `vlmstream image` says it:
-    Gradio's own error was a paragraph of its internals naming its scratch path, with a traceback
-    in the server's console. (A subclass of gr.Image would do it too, but Gradio writes a .pyi
-    file beside its module.)"""
+    decompression bomb, a file cut short) is said in one line with the file's name, as `vlmstream
+    image` says it: Gradio's own error was a paragraph of its internals naming its scratch path,
+    with a traceback in the server's console, or for a truncated file its bare "image file is
+    truncated". (A subclass of gr.Image would do it too, but Gradio writes a .pyi file beside its
+    module.)"""
     from engine.errors import ImageError
-    from pipelines.image_file import check_image
+    from pipelines.image_file import read_image
 
     def read(payload):
         try:
@@ -240,7 +241,7 @@ def _read_in_one_line(preprocess: Callable) -> Callable:
             path = str(getattr(payload, "path", "") or "")
             try:
                 if path:
-                    check_image(path)  # why, in the words of the command line's reading
+                    read_image(path)  # why, in the words of the command line's reading (its decoding too)
             except ImageError as why:
                 raise user_error(str(upload_named(why, path)).splitlines()[0]) from None
             raise user_error(str(upload_named(e, path)).splitlines()[0] or type(e).__name__) from None

@@ -124,6 +124,12 @@ def test_api_captions_an_image_and_answers_a_question(client, tmp_path):
         with pytest.raises(Exception) as err:
             client.predict(handle_file(str(tmp_path / "notes.png")), *args, api_name=api)
         assert str(err.value).strip() == "notes.png is not an image (or not a format Pillow can read)", str(err.value)
+    # an image cut short: its name and why, as `vlmstream image` says it (it was Gradio's bare
+    # "image file is truncated")
+    (tmp_path / "broken.png").write_bytes((SAMPLES / "scene.png").read_bytes()[:-2000])
+    with pytest.raises(Exception) as err:
+        client.predict(handle_file(str(tmp_path / "broken.png")), "normal", "", "none", "", api_name="/caption_image")
+    assert str(err.value).strip() == "broken.png could not be decoded: image file is truncated", str(err.value)
     # detect and point are the region head's: the tiny model's was never trained, and says so
     with pytest.raises(Exception, match="region head was not trained"):
         client.predict(img, "red circle", api_name="/detect_image")
