@@ -260,6 +260,13 @@ class PageEvents:
             raise user_error(str(e)) from None
         return msg
 
+    def settings_form(self) -> tuple:
+        """The Settings form's values as the server runs now (`apply`'s fields, in its order): a page
+        showed those of the server's start, and after another page's Apply its form, sent again
+        to change one field, put the others back."""
+        s = self.service.settings
+        return s.model, s.device, s.temperature, s.max_tokens, s.pipelined, s.sticky, s.hold
+
     def closed(self, request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
         self.autoplayed.pop(request.session_hash, None)
         self.paused.discard(request.session_hash)

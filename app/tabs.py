@@ -199,8 +199,9 @@ def image_tab(events: PageEvents) -> None:
                      [itext, iplaces, itimings], api_name=f"{task}_image", concurrency_limit=None)
 
 
-def settings_tab(events: PageEvents) -> None:
-    """The Settings tab: the model, device and decoding every tab shares (one engine)."""
+def settings_tab(events: PageEvents) -> list:
+    """The Settings tab: the model, device and decoding every tab shares (one engine). Returns its
+    form's fields (`PageEvents.settings_form` fills them)."""
     s = events.service.settings
     with gr.Row():
         model = gr.Textbox(s.model, label="Model: tiny or a Moondream 2 folder")
@@ -219,9 +220,10 @@ def settings_tab(events: PageEvents) -> None:
     sapply = gr.Button("Apply", variant="primary")
     sstatus = gr.Markdown()
     stats = gr.JSON(label="Engine")
-    sapply.click(events.apply, [model, device, temperature, max_tokens, pipelined, sticky, hold], sstatus,
-                 api_name="apply_settings")
+    form = [model, device, temperature, max_tokens, pipelined, sticky, hold]
+    sapply.click(events.apply, form, sstatus, api_name="apply_settings")
     gr.Timer(1.0).tick(events.service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
+    return form
 
 
 def _read_in_one_line(preprocess: Callable) -> Callable:

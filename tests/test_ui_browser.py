@@ -669,3 +669,31 @@ def test_api_records_a_live_source_for_a_download(client):
     with av.open(path) as c:
         n = sum(1 for _ in c.decode(video=0))
     assert len(frames) >= 8 and n >= 5
+
+
+def test_a_page_shows_the_settings_the_server_runs(server, client):
+    """The settings are the server's, shared by every page: a page showed those of the server's
+    start, and its Apply of one field then put back the others another page had applied."""
+    from app.settings import Settings
+
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        before = browser.new_page()  # open while the settings change
+        before.goto(server)
+        before.wait_for_selector("#vs-caption", timeout=120_000)
+        client.predict("tiny", "cpu", 0.0, 40, True, 1.5, 5, api_name="/apply_settings")
+        try:
+            after = browser.new_page()
+            after.goto(server)
+            after.wait_for_selector("#vs-caption", timeout=120_000)
+            for page in (before, after):
+                page.get_by_role("tab", name="Settings").click()
+                page.wait_for_function("document.querySelector('#vs-tab-settings input[aria-label=\"Max tokens\"]')"
+                                       ".value == '40'", timeout=30_000)
+                numbers = page.locator("#vs-tab-settings input[type=number]")
+                assert [numbers.nth(i).input_value() for i in range(numbers.count())] == ["0", "40", "1.5", "5"]
+        finally:
+            d = Settings()
+            client.predict(d.model, d.device, d.temperature, d.max_tokens, d.pipelined, d.sticky, d.hold,
+                           api_name="/apply_settings")
+            browser.close()
