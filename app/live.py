@@ -176,7 +176,7 @@ def _watch(args: argparse.Namespace, feeds: list[LiveFeed], live_run: LiveRun, t
     return interrupted, gave_up
 
 
-def _snapshot(folder: Path, source: str, frame) -> Path:
+def save_change_frame(folder: Path, source: str, frame) -> Path:
     """The frame of a change as a JPEG named by the UTC time it was saved (names sort in time
     order), the source's `file_names` name (with several) and the frame's index."""
     from datetime import datetime, timezone
@@ -231,7 +231,7 @@ def _recording_paths(annotate: str | None, sources: list[str], labels: list[str]
     return [folder / f"{stamp}_{name}.mp4" for name in file_names(sources, labels)]
 
 
-def _p50(s: dict) -> str:
+def p50_text(s: dict) -> str:
     """The closing line's median latency; none where no frame completed (it said "p50 0.0 ms")."""
     p50 = s["latency_ms"].get("end_to_end", {}).get("p50")
     return "" if p50 is None else f", p50 {p50:.1f} ms"
@@ -287,7 +287,7 @@ def open_log(output: str | None):
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from None
 
 
-def _log_name(output: str | None) -> str:
+def log_name(output: str | None) -> str:
     """The log as an error names it: `-o -` (or no -o: `--json` lines) is standard output."""
     return "standard output" if output in (None, "-") else output
 

@@ -22,7 +22,7 @@ from pipelines.sinks import json_text
 from pipelines.sources import SourceError
 
 from app.launcher import stop_requested
-from app.live import _log_name, _p50, file_names
+from app.live import file_names, log_name, p50_text
 
 # With several sources, the JSON's totals (each source's own figures, percentiles included, are
 # under "sources").
@@ -77,14 +77,14 @@ class LiveRun:
                 if not new:
                     return
                 if snapshots is not None and not write_error:
-                    from app.live import _snapshot  # looked up here: a test stands a full disk in for it
+                    from app.live import save_change_frame  # looked up here: a test stands a full disk in for it
 
                     try:  # the frame each answer began on (--hold N: N-1 frames back), once a frame
                         saved: dict = {}
                         for c in new:
                             first = c.since_kept or r.frame
                             if first.index not in saved:
-                                saved[first.index] = str(_snapshot(snapshots, self.names[label] if self.several
+                                saved[first.index] = str(save_change_frame(snapshots, self.names[label] if self.several
                                                                    else "", first))
                             shots.append(saved[first.index])
                     except OSError as e:  # a run that cannot keep its pictures stops and says so (the
@@ -102,7 +102,7 @@ class LiveRun:
                     log.write("".join(json_text(x) + "\n" for x in records))
                     log.flush()
                 except OSError as e:  # disk full, a closed pipe: the run stops and says so
-                    write_error.append((_log_name(args.output), e))
+                    write_error.append((log_name(args.output), e))
             if not args.json and log is not sys.stdout and not write_error:
                 prefix = f"{label}  " if self.several else ""
                 try:
@@ -190,7 +190,7 @@ class LiveRun:
                 log.close()
             except OSError as e:  # its last flush: said already if a write had failed
                 if not write_error:
-                    write_error.append((_log_name(self.args.output), e))
+                    write_error.append((log_name(self.args.output), e))
         if write_error:
             if isinstance(write_error[0][1], BrokenPipeError):  # e.g. piped into `head`: stop quietly
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
@@ -220,7 +220,7 @@ class LiveRun:
                 print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames captioned, "
                       f"{s['achieved_fps']:.1f} fps, {s['cancelled_stale']} stale cancelled, "
                       + (f"{s['cancelled_deadline']} past the deadline, " if args.deadline_ms else "")
-                      + f"{s['dropped']} dropped" + _p50(s), file=sys.stderr)
+                      + f"{s['dropped']} dropped" + p50_text(s), file=sys.stderr)
 
 
 def _wait_closed(feeds: list) -> None:

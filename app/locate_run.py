@@ -21,7 +21,7 @@ from pipelines.sinks import json_text
 from pipelines.sources import SourceError
 
 from app.console import StandardOutputError
-from app.live import _log_name, _p50
+from app.live import log_name, p50_text
 
 
 class LocateRun:
@@ -71,10 +71,10 @@ class LocateRun:
             first = (change.pop("kept") if change else None) or r  # where the new count began (--hold N: N-1 back)
             try:
                 if snapshots is not None:
-                    from app.live import _snapshot  # looked up when used: a test stands a full disk in for it
+                    from app.live import save_change_frame  # looked up when used: a test stands a full disk in for it
 
                     try:
-                        change["snapshot"] = str(_snapshot(snapshots, r.label if self.several else "",
+                        change["snapshot"] = str(save_change_frame(snapshots, r.label if self.several else "",
                                                            first.drawn().frame))
                     except OSError as e:
                         write_error.append((f"a snapshot in {snapshots}", e))
@@ -88,7 +88,7 @@ class LocateRun:
                           f"{self.what}: {places_text(r.pixels, self.task)}{was}", flush=True)
             except OSError as e:  # a full disk, a closed pipe: the run stops and says so
                 on_stdout = isinstance(e, (BrokenPipeError, StandardOutputError))
-                write_error.append(("standard output" if on_stdout else _log_name(args.output), e))
+                write_error.append(("standard output" if on_stdout else log_name(args.output), e))
 
     def close(self, locator: LiveLocator) -> bool:
         """The run's end, however it came: the locator, the recordings and the log closed. True
@@ -106,7 +106,7 @@ class LocateRun:
                 self.log.close()
             except OSError as e:  # its last flush: said already if a write had failed
                 if not self.write_error:
-                    self.write_error.append((_log_name(self.args.output), e))
+                    self.write_error.append((log_name(self.args.output), e))
         return gave_up
 
     def sources_ended(self, locator: LiveLocator, opened: list) -> dict[str, dict]:
@@ -156,5 +156,5 @@ class LocateRun:
         else:
             for label, s in stats.items():
                 print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames "
-                      f"located, {s['achieved_fps']:.1f} fps, {s['overwritten']} passed over" + _p50(s)
+                      f"located, {s['achieved_fps']:.1f} fps, {s['overwritten']} passed over" + p50_text(s)
                       + (f", {s['changes']} changes" if "changes" in s else ""), file=sys.stderr)

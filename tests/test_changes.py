@@ -131,7 +131,7 @@ def test_a_snapshot_that_cannot_be_written_stops_the_run_but_keeps_the_change(tm
     def disk_full(folder, label, r):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(app.live, "_snapshot", disk_full)
+    monkeypatch.setattr(app.live, "save_change_frame", disk_full)
     log = tmp_path / "events.jsonl"
     assert main(["live", str(CLIP), "--duration", "20", "--question", "How many shapes are there?", "--changes",
                  "--snapshots", str(tmp_path / "shots"), "-o", str(log)]) == 1
