@@ -97,7 +97,7 @@ class LiveSessions:
         try:
             feed = LiveFeed(engine, task, service.params(), live.frames, realtime=live.paced, loop=live.loops,
                             fps=LIVE_FPS, hold=service.settings.hold, on_result=recorder.add if recorder else None,
-                            connection=live.connection, locate=service._region_of(task))
+                            connection=live.connection, locate=service.region_of(task))
         except BaseException:
             if recorder is not None:
                 recorder.close()
@@ -178,7 +178,7 @@ class LiveSessions:
             feed = self._feeds.get(key)
             if feed is None or feed.task != task:  # a new prompt starts a new feed
                 new = LiveFeed(service.engine(), task, service.params(), hold=service.settings.hold,
-                               locate=service._region_of(task))
+                               locate=service.region_of(task))
                 if feed is not None:
                     new.on_result = feed.on_result  # a recording goes on across the change
                     new.continue_records(feed)  # and so does the camera's Export

@@ -230,7 +230,7 @@ class Service:
         region = next((k for k in REGION_TASKS if k in task), None) if isinstance(task, dict) else None
         return (region, task[region]) if region else None
 
-    def _region_of(self, task: dict | list[dict]) -> Callable[[np.ndarray], dict] | None:
+    def region_of(self, task: dict | list[dict]) -> Callable[[np.ndarray], dict] | None:
         """A live feed's task's locate function ({"detect": OBJECT} or {"point": OBJECT}), else None."""
         region = self._region_task(task)
         return self._locator(region[1], region[0]) if region else None

@@ -225,14 +225,14 @@ def test_a_start_that_loses_to_a_model_reload_is_told_to_start_again():
     try:
         service.engine()
         reloaded = threading.Event()
-        region_of = service._region_of
+        region_of = service.region_of
 
         def after_the_reload(task):  # between engine() and the feed's construction
             if threading.current_thread().name == "start":
                 reloaded.wait(60)
             return region_of(task)
 
-        service._region_of = after_the_reload
+        service.region_of = after_the_reload
         said: list = []
 
         def start() -> None:
