@@ -11,7 +11,7 @@ that breaks off is reconnected as for captions. The embedded tiny model's region
 trained: asking it is exit 2 before anything is written.
 
 app/live.py opens the sources and calls `check_args` (before torch loads), then `run`; the run's
-outputs and the state they share are app/locate_run.py's. The run ends when its sources do, at
+outputs and the state they share are app/live_locate_run.py's. The run ends when its sources do, at
 --duration, when a write fails, or on Ctrl-C or SIGTERM; its figures follow (--json: one JSON
 object on standard output, else a line per source on standard error). Exit 0; 1 where a write
 failed (a closed pipe, as into `head`: 0, quietly), no source sent a frame, or one that had sent
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from engine.region_decoder import RegionDecoder
     from pipelines.locator import LiveLocator
 
-    from app.locate_run import LocateRun
+    from app.live_locate_run import LiveLocateRun
 
 
 def check_args(args: argparse.Namespace) -> tuple[str, str]:
@@ -59,13 +59,13 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
 
     from app.cli import realtime_dtype
     from app.live import no_frames_line, open_log, start_clock, warm_frame
-    from app.locate_run import LocateRun
+    from app.live_locate_run import LiveLocateRun
 
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))
     decoder = RegionDecoder(loaded)  # an untrained region head: RequestError, exit 2, nothing written yet
     warm = warm_frame(opened, labels)  # before the log: a file with no frame leaves no empty one
     log = open_log(args.output)
-    locate_run = LocateRun(args, labels, log, recordings, task, what, model_id(args.model))  # recordings begin
+    locate_run = LiveLocateRun(args, labels, log, recordings, task, what, model_id(args.model))  # recordings begin
     decoder.locate(warm, what, task)  # warm-up: one-time costs a live stream should not see
     locate_run.start(opened)
     t0 = start_clock(opened, args.duration)
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     return 0
 
 
-def _locator(args: argparse.Namespace, decoder: RegionDecoder, opened: list, locate_run: LocateRun) -> LiveLocator:
+def _locator(args: argparse.Namespace, decoder: RegionDecoder, opened: list, locate_run: LiveLocateRun) -> LiveLocator:
     """The locator of every source's newest frame, in one batch, each located frame shown by
     locate_run (it starts at once)."""
     from pipelines.locator import LiveLocator, LocateSource
@@ -98,7 +98,7 @@ def _locator(args: argparse.Namespace, decoder: RegionDecoder, opened: list, loc
                        on_result=locate_run.show, locate_many=lambda rgbs: decoder.locate_batch(rgbs, what, task))
 
 
-def _watch(args: argparse.Namespace, locator: LiveLocator, locate_run: LocateRun, t0: float) -> tuple[bool, bool]:
+def _watch(args: argparse.Namespace, locator: LiveLocator, locate_run: LiveLocateRun, t0: float) -> tuple[bool, bool]:
     """The locator's loop, until its sources end, --duration is up, a write fails, or a Ctrl-C or
     SIGTERM comes; then the run's outputs closed (locate_run.close). (interrupted, gave up: a
     source failed for good)."""

@@ -24,7 +24,7 @@ from app.console import StandardOutputError
 from app.live import log_name, p50_text
 
 
-class LocateRun:
+class LiveLocateRun:
     """A run's outputs and the state they share; `labels` name its sources, `log` is the -o log
     (None, standard output or an open file: app.live.open_log), `task` "detect" or "point" and
     `what` the object. The recordings begin when it is made."""
