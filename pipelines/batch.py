@@ -122,166 +122,184 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
     every processed frame (on one shared image prefix). Sinks get each frame's answers together,
     in prompt order; `on_frame` gets every answer."""
     tasks = [task] if isinstance(task, dict) else list(task)
-    summary = summary or BatchSummary()
-    last: list[list[int] | None] | None = None  # with sticky answers: the latest finished frame's, per prompt
-    if params.sticky:
-        max_inflight = sticky_group(sampling, source.fps, max_inflight)
-        last = [None] * len(tasks)
-    pending: deque[tuple[Frame, list]] = deque()  # per frame: a FrameResult (recorded) or a handle per task
-    t0 = time.perf_counter()
+    return _FileRun(engine, source, sinks, tasks, params, sampling, done, max_inflight, on_frame,
+                    summary or BatchSummary(), stop).run()
 
-    def finish_one() -> None:
-        frame, items = pending.popleft()
+
+class _FileRun:
+    """One file of `caption_file`: its frames in flight, answered in frame order (`pending`),
+    and with sticky answers the group being staged while the group before decodes."""
+
+    def __init__(self, engine: Engine, source: FileSource, sinks: list, tasks: list[dict], params: SamplingParams,
+                 sampling: Sampling, done: Mapping[tuple, FrameResult] | None, max_inflight: int,
+                 on_frame: Callable[[FrameResult], None] | None, summary: BatchSummary,
+                 stop: threading.Event | None):
+        self.engine, self.source, self.sinks, self.tasks, self.params = engine, source, sinks, tasks, params
+        self.sampling, self.done, self.on_frame, self.summary, self.stop = sampling, done, on_frame, summary, stop
+        self.last: list[list[int] | None] | None = None  # with sticky answers: the latest finished frame's, per prompt
+        if params.sticky:
+            max_inflight = sticky_group(sampling, source.fps, max_inflight)
+            self.last = [None] * len(tasks)
+        self.max_inflight = max_inflight
+        self.pending: deque[tuple[Frame, list]] = deque()  # per frame: a FrameResult (recorded) or a handle per task
+        self.t0 = time.perf_counter()
+        self.staged: list[tuple[Frame, list, object, bool | None]] = []  # sticky: the next group, its images encoding
+        self.model: str | None = None  # in each line: --resume checks it
+        self.cuts = CutDetector() if self.last is not None else None
+        # Sticky answers look for scene cuts in every frame, recorded or not, as a full run does: as
+        # frames are staged, while the group before decodes. A resumed run reads a recorded frame's
+        # pixels only where they decide a cut in a group that asks new frames (`find_cuts`, before it
+        # asks): converting every replayed frame to RGB for its thumbnail made a resume of 60,000 done
+        # frames wait 100 s for its first new answer.
+        self.replay = self.cuts is not None and bool(done)
+        self.last_staged: Frame | None = None
+        self.last_read: Frame | None = None  # the frame whose thumbnail `cuts` compares the next one with
+        self.group_before: Frame | None = None  # the last frame of the group before
+
+    def finish_one(self) -> None:
+        frame, items = self.pending.popleft()
         results, new = [], []
-        for t, item in zip(tasks, items):
+        for t, item in zip(self.tasks, items):
             if not isinstance(item, FrameResult):  # asked now (else recorded by an earlier run)
                 out = item.wait()  # as long as the engine makes progress (a slow model's frames)
                 if out.finish_reason not in ("stop", "length"):  # the engine was closed or failed under it
                     # Not written: a cut-off answer passed for the frame's, and --resume counted it done.
-                    raise EngineClosedError(f"{source.name}: frame {frame.index} was {out.finish_reason} "
+                    raise EngineClosedError(f"{self.source.name}: frame {frame.index} was {out.finish_reason} "
                                             "(the engine was closed or failed)")
                 item = FrameResult(frame.source_id, frame.index, round(frame.pts, 6), out.text, out.token_ids,
-                                   out.finish_reason, out.timings_ms, prompt_of(t), model)
+                                   out.finish_reason, out.timings_ms, prompt_of(t), self.model)
                 new.append(item)
             results.append(item)
-        for sink in sinks:
+        for sink in self.sinks:
             if not getattr(sink, "holds_done", False):
                 sink.write_frame(results, frame.rgb)
             elif new:
                 sink.write_frame(new, frame.rgb)
-        summary.frames_captioned += bool(new)
-        summary.frames_skipped += not new
-        if last is not None:
-            last[:] = [r.token_ids for r in results]
-        if on_frame:
+        self.summary.frames_captioned += bool(new)
+        self.summary.frames_skipped += not new
+        if self.last is not None:
+            self.last[:] = [r.token_ids for r in results]
+        if self.on_frame:
             for r in results:
-                on_frame(r)
+                self.on_frame(r)
 
-    def submit(frame: Frame, items: list, image, fresh: bool = False) -> None:
+    def submit(self, frame: Frame, items: list, image, fresh: bool = False) -> None:
         missing = [i for i, item in enumerate(items) if item is None]
         if missing:  # several prompts share one image encoding
-            drafts = [last[i] for i in missing] if last is not None and not fresh else None
-            for i, handle in zip(missing, ask(engine, image, [tasks[i] for i in missing], params, drafts)):
+            drafts = [self.last[i] for i in missing] if self.last is not None and not fresh else None
+            for i, handle in zip(missing, ask(self.engine, image, [self.tasks[i] for i in missing], self.params,
+                                              drafts)):
                 items[i] = handle
-        pending.append((frame, items))  # recorded answers queue too, so every sink sees frame order
+        self.pending.append((frame, items))  # recorded answers queue too, so every sink sees frame order
 
-    staged: list[tuple[Frame, list, object, bool | None]] = []  # sticky: the next group, its images encoding
-    cuts = CutDetector() if last is not None else None
-    # Sticky answers look for scene cuts in every frame, recorded or not, as a full run does: as
-    # frames are staged, while the group before decodes. A resumed run reads a recorded frame's
-    # pixels only where they decide a cut in a group that asks new frames (`find_cuts`, before it
-    # asks): converting every replayed frame to RGB for its thumbnail made a resume of 60,000 done
-    # frames wait 100 s for its first new answer.
-    replay = cuts is not None and bool(done)
-    last_staged: Frame | None = None
-    last_read: Frame | None = None  # the frame whose thumbnail `cuts` compares the next one with
-    group_before: Frame | None = None  # the last frame of the group before
-
-    def cut_of(frame: Frame, before: Frame | None) -> bool:
+    def cut_of(self, frame: Frame, before: Frame | None) -> bool:
         """Whether a scene cut comes at `frame`, against `before`, the frame picked before it."""
-        nonlocal last_read
-        if before is not None and last_read is not before:  # the one to compare with, first
-            cuts.is_cut(before.load().rgb)
-        last_read = frame
-        return cuts.is_cut(frame.load().rgb)
+        if before is not None and self.last_read is not before:  # the one to compare with, first
+            self.cuts.is_cut(before.load().rgb)
+        self.last_read = frame
+        return self.cuts.is_cut(frame.load().rgb)
 
-    def stage_cut(frame: Frame) -> bool | None:
+    def stage_cut(self, frame: Frame) -> bool | None:
         """The cut at a frame as it is staged, or None to find later (a replayed frame not converted)."""
-        nonlocal last_staged
-        before, last_staged = last_staged, frame
-        return None if frame.rgb is None else cut_of(frame, before)
+        before, self.last_staged = self.last_staged, frame
+        return None if frame.rgb is None else self.cut_of(frame, before)
 
-    def find_cuts() -> None:
+    def find_cuts(self) -> None:
+        staged = self.staged
         if not any(ref is not None for _, _, ref, _ in staged):  # recorded answers only: it asks nothing
             return
         for i, (frame, items, ref, cut) in enumerate(staged):  # a group that asks: as a full run finds them
             if cut is None:
-                staged[i] = (frame, items, ref, cut_of(frame, staged[i - 1][0] if i else group_before))
+                staged[i] = (frame, items, ref, self.cut_of(frame, staged[i - 1][0] if i else self.group_before))
 
-    def next_group() -> None:
-        nonlocal group_before
-        while pending:  # the group before: its last answers are this group's drafts
-            finish_one()
+    def next_group(self) -> None:
+        while self.pending:  # the group before: its last answers are this group's drafts
+            self.finish_one()
         try:
-            if replay:
-                find_cuts()
-                group_before = staged[-1][0]
+            if self.replay:
+                self.find_cuts()
+                self.group_before = self.staged[-1][0]
             fresh = False  # from a scene cut on, the group's frames are asked without a draft
-            for frame, items, ref, cut in staged:
+            for frame, items, ref, cut in self.staged:
                 fresh |= bool(cut)  # None: a group of recorded answers only, which asks nothing
-                submit(frame, items, ref, fresh)
+                self.submit(frame, items, ref, fresh)
         finally:
+            for _, _, ref, _ in self.staged:
+                if ref is not None:
+                    ref.release()
+            self.staged.clear()
+
+    def run(self) -> BatchSummary:
+        source, summary, done, tasks, stop = self.source, self.summary, self.done, self.tasks, self.stop
+        pending, staged = self.pending, self.staged
+        decoded_before = summary.frames_decoded  # a summary may span several files
+        try:
+            pixels_wanted = not done or any(getattr(sink, "needs_rgb", False) for sink in self.sinks)
+
+            key = source_key(source.source_id)  # as done_frames keys its answers
+            from engine.models.loader import model_id
+
+            loaded = getattr(self.engine, "loaded", None)
+            self.model = model_id(loaded.name) if loaded is not None else None
+
+            def need_rgb(index: int) -> bool:  # a frame whose every answer is recorded is only replayed
+                return pixels_wanted or any((key, index, prompt_key(t)) not in done for t in tasks)
+
+            picked: set[int] = set()
+            # Resumed: the frames whose answers are all recorded are replayed from them, undecoded, up
+            # to the one decoding starts at. Replayed: every frame comes unconverted, and those with a
+            # new answer to ask are converted now
+            recorded = {} if pixels_wanted else answered(done, key, tasks)
+            group = self.max_inflight if self.last is not None else None
+            for frame in resumed_frames(source, self.sampling, recorded, group,
+                                        need_rgb=None if self.replay else need_rgb, lazy=self.replay):
+                if self.replay and need_rgb(frame.index):
+                    frame.load()
+                picked.add(frame.index)
+                summary.frames_decoded = decoded_before + source.decoded
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
+                items = [done.get((key, frame.index, prompt_key(t))) if done else None for t in tasks]
+                if self.last is None:
+                    self.submit(frame, items, frame.rgb)
+                    if len(pending) >= self.max_inflight:
+                        self.finish_one()
+                    continue
+                # Sticky: frames are asked a group at a time, drafting from the group before's last
+                # answers; a group's images are encoded while the group before decodes.
+                new = any(item is None for item in items)
+                staged.append((frame, items, self.engine.encode_image(frame.rgb) if new else None,
+                               self.stage_cut(frame)))
+                if len(staged) >= self.max_inflight:
+                    self.next_group()
+            if staged:
+                self.next_group()
+            while pending:
+                self.finish_one()
+            # A JSONL written with another --fps or --every-n: its other frames stay in it, where a
+            # full run would not have them (and sticky answers drafted from other frames than here).
+            others = {index for k, index, _ in (done or {}) if k == key and index not in picked}
+            if others:
+                summary.errors.append(f"{source.name}: the JSONL also holds answers for {len(others)} frames this "
+                                      "run does not pick (written with another --fps or --every-n?)")
+        except BaseException:
             for _, _, ref, _ in staged:
                 if ref is not None:
                     ref.release()
-            staged.clear()
-
-    decoded_before = summary.frames_decoded  # a summary may span several files
-    try:
-        pixels_wanted = not done or any(getattr(sink, "needs_rgb", False) for sink in sinks)
-
-        key = source_key(source.source_id)  # as done_frames keys its answers
-        from engine.models.loader import model_id
-
-        loaded = getattr(engine, "loaded", None)
-        model = model_id(loaded.name) if loaded is not None else None  # in each line: --resume checks it
-
-        def need_rgb(index: int) -> bool:  # a frame whose every answer is recorded is only replayed
-            return pixels_wanted or any((key, index, prompt_key(t)) not in done for t in tasks)
-
-        picked: set[int] = set()
-        # Resumed: the frames whose answers are all recorded are replayed from them, undecoded, up
-        # to the one decoding starts at. Replayed: every frame comes unconverted, and those with a
-        # new answer to ask are converted now
-        recorded = {} if pixels_wanted else answered(done, key, tasks)
-        for frame in resumed_frames(source, sampling, recorded, max_inflight if last is not None else None,
-                                    need_rgb=None if replay else need_rgb, lazy=replay):
-            if replay and need_rgb(frame.index):
-                frame.load()
-            picked.add(frame.index)
+            for _, items in pending:  # interrupted: do not leave work behind in the engine
+                for item in items:
+                    if item is not None and not isinstance(item, FrameResult):
+                        item.cancel()
+            raise
+        finally:
             summary.frames_decoded = decoded_before + source.decoded
-            if stop is not None and stop.is_set():
-                raise KeyboardInterrupt
-            items = [done.get((key, frame.index, prompt_key(t))) if done else None for t in tasks]
-            if last is None:
-                submit(frame, items, frame.rgb)
-                if len(pending) >= max_inflight:
-                    finish_one()
-                continue
-            # Sticky: frames are asked a group at a time, drafting from the group before's last
-            # answers; a group's images are encoded while the group before decodes.
-            new = any(item is None for item in items)
-            staged.append((frame, items, engine.encode_image(frame.rgb) if new else None, stage_cut(frame)))
-            if len(staged) >= max_inflight:
-                next_group()
-        if staged:
-            next_group()
-        while pending:
-            finish_one()
-        # A JSONL written with another --fps or --every-n: its other frames stay in it, where a
-        # full run would not have them (and sticky answers drafted from other frames than here).
-        others = {index for k, index, _ in (done or {}) if k == key and index not in picked}
-        if others:
-            summary.errors.append(f"{source.name}: the JSONL also holds answers for {len(others)} frames this run "
-                                  "does not pick (written with another --fps or --every-n?)")
-    except BaseException:
-        for _, _, ref, _ in staged:
-            if ref is not None:
-                ref.release()
-        for _, items in pending:  # interrupted: do not leave work behind in the engine
-            for item in items:
-                if item is not None and not isinstance(item, FrameResult):
-                    item.cancel()
-        raise
-    finally:
-        summary.frames_decoded = decoded_before + source.decoded
-        summary.seconds += time.perf_counter() - t0
-        summary.video_seconds += source.seconds
-        summary.files += 1
-        if source.error:
-            summary.errors.append(source.error)
-        summary.incomplete += source.incomplete
-    return summary
+            summary.seconds += time.perf_counter() - self.t0
+            summary.video_seconds += source.seconds
+            summary.files += 1
+            if source.error:
+                summary.errors.append(source.error)
+            summary.incomplete += source.incomplete
+        return summary
 
 
 def sticky_group(sampling: Sampling, video_fps: float | None, max_inflight: int) -> int:
