@@ -73,7 +73,10 @@ class JsonSchema:
 
     def __init__(self, schema):
         try:
-            text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+            # As written: outlines-core generates an object's properties in the schema's order
+            # (sorted, {"reasoning", "answer"} had come out answer first, and a dict and its
+            # JSON text had given differently ordered answers).
+            text = schema if isinstance(schema, str) else json.dumps(schema)
         except (TypeError, ValueError) as e:  # a set, an object, a circular dict
             raise ConstraintError(f"a JSON schema must be a dict or a JSON string: {e}") from None
         object.__setattr__(self, "schema", text)

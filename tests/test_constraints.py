@@ -177,6 +177,16 @@ def test_schema_keywords_are_checked_in_subschemas_only():
         to_regex(JsonSchema(nested))
 
 
+def test_schema_properties_keep_their_order():
+    """An object's properties come in the schema's order, as outlines-core generates them, whether
+    the schema is a dict or its JSON text (sorted, "shape" had come after "count")."""
+    text = json.dumps(SCHEMA)
+    pattern = to_regex(JsonSchema(SCHEMA))
+    assert pattern == to_regex(JsonSchema(text))
+    assert pattern.index("shape") < pattern.index("count")
+    assert re.fullmatch(pattern, '{"shape": "star", "count": 3}')
+
+
 def test_long_but_bounded_constraints_still_compile(small):
     """The limit is on the longest answer, not on the pattern's look: open-ended repeats and
     alternations of many options pass."""
