@@ -137,10 +137,13 @@ class Engine:
         priority = _priority(priority)
         if draft is not None:
             vocab = self.model_config.text.vocab_size
-            try:
-                draft = [int(t) for t in draft]
-            except (TypeError, ValueError):
-                raise RequestError("draft must be a list of token ids") from None
+            try:  # whole numbers only: 1.7 and "5" had passed as 1 and 5
+                draft = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else None
+                         for t in draft]
+            except TypeError:  # not a sequence
+                draft = [None]
+            if None in draft:
+                raise RequestError("draft must be a list of token ids (whole numbers)")
             if any(not 0 <= t < vocab for t in draft):
                 raise RequestError(f"draft token ids must be in [0, {vocab})")
         ids = prompt_ids(self.model_config, self.loaded.tokenizer, caption=caption, question=question)

@@ -101,8 +101,11 @@ def test_drafts_are_ignored_where_they_cannot_apply(small_folder, expected):
         assert long.token_ids == expected[0]
         with pytest.raises(RequestError, match="draft"):
             eng.submit(IMAGES[0], caption="short", draft=[1, 10**6])
-        with pytest.raises(RequestError, match="draft"):
-            eng.submit(IMAGES[0], caption="short", draft=["a"])
+        for draft in (["a"], ["5"], [1.7], [True], 5):  # none taken for a token id (1.7 and "5" had been)
+            with pytest.raises(RequestError, match="draft must be a list of token ids"):
+                eng.submit(IMAGES[0], caption="short", draft=draft)
+        assert eng.submit(IMAGES[0], caption="short", params=GREEDY,
+                          draft=np.array(expected[0])).result(timeout=60).token_ids == expected[0]
     with Engine(EngineConfig(model=str(small_folder), max_draft=0)) as eng:
         out = eng.submit(IMAGES[2], caption="short", params=GREEDY, draft=expected[2]).result(timeout=60)
         assert out.token_ids == expected[2] and eng.stats().draft_proposed == 0
