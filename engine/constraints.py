@@ -92,6 +92,8 @@ def to_regex(constraint: Constraint) -> str:
         try:
             pattern, tree = _unanchored(constraint.pattern)
             return for_outlines(pattern, tree=tree)
+        except ConstraintError:  # names the regex already ("the regex '[': the regex '[' is not...")
+            raise
         except ValueError as e:  # a class no character can match ([^\s\S])
             raise ConstraintError(f"the regex {constraint.pattern!r}: {e}") from None
     if isinstance(constraint, Choice):

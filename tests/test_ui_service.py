@@ -1314,3 +1314,22 @@ def test_a_video_job_waiting_for_a_slot_answers_cancel():
     assert service.jobs.wait_turn(service.jobs.stop_flag("tab-n"), lambda: None)
     for _ in range(VIDEO_SLOTS):
         service.jobs.end_turn()
+
+
+@pytest.mark.parametrize("line", ["How many? /[0-9+/", "How many? /a^b/"])
+def test_a_bad_regex_constraint_is_named_once_in_its_error(service, line):
+    # The page said "the regex '[0-9+': the regex '[0-9+' is not in Python's syntax (...)": the
+    # check's own error, already naming the regex, was wrapped again (engine/constraints.py to_regex)
+    pattern = line.split("/")[1]
+    try:
+        feed = service.start_live("bad-regex", "shapes_640x360_60fps.mp4", make_task("question", line, "none", ""))
+        deadline = time.monotonic() + 30
+        while feed.snapshot().error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        error = feed.snapshot().error
+    except VlmstreamError as e:
+        error = str(e)
+    finally:
+        service.stop_live("bad-regex")
+    assert error and "regex" in error, error
+    assert error.count(repr(pattern)) == 1, error
