@@ -83,7 +83,9 @@ class PageEvents:
                 if self.service.feed(sid) is not feed:  # replaced by a new Start: that one owns the page now
                     if self.service.feed(sid) is None:  # stopped: make sure the page says so (and why)
                         snap = feed.snapshot()
-                        yield gr.skip(), counters_html(snap.counters, self.service.engine_stats(), False, snap.error), \
+                        # before its first frame, the frame's place had said "connecting (0 s)" for ever
+                        shown = gr.skip() if snap.frame_rgb is not None else frame_html(None, snap.error or "stopped")
+                        yield shown, counters_html(snap.counters, self.service.engine_stats(), False, snap.error), \
                             gr.skip(), gr.skip(), gr.skip()
                     return
                 now = time.monotonic()

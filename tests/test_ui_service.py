@@ -1333,3 +1333,27 @@ def test_a_bad_regex_constraint_is_named_once_in_its_error(service, line):
         service.stop_live("bad-regex")
     assert error and "regex" in error, error
     assert error.count(repr(pattern)) == 1, error
+
+
+def test_a_feed_stopped_before_its_first_frame_says_stopped(service):
+    """Stop while the source was still being reached: the counters said stopped, but the frame's
+    place kept its "connecting (0 s)" for as long as the page stayed open."""
+    import socket
+    import types
+
+    import app.ui as ui
+
+    live = next(f.fn for f in ui.build(service).fns.values() if f.name == "live")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as quiet:  # a UDP port nothing is sent to
+        quiet.bind(("127.0.0.1", 0))
+        url = f"udp://127.0.0.1:{quiet.getsockname()[1]}"
+    request = types.SimpleNamespace(session_hash="tab-connecting")
+    updates = live(url, None, "short", "", "none", "", False, request)
+    deadline = time.monotonic() + 30
+    frame = next(updates)[0]
+    while "connecting" not in str(frame) and time.monotonic() < deadline:
+        frame = next(updates)[0]
+    assert "connecting" in str(frame), frame
+    service.stop_live("tab-connecting")
+    said = [update[0] for update in updates]  # the generator ends once it has said so
+    assert said and "stopped" in str(said[-1]) and "connecting" not in str(said[-1]), said
