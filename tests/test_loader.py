@@ -63,7 +63,7 @@ def test_an_empty_model_name_is_not_the_working_folder(tmp_path, monkeypatch):
 
 def test_file_instead_of_folder(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(ModelLoadError, match="is a file"):
+    with pytest.raises(ModelLoadError, match=r"^the model must be 'tiny' or a folder, and .*f is a file$"):
         load_model(tmp_path / "f")
 
 

@@ -65,7 +65,8 @@ def resolve_model_dir(spec: str | Path) -> Path:
     if not found:
         raise ModelLoadError(f"model folder not found: {path}")
     if not path.is_dir():
-        raise ModelLoadError(f"--model must be 'tiny' or a folder, and {path} is a file")
+        # Not "--model": the web UI's Settings and the engine API say it too
+        raise ModelLoadError(f"the model must be 'tiny' or a folder, and {path} is a file")
     return path
 
 
