@@ -127,9 +127,7 @@ def _video_command(sub) -> None:
                           "without it, outputs are written afresh")
     _add_model_args(vid, _NATIVE_BF16)
     vid.add_argument("--max-tokens", type=int, default=64, metavar="N", help="answer length limit (default 64)")
-    vid.add_argument("--no-vision-thread", action="store_true",
-                     help="CPU: encode frames in the device thread's steps instead of a thread of their own "
-                          "(same answers, for comparison)")
+    _add_vision_thread_arg(vid, "frames", "same answers, for comparison")
     _add_reading_args(vid)
     vid.set_defaults(func=_lazy('app.video'))
 
@@ -166,9 +164,7 @@ def _live_command(sub) -> None:
     live.add_argument("--no-draft", action="store_true",
                       help="decode every frame's answer token by token, without the previous answer as a draft "
                            "(same answers, for comparison)")
-    live.add_argument("--no-vision-thread", action="store_true",
-                      help="CPU: encode frames in the device thread's steps instead of a thread of their own "
-                           "(same answers, for comparison)")
+    _add_vision_thread_arg(live, "frames", "same answers, for comparison")
     _add_model_args(live, _NATIVE_BF16)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
     _add_changes_args(live, "print (and log) an answer only when it changes, with the answer it replaced: "
@@ -223,9 +219,7 @@ def _bench_command(sub) -> None:
                        help="also caption N distinct 640x360 frames and report frames/s (0 skips; default 240)")
     bench.add_argument("--no-script", action="store_true",
                        help="CPU: decode eagerly instead of through TorchScript (for comparison)")
-    bench.add_argument("--no-vision-thread", action="store_true",
-                       help="CPU: encode images in the device thread's steps instead of a thread of their own "
-                            "(for comparison)")
+    _add_vision_thread_arg(bench, "images", "for comparison")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bench.set_defaults(func=_lazy("app.bench"))
 
@@ -304,6 +298,11 @@ def _add_sticky_arg(p: argparse.ArgumentParser, kept: str) -> None:
                    help=f"keep {kept}, token by token, unless the model rates another token more than M logits "
                         f"higher (default {LIVE_STICKY:g}: captions change when the frame does, not frame to frame; "
                         "0: each frame's plain greedy answer; after a scene cut a frame is asked afresh)")
+
+
+def _add_vision_thread_arg(p: argparse.ArgumentParser, what: str, why: str) -> None:
+    p.add_argument("--no-vision-thread", action="store_true",
+                   help=f"CPU: encode {what} in the device thread's steps instead of a thread of their own ({why})")
 
 
 def _add_reading_args(p: argparse.ArgumentParser) -> None:

@@ -16,13 +16,12 @@ def signals_held():
     """Ctrl-C and SIGTERM wait until the block is done; the run it ends is then complete, and
     ends as such. Between two renames, one had left a new tokenizer and config beside the old
     weights, and the command said the folder was left as it was."""
-    import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
         yield
         return
-    held = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    held = {sig: signal.signal(sig, lambda *_: None) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -36,17 +35,15 @@ def deaf_to_stop_signals(*_) -> None:
     training processes died of it, and PyTorch turned the main process's KeyboardInterrupt into
     "DataLoader worker exited unexpectedly" or "... killed by signal: Terminated" (exit 1,
     tracebacks). The main process alone takes them, and ends the others."""
-    import signal
-
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 
 def render_worker_init(*_) -> None:
-    """A render worker: deaf to Ctrl-C and SIGTERM (above), and quiet when its training process is gone. It
-    hands each batch's tensors over through a listener thread (multiprocessing's resource
-    sharer), which prints through sys.excepthook a peer that died during the handshake: a
-    Ctrl-C that stopped the run cleanly once ended with that traceback under its one line.
+    """A render worker: deaf to Ctrl-C and SIGTERM (above), and quiet when its training process
+    is gone. It hands each batch's tensors over through a listener thread (multiprocessing's
+    resource sharer), which prints through sys.excepthook a peer that died during the handshake:
+    a Ctrl-C that stopped the run cleanly once ended with that traceback under its one line.
     Its other errors reach the training process through the DataLoader, not this hook."""
     import sys
     from multiprocessing import AuthenticationError
@@ -72,7 +69,6 @@ def children_born_deaf(spawned: bool):
     forked: the blocked mask of this thread is inherited until the child ignores the signals,
     and here another thread takes one meanwhile (ignoring Ctrl-C here had lost one that came
     as the render worker was forked, and the run trained on)."""
-    import signal
     import threading
 
     if not spawned:
