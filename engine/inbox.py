@@ -83,6 +83,14 @@ class Inbox:
             with self._lock:
                 self._posting -= 1
 
+    def post_dropped(self, message: tuple) -> None:
+        """A release from an ImageRef's __del__, which runs wherever the collector does, inside
+        this inbox's own locked sections too: no lock (a deque's append is atomic), read as an
+        overflowed release is, once the inbox is empty. After the engine thread stopped it is
+        moot: the images still held were let go then."""
+        if not self.stopped:
+            self._overflow.append(message)
+
     def wake(self) -> None:
         """From the vision thread: an encoding is done (a full inbox is being drained anyway)."""
         try:

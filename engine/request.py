@@ -3,7 +3,7 @@
 Handles are thread-safe. A `RequestHandle` receives text deltas and its final `RequestOutput`
 from the engine thread; `cancel()` only posts a message, so it is safe at any moment and from
 any thread, and idempotent. An `ImageRef` keeps an image prefix alive for further prompts until
-`release()` (or the end of its `with` block).
+`release()` (or the end of its `with` block, or until it is garbage collected).
 """
 
 from __future__ import annotations
@@ -184,6 +184,15 @@ class ImageRef:
     @property
     def released(self) -> bool:
         return self._released
+
+    def __del__(self) -> None:
+        # Dropped unreleased (a forgotten release(), an exception past it): its image had stayed
+        # held until close, prefix pages and embeddings, each such ref another in a process
+        # that runs for days (1000 of them: +330 MB, and the pool nearly full). No submit is
+        # posting on it now (each holds the ref), so its requests are in the inbox before this.
+        if not getattr(self, "_released", True):
+            self._released = True
+            self._engine._inbox.post_dropped(("release", self._image))
 
     def __enter__(self) -> "ImageRef":
         return self

@@ -1,5 +1,6 @@
 """The engine against the reference decoder, and its lifecycle (threads, pages, handles)."""
 
+import gc
 import threading
 import time
 
@@ -294,6 +295,30 @@ def test_bad_input_leaves_the_engine_serving(small_folder, images):
         eng.set_pipeline_depth(1)
     with pytest.raises(EngineClosedError):
         eng.reset_stats()
+    _assert_clean(eng)
+
+
+def test_an_image_ref_dropped_unreleased_lets_its_image_go(small_folder, images):
+    """An ImageRef collected without release() (forgotten, or an exception past it) had held
+    its image, prefix pages and embeddings, until close: in a long-running process each one
+    leaked, and the pool filled. Its requests still finish first."""
+    with _engine(small_folder) as eng:
+        ref = eng.encode_image(images[1])
+        h = eng.submit(ref, caption="long", params=GREEDY)
+        del ref
+        assert h.result(timeout=30).finish_reason in ("stop", "length")
+        for img in images:
+            eng.encode_image(img)  # never kept
+        in_cycle = [eng.encode_image(images[0])]
+        in_cycle.append(in_cycle)  # collected by the cycle collector, on its own time
+        del in_cycle
+        gc.collect()
+        deadline = time.time() + 10
+        while eng.stats().images and time.time() < deadline:
+            time.sleep(0.05)
+        s = eng.stats()
+        assert s.images == 0 and s.kv_pages_in_use == 0
+        assert eng.submit(images[1], caption="long", params=GREEDY).result(timeout=30).token_ids == h.result().token_ids
     _assert_clean(eng)
 
 
