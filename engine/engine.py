@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import numbers
+import os
 import sys
 import threading
 import time
@@ -360,6 +361,22 @@ def _close_at_exit() -> None:
                 pass
         except Exception:  # a failed engine: nothing more to do at exit
             pass
+
+
+def _forked() -> None:
+    """In a child process forked from this one (os.fork, multiprocessing's "fork", a preforking
+    server's workers after a preload): the engines' threads did not come along. A submit to one
+    had been taken and never answered, result() waiting for ever; it is an EngineClosedError."""
+    parent = os.getppid()
+    for engine in list(_open_engines):
+        engine._inbox.forked(f"the engine was created in process {parent}, and this process is a fork of it, "
+                             "where the engine's threads do not run: create the Engine in this process")
+        engine._shut = True  # nothing to join here: close() and the exit's close return at once
+    _open_engines.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _priority(priority: Any) -> int:

@@ -37,6 +37,7 @@ class Inbox:
         self._closed = False
         self.error: BaseException | None = None  # what failed the engine
         self.stopped = False  # the engine thread has ended (or failed) and reads no more messages
+        self.closed_why = "the engine is closed"  # what a refused new work says
 
     def post(self, message: tuple) -> None:
         # From the engine thread itself (a done callback) a message goes to a queue of its own,
@@ -53,7 +54,7 @@ class Inbox:
             if self.error is not None and new:  # a release or cancel after a failure is moot: not an error
                 raise EngineClosedError(f"the engine failed: {self.error}") from self.error
             if self._closed and new:
-                raise EngineClosedError("the engine is closed")
+                raise EngineClosedError(self.closed_why)
             if self.stopped:  # a late release or cancel: the engine thread let everything go
                 return
             # Counted until the message is in the inbox: the engine thread does not end (nor
@@ -102,6 +103,12 @@ class Inbox:
         """No new work from now on; releases and cancels still come."""
         with self._lock:
             self._closed = True
+
+    def forked(self, why: str) -> None:
+        """In a process forked from the engine's: no engine thread reads this inbox there. New
+        work is refused with `why` (taken, it had waited for ever), releases and cancels are moot."""
+        self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
+        self._closed, self.stopped, self.closed_why = True, True, why
 
     def fail(self, error: BaseException) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """The engine against the reference decoder, and its lifecycle (threads, pages, handles)."""
 
 import gc
+import os
 import threading
 import time
 
@@ -319,6 +320,36 @@ def test_an_image_ref_dropped_unreleased_lets_its_image_go(small_folder, images)
         s = eng.stats()
         assert s.images == 0 and s.kv_pages_in_use == 0
         assert eng.submit(images[1], caption="long", params=GREEDY).result(timeout=30).token_ids == h.result().token_ids
+    _assert_clean(eng)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork only")
+def test_an_engine_used_in_a_forked_child_is_a_clear_error(small_folder, images):
+    """A process forked after the engine started (multiprocessing's "fork", a preforking
+    server's workers after a preload) has none of its threads: a submit there had been taken
+    and never answered, result() waiting for ever. The parent's engine serves on."""
+    with _engine(small_folder) as eng:
+        h = eng.submit(images[0], caption="short", params=GREEDY)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never back into pytest
+            try:
+                try:
+                    eng.submit(images[0], caption="short", params=GREEDY).result(timeout=5)
+                    said = "answered"
+                except BaseException as e:
+                    said = f"{type(e).__name__}: {e}"
+                eng.close(timeout=5)
+                os.write(write, said.encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as f:
+            said = f.read().decode()
+        assert os.waitpid(pid, 0)[1] == 0
+        assert said.startswith("EngineClosedError") and "fork" in said, said
+        assert h.result(timeout=30).finish_reason in ("stop", "length")
+        assert eng.submit(images[1], caption="short", params=GREEDY).result(timeout=30).token_ids
     _assert_clean(eng)
 
 
