@@ -109,6 +109,7 @@ class Engine:
 
     def encode_image(self, rgb: np.ndarray, priority: int = 0) -> ImageRef:
         """Preprocess an image (in the calling thread) and queue its prefix for encoding."""
+        self._inbox.check_open()
         image = self._image(rgb, _priority(priority))
         self._post(("image", image))
         return ImageRef(self, image)
@@ -133,6 +134,7 @@ class Engine:
         (constrained requests too, where the constraint allows the token).
         priority: requests of a higher priority are admitted (and their images encoded) before
         waiting ones of a lower priority, e.g. a live frame before a batch job's (default 0)."""
+        self._inbox.check_open()
         if not isinstance(params, SamplingParams):
             raise RequestError("params must be a SamplingParams")
         priority = _priority(priority)

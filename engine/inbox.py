@@ -92,6 +92,14 @@ class Inbox:
         if not self.stopped:
             self._overflow.append(message)
 
+    def check_open(self) -> None:
+        """Before a caller prepares new work (tokens, crops): refused at once where `post` would
+        refuse it (in a forked process, that work had touched locks the fork may have left held)."""
+        if self.error is not None:
+            raise EngineClosedError(f"the engine failed: {self.error}") from self.error
+        if self._closed:
+            raise EngineClosedError(self.closed_why)
+
     def wake(self) -> None:
         """From the vision thread: an encoding is done (a full inbox is being drained anyway)."""
         try:
