@@ -126,10 +126,18 @@ def _inputs(names: list[str], exclude: Path | None = None
         raise UsageError("video reads files, not standard input: `vlmstream live -` captions a stream piped in")
     excluded = resolved(exclude) if exclude else None
     found: list[tuple[str, Path | None]] = []  # a named file keeps its spelling: it is the JSONL's source
+    skipped: list[str] = []
     for name in names:
         p = Path(name)
         if p.is_dir():
-            videos = video_files(p)
+            unlisted: list[OSError] = []
+            videos = video_files(p, unlisted)
+            for e in unlisted:  # a folder that cannot be listed: its videos are missing, as an unreadable file's frames
+                if resolved(Path(e.filename)) == resolved(p):  # it said "no video files in" it
+                    raise UsageError(f"cannot read the folder {p}: {e.strerror or e}")
+                skipped.append(e.filename)
+                print(f"vlmstream: warning: skipped: cannot read the folder {e.filename}: {e.strerror or e}",
+                      file=sys.stderr)
             if excluded and excluded == resolved(p):  # a second run would take the annotated videos for inputs
                 raise UsageError(f"--annotate {exclude} is an input folder: give the annotated videos a folder of "
                                  f"their own (a subfolder will do: --annotate {exclude / 'annotated'}/)")
@@ -141,7 +149,7 @@ def _inputs(names: list[str], exclude: Path | None = None
             found += [(str(v), v.relative_to(p)) for v in videos]
         else:
             found.append((name, None))
-    paths, seen, skipped, copies = [], set(), [], 0
+    paths, seen, copies = [], set(), 0
     for p, rel in found:
         key = resolved(Path(p))
         if key in seen:

@@ -42,18 +42,20 @@ def file_name(source: str) -> str:
     return Path(source).name
 
 
-def video_files(folder: str | Path) -> list[Path]:
-    return files_under(folder, VIDEO_EXTENSIONS)
+def video_files(folder: str | Path, unlisted: list[OSError] | None = None) -> list[Path]:
+    return files_under(folder, VIDEO_EXTENSIONS, unlisted)
 
 
-def files_under(folder: str | Path, extensions: frozenset[str]) -> list[Path]:
+def files_under(folder: str | Path, extensions: frozenset[str], unlisted: list[OSError] | None = None) -> list[Path]:
     """The files under a folder and its subfolders with one of these extensions (any case),
     folder by folder with names sorted, so a run and its `--resume` see the same list. Hidden files
-    and folders are skipped; symbolic links to folders are not followed (a link loop would never end)."""
+    and folders are skipped; symbolic links to folders are not followed (a link loop would never end).
+    A folder that cannot be listed (no read permission) adds its error to `unlisted`: its videos
+    had been left out without a word, and the run said it was complete."""
     import os
 
     found = []
-    for root, dirs, files in os.walk(folder):
+    for root, dirs, files in os.walk(folder, onerror=None if unlisted is None else unlisted.append):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found += [Path(root) / f for f in sorted(files)
                   if not f.startswith(".") and Path(f).suffix.lower() in extensions]

@@ -646,6 +646,30 @@ def test_a_folder_is_every_video_under_it(tmp_path, small_folder, capsys):
     assert "no video files in" in err and err.count("\n") == 2  # the broken file's line, this one
 
 
+def test_a_subfolder_that_cannot_be_listed_is_said_not_left_out(tmp_path, small_folder, capsys, monkeypatch):
+    """Its videos had been left out without a word and the run exited 0; the folder named itself
+    said 'no video files in' it."""
+    root = tmp_path / "clips"
+    (root / "locked").mkdir(parents=True)
+    write_video(root / "a.mp4", "libx264", n=3)
+    write_video(root / "locked" / "b.mp4", "libx264", n=3)
+    listdir = os.scandir
+
+    def scandir(path="."):  # as chmod 000 does, for a user who is not root
+        if Path(path).name == "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return listdir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    out = tmp_path / "out.jsonl"
+    assert main(["video", str(root), "--model", str(small_folder), "-o", str(out), "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert f"warning: skipped: cannot read the folder {root / 'locked'}: Permission denied" in err
+    assert "1 unreadable skipped" in err and len(out.read_text().splitlines()) == 3
+    assert main(["video", str(root / "locked"), "--model", "/no/such/model"]) == 2
+    assert capsys.readouterr().err == f"vlmstream: error: cannot read the folder {root / 'locked'}: Permission denied\n"
+
+
 def test_more_files_than_run_at_once_share_one_bar(tmp_path, small_folder, capsys):
     from app.video import CONCURRENT_FILES
 
