@@ -57,6 +57,24 @@ def check_writable(folders: list[Path], files: list[Path]) -> None:
         _try_writing(d / f".vlmstream-write-check-{os.getpid()}", d)
 
 
+def check_not_busy(files: list[Path]) -> None:
+    """A UsageError where another run is writing one of these outputs now (it holds its lock:
+    pipelines.sinks.open_output), said before the model loads; a file is opened to ask, not changed."""
+    from pipelines.sinks import output_busy
+
+    for f in files:
+        try:
+            fd = os.open(f, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO named as an output: not waited on)
+        except OSError:  # none yet, or unreadable: its writer says
+            continue
+        try:
+            busy = output_busy(fd)
+        finally:
+            os.close(fd)
+        if busy:
+            raise UsageError(f"{f} is being written by another vlmstream run: wait for it to end, or write elsewhere")
+
+
 def _try_writing(path: Path, named: Path) -> None:
     existed = path.exists()
     try:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.cli import UsageError, check_changes_args, sticky_arg
-from app.outputs import FORMATS, Outputs, check_not_inputs, check_writable, folder_arg, parse_formats, plan_outputs
+from app.outputs import (FORMATS, Outputs, check_not_busy, check_not_inputs, check_writable, folder_arg, parse_formats,
+                         plan_outputs)
 from app.parser import LOCATE_BATCH
 from app.prompt_args import prompt_tasks
 
@@ -100,6 +101,8 @@ def check_args(args: argparse.Namespace) -> VideoArgs:
     if out is not None and kind == "jsonl":  # a link named .jsonl to a video had been cut and appended to
         check_not_inputs([out], [p for p, _, _ in paths])
     check_writable([d for d in (out_dir, ann_dir) if d], [p for p in (out, ann_file) if p])
+    written = [p for plan in plans.values() for p in (plan.jsonl, *(s for s, _ in plan.subtitles), plan.annotate) if p]
+    check_not_busy([out, *written] if out else written)  # another run writing one: refused, not spliced into
     if copies:  # once the run is sure to go (a mistake is its one line alone)
         print(f"vlmstream: note: {_copies(copies)} left out (name one to caption it)", file=sys.stderr)
     return VideoArgs(tasks, one_prompt, out, kind, to_stdout, out_dir, formats, paths, skipped, plans, sticky,

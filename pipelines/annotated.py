@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sinks import FrameResult, frame_text
+from .sinks import FrameResult, frame_text, open_output
 
 
 def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
@@ -113,7 +113,7 @@ class AnnotatedVideoSink:
                    if fragmented else {"movflags": "+faststart"})
         # The file is ours to close: PyAV kept the descriptor of a file it had opened itself once
         # writing it failed (a full disk), one a failed recording, for the life of the server.
-        self._file = open(path, "w+b", buffering=0)  # +: the index moved to the front is read back
+        self._file = open_output(path, "w+b")  # +: the index moved to the front is read back
         try:
             self._container = av.open(self._file, mode="w", options=options)
         except BaseException:

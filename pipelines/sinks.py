@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
 import numpy as np
+
+from engine.errors import VlmstreamError
 
 from .prompts import PROMPT_KEYS, answers_text, prompt_key, prompt_of
 
@@ -107,6 +110,45 @@ def cut_partial_line(path: str | Path) -> None:
         f.truncate(0)
 
 
+class OutputBusy(VlmstreamError, OSError):
+    """An output another process is writing now (it holds the file's lock, `open_output`)."""
+
+
+def open_output(path: str | Path, mode: str):
+    """An output file opened to write ("w", "a", "w+b" unbuffered), once no other process writes
+    it: each run holds an exclusive lock on its outputs (flock; not on a file system without locks).
+    Two runs into one JSONL or folder had each cut the file at its start and written over the
+    other's lines: lines lost and spliced into ones that were no JSON, and both said done. The file
+    is emptied ("w") only once it is ours; OutputBusy otherwise."""
+    flags = (os.O_RDWR if "+" in mode else os.O_WRONLY) | os.O_CREAT | (os.O_APPEND if mode == "a" else 0)
+    # the path's own name kept (PyAV picks an MP4's format by it); opened without O_TRUNC
+    f = open(path, mode, **({"buffering": 0} if "b" in mode else {"encoding": "utf-8"}),
+             opener=lambda name, _: os.open(name, flags, 0o666))
+    try:
+        if output_busy(f.fileno()):
+            raise OutputBusy(f"{path} is being written by another vlmstream run: wait for it to end, or write elsewhere")
+        if mode != "a" and stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # (a device, /dev/full, is not cut)
+            f.truncate(0)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def output_busy(fd: int) -> bool:
+    """Whether another open file holds the lock on this file; takes the lock if not (it goes with
+    the file's close)."""
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except (ImportError, OSError):  # Windows; a file system without locks (ENOLCK): written as before
+        pass
+    return False
+
+
 class JsonlSink:
     """One JSON object per processed frame; appends (a resumed run continues the file) or, with
     `append=False`, starts the file afresh.
@@ -121,9 +163,13 @@ class JsonlSink:
             self.path, self._f, self._own = None, path, False
             return
         self.path, self._own = Path(path), True
+        self._f = open_output(self.path, "a" if append else "w")
         if append:  # drop a line an interruption cut short: its frame is redone
-            cut_partial_line(self.path)
-        self._f = open(self.path, "a" if append else "w", encoding="utf-8")
+            try:
+                cut_partial_line(self.path)
+            except BaseException:
+                self._f.close()
+                raise
 
     def write(self, r: FrameResult, rgb: np.ndarray | None = None) -> None:
         self.write_frame([r], rgb)
@@ -228,7 +274,7 @@ class SubtitleSink:
         """frame_duration: how long a frame's answer stands for, the time between the frames
         processed (every frame's, or a sample's); the last cue lasts that long."""
         self.fmt, self.frame_duration, self.path = fmt, frame_duration, Path(path)
-        self._f = open(path, "w", encoding="utf-8")
+        self._f = open_output(path, "w")
         if fmt == "vtt":
             self._f.write("WEBVTT\n\n")
         self._cue: list = []  # [start, text, last_pts]

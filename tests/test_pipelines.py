@@ -670,6 +670,39 @@ def test_a_subfolder_that_cannot_be_listed_is_said_not_left_out(tmp_path, small_
     assert capsys.readouterr().err == f"vlmstream: error: cannot read the folder {root / 'locked'}: Permission denied\n"
 
 
+def test_a_second_run_into_the_same_outputs_is_refused_not_spliced_in(tmp_path, small_folder, capsys):
+    """Two runs into one JSONL (or folder) each cut it at its start and wrote over the other's
+    lines: lines lost, others spliced into lines that were no JSON, and both said done (exit 0)."""
+    import fcntl
+
+    def writing(path: Path):  # another run, writing it
+        f = open(path, "a")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        return f
+
+    clip = write_video(tmp_path / "clip.mp4", "libx264", n=3)
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"kept": 1}\n')
+    bad = ["--model", "/no/such/model"]  # said before the model loads
+    other = writing(out)
+    try:
+        assert main(["video", str(clip), "-o", str(out), *bad]) == 2
+        assert capsys.readouterr().err == (f"vlmstream: error: {out} is being written by another vlmstream run: "
+                                           "wait for it to end, or write elsewhere\n")
+        with pytest.raises(OSError, match="being written by another"):  # one started at the same moment: as it opens
+            JsonlSink(out, append=False)
+        assert out.read_text() == '{"kept": 1}\n'
+        srt = tmp_path / "subs" / "clip.srt"
+        srt.parent.mkdir()
+        with writing(srt):
+            assert main(["video", str(clip), "-o", f"{srt.parent}/", "--format", "srt", *bad]) == 2
+            assert f"{srt} is being written by another vlmstream run" in capsys.readouterr().err
+    finally:
+        other.close()
+    assert main(["video", str(clip), "-o", str(out), "--model", str(small_folder), "--max-tokens", "2"]) == 0
+    assert len(out.read_text().splitlines()) == 3
+
+
 def test_more_files_than_run_at_once_share_one_bar(tmp_path, small_folder, capsys):
     from app.video import CONCURRENT_FILES
 
