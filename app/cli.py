@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from app.console import StandardOutputError, guarded_console
@@ -100,6 +101,22 @@ _NAMES = {"image": "IMAGE", "files": "FILE", "sources": "SOURCE", "output": "-o"
           "snapshots": "--snapshots", "model": "--model", "source": "--source", "out": "--out", "init": "--init",
           "device": "--device", "ssl_certfile": "--ssl-certfile", "ssl_keyfile": "--ssl-keyfile",
           "auth_file": "--auth-file"}
+
+
+def folder_files(folder: Path, extensions: frozenset[str]) -> tuple[list[Path], list[str]]:
+    """The files under `folder` with these extensions, and the subfolders that could not be listed
+    (no read permission), each warned of: their files are missing, as an unreadable file's frames
+    are (os.walk had dropped them without a word). A UsageError where `folder` itself cannot be
+    read: it had said "no ... files in" it."""
+    from pipelines.sources import files_under
+
+    unlisted: list[OSError] = []
+    found = files_under(folder, extensions, unlisted)
+    for e in unlisted:
+        if os.path.abspath(e.filename) == os.path.abspath(folder):
+            raise UsageError(f"cannot read the folder {folder}: {e.strerror or e}")
+        print(f"vlmstream: warning: skipped: cannot read the folder {e.filename}: {e.strerror or e}", file=sys.stderr)
+    return found, [e.filename for e in unlisted]
 
 
 def check_not_empty(args: argparse.Namespace) -> None:

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.cli import image_dtype
+from app.cli import folder_files, image_dtype
 from app.errors import UsageError
 from app.parser import LOCATE_BATCH
 from app.prompt_args import prompt_tasks, region_task
@@ -236,7 +236,6 @@ def _inputs(names: list[str], check) -> tuple[list[str | Path], bool, int]:
     from engine.errors import ImageError
     from pipelines.image_file import IMAGE_EXTENSIONS
     from pipelines.sources import is_remote
-    from pipelines.sources import files_under
 
     twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if twice is not None:
@@ -249,7 +248,8 @@ def _inputs(names: list[str], check) -> tuple[list[str | Path], bool, int]:
             check(name)  # a named image must be there and be an image: exit 2 before anything runs
             paths.append(name)  # as typed: Path() made "https://h/x" "https:/h/x", and "./-a.png" "-a.png"
             continue
-        found = files_under(p, IMAGE_EXTENSIONS)
+        found, unlisted = folder_files(p, IMAGE_EXTENSIONS)
+        skipped += len(unlisted)
         if not found:
             raise UsageError(f"no image files in {p} (looked for .jpg, .png, .webp and other image extensions, "
                              "in subfolders too)")

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.cli import UsageError, check_changes_args, sticky_arg
+from app.cli import UsageError, check_changes_args, folder_files, sticky_arg
 from app.outputs import (FORMATS, Outputs, check_not_busy, check_not_inputs, check_writable, folder_arg, parse_formats,
                          plan_outputs)
 from app.parser import LOCATE_BATCH
@@ -114,14 +114,14 @@ def _inputs(names: list[str], exclude: Path | None = None
     """The files to caption, each with its announced frame count and its name relative to the
     folder it was found in (a named file: its own name), and the files skipped.
 
-    A folder stands for the videos under it (`video_files`). Every file is opened once here and
+    A folder stands for the videos under it (`folder_files`). Every file is opened once here and
     closed again, so a named file that is missing or unreadable stops the run before it starts
     (SourceError); one found in a folder is skipped with a warning instead: one broken clip must
     not hold up a folder of good ones. A file named twice is a mistake (UsageError); one reached
     twice through folders is taken once. Videos in an output folder (`exclude`) inside an input
     folder are an earlier run's annotated videos, not inputs; so are those vlmstream wrote
     anywhere in an input folder (counted: the third value)."""
-    from pipelines.sources import FileSource, SourceError, file_name, video_files
+    from pipelines.sources import VIDEO_EXTENSIONS, FileSource, SourceError, file_name
 
     if len(set(names)) != len(names):
         raise UsageError("a file is listed twice")
@@ -133,14 +133,8 @@ def _inputs(names: list[str], exclude: Path | None = None
     for name in names:
         p = Path(name)
         if p.is_dir():
-            unlisted: list[OSError] = []
-            videos = video_files(p, unlisted)
-            for e in unlisted:  # a folder that cannot be listed: its videos are missing, as an unreadable file's frames
-                if resolved(Path(e.filename)) == resolved(p):  # it said "no video files in" it
-                    raise UsageError(f"cannot read the folder {p}: {e.strerror or e}")
-                skipped.append(e.filename)
-                print(f"vlmstream: warning: skipped: cannot read the folder {e.filename}: {e.strerror or e}",
-                      file=sys.stderr)
+            videos, unlisted = folder_files(p, VIDEO_EXTENSIONS)
+            skipped += unlisted
             if excluded and excluded == resolved(p):  # a second run would take the annotated videos for inputs
                 raise UsageError(f"--annotate {exclude} is an input folder: give the annotated videos a folder of "
                                  f"their own (a subfolder will do: --annotate {exclude / 'annotated'}/)")

@@ -42,8 +42,8 @@ def file_name(source: str) -> str:
     return Path(source).name
 
 
-def video_files(folder: str | Path, unlisted: list[OSError] | None = None) -> list[Path]:
-    return files_under(folder, VIDEO_EXTENSIONS, unlisted)
+def video_files(folder: str | Path) -> list[Path]:
+    return files_under(folder, VIDEO_EXTENSIONS)
 
 
 def files_under(folder: str | Path, extensions: frozenset[str], unlisted: list[OSError] | None = None) -> list[Path]:
