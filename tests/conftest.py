@@ -88,6 +88,20 @@ def rgb_image():
     return rng.integers(0, 256, size=(90, 160, 3), dtype=np.uint8)
 
 
+@pytest.fixture
+def locked_folders(monkeypatch) -> None:
+    """Folders named "locked" cannot be listed, as chmod 000 makes them for a user who is not root
+    (the tests may run as root)."""
+    scandir = os.scandir
+
+    def refusing(path="."):
+        if Path(path).name == "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+
+
 def lose_a_sigterm(term: list) -> None:
     """Within a `sigterm_as_interrupt` block: a SIGTERM whose KeyboardInterrupt is lost, as when it
     is raised inside a finalizer (Python reports it and goes on). The handler raises once."""
