@@ -37,6 +37,22 @@ class _NotThere(Exception):
     """The frame a resumed read starts at is not where the seek led."""
 
 
+def _no_index(url: str | None, path: str, error: Exception) -> str:
+    """Why an MP4 or MOV file that FFmpeg cannot read may be so: one that begins as an MP4 does
+    ("ftyp") but has no index (its "moov", written last), a recording still going on or cut off
+    before its end. FFmpeg says only "Invalid data found when processing input"."""
+    import av
+
+    if url or not isinstance(error, av.InvalidDataError):
+        return ""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return ""
+    return (" (an MP4 without its index: a recording still being written, or one cut off before its end)"
+            if head[4:8] == b"ftyp" else "")
+
 class FileSource:
     """A video file read with PyAV: whatever FFmpeg decodes. A file on a web server (an http or
     https URL) is read as a file is."""
@@ -75,7 +91,7 @@ class FileSource:
                 reason = (f"nothing came for {REMOTE_TIMEOUTS_S[0]:g} s" if isinstance(e, av.ExitError)
                           else unknown_host(self.url) or first_line(e).replace(text, self.name))
                 raise SourceError(f"cannot read {self.name}: {reason}") from None
-            raise SourceError(f"{self.name} is not a readable video: {first_line(e)}") from None
+            raise SourceError(f"{self.name} is not a readable video: {first_line(e)}{_no_index(self.url, text, e)}") from None
         refuse_text(self._container, self.name)
         missing = no_video(self._container, self.name)
         if missing:

@@ -172,6 +172,21 @@ def test_bad_files(tmp_path, make, needle):
         FileSource(path)
 
 
+def test_an_mp4_without_its_index_says_it_may_be_recording(tmp_path):
+    """An MP4 whose index comes last (a recording still being written, or one cut off before it
+    ends) was FFmpeg's bare "Invalid data found when processing input", as for any junk."""
+    whole = write_video(tmp_path / "whole.mp4", "libx264", n=20).read_bytes()
+    assert whole[4:8] == b"ftyp" and whole.rfind(b"moov") > len(whole) // 2
+    (tmp_path / "rec.mp4").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "junk.mp4").write_bytes(b"\x00\x01junk" * 100)
+    with pytest.raises(SourceError, match=r"Invalid data .* \(an MP4 without its index: a recording still being "
+                                          r"written, or one cut off before its end\)$"):
+        FileSource(tmp_path / "rec.mp4")
+    with pytest.raises(SourceError) as e:
+        FileSource(tmp_path / "junk.mp4")
+    assert str(e.value).endswith("Invalid data found when processing input")
+
+
 @pytest.mark.parametrize("name", ["users.txt", "notes.nfo", "x.ans", "list.ffconcat"])
 def test_text_is_not_read_as_a_video(tmp_path, name):
     """FFmpeg draws text of a few hundred bytes named .txt, .nfo, .ans ... as frames (its tty
