@@ -68,6 +68,9 @@ def check_args(args: argparse.Namespace) -> VideoArgs:
         from app.prompt_args import region_task
 
         region = region_task(args)
+        if args.sticky is not None:  # as `live --detect` says: it was ignored without a word
+            raise UsageError(f"--sticky goes with captions and questions, not --{region[0]} (every processed "
+                             "frame is located afresh)")
         args.batch = LOCATE_BATCH if args.batch is None else args.batch
         if args.batch < 1:
             raise UsageError("--batch must be >= 1")

@@ -581,3 +581,16 @@ def test_detect_json_lines_follow_the_images_order_when_one_fails_to_decode(caps
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [Path(r["image"]).name for r in rows] == ["a.png", "b.png", "c.png"]
     assert "error" in rows[1] and rows[0]["objects"] == rows[2]["objects"]
+
+
+def test_video_detect_refuses_sticky_as_live_detect_does(capsys, small_folder, tmp_path):
+    """`video --detect star --sticky 1` ran and ignored --sticky without a word, where `live
+    --detect` refuses it (exit 2): places are located afresh in every frame, nothing sticks."""
+    clip = _clip(tmp_path / "clip.mp4", 4, 10)
+    out = tmp_path / "boxes.jsonl"
+    for task in ("--detect", "--point"):
+        assert main(["video", str(clip), task, "star", "--sticky", "1", "-o", str(out), "--model", str(small_folder),
+                     "--dtype", "float32"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vlmstream: error: --sticky goes with captions and questions") and err.count("\n") == 1
+    assert not out.exists()
