@@ -179,7 +179,8 @@ class VideoRun:
         except OSError as e:  # an output cannot be written (disk full, permissions): this file fails
             self.write_failed.set()
             broken = True
-            summary.errors.append(f"{path}: cannot write its results: {e}")
+            where = e.filename or ("standard output" if self.checked.to_stdout else "its results")
+            summary.errors.append(f"{path}: cannot write {where}: {e.strerror or e}")  # not "[Errno 28] ..."
         finally:
             progress.finish()
             for sink in sinks:
