@@ -36,11 +36,12 @@ def test_json_output_on_the_sample_image(capsys):
     assert set(r["timings_ms"]) == {"preprocess", "vision", "prefill", "decode", "total"}
     assert r["timings_ms"]["total"] > 0 and "asked" not in r  # a caption is asked no question
     assert r["read_ms"] > 0  # reading the file, before the request (0.8 s for a 8000x6000 JPEG)
-    # the stages add up to the total, also with a constraint compiled for the request (4-7 ms short)
+    # the stages add up to the total, to the rounding of the printed figures, also with a constraint
+    # compiled for the request (4-7 ms short; then ~0.01 ms, the total read on a clock of its own)
     for extra in ([], ["--question", "Is there a star?", "--choices", "yes,no"]):
         t = run_json(capsys, SCENE, "--max-tokens", "8", *extra)["timings_ms"]
         parts = t["preprocess"] + t["vision"] + t["prefill"] + t["decode"]
-        assert parts == pytest.approx(t["total"], abs=0.5), t
+        assert parts == pytest.approx(t["total"], abs=0.003), t
 
 
 def test_a_reworded_question_says_what_the_model_was_asked(capsys):
