@@ -92,14 +92,15 @@ def pixels(frame, sample_aspect, lazy: bool, reading: Reading = AS_SHOWN) -> dic
 
 
 def decoded(container, stream, on_damage: Callable[[], None],
-            before_packet: Callable[[], None] | None = None, reading: Reading = AS_SHOWN,
+            before_packet: Callable[[float], None] | None = None, reading: Reading = AS_SHOWN,
             on_corrupt: Callable[[], None] | None = None, retime: Callable | None = None) -> Iterator:
     """The stream's frames, packet by packet, skipping the packets the decoder rejects (damaged
     data: a bad sector, a lost datagram, a stream joined between keyframes), as FFmpeg's own tools
     do. `container.decode` ended at the first: a file with 20 KB damaged in its middle gave 180 of
     its 329 decodable frames. A packet the demuxer marks corrupt (an MPEG-TS packet after lost
     ones: 6 frames went missing without a word) is decoded, and said to `on_corrupt` if given.
-    `retime(packet)` may move a packet's times before it is decoded
+    `before_packet(waited)` is told before each packet how many seconds the demuxer took to
+    give it (a live stream's reader waiting for the sender). `retime(packet)` may move a packet's times before it is decoded
     (`timestamps.Continuous`). Interlaced frames come whole (`Deinterlacer`), unless `reading`
     says to leave them woven."""
     import av
@@ -111,9 +112,14 @@ def decoded(container, stream, on_damage: Callable[[], None],
     def shown(frame) -> Iterator:
         return deinterlacer.push(frame) if reading.deinterlace else iter((frame,))
 
-    for packet in container.demux(stream):
+    packets = container.demux(stream)
+    while True:
+        asked = time.perf_counter()
+        packet = next(packets, None)
+        if packet is None:
+            break
         if before_packet is not None:
-            before_packet()
+            before_packet(time.perf_counter() - asked)
         if retime is not None:
             retime(packet)
         try:

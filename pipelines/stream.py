@@ -203,13 +203,13 @@ class StreamSource:
                 # in one burst, are left out; the stream's next packets are read as ever.
                 arrived = [time.perf_counter(), None]  # the last packet's arrival; when a burst after a silence began
 
-                def before() -> None:
+                def before(waited: float) -> None:
                     now = time.perf_counter()
                     if not recording and now - arrived[0] > STALE_AFTER * self.read_timeout:
                         arrived[1] = now
                     arrived[0] = now
                     if guard is not None:
-                        guard.packet(now)
+                        guard.packet(now, waited)
 
                 catch_ups = self.catch_ups
                 # Packets the demuxer marks corrupt are decoded, not counted: `damaged_packets` are those

@@ -6,8 +6,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from pipelines.catch_up import CATCH_UP_S, GIVE_UP_S, CatchUp
-from pipelines.sources import StreamSource
+from pipelines.sources import SourceError, StreamSource
 
 CLIP = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
 
@@ -122,3 +124,56 @@ def test_only_streams_pushed_with_their_clock_are_watched():
     assert watched == {"rtsp://cam/1": True, "rtmp://h/live": True, "udp://127.0.0.1:5000": True,
                        "http://h/live.m3u8": False, "https://h/cam.mjpg": False}
     assert StreamSource("-")._clocked is False
+
+
+def test_waiting_for_the_sender_is_no_backlog():
+    """Timestamps by frame count at a nominal 60 fps, frames sent at 5 (a program's frames piped
+    to an encoder): each frame 0.18 s later than the one before it by its timestamps, while the
+    reader waited ~0.2 s for each packet. It was taken for a backlog: keyframes only."""
+    codec = Codec()
+    guard = CatchUp(codec)
+    for i in range(100):
+        guard.packet(100.0 + i / 5 - 0.002, waited=0.195 if i else 0.0)
+        guard.frame(i / 60, 100.0 + i / 5)
+    assert codec.skip_frame == "DEFAULT" and guard.catch_ups == 0 and guard.max_late < 0.05
+    for i in range(100, 190):  # then a backlog (decoded at 20 fps of a 30 fps stream), read without waiting
+        guard.packet(120.0 + (i - 100) / 20, waited=0.002)
+        guard.frame(100 / 60 + (i - 100) / 30, 120.0 + (i - 100) / 20)
+    assert codec.skip_frame == "NONKEY" and guard.catch_ups == 1
+
+
+def test_a_stream_with_timestamps_slower_than_it_sends_is_decoded_whole():
+    """Over UDP: a 60 fps clock in the timestamps, 5 frames a second sent (one keyframe, at the start;
+    noise, so that every frame fills datagrams of its own).
+    It was decoded at its keyframes only, with 'decoding is 1.2 s behind' said."""
+    import sys
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"udp://127.0.0.1:{s.getsockname()[1]}"
+    code = ("import sys, time, av, numpy as np\n"
+            "c = av.open(sys.argv[1], mode='w', format='mpegts')\n"
+            "s = c.add_stream('libx264', rate=60)\n"
+            "s.width, s.height, s.pix_fmt = 320, 240, 'yuv420p'\n"
+            "s.options = {'preset': 'ultrafast', 'tune': 'zerolatency', 'g': '300', 'bf': '0'}\n"
+            "t0 = time.time()\n"
+            "for i in range(60):\n"
+            "    img = np.random.default_rng(i).integers(0, 255, (240, 320, 3), np.uint8)\n"
+            "    f = av.VideoFrame.from_ndarray(img, format='rgb24'); f.pts = i\n"
+            "    [c.mux(p) for p in s.encode(f)]\n"
+            "    time.sleep(max(0, t0 + (i + 1) / 5 - time.time()))\n"
+            "[c.mux(p) for p in s.encode()]\n"
+            "c.close()\n")
+    sender = subprocess.Popen([sys.executable, "-c", code, url + "?pkt_size=1316"])
+    try:
+        src = StreamSource(url, read_timeout=1, max_wait=30, max_outage=1)
+        said, frames = [], 0
+        src.connection.on_event = said.append
+        with pytest.raises(SourceError, match="nothing came"):  # once the sender is done
+            for _ in src.frames():
+                frames += 1
+    finally:
+        sender.kill()
+        sender.wait(30)
+    assert src.catch_ups == 0 and not [e for e in said if "behind" in e], said
+    assert frames >= 50  # of 60
