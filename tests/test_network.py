@@ -435,6 +435,25 @@ def test_a_recording_served_over_http_plays_at_its_own_pace_once(tmp_path):
     assert frames[-1].pts - frames[0].pts > 1.3
 
 
+def test_a_recording_over_http_whose_timestamps_go_back_plays_at_its_own_pace(tmp_path):
+    """Two MPEG-TS recordings joined end to end (cat): the second's timestamps start over. It
+    went by as fast as it downloaded once the first had played."""
+    part, joined = tmp_path / "part.ts", tmp_path / "joined.ts"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=20", "-t", "3",
+                    "-c:v", "libx264", "-pix_fmt", "yuv420p", "-f", "mpegts", str(part)], check=True)
+    joined.write_bytes(part.read_bytes() * 2)
+    server = _serve(tmp_path)
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/joined.ts")
+        t0 = time.time()
+        frames = list(src.frames())
+        took = time.time() - t0
+    finally:
+        server.shutdown()
+    assert len(frames) == 120
+    assert 5.5 < took < 12  # 6 s of video, not 3
+
+
 def test_live_plays_a_recording_over_http_round_and_round_for_its_duration(tmp_path, capsys, small_folder):
     """As it does a file: `live URL --duration 4` on a 1.5 s clip over HTTP stopped after 1.5 s
     (and the web UI's feed of it ended where a file's starts over)."""
