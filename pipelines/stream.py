@@ -11,7 +11,7 @@ import time
 from typing import Iterator
 
 from .catch_up import CatchUp
-from .connection import TIMED_OUT, Connection
+from .connection import TIMED_OUT, Connection, span
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
 from .pipe import PIPE_PROBE, STDIN, PipeReader, is_named_pipe, wait_for_input
 from .url import redact, unknown_host
@@ -40,6 +40,11 @@ def is_recording(container, url: str) -> bool:
 STALE_AFTER, BURST_S = 0.9, 0.05  # a silence this share of the read timeout; the burst it ends (see _frames)
 STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error
 BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
+UNDECODABLE_S = 10.0  # a stream that gave frames and then only packets the decoder rejects, this long: reopened
+
+
+class _Undecodable(Exception):
+    """No frame for UNDECODABLE_S, most packets rejected meanwhile: the stream changed codec."""
 
 
 class StreamSource:
@@ -202,9 +207,20 @@ class StreamSource:
                 # 5.7; --max-outage measured from them). Packets that come after such a silence,
                 # in one burst, are left out; the stream's next packets are read as ever.
                 arrived = [time.perf_counter(), None]  # the last packet's arrival; when a burst after a silence began
+                # A sender that changed codec on the same port (H.264 to HEVC): the demuxer keeps the
+                # stream it probed, and its decoder rejected every packet from then on, silently, for
+                # as long as the stream ran. Once it has given frames and then none for UNDECODABLE_S,
+                # the decoder rejecting most packets meanwhile, it is reopened (probed again). Not
+                # before its first frame: a stream joined far from a keyframe is rejected until one comes.
+                since: list = [None, 0, self.damaged]  # the last frame's time; packets since; self.damaged then
 
                 def before(waited: float) -> None:
                     now = time.perf_counter()
+                    since[1] += 1
+                    if (since[0] is not None and now - since[0] > UNDECODABLE_S
+                            and 2 * (self.damaged - since[2]) >= since[1]):
+                        raise _Undecodable(f"no frame for {span(now - since[0])}, the {stream.codec_context.name} decoder "
+                                           "rejecting its packets: has the stream changed format?")
                     if not recording and now - arrived[0] > STALE_AFTER * self.read_timeout:
                         arrived[1] = now
                     arrived[0] = now
@@ -235,14 +251,15 @@ class StreamSource:
                         elif ahead > 0:
                             time.sleep(ahead)
                     connection.frame()
+                    since[:] = [connection.last_frame, 0, self.damaged]
                     yield Frame(self.source_id, index, connection.last_frame - t0,
                                 **pixels(frame, stream.codec_context.sample_aspect_ratio, self.lazy, self.reading))
                     index += 1
                 ended = recording
-            except (av.FFmpegError, OSError) as e:
+            except (av.FFmpegError, OSError, _Undecodable) as e:
                 if connection.stopped and self._pipe is not None:  # a read the run's end broke off
                     return
-                broke = self._clean(e, self.read_timeout)
+                broke = str(e) if isinstance(e, _Undecodable) else self._clean(e, self.read_timeout)
                 self.error = f"{self.display}: {broke}"
                 if not self.reconnect:  # standard input broken off: said, not taken for its end
                     raise SourceError(f"cannot read {self.error}") from None

@@ -454,6 +454,44 @@ def test_a_recording_over_http_whose_timestamps_go_back_plays_at_its_own_pace(tm
     assert 5.5 < took < 12  # 6 s of video, not 3
 
 
+def test_a_stream_that_changes_codec_on_the_same_port_is_probed_again(tmp_path, monkeypatch):
+    """H.264, then HEVC from a sender restarted on the same UDP port within the read timeout: the
+    demuxer kept the H.264 stream it had probed, its decoder rejected every packet, and no frame
+    came (nor a word) for as long as the stream ran."""
+    import pipelines.stream
+
+    monkeypatch.setattr(pipelines.stream, "UNDECODABLE_S", 1.5)
+    parts = []
+    for codec, size in (("libx264", "64x48"), ("libx265", "96x64")):
+        part = tmp_path / f"{codec}.ts"
+        subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", f"testsrc=size={size}:rate=20", "-t", "3",
+                        "-c:v", codec, "-g", "10", "-pix_fmt", "yuv420p", "-f", "mpegts", str(part)], check=True)
+        parts.append(part.read_bytes())
+    port = _port()
+    events, shapes = [], []
+
+    def send():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for data, seconds in ((parts[0], 3), (parts[1] * 2, 6)):  # 3 s of H.264, 6 s of HEVC
+                chunks = [data[i:i + 1316] for i in range(0, len(data), 1316)]
+                t0 = time.time()
+                for i, c in enumerate(chunks):
+                    s.sendto(c, ("127.0.0.1", port))
+                    time.sleep(max(0.0, t0 + seconds * (i + 1) / len(chunks) - time.time()))
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    src = StreamSource(f"udp://127.0.0.1:{port}", read_timeout=1, max_outage=1)
+    src.connection.on_event = events.append
+    with pytest.raises(SourceError, match="nothing came"):  # once the sender is done
+        for f in src.frames():
+            shapes.append(f.rgb.shape)
+    sender.join()
+    assert (48, 64, 3) in shapes and (64, 96, 3) in shapes, set(shapes)
+    assert any(e.startswith("lost (no frame for 1.5 s, the h264 decoder rejecting its packets: has the stream "
+                            "changed format?); reconnecting") for e in events), events
+
+
 def test_live_plays_a_recording_over_http_round_and_round_for_its_duration(tmp_path, capsys, small_folder):
     """As it does a file: `live URL --duration 4` on a 1.5 s clip over HTTP stopped after 1.5 s
     (and the web UI's feed of it ended where a file's starts over)."""
