@@ -14,14 +14,10 @@ released (pages, slot, image) when no launched step includes it any more.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import numbers
-import os
-import sys
 import threading
 import time
-import weakref
 from typing import Any
 
 import numpy as np
@@ -37,6 +33,7 @@ from .kv_memory import check_kv_fits, default_pages
 from .models.loader import load_model
 from .models.prompt import prompt_ids
 from .models.tiling import overlap_crops
+from .open_engines import open_engines
 from .request import ImageRef, RequestHandle, as_rgb
 from .runner import Runner
 from .sequence import Image, Sequence
@@ -103,7 +100,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="vlmstream-engine", daemon=True)
         self._inbox.owner = self._thread
         self._thread.start()
-        _open_engines.add(self)
+        open_engines.add(self)
 
     # ------------------------------------------------------------------ public API (any thread)
 
@@ -246,7 +243,7 @@ class Engine:
         if self._vision is not None:
             self._vision.close()
         self._shut = True
-        _open_engines.discard(self)
+        open_engines.discard(self)
 
     def __enter__(self) -> "Engine":
         return self
@@ -337,48 +334,6 @@ class Engine:
         # ImageRefs still held give their pages back too: their release is moot now (_post), and
         # they had kept their prefixes' pages after the failure, and after close.
         self._batch.drop_images()
-
-
-_open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
-
-
-EXIT_QUIET_S = 5.0  # at exit, the wait for an engine's steps before it is said
-EXIT_WAIT_S = 600.0  # and the longest wait: a device that hangs
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    """A program that ends without close(): its requests are cancelled and the engine's threads
-    joined before the interpreter goes down under them (a TorchScript call still running then had
-    aborted the process: "terminate called without an active exception", exit 134). A slow
-    model's step (Moondream 2 in fp32 on a CPU: over a minute) had outlasted a 30 s wait."""
-    for engine in list(_open_engines):
-        try:
-            engine.close(cancel=True, timeout=EXIT_QUIET_S)
-        except TimeoutError:
-            print("vlmstream: waiting for the engine's current step to end", file=sys.stderr, flush=True)
-            try:
-                engine.close(cancel=True, timeout=EXIT_WAIT_S)
-            except Exception:  # stuck: nothing more to do at exit
-                pass
-        except Exception:  # a failed engine: nothing more to do at exit
-            pass
-
-
-def _forked() -> None:
-    """In a child process forked from this one (os.fork, multiprocessing's "fork", a preforking
-    server's workers after a preload): the engines' threads did not come along. A submit to one
-    had been taken and never answered, result() waiting for ever; it is an EngineClosedError."""
-    parent = os.getppid()
-    for engine in list(_open_engines):
-        engine._inbox.forked(f"the engine was created in process {parent}, and this process is a fork of it, "
-                             "where the engine's threads do not run: create the Engine in this process")
-        engine._shut = True  # nothing to join here: close() and the exit's close return at once
-    _open_engines.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
 
 
 def _priority(priority: Any) -> int:

@@ -699,8 +699,9 @@ def test_a_program_that_ends_during_a_long_step_waits_for_it(small_folder):
         import time, numpy as np, torch
         torch.set_num_threads(1)
         import engine.engine as em
+        import engine.open_engines
         from engine.batch import Batch
-        em.EXIT_QUIET_S = 0.2  # the step below outlasts it
+        engine.open_engines.EXIT_QUIET_S = 0.2  # the step below outlasts it
         commit = Batch.commit
         def slow(self, record):
             time.sleep(1.5)
