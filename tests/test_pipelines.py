@@ -317,6 +317,22 @@ def test_cues_past_an_hour_and_a_last_frame_at_the_stated_end(tmp_path, fmt):
                                              (f"01:02:06{sep}000", f"01:02:06{sep}500", "a blue star")]
 
 
+def test_cues_are_numbered_from_one_and_timed_to_the_nearest_millisecond(tmp_path):
+    """SRT's cues count 1, 2, 3 (a blank answer, which has none, takes no number); times round
+    to the millisecond (a frame at 17/30 s starts at ,567), none before 0, and a cue whose next
+    frame shares its time still lasts a millisecond; a last cue of several frames lasts until a
+    frame after the last of them."""
+    path = tmp_path / "s.srt"
+    sink = SubtitleSink(path, "srt", frame_duration=0.5)
+    for i, (pts, text) in enumerate([(-0.04, "a"), (round(17 / 30, 6), "b"), (round(17 / 30, 6), ""),
+                                     (1.0, "c"), (1.5, "c")]):
+        sink.write(FrameResult("v", i, pts, text, [], "stop", {}))
+    sink.close()
+    assert path.read_text() == ("1\n00:00:00,000 --> 00:00:00,567\na\n\n"
+                                "2\n00:00:00,567 --> 00:00:00,568\nb\n\n"
+                                "3\n00:00:01,000 --> 00:00:02,000\nc\n\n")
+
+
 @pytest.mark.parametrize("fmt", ["srt", "vtt"])
 def test_cue_text_cannot_end_a_cue_or_read_as_markup(tmp_path, fmt):
     """Answers are the model's (or a constraint's) text: a blank line in one ended its cue early,
@@ -409,6 +425,38 @@ def test_resume_reads_what_a_killed_run_left_and_redoes_what_it_cut(tmp_path):
         assert warnings == [f"{out}: 2 line(s) that are not answers skipped"]
         JsonlSink(out).close()  # what --resume opens: the cut tail goes, frame 4 is asked again
         assert out.read_bytes().endswith(line(2, "un café"))
+
+
+def test_a_cut_last_line_goes_however_long_and_wherever_it_starts(tmp_path):
+    """What --resume opens: a killed run's JSONL whose only line was cut kept it, and the next
+    run's first line was appended to it (one line that is no JSON); a cut line longer than the
+    64 KB read at a time was kept where the block before it ended in a newline."""
+    whole = b'{"source": "v.mp4", "index": 0, "pts": 0.0, "text": "a red star"}\n'
+    cases = [(b'{"source": "v.mp4", "ind', b""), (whole + b'{"text": "' + b"x" * (65536 - 10), whole)]
+    for data, kept in cases:
+        out = tmp_path / "o.jsonl"
+        out.write_bytes(data)
+        sink = JsonlSink(out)
+        sink.write(FrameResult("v.mp4", 1, 0.1, "a blue star", [], "stop", {}, {"caption": "short"}))
+        sink.close()
+        assert out.read_bytes().startswith(kept) and len(done_frames(out)) == 1 + bool(kept)
+
+
+def test_a_run_that_does_not_resume_leaves_none_of_the_old_files_lines(tmp_path):
+    """Without --resume the outputs start afresh: a shorter new file had ended in the old one's
+    last lines and cues."""
+    old = FrameResult("v.mp4", 0, 0.0, "an old answer " * 20, [], "stop", {}, {"caption": "short"})
+    out, srt = tmp_path / "o.jsonl", tmp_path / "o.srt"
+    out.write_text((old.to_json() + "\n") * 5)
+    srt.write_text("1\n00:00:00,000 --> 00:00:09,000\nan old cue\n\n" * 5)
+    sink, subs = JsonlSink(out, append=False), SubtitleSink(srt, "srt", frame_duration=0.5)
+    new = FrameResult("v.mp4", 0, 0.0, "new", [], "stop", {}, {"caption": "short"})
+    sink.write(new)
+    subs.write(new)
+    sink.close()
+    subs.close()
+    assert out.read_text() == new.to_json() + "\n"
+    assert srt.read_text() == "1\n00:00:00,000 --> 00:00:00,500\nnew\n\n"
 
 
 def test_resume_finds_a_file_however_its_path_is_spelt(tmp_path, small_folder, capsys, monkeypatch):
