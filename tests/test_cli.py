@@ -471,7 +471,7 @@ def test_argument_mistakes_are_one_line(argv, needle, capsys):
 
 
 @pytest.mark.parametrize("output", [["-o", "/proc/x.jsonl"], ["-o", "/proc/x.srt"], ["-o", "/proc/out/"],
-                                    ["--annotate", "/proc/a.mp4"]])
+                                    ["-o", "/proc/sys/"], ["--annotate", "/proc/a.mp4"]])
 def test_outputs_are_tried_for_real_before_the_run(output, capsys, tmp_path):
     """os.access said yes to /proc (and to anything for root, on a read-only mount too): -o was a
     traceback, an .srt or --annotate a warning and exit 1 after the whole run."""
@@ -489,6 +489,27 @@ def test_a_checked_output_is_left_as_it_was(tmp_path):
     new, folder = tmp_path / "new.srt", tmp_path / "out"
     check_writable([folder], [kept, new])
     assert kept.read_text() == '{"index": 0}\n' and not new.exists() and list(folder.iterdir()) == []
+
+
+def test_formats_are_read_as_typed_and_a_name_of_255_bytes_is_written(tmp_path):
+    """--format ".SRT, vtt" is srt and vtt; a list of none is a mistake (the run wrote nothing).
+    A file name may be 255 bytes long: only a longer one is refused before the run."""
+    from app.cli import UsageError
+    from app.outputs import parse_formats, plan_outputs
+
+    assert parse_formats(" .SRT, vtt,srt ") == ("srt", "vtt")
+    for text in (",", " , "):
+        with pytest.raises(UsageError, match="--format takes"):
+            parse_formats(text)
+    out = tmp_path / "out"
+    for stem, ok in (("x" * 251, True), ("x" * 252, False)):  # with ".srt": 255 and 256 bytes
+        video = tmp_path / f"{stem}.mp4"
+        if ok:
+            plans = plan_outputs([(str(video), None, Path(video.name))], out, ("srt",), None, None, None)
+            assert [len(p.name) for p, _ in plans[str(video)].subtitles] == [255]
+        else:
+            with pytest.raises(UsageError, match="longer than 255 bytes"):
+                plan_outputs([(str(video), None, Path(video.name))], out, ("srt",), None, None, None)
 
 
 def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(tmp_path):
