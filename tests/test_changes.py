@@ -258,3 +258,5 @@ def test_every_video_gets_its_own_snapshot_names(tmp_path):
     assert len(set(names)) == len(names) and len(list(tmp_path.iterdir())) == len(names), names
     assert names[5] == "a_b.mp4_0000007.jpg" and names[0].startswith("jp_会議.mp4_")  # readable, sorted by video
     assert all(n.endswith("_0000007.jpg") for n in names)
+    # a long path keeps its end, the video's own name (its start, the folders, is what goes)
+    assert all("long1.mp4_" in n for n in names[7:]), names[7:]
