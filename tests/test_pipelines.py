@@ -354,6 +354,26 @@ def test_cue_text_cannot_end_a_cue_or_read_as_markup(tmp_path, fmt):
     assert len(re.findall(" --> ", path.read_text())) == 4  # the blank answer has no cue
 
 
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_a_line_of_spaces_in_an_answer_is_dropped_as_a_blank_one(fmt):
+    """A line of spaces or tabs reads as the blank line that ends a cue in most players: the
+    answer's lines after it were lost."""
+    from pipelines.sinks import cue_text
+
+    assert cue_text("a red star\n \t\non a table", fmt) == "a red star\non a table"
+
+
+def test_the_last_cue_ends_a_frame_after_its_frame_or_where_the_video_ends_if_sooner(tmp_path):
+    """A video that goes on past its last frame processed (a run stopped early, a damaged end)
+    shows the last answer for a frame's time, not until the video's end."""
+    for end, stop in ((10.0, "00:00:00,500"), (0.2, "00:00:00,200"), (None, "00:00:00,500")):
+        path = tmp_path / "s.srt"
+        sink = SubtitleSink(path, "srt", frame_duration=0.5)
+        sink.write(FrameResult("v", 0, 0.0, "a red star", [], "stop", {}))
+        sink.close(end=end)
+        assert _parse_subs(path.read_text()) == [("00:00:00,000", stop, "a red star")], end
+
+
 def test_batch_in_order_and_resume(tmp_path, small_folder):
     path = write_video(tmp_path / "v.mp4", "libx264", n=20)
     out = tmp_path / "o.jsonl"
@@ -457,6 +477,21 @@ def test_a_run_that_does_not_resume_leaves_none_of_the_old_files_lines(tmp_path)
     subs.close()
     assert out.read_text() == new.to_json() + "\n"
     assert srt.read_text() == "1\n00:00:00,000 --> 00:00:00,500\nnew\n\n"
+
+
+def test_a_jsonl_of_the_answers_that_changed_cannot_be_resumed(tmp_path):
+    """--changes writes only the answers that changed: resumed, every frame in between was asked
+    again and appended after them, out of order."""
+    from engine.errors import VlmstreamError
+
+    out = tmp_path / "changes.jsonl"
+    first = FrameResult("v.mp4", 0, 0.0, "a red star", [], "stop", {}, {"caption": "short"}).to_dict()
+    changed = {**first, "index": 30, "pts": 1.0, "text": "a blue star", "previous": "a red star", "since": 0.0}
+    out.write_text(json.dumps(first) + "\n" + json.dumps(changed) + "\n")
+    with pytest.raises(VlmstreamError, match="--changes"):
+        done_frames(out)
+    out.write_text(json.dumps(first) + "\n")  # a line of every frame's JSONL is read
+    assert len(done_frames(out)) == 1
 
 
 def test_resume_finds_a_file_however_its_path_is_spelt(tmp_path, small_folder, capsys, monkeypatch):
