@@ -462,6 +462,24 @@ def test_a_cut_last_line_goes_however_long_and_wherever_it_starts(tmp_path):
         assert out.read_bytes().startswith(kept) and len(done_frames(out)) == 1 + bool(kept)
 
 
+def test_each_answer_is_in_the_files_once_written_not_at_close(tmp_path):
+    """A run killed (SIGKILL, out of memory, power lost) never closes its outputs: what it had
+    answered must be in them already, for --resume to keep."""
+    out, srt = tmp_path / "o.jsonl", tmp_path / "o.srt"
+    sink, subs = JsonlSink(out), SubtitleSink(srt, "srt", frame_duration=0.5)
+    try:
+        for i, text in enumerate(["a red star", "a blue star"]):
+            r = FrameResult("v.mp4", i, i * 0.5, text, [], "stop", {}, {"caption": "short"})
+            sink.write(r)
+            subs.write(r)
+        assert out.read_text() == "".join(FrameResult("v.mp4", i, i * 0.5, t, [], "stop", {}, {"caption": "short"})
+                                          .to_json() + "\n" for i, t in enumerate(["a red star", "a blue star"]))
+        assert _parse_subs(srt.read_text()) == [("00:00:00,000", "00:00:00,500", "a red star")]  # the cue done
+    finally:
+        sink.close()
+        subs.close()
+
+
 def test_a_run_that_does_not_resume_leaves_none_of_the_old_files_lines(tmp_path):
     """Without --resume the outputs start afresh: a shorter new file had ended in the old one's
     last lines and cues."""
