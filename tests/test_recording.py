@@ -315,12 +315,30 @@ def test_a_one_pixel_video_is_annotated_at_two_by_two(tmp_path):
     `video --annotate` stopped every output after the first frame with a traceback."""
     from pipelines.annotated import AnnotatedVideoSink
 
-    sink = AnnotatedVideoSink(tmp_path / "a.mp4", 1, 1)
-    for i in range(3):
-        sink.write_image(np.full((1, 1, 3), 200, np.uint8), "a red dot", "", i / 10)
-    sink.close()
-    _, frames = _decoded(tmp_path / "a.mp4")
-    assert [f.shape for f in frames] == [(2, 2, 3)] * 3
+    for w, h, shape in ((1, 1, (2, 2, 3)), (65, 49, (48, 64, 3))):  # and an odd size: its last column and row go
+        sink = AnnotatedVideoSink(tmp_path / "a.mp4", w, h)
+        for i in range(3):
+            sink.write_image(np.full((h, w, 3), 200, np.uint8), "a red dot", "", i / 10)
+        sink.close()
+        _, frames = _decoded(tmp_path / "a.mp4")
+        assert [f.shape for f in frames] == [shape] * 3
+
+
+def test_frames_sharing_a_time_are_each_kept_and_a_second_close_changes_nothing(tmp_path):
+    """Two frames of one time (a stream's clock that stands still, a timestamp repeated) are both
+    in the annotated copy, a millisecond apart, not a muxer error; a sink closed twice (by a run's
+    end and by its cleanup) leaves the finished file as it was."""
+    from pipelines.annotated import AnnotatedVideoSink
+
+    sink = AnnotatedVideoSink(tmp_path / "a.mp4", 64, 48)
+    for i, t in enumerate((0.0, 0.5, 0.5, 1.0)):
+        sink.write_image(np.full((48, 64, 3), 60 * i, np.uint8), "a red dot", "", t)
+    sink.close(end=1.5)
+    written = (tmp_path / "a.mp4").read_bytes()
+    sink.close(end=1.5)
+    assert (tmp_path / "a.mp4").read_bytes() == written
+    times, _ = _decoded(tmp_path / "a.mp4")
+    assert times == pytest.approx([0.0, 0.5, 0.501, 1.0])
 
 
 def test_frames_the_encoder_could_not_take_are_counted_skipped(tmp_path, monkeypatch):
