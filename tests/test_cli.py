@@ -512,6 +512,21 @@ def test_formats_are_read_as_typed_and_a_name_of_255_bytes_is_written(tmp_path):
                 plan_outputs([(str(video), None, Path(video.name))], out, ("srt",), None, None, None)
 
 
+def test_only_a_resumed_run_writes_its_outputs_beside_them(tmp_path):
+    """A run that does not --resume starts its outputs afresh where they are: written beside them
+    and swapped in only when whole, one stopped early left the last run's subtitles beside its
+    own new JSONL."""
+    from app.outputs import Rebuilds
+
+    srt = tmp_path / "a.srt"
+    srt.write_text("1\n00:00:00,000 --> 00:00:01,000\nan old cue\n\n")
+    assert Rebuilds(False).path(srt) == srt and sorted(tmp_path.iterdir()) == [srt]
+    resumed = Rebuilds(True)
+    assert resumed.path(srt) != srt
+    resumed.finish(False)
+    assert sorted(tmp_path.iterdir()) == [srt]
+
+
 def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(tmp_path):
     """The first second or two of every command loads torch; a Ctrl-C there (a user who typed
     the wrong file) must end like any other interruption."""
