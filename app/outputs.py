@@ -198,7 +198,8 @@ class Rebuilds:
     exists is written beside itself (a fixed hidden name, so that one a killed run left is
     written over) and replaces it only when `finish` says the new one is whole. Rebuilt in place,
     a resumed run stopped early cut complete ones back to its first frames (an MP4 to nothing).
-    A link is written through (the file it names is replaced, its mode kept)."""
+    A link is written through (the file it names is replaced, its mode kept); one to what is no
+    regular file (/dev/null, a FIFO) is written to as it is: replaced, a device node became a file."""
 
     def __init__(self, resume: bool):
         self.resume = resume
@@ -206,7 +207,7 @@ class Rebuilds:
 
     def path(self, target: Path) -> Path:
         """Where to write `target` now."""
-        if not (self.resume and target.exists()):
+        if not (self.resume and target.is_file()):
             return target
         import hashlib
         import shutil

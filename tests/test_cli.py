@@ -1148,3 +1148,21 @@ def test_a_rebuilt_output_keeps_the_mode_of_the_one_it_replaces(tmp_path):
         part.write_text("new")
         rebuilds.finish(True)
         assert old.read_text() == "new" and stat.S_IMODE(old.stat().st_mode) == mode
+
+
+def test_a_resumed_output_that_links_to_no_regular_file_is_written_to_not_replaced(tmp_path):
+    """A rebuilt output is written beside the file a link names, then put in its place: a link to
+    /dev/full (or a FIFO) had its device node replaced by a regular file, as root for every
+    program on the machine. (A FIFO here: a failing test must not replace a device.)"""
+    import stat
+
+    from app.outputs import Rebuilds
+
+    fifo = tmp_path / "subs.fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "subs.srt"
+    link.symlink_to(fifo)
+    rebuilds = Rebuilds(resume=True)
+    assert rebuilds.path(link) == link
+    rebuilds.finish(True)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and not list(tmp_path.glob(".vlmstream-resume-*"))
