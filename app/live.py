@@ -278,7 +278,7 @@ def open_log(output: str | None):
         return None
     if output == "-":
         return sys.stdout
-    from pipelines.sinks import cut_partial_line
+    from pipelines.output_file import cut_partial_line
 
     try:
         cut_partial_line(output)  # a line the last run's end (a kill, a full disk) cut short

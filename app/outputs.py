@@ -59,8 +59,8 @@ def check_writable(folders: list[Path], files: list[Path]) -> None:
 
 def check_not_busy(files: list[Path]) -> None:
     """A UsageError where another run is writing one of these outputs now (it holds its lock:
-    pipelines.sinks.open_output), said before the model loads; a file is opened to ask, not changed."""
-    from pipelines.sinks import output_busy
+    pipelines.output_file.open_output), said before the model loads; a file is opened to ask, not changed."""
+    from pipelines.output_file import output_busy
 
     for f in files:
         try:

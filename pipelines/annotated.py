@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .sinks import FrameResult, frame_text, open_output
+from .output_file import open_output
+from .sinks import FrameResult, frame_text
 
 
 def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
