@@ -33,6 +33,7 @@ class LiveLocateRun:
                  task: str, what: str, model: str) -> None:
         self.args, self.labels, self.log, self.task, self.what, self.model = args, labels, log, task, what, model
         self.several = len(labels) > 1
+        self.width = max(map(len, labels))  # the terminal's lines keep their columns whatever source they name
         self.lock = threading.Lock()
         self.write_error: list[tuple[str, OSError]] = []  # (what, error): the run stops
         self.recorders = {label: Recorder(path) for label, path in zip(labels, recordings or [])}
@@ -84,7 +85,8 @@ class LiveLocateRun:
                     log.flush()
                 if not args.json and log is not sys.stdout:
                     was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"
-                    print(f"{r.label + '  ' if self.several else ''}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  "
+                    prefix = f"{r.label:<{self.width}}  " if self.several else ""
+                    print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  "
                           f"{self.what}: {places_text(r.pixels, self.task)}{was}", flush=True)
             except OSError as e:  # a full disk, a closed pipe: the run stops and says so
                 on_stdout = isinstance(e, (BrokenPipeError, StandardOutputError))

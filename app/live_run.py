@@ -38,6 +38,7 @@ class LiveRun:
                  model: str) -> None:
         self.args, self.labels, self.log, self.snapshots, self.model = args, labels, log, snapshots, model
         self.several = len(labels) > 1
+        self.width = max(map(len, labels))  # the terminal's lines keep their columns whatever source they name
         self.write_error: list[tuple[str, OSError]] = []  # (what, error): the run stops
         self.print_lock = threading.Lock()
         # --changes: each source's answers are followed, and only the new ones reported
@@ -104,7 +105,7 @@ class LiveRun:
                 except OSError as e:  # disk full, a closed pipe: the run stops and says so
                     write_error.append((log_name(args.output), e))
             if not args.json and log is not sys.stdout and not write_error:
-                prefix = f"{label}  " if self.several else ""
+                prefix = f"{label:<{self.width}}  " if self.several else ""
                 try:
                     for line in lines:
                         print(f"{prefix}{r.frame.pts:9.3f}  {r.end_to_end_ms:6.1f} ms  {line}", flush=True)

@@ -392,6 +392,8 @@ def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path
     assert main(cmd) == 0
     captured = capsys.readouterr()
     assert captured.out.count(f"{a}  ") > 3 and captured.out.count(f"{b}  ") > 3  # lines say whose they are
+    # in columns, whichever source a line names (the shorter name padded to the longer's width)
+    assert len({line.index(" ms ") for line in captured.out.splitlines()}) == 1, captured.out
     assert captured.err.count("frames captioned") == 2
     assert main(["live", a, a]) == 2 and main(["live", a, str(tmp_path / "missing.mp4")]) == 2
     assert main(["live", a, "--max-inflight", "0"]) == 2 and main(["live", a, "--sticky", "nan"]) == 2
