@@ -523,7 +523,9 @@ def test_resume_finds_a_file_however_its_path_is_spelt(tmp_path, small_folder, c
     for spelt in ("./v.mp4", str(tmp_path / "v.mp4")):
         capsys.readouterr()
         assert main(["video", spelt, *cmd, "--resume"]) == 0
-        assert "4 skipped (resume)" in capsys.readouterr().err and (tmp_path / "o.jsonl").read_text() == first
+        err = capsys.readouterr().err
+        assert "4 skipped (resume)" in err and (tmp_path / "o.jsonl").read_text() == first
+        assert "does not pick" not in err  # the same rate: every answer in the JSONL is this run's
     # resumed from another folder: the lines' source (clips/v.mp4) is found from the JSONL's folder
     (tmp_path / "clips").mkdir()
     write_video(tmp_path / "clips" / "v.mp4", "libx264", n=12)
