@@ -1001,6 +1001,51 @@ def test_zero_frame_video_is_an_error(tmp_path, small_folder, capsys):
     assert "empty.mkv" in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_a_file_gone_before_its_turn_is_said_and_the_run_is_not_all_done(tmp_path, small_folder, capsys, monkeypatch):
+    """A file removed (or replaced by junk) after the run checked it and before it is read: the
+    other files are captioned, the lost one is said, and the exit code says the work is not all done."""
+    from app.video_run import VideoRun
+
+    a = write_video(tmp_path / "a.mp4", "libx264", n=3)
+    gone = write_video(tmp_path / "b.mp4", "libx264", n=3)
+    out = tmp_path / "o.jsonl"
+    real = VideoRun.caption
+
+    def caption(self, engine):
+        gone.unlink()  # after the files were probed
+        return real(self, engine)
+
+    monkeypatch.setattr(VideoRun, "caption", caption)
+    assert main(["video", str(a), str(gone), "--model", str(small_folder), "--max-tokens", "2", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "warning: video not found: " in err and "b.mp4" in err and "3 frames captioned" in err
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [0, 1, 2]
+
+
+def test_a_frame_half_answered_is_read_again_for_its_missing_answers(tmp_path, small_folder, capsys):
+    """Several prompts, a JSONL only (no output that needs every frame's pixels) cut inside a
+    frame's answers: that frame is decoded again for the answers it lacks, and the run gives a
+    full run's lines."""
+    path = write_video(tmp_path / "v.mp4", "libx264", n=6)
+    out = tmp_path / "o.jsonl"
+    for sticky in ([], ["--sticky", "0"]):
+        cmd = ["video", str(path), "--model", str(small_folder), "--max-tokens", "2", "--every-n", "2",
+               "--caption", "short", "--question", "Is there a star?", "-o", str(out), *sticky]
+        assert main(cmd) == 0
+        lines = out.read_text().splitlines()
+        assert len(lines) == 3 * 2
+        out.write_text("\n".join(lines[:3]) + "\n")  # frame 0's two answers, frame 2's first
+        capsys.readouterr()
+        assert main(cmd + ["--resume"]) == 0
+        assert "2 frames captioned, 1 skipped (resume)" in capsys.readouterr().err
+        assert sorted(map(_answer, out.read_text().splitlines())) == sorted(map(_answer, lines))
+
+
+def _answer(line: str) -> tuple:
+    r = json.loads(line)
+    return r["index"], r["pts"], r.get("caption") or r["question"], r["text"], r["token_ids"]
+
+
 @pytest.mark.parametrize("degrees", [90, 180, 270])
 def test_rotation_metadata_is_applied_as_ffmpeg_does(tmp_path, degrees):
     """Media rotated by the ffmpeg tool (Debian's, installed by .ci/run) decode upright."""
