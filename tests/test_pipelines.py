@@ -1001,6 +1001,36 @@ def test_zero_frame_video_is_an_error(tmp_path, small_folder, capsys):
     assert "empty.mkv" in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_a_read_that_fails_mid_file_keeps_its_frames_and_says_where(tmp_path, small_folder, capsys, monkeypatch):
+    """The disk (or the demuxer) fails after 5 frames: those 5 are captioned, the warning says
+    after how many frames decoding stopped, and the run says it is not all done (exit 1). One that
+    fails at the first frame says why, not only that no frame could be decoded."""
+    import pipelines.file_source
+
+    real, fail_at = pipelines.file_source.decoded, [5]
+
+    def decoded(*args, **kwargs):
+        for i, frame in enumerate(real(*args, **kwargs)):
+            if i == fail_at[0]:
+                raise OSError(5, "Input/output error")
+            yield frame
+
+    monkeypatch.setattr(pipelines.file_source, "decoded", decoded)
+    path = write_video(tmp_path / "v.mp4", "libx264", n=12)
+    with FileSource(path) as src:
+        assert [f.index for f in src.frames()] == list(range(5))
+    assert src.incomplete and src.error.startswith(f"{path}: decoding stopped after 5 frames: ")
+    out = tmp_path / "o.jsonl"
+    cmd = ["video", str(path), "--model", str(small_folder), "--max-tokens", "2", "-o", str(out)]
+    assert main(cmd) == 1
+    err = capsys.readouterr().err
+    assert f"warning: {path}: decoding stopped after 5 frames: " in err and "5 frames captioned" in err
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == list(range(5))
+    fail_at[0] = 0
+    assert main(cmd) == 2
+    assert f"error: {path}: decoding stopped after 0 frames: " in capsys.readouterr().err
+
+
 def test_a_file_gone_before_its_turn_is_said_and_the_run_is_not_all_done(tmp_path, small_folder, capsys, monkeypatch):
     """A file removed (or replaced by junk) after the run checked it and before it is read: the
     other files are captioned, the lost one is said, and the exit code says the work is not all done."""
