@@ -643,6 +643,22 @@ def test_video_cli(tmp_path, small_folder, capsys):
     assert "error" in capsys.readouterr().err
 
 
+def test_answers_on_the_terminal_say_their_file_time_and_prompt(tmp_path, small_folder, capsys):
+    """Without -o the answers are printed as they come: each line says its file (when there are
+    several), its frame's time and (with several prompts) which prompt it answers."""
+    a = write_video(tmp_path / "a.mp4", "libx264", n=3)
+    b = write_video(tmp_path / "b.mkv", "mpeg4", n=3)
+    assert main(["video", str(a), str(b), "--model", str(small_folder), "--max-tokens", "2", "--every-n", "2",
+                 "--caption", "short", "--question", "Is there a star?"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = sorted(re.match(r"^(a\.mp4|b\.mkv)  +(\d+\.\d{3})  (short caption|Is there a star\?): ", line).groups()
+                  for line in lines)
+    assert said == sorted((name, pts, prompt) for name in ("a.mp4", "b.mkv") for pts in ("0.000", "0.200")
+                          for prompt in ("short caption", "Is there a star?"))
+    assert main(["video", str(a), "--model", str(small_folder), "--max-tokens", "2", "--every-n", "2"]) == 0
+    assert [line[:11] for line in capsys.readouterr().out.splitlines()] == ["    0.000  ", "    0.200  "]
+
+
 def test_video_json_lines_on_standard_output(tmp_path, small_folder, capsys):
     path = write_video(tmp_path / "v.mp4", "libx264", n=9)
     cmd = ["video", str(path), "--model", str(small_folder), "--every-n", "3", "--max-tokens", "3", "-o", "-"]
