@@ -701,6 +701,7 @@ def test_sigint_keeps_results_and_resume_finishes(tmp_path, small_folder):
     assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err
     kept = [json.loads(line) for line in out.read_text().splitlines()]
     assert 10 <= len(kept) < n and [r["index"] for r in kept] == list(range(len(kept)))
+    assert f"vlmstream: {len(kept)} frames captioned, 0 skipped (resume), 1 file(s)" in err  # what was written
     done = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -1230,6 +1231,22 @@ def test_a_recording_whose_clock_starts_late_or_jumps_is_timed_from_its_start(tm
         stats = json.loads(capsys.readouterr().out)
         # the frames the source gave in 2 s, captioned or not (on a loaded machine the feed takes fewer)
         assert stats["frames_in"] + stats["overwritten_at_grab"] + stats["above_fps"] > frames
+
+
+def test_a_recording_whose_clock_jumps_is_not_said_to_be_cut_short(tmp_path):
+    """A camera's clock jumping 10 minutes mid-recording stretches the container's duration
+    (602 s for 2 s of frames): the jump is taken out of the times, and the duration is not read
+    as a file cut short (a false "truncated" warning, and exit 1)."""
+    import subprocess
+
+    path = tmp_path / "jump.ts"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=30", "-frames:v", "60",
+                    "-vf", "setpts='PTS+if(gte(N,30),600/TB,0)'", "-fps_mode", "passthrough", "-c:v", "libx264",
+                    "-preset", "ultrafast", str(path)], check=True, timeout=60)
+    with FileSource(path) as src:
+        pts = [f.pts for f in src.frames(need_rgb=lambda i: False)]
+    assert pts == pytest.approx([i / 30 for i in range(60)], abs=1e-3)
+    assert src.error is None and not src.incomplete
 
 
 def test_answers_cut_short_by_the_engine_closing_are_not_written(tmp_path, small_folder):
