@@ -202,6 +202,11 @@ def test_video_changes_on_the_terminal_and_its_mistakes(tmp_path, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert lines[0].split() == ["0.000", "four"] and lines[1].split() == ["4.000", "one", "(was:", "four)"]
     assert all("(was: " in line for line in lines[1:])
+    # with --hold 2 each line still says when its answer began, not the frame that held it
+    assert main(["video", str(CLIP), "--fps", "2", "--question", "How many shapes are there?", "--changes",
+                 "--hold", "2"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines[0].split() == ["0.000", "four"] and lines[1].split() == ["4.000", "one", "(was:", "four)"]
     events, shots = tmp_path / "events.jsonl", tmp_path / "shots"
     assert main(["video", str(CLIP), "--fps", "2", "--question", "How many shapes are there?", "--changes",
                  "-o", str(events), "--snapshots", str(shots)]) == 0

@@ -36,6 +36,10 @@ def test_best_effort_takes_the_decode_times_where_the_frames_own_go_backwards():
     doubled = BestEffort()
     pairs = [(0, 0), (.02, 0), (.04, .04), (.06, .04), (.03, .08), (.10, .08), (.12, .12), (.14, .12)]
     assert [doubled(pts, dts) for pts, dts in pairs] == [0, .02, .04, .06, .03, .10, .12, .14]
+    # frames that all carry one time (a muxer that stamped them so): a repeat is faulty, as in
+    # ffmpeg, and the decode times are taken; counted as in order, every frame was at 0 s
+    stuck = BestEffort()
+    assert [stuck(pts, dts) for pts, dts in [(0, 0), (0, 1), (0, 2), (0, 3)]] == [0, 1, 2, 3]
 
 
 def test_continuous_removes_jumps_from_the_packets_in_read_order():
