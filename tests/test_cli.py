@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1045,6 +1046,34 @@ def test_an_interrupt_that_comes_twice_at_once_still_gives_the_summary(capsys, t
     assert main(["video", str(clip), "--every-n", "30", "--max-tokens", "2", "--model", str(small_folder),
                  "-o", str(tmp_path / "o.jsonl")]) == 130
     assert "(interrupted)" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_files_whose_turn_had_not_come_at_ctrl_c_are_not_started(capsys, tmp_path, small_folder, monkeypatch):
+    """More files than run side by side, Ctrl-C while the first ones run: the others are not
+    opened afterwards (each left an empty JSONL behind, and counted as a file done)."""
+    import concurrent.futures
+
+    from app.video_run import CONCURRENT_FILES
+
+    waits, wait = [0], concurrent.futures.wait
+
+    def interrupted_wait(*a, **k):
+        waits[0] += 1
+        if waits[0] == 2:
+            raise KeyboardInterrupt
+        return wait(*a, **k)
+
+    monkeypatch.setattr(concurrent.futures, "wait", interrupted_wait)
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    data = (ROOT / "sample_videos" / "cuts_640x360_30fps.mp4").read_bytes()
+    for i in range(CONCURRENT_FILES + 2):
+        (clips / f"c{i}.mp4").write_bytes(data)
+    out = tmp_path / "out"
+    assert main(["video", str(clips), "--max-tokens", "2", "--model", str(small_folder), "-o", f"{out}/"]) == 130
+    assert len(list(out.iterdir())) <= CONCURRENT_FILES
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "(interrupted)" in last and 0 < int(re.search(r"(\d+) file\(s\)", last).group(1)) <= CONCURRENT_FILES
 
 
 def test_resume_rebuilds_replace_the_old_outputs_once_past_their_last_frame(capsys, tmp_path, small_folder,
