@@ -60,7 +60,7 @@ def check_writable(folders: list[Path], files: list[Path]) -> None:
 def check_not_busy(files: list[Path]) -> None:
     """A UsageError where another run is writing one of these outputs now (it holds its lock:
     pipelines.output_file.open_output), said before the model loads; a file is opened to ask, not changed."""
-    from pipelines.output_file import output_busy
+    from pipelines.output_file import OutputBusy, output_busy
 
     for f in files:
         try:
@@ -72,7 +72,7 @@ def check_not_busy(files: list[Path]) -> None:
         finally:
             os.close(fd)
         if busy:
-            raise UsageError(f"{f} is being written by another vlmstream run: wait for it to end, or write elsewhere")
+            raise UsageError(str(OutputBusy(f)))
 
 
 def _try_writing(path: Path, named: Path) -> None:

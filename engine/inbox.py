@@ -50,11 +50,8 @@ class Inbox:
         # never finished).
         block = threading.current_thread() is not self.owner
         with self._lock:
-            new = message[0] in NEW_WORK
-            if self.error is not None and new:  # a release or cancel after a failure is moot: not an error
-                raise EngineClosedError(f"the engine failed: {self.error}") from self.error
-            if self._closed and new:
-                raise EngineClosedError(self.closed_why)
+            if message[0] in NEW_WORK:  # a release or cancel after a failure or close is moot: not an error
+                self.check_open()
             if self.stopped:  # a late release or cancel: the engine thread let everything go
                 return
             # Counted until the message is in the inbox: the engine thread does not end (nor
@@ -93,8 +90,9 @@ class Inbox:
             self._overflow.append(message)
 
     def check_open(self) -> None:
-        """Before a caller prepares new work (tokens, crops): refused at once where `post` would
-        refuse it (in a forked process, that work had touched locks the fork may have left held)."""
+        """New work is refused (EngineClosedError) once the engine failed or closed: by `post`, and
+        by callers before they prepare it (tokens, crops; in a forked process that work had touched
+        locks the fork may have left held)."""
         if self.error is not None:
             raise EngineClosedError(f"the engine failed: {self.error}") from self.error
         if self._closed:

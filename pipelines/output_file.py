@@ -41,6 +41,9 @@ def cut_partial_line(path: str | Path) -> None:
 class OutputBusy(VlmstreamError, OSError):
     """An output another process is writing now (it holds the file's lock, `open_output`)."""
 
+    def __init__(self, path: str | Path):
+        super().__init__(f"{path} is being written by another vlmstream run: wait for it to end, or write elsewhere")
+
 
 def open_output(path: str | Path, mode: str):
     """An output file opened to write ("w", "a", "w+b" unbuffered), once no other process writes
@@ -54,7 +57,7 @@ def open_output(path: str | Path, mode: str):
              opener=lambda name, _: os.open(name, flags, 0o666))
     try:
         if output_busy(f.fileno()):
-            raise OutputBusy(f"{path} is being written by another vlmstream run: wait for it to end, or write elsewhere")
+            raise OutputBusy(path)
         if mode != "a" and stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # (a device, /dev/full, is not cut)
             f.truncate(0)
     except BaseException:
