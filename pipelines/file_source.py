@@ -206,7 +206,10 @@ class FileSource:
         segmented = "hls" in self._container.format.name
 
         def corrupt() -> None:
-            self.corrupt += not segmented and not (clock and clock.jumped)
+            if clock is not None:
+                clock.mark_corrupt()
+            else:
+                self.corrupt += not segmented
 
         skip, at = 0, None  # frames before index `skip` are passed over; `at`: (index, pts) a seek went to
         ahead: list = []  # the frame after the one resumed at, read to check it (then given as the next)
@@ -287,6 +290,8 @@ class FileSource:
         if short:  # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
             self.error = f"{self.name}: decoding ended {short} its container announces (a truncated or damaged file?)"
             self.incomplete = True
+        if clock is not None and not segmented:
+            self.corrupt = clock.lost()
         if self.corrupt and self.error is None:
             self.error = (f"{self.name}: data lost at {self.corrupt} point{'s' if self.corrupt > 1 else ''} (or files "
                           "joined there): frames may be missing, or show decoding damage until the next keyframe")

@@ -18,6 +18,11 @@ from __future__ import annotations
 from fractions import Fraction
 
 BACKWARDS_S = 0.1  # ffmpeg's own margin for a packet behind the furthest time seen
+# Where two recordings were joined, the demuxer marks corrupt the packet it was still assembling
+# from the first when the second's continuity counters restart, and hands it out a packet or two
+# ahead of the second's first, whose jump the clock sees: a mark this many packets before a jump
+# is the join's, no data lost.
+JOIN_PACKETS = 16
 
 
 class BestEffort:
@@ -60,16 +65,32 @@ class Continuous:
         self.jumped = False  # at the last packet (where MPEG-TS's continuity counters restart too)
         self._next: int | None = None  # where the last packet ended, on the continuous clock
         self._furthest: int | None = None
+        self._packets = 0
+        self._marks: list[int] = []  # corrupt marks no jump has followed yet (their packet numbers)
+        self._lost = 0  # corrupt marks no jump followed: data lost
+
+    def mark_corrupt(self) -> None:
+        """The demuxer marked the packet just moved corrupt (MPEG-TS continuity broken)."""
+        if not self.jumped:
+            self._marks.append(self._packets)
+
+    def lost(self) -> int:
+        """The corrupt marks so far that were no join's (the last ones: unless a jump follows)."""
+        return self._lost + len(self._marks)
 
     def __call__(self, packet) -> None:
         """Move the packet's pts and dts onto the continuous clock (in place)."""
+        self._packets += 1
+        while self._marks and self._packets - self._marks[0] > JOIN_PACKETS:
+            self._marks.pop(0)
+            self._lost += 1
+        self.jumped = False
         if not self._tb:
             return
         dts = packet.dts if packet.dts is not None else packet.pts
         if dts is None:
             return
         dts += self.offset
-        self.jumped = False
         if self._next is not None:
             delta = dts - self._next
             if abs(delta) > self._threshold or dts + self._behind < self._furthest:
@@ -77,6 +98,7 @@ class Continuous:
                 dts -= delta
                 self.jumps += 1
                 self.jumped = True
+                self._marks.clear()
         if packet.dts is not None:
             packet.dts = dts
         if packet.pts is not None:

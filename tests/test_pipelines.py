@@ -1222,6 +1222,7 @@ def test_a_recording_whose_clock_starts_late_or_jumps_is_timed_from_its_start(tm
         src.close()
         assert pts == pytest.approx([i / 30 for i in range(n)], abs=1e-3) and pts[0] == 0.0
         assert src.seconds == pytest.approx(n / 30, abs=1e-3)
+        assert src.error is None  # the join restarts the continuity counters: no data lost there
     assert main(["video", str(late), "--every-n", "240", "-o", str(tmp_path / "late.srt"), "--model", str(small_folder),
                  "--max-tokens", "2"]) == 0
     assert (tmp_path / "late.srt").read_text().splitlines()[1] == "00:00:00,000 --> 00:00:08,000"

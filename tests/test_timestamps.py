@@ -84,6 +84,34 @@ def test_interlaced_h264_with_b_frames_in_avi_is_timed_in_order_once_deinterlace
     assert all(b > a for a, b in zip(pts, pts[1:])) and pts[-1] == pytest.approx(2.04, abs=0.002), pts
 
 
+def test_a_corrupt_mark_just_before_a_jump_is_a_join_not_lost_data():
+    """cat a.ts b.ts: the demuxer marks corrupt the packet of a.ts it was assembling when b.ts's
+    continuity counters restarted, and hands it out two packets ahead of b.ts's first (whose
+    jump the clock sees): "data lost at 1 point" of two clean recordings."""
+    from pipelines.timestamps import JOIN_PACKETS
+
+    clock = Continuous(Fraction(1, 90000), 1 / 30, threshold_s=10.0)
+    dts = 0
+
+    def packets(n: int, jump: int = 0, mark_at: int | None = None) -> None:
+        nonlocal dts
+        dts += jump
+        for i in range(n):
+            clock(SimpleNamespace(pts=dts, dts=dts, duration=3000))
+            dts += 3000
+            if i == mark_at:
+                clock.mark_corrupt()
+
+    packets(30, mark_at=27)  # the join's mark, two packets before the end of the first
+    packets(30, jump=3600 * 90000)
+    assert clock.jumps == 1 and clock.lost() == 0
+    packets(JOIN_PACKETS + 5, mark_at=0)  # lost data mid-recording: no jump follows it
+    packets(30, jump=3600 * 90000)
+    assert clock.jumps == 2 and clock.lost() == 1
+    packets(3, mark_at=1)  # at the very end: no jump can follow
+    assert clock.lost() == 2
+
+
 def test_an_hls_recordings_segments_are_no_lost_data(tmp_path):
     """Each segment restarts MPEG-TS's continuity counters: "data lost at 3 points" of a clean playlist."""
     ffmpeg("-f", "lavfi", "-i", "testsrc=s=96x64:r=25", "-t", "6", "-c:v", "libx264", "-g", "25", "-pix_fmt",
