@@ -119,8 +119,10 @@ class JsonlSink:
             try:
                 self._f.write(text)
                 self._f.flush()
-            except OSError:
+            except OSError as e:
                 self._failed = True
+                if e.filename is None and self.path is not None:
+                    e.filename = str(self.path)  # which output: a write error names none
                 raise
 
     def close(self, end: float | None = None) -> None:
@@ -240,8 +242,12 @@ class SubtitleSink:
         self._n += 1
         sep = "," if self.fmt == "srt" else "."
         head = f"{self._n}\n" if self.fmt == "srt" else ""
-        self._f.write(f"{head}{_timestamp(start, sep)} --> {_timestamp(max(end, start + 0.001), sep)}\n{text}\n\n")
-        self._f.flush()
+        try:
+            self._f.write(f"{head}{_timestamp(start, sep)} --> {_timestamp(max(end, start + 0.001), sep)}\n{text}\n\n")
+            self._f.flush()
+        except OSError as e:  # named: "cannot write its results", then the same by name at close
+            e.filename = e.filename or str(self.path)
+            raise
 
     def close(self, end: float | None = None) -> None:
         """end: where the video ends, if known: the last cue stops there rather than a whole
