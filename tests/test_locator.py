@@ -63,11 +63,13 @@ def test_a_decoder_slower_than_the_source_takes_the_newest_frame_and_lag_never_b
 
 def test_a_failing_source_ends_alone_and_fps_caps_what_is_located():
     seen, results = [], []
+    t0 = time.perf_counter()
     loc = LiveLocator(_decoder(0.002, seen), [LocateSource("a", _frames(40, 40.0, "a", fail_after=10)),
                                               LocateSource("b", _frames(40, 40.0, "b"))],
                       "star", fps=10.0, on_result=results.append)
     try:
         _wait(loc)
+        wall = time.perf_counter() - t0  # b's 1 s of frames, or longer on a loaded machine
     finally:
         loc.close()
     loc.check()
@@ -76,7 +78,11 @@ def test_a_failing_source_ends_alone_and_fps_caps_what_is_located():
     stats = loc.stats()
     assert stats["b"]["frames_in"] == 40  # b played to its end after a failed
     # 1 s of b at 40 fps capped at 10 a second: ~10 located, the others skipped above the rate
-    assert 7 <= stats["b"]["completed"] <= 13 and stats["b"]["above_fps"] >= 20
+    # (uncapped: ~40 located, none skipped). The bounds follow the run's own length: a busy CI
+    # machine stretched the paced second, and a starved worker finds frames overwritten instead.
+    b = stats["b"]
+    assert 5 <= b["completed"] <= 10 * wall + 4 and b["above_fps"] >= 10, (b, wall)
+    assert b["completed"] + b["above_fps"] + b["overwritten"] >= 39, b
     assert {r.label for r in results} == {"a", "b"}
 
 
