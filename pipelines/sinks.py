@@ -245,7 +245,7 @@ class SubtitleSink:
         try:
             self._f.write(f"{head}{_timestamp(start, sep)} --> {_timestamp(max(end, start + 0.001), sep)}\n{text}\n\n")
             self._f.flush()
-        except OSError as e:  # named: "cannot write its results", then the same by name at close
+        except OSError as e:  # a write error names no file: unnamed, it was said twice (again at close)
             e.filename = e.filename or str(self.path)
             raise
 
