@@ -551,7 +551,7 @@ def test_the_sample_the_page_plays_pauses_while_another_tab_works(server, client
         time.sleep(1.0)
         page.get_by_role("tab", name="Image").click()
         time.sleep(1.0)  # past the page's 200 ms settle, and a sample's pause
-        _engine_busy(client, timeout=5)
+        _engine_busy(client)  # a feed paused stays idle: the 30 s fail it as 5 s did, a busy machine allowed
         page.get_by_role("tab", name="Live").click()
         page.click("#vs-stop")
         page.close()
@@ -573,6 +573,21 @@ def test_the_sample_the_page_plays_pauses_while_another_tab_works(server, client
     engine_idle(client)
 
 
+def _upload_video(page, path: Path) -> None:
+    """Sets the Video file tab's file and waits until Gradio has it: its preview links the upload
+    on the server. (A fixed 1 s wait was enough on a quiet machine; on a busy one the upload
+    can take longer, and Run would find no file.)"""
+    page.locator("#vs-video-file input[type=file]").set_input_files(str(path))
+    page.locator(f"#vs-video-file td.download a[download='{path.name}']").wait_for(timeout=60_000)
+
+
+def _video_job_under_way(page, timeout_ms: int = 60_000) -> None:
+    """Until the page's progress bar says the job has captioned a frame."""
+    page.wait_for_function("(() => { const bar = document.querySelector('#vs-video-note [role=progressbar]');"
+                           " return !!bar && /: [1-9][0-9]* \\//.test(bar.getAttribute('aria-valuetext') || ''); })()",
+                           timeout=timeout_ms)
+
+
 def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp_path):
     import av
 
@@ -592,9 +607,8 @@ def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp
         page = browser.new_page(viewport={"width": 1400, "height": 1400})
         page.goto(server)
         page.get_by_role("tab", name="Video file").click()
-        page.locator("#vs-video-file input[type=file]").set_input_files(str(clip))
+        _upload_video(page, clip)  # the upload lands before the run starts
         page.get_by_label("Every n-th frame").fill("6")
-        page.wait_for_timeout(1000)  # the upload lands before the run starts
         page.click("#vs-video-run")
         page.wait_for_selector("#vs-video-note:has-text('frames captioned')", timeout=120_000)
         assert "10 frames captioned" in page.inner_text("#vs-video-note")
@@ -609,8 +623,7 @@ def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp
         # "10 frames captioned" beside "empty.mp4 is empty")
         (tmp_path / "empty.mp4").write_bytes(b"")
         page.locator("#vs-video-file button[aria-label='Clear']").click()
-        page.locator("#vs-video-file input[type=file]").set_input_files(str(tmp_path / "empty.mp4"))
-        page.wait_for_timeout(1000)
+        _upload_video(page, tmp_path / "empty.mp4")
         page.click("#vs-video-run")
         page.get_by_text("is empty (0 bytes)").first.wait_for(timeout=60_000)
         assert "frames captioned" not in page.inner_text("#vs-video-note")
@@ -623,10 +636,9 @@ def test_video_tab_cancel_stops_a_job_and_keeps_its_downloads(server):
         page = browser.new_page(viewport={"width": 1400, "height": 1400})
         page.goto(server)
         page.get_by_role("tab", name="Video file").click()
-        page.locator("#vs-video-file input[type=file]").set_input_files(str(SAMPLES / "cuts_640x360_30fps.mp4"))
-        page.wait_for_timeout(1000)
+        _upload_video(page, SAMPLES / "cuts_640x360_30fps.mp4")
         page.click("#vs-video-run")  # every frame of 16 s: far longer than the wait below
-        page.wait_for_timeout(3000)
+        _video_job_under_way(page)  # a frame done: a fixed 3 s wait assumed the job had begun by then
         page.click("#vs-video-cancel")
         page.wait_for_selector("#vs-video-note:has-text('cancelled')", timeout=60_000)
         done = int(page.inner_text("#vs-video-note").split()[0])
