@@ -56,7 +56,11 @@ def test_a_decoder_slower_than_the_source_takes_the_newest_frame_and_lag_never_b
     assert max(b - a for a, b in zip(indices, indices[1:])) >= 3  # frames passed over, not queued
     # the pixels located are the frame reported, and latency never grows past ~2 decodes
     assert [v for _, v in seen] == indices
-    assert all(r.end_to_end_ms < 400 for r in results[2:])
+    # (frames queued, the lag grows by ~80 ms a frame, to ~4.7 s at the end: its median alone is
+    # seconds. A busy machine that switches a thread out adds a few hundred ms to one frame or
+    # two: 400 ms for each frame failed a loaded run, so the median gets that bound, the worst 1 s.)
+    lags = sorted(r.end_to_end_ms for r in results[2:])
+    assert lags[len(lags) // 2] < 400 and lags[-1] < 1000, lags
     assert results[0].pixels == [[3, 4, 9, 8]] and results[0].text == "star: 1 found"
     assert all(name == "vlmstream-locator" for name, _ in seen)
 
