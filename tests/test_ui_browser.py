@@ -481,7 +481,9 @@ def test_browser_webcam_tab_captions_a_fake_camera(server, client, tmp_path):
         state = "#vs-tab-webcam .vs-counter[data-name='state'] b"
         assert page.inner_text(state) == "running"
         record.click()
-        page.wait_for_function(f"document.querySelector(\"{state}\").innerText === 'stopped'", timeout=10_000)
+        # said ~2.5 s after the last frame (1.5 s of silence, a 1 s timer): 30 s for a busy machine;
+        # the bug said "running" for ever
+        page.wait_for_function(f"document.querySelector(\"{state}\").innerText === 'stopped'", timeout=30_000)
         ctx.close()
         browser.close()
     engine_idle(client)
