@@ -215,10 +215,11 @@ function vsSayWhere() {
 document.addEventListener("visibilitychange", vsSayWhere);
 const vsOwn = (e) => e.target.closest && e.target.closest("#vs-page-hidden, #vs-page-shown");
 document.addEventListener("click", (e) => { if (!vsOwn(e)) vsSayWhere(); }, true);
-// The page's own clicks stop at the document: Gradio's handlers of those buttons have run by then
-// (it listens below the document), and on the window its overflow menu of tabs (a narrow window)
-// takes any click for one outside it and closes: it shut 200 ms after it opened, on Live.
-document.addEventListener("click", (e) => { if (vsOwn(e)) e.stopPropagation(); });
+// The page's own clicks stop at the document (this listener is its first): Gradio's handlers of
+// those buttons have run by then (it listens below the document), and on the window its overflow
+// menu of tabs (a narrow window) takes any click for one outside it and closes: it shut 200 ms
+// after it opened, on Live.
+document.addEventListener("click", (e) => { if (vsOwn(e)) e.stopImmediatePropagation(); });
 </script>"""
 
 CSS = """
