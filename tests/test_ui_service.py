@@ -159,10 +159,16 @@ def test_a_live_feed_keeps_a_picture_of_each_change_of_its_answers(service):
         for r, shot in zip(rows, ended):
             full = Image.open(io.BytesIO(z.read(r["file"])))
             assert full.format == "JPEG" and full.size == (640, 360)
+            # named to sort in the order of the changes, in any file manager
+            assert r["file"] == f"change_{shot.number:04d}_frame_{shot.index}.jpg"
+            # UTC, and said so: a time without its offset reads as the reader's local time
+            assert r["time"].endswith("+00:00")
             assert abs(datetime.fromisoformat(r["time"]).timestamp() - shot.wall) < 0.001
     service.close_session("tab-s")
-    with pytest.raises(UIError, match="no changes yet"):
+    with pytest.raises(UIError, match="no changes yet: start a live source first"):
         service.export_shots("tab-s")
+    with pytest.raises(UIError, match="no changes yet: start your camera first"):
+        service.export_shots("tab-s", "push")
 
 
 def test_a_double_click_on_start_leaves_one_feed_and_its_recording(service):
@@ -285,7 +291,9 @@ def test_a_live_session_exports_its_captions_even_after_stop(service):
     wait_for(lambda: feed.snapshot().counters["completed"] >= 5)
     service.stop_live("tab-e")
     completed = feed.snapshot().counters["completed"]
-    rows = [json.loads(line) for line in service.export_log("tab-e").read_text().splitlines()]
+    text = service.export_log("tab-e").read_text()
+    assert text.endswith("}\n")  # JSON lines, each ended: another file's lines appended stay lines
+    rows = [json.loads(line) for line in text.splitlines()]
     assert len(rows) == completed  # every result, after Stop too
     assert [r["index"] for r in rows] == sorted({r["index"] for r in rows})
     assert rows[-1]["text"].strip() + ("…" if rows[-1]["finish_reason"] == "length" else "") == feed.snapshot().text
@@ -403,9 +411,12 @@ def test_several_questions_in_every_tab(service, tmp_path):
     assert len(rows) == 2 * feed.snapshot().counters["completed"]
     assert [r["question"] for r in rows[:2]] == questions.splitlines() and rows[0]["index"] == rows[1]["index"]
     service.close_session("tab-q")
+    seen = []
     out = service.caption_video(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), make_task("question", questions),
-                                tmp_path / "job", every_n=120)
+                                tmp_path / "job", every_n=120, on_progress=lambda done, total: seen.append(done))
     assert len(out["rows"]) == 2 * out["frames"] and out["rows"][0]["text"].startswith("How many shapes are there?: ")
+    # the progress counts frames, not answers: two questions a frame do not bring it to its end twice as fast
+    assert seen == sorted(seen) and seen[-1] == 120 * out["frames"]
     lines = [json.loads(line) for line in Path(out["paths"]["jsonl"]).read_text().splitlines()]
     assert [r["question"] for r in lines[:2]] == questions.splitlines()
     # each question with a constraint of its own: each answer keeps to its own
@@ -627,6 +638,8 @@ def test_a_video_job_cut_short_by_a_model_reload_says_so(tmp_path):
         assert s.apply(Settings(max_tokens=12, dtype="bfloat16")) == "engine reloaded"  # another viewer, Settings
         thread.join(60)
         assert "engine was reloaded" in result["error"] and "run the job again" in result["error"]
+        # and how far it got (a frame was done before the reload: its progress came first)
+        assert re.search(r"after [1-9][0-9]* frames", result["error"]), result["error"]
     finally:
         s.close()
         s.remove_outputs()
