@@ -1329,6 +1329,84 @@ def test_a_video_job_waiting_for_a_slot_answers_cancel():
         service.jobs.end_turn()
 
 
+def test_a_video_job_cancelled_as_its_turn_comes_neither_runs_nor_keeps_the_slot():
+    """Cancel that lands as a slot frees: the job must not run, and the slot it took must come
+    back (kept, every later job of every tab waited for it, for good)."""
+    from app.video_jobs import VideoJobs
+
+    jobs = VideoJobs(slots=1)
+    stop = jobs.stop_flag("tab-c")
+    assert jobs.cancel("tab-c") == 1
+    assert jobs.wait_turn(stop, lambda: None) is False
+    # the next job finds the slot free: it never waits (waiting ends it, should the slot be gone)
+    nxt, waited = jobs.stop_flag("tab-n"), []
+    assert jobs.wait_turn(nxt, lambda: (waited.append(1), nxt.set())) is True and not waited
+    jobs.end_turn()
+
+
+def _cut_after_its_header(tmp_path: Path) -> Path:
+    """The sample cut off right after its header: a video stream and no frame."""
+    import shutil
+    import subprocess
+
+    whole, cut = tmp_path / "whole.mkv", tmp_path / "cut.mkv"
+    subprocess.run([shutil.which("ffmpeg"), "-y", "-loglevel", "error", "-i",
+                    str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), "-t", "1", "-c", "copy", str(whole)], check=True)
+    cut.write_bytes(whole.read_bytes()[:1500])
+    return cut
+
+
+def test_video_jobs_on_odd_files_say_what_happened_and_keep_what_is_done(small_folder, tmp_path):
+    """What the Video file tab tells of a file with no frame (an error, not an AttributeError nor
+    a job of 0 frames), of one cut short (its frames, and a warning), and of a job stopped before
+    its first frame (cancelled, not "the video has no frames"); captions and detect alike."""
+    clip = SAMPLES_DIR / "cuts_640x360_30fps.mp4"
+    short = tmp_path / "short.mp4"
+    short.write_bytes(clip.read_bytes()[:60_000])  # 242 of its 480 frames decode
+    cut = _cut_after_its_header(tmp_path)
+    s = Service(Settings(model=str(small_folder), max_tokens=4, dtype="float32"))
+    try:
+        for task in (make_task("short"), {"detect": "red circle"}):
+            with pytest.raises(UIError, match="no frame") as e:
+                s.caption_video(str(cut), task, tmp_path / "none")
+            assert "\n" not in str(e.value)
+            out = s.caption_video(str(short), task, tmp_path / "short", every_n=60)
+            assert out["frames"] == 5 and not out["cancelled"]
+            assert len(out["warnings"]) == 1 and "decoding ended after 242 of the 480 frames" in out["warnings"][0]
+            assert len(Path(out["paths"]["jsonl"]).read_text().splitlines()) == 5
+            stop = threading.Event()
+            stop.set()  # Cancel, between the job's turn and its first frame
+            out = s.caption_video(str(clip), task, tmp_path / "stopped", every_n=60, stop=stop)
+            assert out["cancelled"] and out["frames"] == 0 and out["rows"] == []
+    finally:
+        s.close()
+        s.remove_outputs()
+
+
+def test_a_sampled_jobs_last_cue_ends_with_the_video_and_its_speed_is_the_videos_over_the_jobs(small_folder,
+                                                                                             tmp_path):
+    """Every 70th (100th) frame of a 16 s clip: each answer's cue lasts until the next sample, the
+    last one until the video ends (not one frame's time, nor a whole sample's past the end); the
+    page's "x real time" is the video's seconds over the job's."""
+    clip = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")
+    s = Service(Settings(model=str(small_folder), max_tokens=4, dtype="float32"))
+    try:
+        for task, every in ((make_task("short"), 70), ({"detect": "red circle"}, 100)):
+            out = s.caption_video(clip, task, tmp_path / str(every), every_n=every)
+            srt = Path(out["paths"]["srt"]).read_text().strip().split("\n\n")
+            vtt = Path(out["paths"]["vtt"]).read_text().strip().split("\n\n")
+            assert srt[-1].splitlines()[1].endswith(" --> 00:00:16,000"), srt[-1]
+            assert vtt[-1].splitlines()[0].endswith(" --> 00:00:16.000"), vtt[-1]
+            if len(srt) > 1:  # a cue's end is the next one's start
+                assert srt[-2].splitlines()[1].split(" --> ")[1] == srt[-1].splitlines()[1].split(" --> ")[0]
+            # both figures are rounded to 0.01: 16 s of video over the job's seconds, within that
+            secs, speed = out["seconds"], out["x_real_time"]
+            assert secs > 0.005 and 16.0 / (secs + 0.005) - 0.006 <= speed <= 16.0 / (secs - 0.005) + 0.006, out
+    finally:
+        s.close()
+        s.remove_outputs()
+
+
 @pytest.mark.parametrize("line", ["How many? /[0-9+/", "How many? /a^b/"])
 def test_a_bad_regex_constraint_is_named_once_in_its_error(service, line):
     # The page said "the regex '[0-9+': the regex '[0-9+' is not in Python's syntax (...)": the
