@@ -386,6 +386,94 @@ def test_a_camera_records_while_its_record_box_is_ticked(service):
     assert not path.exists()
 
 
+def _quiet_udp_url() -> str:
+    """A stream that never sends a frame: a feed on it connects for as long as it runs."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as quiet:  # a UDP port nothing is sent to
+        quiet.bind(("127.0.0.1", 0))
+        return f"udp://127.0.0.1:{quiet.getsockname()[1]}"
+
+
+def test_a_new_start_that_has_nothing_yet_leaves_the_last_feeds_exports(service):
+    """Stop, then Start again (another source, one still connecting): until the new feed has
+    captions of its own, Export and the pictures' download give the last feed's, as after a Stop."""
+    import zipfile
+
+    feed = service.start_live("tab-again", "cuts_640x360_30fps.mp4", make_task("short"))
+    try:
+        wait_for(lambda: feed.snapshot().shots and feed.records())
+    finally:
+        service.stop_live("tab-again")
+    try:
+        new = service.start_live("tab-again", _quiet_udp_url(), make_task("short"))
+        assert new is not feed and not new.records() and not new.snapshot().shots
+        assert service.export_log("tab-again").read_text().splitlines() == feed.records()
+        with zipfile.ZipFile(service.export_shots("tab-again")) as z:
+            rows = [json.loads(line) for line in z.read("changes.jsonl").decode().splitlines()]
+        assert [r["number"] for r in rows] == [x.number for x in feed.snapshot().shots]
+    finally:
+        service.close_session("tab-again")
+
+
+def test_a_recording_that_failed_or_has_no_frame_is_said_not_handed_over(service, tmp_path, monkeypatch):
+    """Download recording: a recording whose file could not be written says why, and one that has
+    no frame yet (a source still connecting) says so; neither hands the page a broken MP4."""
+    feed = service.start_live("tab-rec0", _quiet_udp_url(), make_task("short"), record=True)
+    try:
+        assert feed.snapshot().counters["completed"] == 0
+        with pytest.raises(UIError, match="nothing recorded yet: no frame was captioned"):
+            service.recording("tab-rec0")
+    finally:
+        service.close_session("tab-rec0")
+    monkeypatch.setattr(service.jobs, "recording_path", lambda kind: tmp_path / "gone" / f"{kind}.mp4")
+    feed = service.start_live("tab-rec1", "cuts_640x360_30fps.mp4", make_task("short"), record=True)
+    try:
+        recorder = service.live._recorders["tab-rec1", "pull"]
+        wait_for(lambda: recorder.error is not None)  # its first frame found no folder to go to
+        with pytest.raises(UIError, match="the recording failed: "):
+            service.recording("tab-rec1")
+    finally:
+        service.close_session("tab-rec1")
+
+
+def test_unticking_a_cameras_record_box_ends_its_recording_there(service):
+    """The camera's recording holds what came while Record was ticked: frames captioned after the
+    box was unticked (and before the download) are not in it."""
+    import av
+
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    task = make_task("short")
+    try:
+        feed = service.push_frame("tab-untick", rgb, task, record=True)
+        recorder = service.live._recorders["tab-untick", "push"]
+        wait_for(lambda: service.push_frame("tab-untick", rgb, task, record=True) and recorder.written >= 2)
+        service.push_frame("tab-untick", rgb, task, record=False)  # unticked: the file is finished now
+        written, done = recorder.written, feed.snapshot().counters["completed"]
+        wait_for(lambda: service.push_frame("tab-untick", rgb, task, record=False)
+                 and feed.snapshot().counters["completed"] >= done + 3)
+        assert recorder.written == written
+        with av.open(str(service.recording("tab-untick", "push"))) as c:
+            assert sum(1 for _ in c.decode(video=0)) == written
+    finally:
+        service.close_session("tab-untick")
+
+
+def test_a_tab_closed_last_stays_closed_when_the_oldest_are_forgotten(service, monkeypatch):
+    """Closed tabs are remembered up to CLOSED_KEPT, the oldest forgotten first: the ones closed
+    last are those whose late camera frames still come, and must not start a feed for nobody."""
+    import app.live_sessions
+
+    monkeypatch.setattr(app.live_sessions, "CLOSED_KEPT", 2)
+    grey = np.full((64, 64, 3), 128, np.uint8)
+    for tab in ("gone-1", "gone-2", "gone-3"):
+        service.close_session(tab)
+    for tab in ("gone-2", "gone-3"):
+        with pytest.raises(UIError, match="closed"):
+            service.push_frame(tab, grey, make_task("short"))
+    assert "gone-1" not in service.live._closed and service.feed("gone-3", "push") is None
+
+
 def test_several_questions_in_every_tab(service, tmp_path):
     questions = "How many shapes are there?\nIs there a star?"
     rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
