@@ -707,6 +707,34 @@ def test_other_viewers_exports_never_remove_a_running_video_jobs_folder(service)
     assert not job.exists()
 
 
+def test_video_jobs_read_their_file_as_the_server_reads(small_folder, tmp_path, monkeypatch):
+    """`ui --no-deinterlace --no-tonemap` (a film flagged interlaced, SDR tagged HDR) holds for
+    the Video file tab's jobs, captions and detect alike, as for its live feeds."""
+    import pipelines.sources
+    from pipelines.frame import Reading
+    from pipelines.sources import FileSource
+
+    read = []
+
+    class Recorded(FileSource):
+        def __init__(self, path, *args, **kwargs):
+            read.append(kwargs.get("reading"))
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(pipelines.sources, "FileSource", Recorded)
+    as_stored = Reading(deinterlace=False, tonemap=False)
+    s = Service(Settings(model=str(small_folder), max_tokens=2, dtype="float32"), reading=as_stored)
+    try:
+        clip = str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")
+        s.caption_video(clip, make_task("short"), tmp_path / "captions", every_n=240)
+        s.caption_video(clip, {"detect": "star"}, tmp_path / "places", every_n=240)
+    finally:
+        s.close()
+        s.remove_outputs()
+    decoded = [r for r in read if r is not None]  # (the probe of its fields reads no frame)
+    assert decoded == [as_stored, as_stored], read
+
+
 def test_a_video_job_cut_short_by_a_model_reload_says_so(tmp_path):
 
     s = Service(Settings(max_tokens=12, dtype="float32"))
