@@ -94,7 +94,7 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
     """Stacked stage latency per frame over the last window_s seconds, end to end as a line."""
     m_left, m_bottom, m_top = 44, 22, 18
     if not points:
-        return (f'<svg id="vs-chart" data-bars="0" width="{width}" height="{height}">'
+        return (f'<svg id="vs-chart" data-bars="0" {_fit(width, height)}>'
                 f'<text x="{m_left}" y="{height // 2}" fill="#888">no latency data yet</text></svg>')
     if len(points) > MAX_BARS:  # keep every k-th point: the chart stays light at 60 fps
         k = -(-len(points) // MAX_BARS)
@@ -103,7 +103,7 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
     top = _nice(top)
     plot_w, plot_h = width - m_left - 8, height - m_bottom - m_top
     bar_w = plot_w / len(points)
-    parts = [f'<svg id="vs-chart" data-bars="{len(points)}" width="{width}" height="{height}" '
+    parts = [f'<svg id="vs-chart" data-bars="{len(points)}" {_fit(width, height)} '
              f'xmlns="http://www.w3.org/2000/svg" font-size="11" font-family="sans-serif">']
     for frac in (0.0, 0.5, 1.0):
         y = m_top + plot_h * (1 - frac)
@@ -132,6 +132,14 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
                      f'<text x="{x + 12}" y="12" fill="#333">{name}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _fit(width: int, height: int) -> str:
+    """The chart's size: its own on a wide window, scaled down to the window's width on a narrow
+    one (a phone): at 720 px on a 390 px phone its right half, the newest frames and the legend,
+    was cut off, with no way to scroll to it."""
+    return (f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+            f'style="max-width:100%;height:auto"')
 
 
 def _nice(v: float) -> float:

@@ -651,6 +651,28 @@ def test_video_tab_cancel_stops_a_job_and_keeps_its_downloads(server):
         browser.close()
 
 
+PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
+
+
+def test_the_latency_chart_fits_a_phone(server):
+    """The chart was drawn 720 px wide whatever the window: on a phone its right half (the
+    newest frames, the legend) lay past the window's edge, cut off, with no way to scroll to it."""
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_context(**PHONE).new_page()
+        page.goto(server)
+        page.wait_for_selector("#vs-chart[data-bars]:not([data-bars='0'])", timeout=120_000)
+        box, chart, newest, window = page.evaluate("""() => {
+            const r = (e) => { const b = e.getBoundingClientRect(); return [b.left, b.right]; };
+            const bars = document.querySelectorAll('#vs-chart rect.vs-bar');
+            return [r(document.querySelector('#vs-chart-box')), r(document.querySelector('#vs-chart')),
+                    r(bars[bars.length - 1]), document.documentElement.clientWidth];
+        }""")
+        assert box[0] - 1 <= chart[0] and chart[1] <= box[1] + 1 <= window + 1, (box, chart, window)
+        assert newest[1] <= chart[1] + 1, (newest, chart)
+        browser.close()
+
+
 def test_api_follows_a_live_source(client):
     job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", api_name="/live")
     frames, counters = set(), ""
