@@ -158,7 +158,10 @@ def video_tab(events: PageEvents) -> None:
                 vrun = gr.Button("Caption video", variant="primary", elem_id="vs-video-run")
                 vcancel = gr.Button("Cancel", elem_id="vs-video-cancel")
     vnote = gr.Markdown(elem_id="vs-video-note")
-    vtable = gr.Dataframe(headers=["frame", "time (s)", "caption", "ms"], wrap=True, elem_id="vs-video-table")
+    # Shares of the table's width: sized by their content, the captions' column alone was wider
+    # than a phone (390 px), cut mid-word at the window's edge and the ms column out of sight
+    vtable = gr.Dataframe(headers=["frame", "time (s)", "caption", "ms"], wrap=True,
+                          column_widths=["15%", "15%", "55%", "15%"], elem_id="vs-video-table")
     vfiles = gr.File(label="Downloads (SRT, VTT, JSONL, annotated MP4; detect and point: JSONL, MP4)",
                      file_count="multiple")
     vvideo = gr.Video(label="Annotated video")

@@ -654,6 +654,13 @@ def test_video_tab_cancel_stops_a_job_and_keeps_its_downloads(server):
 PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
 
 
+def _via_overflow_menu(page, name: str) -> None:
+    """A tab a phone-wide window keeps in Gradio's "More tabs" menu, tapped as a user does."""
+    page.locator(".overflow-menu button").first.tap(timeout=10_000)
+    page.locator(".overflow-dropdown button", has_text=name).first.tap(timeout=10_000)
+    page.locator(f"#vs-tab-{name.split()[0].lower()}").wait_for(timeout=10_000)
+
+
 def test_the_latency_chart_fits_a_phone(server):
     """The chart was drawn 720 px wide whatever the window: on a phone its right half (the
     newest frames, the legend) lay past the window's edge, cut off, with no way to scroll to it."""
@@ -670,6 +677,27 @@ def test_the_latency_chart_fits_a_phone(server):
         }""")
         assert box[0] - 1 <= chart[0] and chart[1] <= box[1] + 1 <= window + 1, (box, chart, window)
         assert newest[1] <= chart[1] + 1, (newest, chart)
+        browser.close()
+
+
+def test_the_video_table_fits_a_phone(server):
+    """Sized by their content, the table's captions column alone was wider than a phone: each
+    caption cut mid-word at the window's edge, the ms column out of sight."""
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_context(**PHONE).new_page()
+        page.goto(server)
+        _via_overflow_menu(page, "Video file")
+        _upload_video(page, SAMPLES / "cuts_640x360_30fps.mp4")
+        page.get_by_label("Every n-th frame").fill("60")
+        page.locator("#vs-video-run").tap()
+        page.wait_for_selector("#vs-video-note:has-text('frames captioned')", timeout=120_000)
+        table = page.locator("#vs-video-table .virtual-table-viewport")
+        page.wait_for_function("document.querySelectorAll('#vs-video-table [role=row]').length > 3", timeout=30_000)
+        width, scrolled = table.evaluate("e => [e.clientWidth, e.scrollWidth]")
+        assert scrolled <= width + 1, (width, scrolled)  # nothing past the table's edge
+        ms = page.locator("#vs-video-table th", has_text="ms").last.bounding_box()
+        assert ms["x"] + ms["width"] <= 390 + 1, ms
         browser.close()
 
 
