@@ -74,8 +74,9 @@ def live_tab(events: PageEvents, samples: list[str], default_source: str) -> tup
         stop_btn = gr.Button("Stop", elem_id="vs-stop")
         record = gr.Checkbox(False, label=f"Record from Start (MP4 with the captions drawn, the first "
                                           f"{RECORD_MAX_S / 60:g} minutes)", elem_id="vs-record")
-    with gr.Row():
-        with gr.Column(scale=3):
+    # On a narrow window (a phone) the frame comes first, above the controls (view.CSS)
+    with gr.Row(elem_id="vs-frame-row"):
+        with gr.Column(scale=3, elem_id="vs-frame-col"):
             frame = gr.HTML(frame_html(None), elem_id="vs-frame-box")
         with gr.Column(scale=2):
             counters = gr.HTML(elem_id="vs-counters-box")

@@ -251,4 +251,12 @@ CSS = """
 #vs-cam-insecure { display: none; }
 /* !important: Gradio scopes the rule above under its container, which outranks this one */
 .vs-insecure #vs-cam-insecure { display: block !important; }
+/* A narrow window: a phone, upright or on its side, or a tablet upright */
+@media (max-width: 900px) {
+  /* Live: the frame and its caption first, then the controls; the counters and the log, the frame's
+     row's other column, below them (a phone scrolled past the source, the prompt form and Start to
+     the video playing) */
+  #vs-frame-row { display: contents; }
+  #vs-frame-col { order: -1; }
+}
 """

@@ -661,6 +661,29 @@ def _via_overflow_menu(page, name: str) -> None:
     page.locator(f"#vs-tab-{name.split()[0].lower()}").wait_for(timeout=10_000)
 
 
+def test_the_live_frame_comes_first_on_a_phone(server):
+    """On a phone the frame playing lay below the source row, the prompt form and Start, ~1200 px
+    down: a user scrolled to see the video the page had started. There it comes first, within the
+    first screen, the controls below it; a desktop window keeps the controls above it."""
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        for size, first in ((PHONE, True), ({"viewport": {"width": 1400, "height": 1300}}, False)):
+            page = browser.new_context(**size).new_page()
+            page.goto(server)
+            page.wait_for_selector("#vs-caption", timeout=120_000)
+            frame, start, height = page.evaluate("""() => {
+                const r = (s) => { const b = document.querySelector(s).getBoundingClientRect();
+                                   return [b.top, b.bottom]; };
+                return [r('#vs-frame'), r('#vs-start'), window.innerHeight];
+            }""")
+            if first:
+                assert frame[0] < height / 2 and frame[1] <= start[0], (frame, start, height)
+            else:
+                assert start[1] <= frame[0], (frame, start)
+            page.context.close()
+        browser.close()
+
+
 def test_the_latency_chart_fits_a_phone(server):
     """The chart was drawn 720 px wide whatever the window: on a phone its right half (the
     newest frames, the legend) lay past the window's edge, cut off, with no way to scroll to it."""
