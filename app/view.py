@@ -258,5 +258,8 @@ CSS = """
      the video playing) */
   #vs-frame-row { display: contents; }
   #vs-frame-col { order: -1; }
+  /* the prompt forms stacked, each field the window's width (side by side, the question's label
+     and box were ~140 px wide on a phone) */
+  .vs-prompt-row .form { flex-direction: column; }
 }
 """

@@ -684,6 +684,23 @@ def test_the_live_frame_comes_first_on_a_phone(server):
         browser.close()
 
 
+def test_the_prompt_forms_stack_on_a_phone(server):
+    """Side by side on a phone, the question's long label and its box were ~140 px wide: stacked,
+    each field is the window's width, on Live and on Browser webcam."""
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_context(**PHONE).new_page()
+        page.goto(server)
+        question = page.locator("#vs-tab-live textarea").first
+        question.wait_for(timeout=60_000)
+        assert question.bounding_box()["width"] >= 300
+        page.get_by_role("tab", name="Browser webcam").tap()
+        cam_question = page.locator("#vs-cam-question textarea")
+        cam_question.wait_for(timeout=30_000)
+        assert cam_question.bounding_box()["width"] >= 300
+        browser.close()
+
+
 def test_the_latency_chart_fits_a_phone(server):
     """The chart was drawn 720 px wide whatever the window: on a phone its right half (the
     newest frames, the legend) lay past the window's edge, cut off, with no way to scroll to it."""
