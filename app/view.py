@@ -261,5 +261,10 @@ CSS = """
   /* the prompt forms stacked, each field the window's width (side by side, the question's label
      and box were ~140 px wide on a phone) */
   .vs-prompt-row .form { flex-direction: column; }
+  /* the latency chart no narrower than 600 px, its text 9 px or more (scaled to a phone's width, it
+     was ~5 px): its box scrolls sideways instead, and opens at its right end, the newest frames and
+     the legend (rtl: a scroll position counted from the right, kept as the chart is redrawn) */
+  #vs-chart-box :has(> #vs-chart) { overflow-x: auto; direction: rtl; }
+  #vs-chart { min-width: 600px; direction: ltr; margin-right: auto; }
 }
 """

@@ -701,22 +701,33 @@ def test_the_prompt_forms_stack_on_a_phone(server):
         browser.close()
 
 
-def test_the_latency_chart_fits_a_phone(server):
+def test_the_latency_chart_reads_on_a_phone(server):
     """The chart was drawn 720 px wide whatever the window: on a phone its right half (the
-    newest frames, the legend) lay past the window's edge, cut off, with no way to scroll to it."""
+    newest frames, the legend) lay past the window's edge, cut off, with no way to scroll to it;
+    then scaled to the phone's width, its text was ~5 px, unreadable. Its box scrolls sideways,
+    the text at 9 px or more, and shows the newest frames and the legend as the chart is redrawn."""
     with playwright_api.sync_playwright() as p:
         browser = launch(p)
         page = browser.new_context(**PHONE).new_page()
         page.goto(server)
         page.wait_for_selector("#vs-chart[data-bars]:not([data-bars='0'])", timeout=120_000)
-        box, chart, newest, window = page.evaluate("""() => {
+        page.evaluate("() => { window.vsFirstChart = document.querySelector('#vs-chart').outerHTML; }")
+        page.wait_for_function("(() => { const c = document.querySelector('#vs-chart');"
+                               " return c && c.outerHTML !== window.vsFirstChart && c.dataset.bars !== '0'; })()",
+                               timeout=60_000)  # redrawn at least once since
+        font, view, newest, legend, scrolls, window = page.evaluate("""() => {
             const r = (e) => { const b = e.getBoundingClientRect(); return [b.left, b.right]; };
-            const bars = document.querySelectorAll('#vs-chart rect.vs-bar');
-            return [r(document.querySelector('#vs-chart-box')), r(document.querySelector('#vs-chart')),
-                    r(bars[bars.length - 1]), document.documentElement.clientWidth];
+            const chart = document.querySelector('#vs-chart'), view = chart.parentElement;
+            const bars = chart.querySelectorAll('rect.vs-bar'), texts = chart.querySelectorAll('text');
+            const font = parseFloat(chart.getAttribute('font-size')) * chart.getBoundingClientRect().width
+                         / chart.viewBox.baseVal.width;
+            return [font, r(view), r(bars[bars.length - 1]), r(texts[texts.length - 1]),
+                    view.scrollWidth > view.clientWidth, document.documentElement.scrollWidth];
         }""")
-        assert box[0] - 1 <= chart[0] and chart[1] <= box[1] + 1 <= window + 1, (box, chart, window)
-        assert newest[1] <= chart[1] + 1, (newest, chart)
+        assert font >= 9, font
+        assert scrolls and window <= 390, (scrolls, window)  # the chart's box scrolls, not the page
+        for shown in (newest, legend):  # in the box's view, not scrolled out of it
+            assert view[0] - 1 <= shown[0] and shown[1] <= view[1] + 1, (shown, view)
         browser.close()
 
 
