@@ -689,6 +689,16 @@ LIVE_NUMBERS = "--fps, --duration, --max-outage and --deadline-ms must be finite
     (["train-tiny", "--out", "{tmp}", "--max-minutes", "nan"], "time budget"),
     (["train-tiny", "--out", "{tmp}", "--max-minutes", "-1"], "time budget"),
     (["train-tiny", "--out", "{tmp}", "--lr", "nan"], "learning rate"),
+    # Each a traceback from the run, then a hang at exit on the render worker (until a Ctrl-C,
+    # itself a traceback): the progress bar's estimate overflowed, AdamW's float32 step overflowed.
+    (["train-tiny", "--out", "{tmp}", "--max-minutes", "1e308"], "at most 525600 (a year), not 1e+308"),
+    (["train-tiny", "--out", "{tmp}", "--lr", "1e38"], "at most 1e+09, not 1e+38"),
+    # torch's "Overflow when unpacking long long", which named no flag, after the run had begun
+    (["train-tiny", "--out", "{tmp}", "--seed", str(2 ** 64)], "the seed must be between"),
+    (["train-tiny", "--out", "{tmp}", "--threads", str(10 ** 20)], "torch threads must be between 1 and 1024"),
+    # 128 torch processes, each with a render worker: the memory of a small machine gone
+    (["train-tiny", "--out", "{tmp}", "--processes", "128", "--batch-size", "128"],
+     "training processes must be between 1 and 64"),
 ])
 def test_rates_durations_and_budgets_that_are_not_finite_positive_numbers(argv, needle, capsys, tmp_path):
     """Each was taken before: `video --fps inf` hung, `video --fps nan` was a traceback, a live

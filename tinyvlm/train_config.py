@@ -29,6 +29,12 @@ def tiny_config(vocab_size: int, template_ids: dict) -> ModelConfig:
     })
 
 
+MAX_MINUTES = 525600  # a year
+MAX_LR = 1e9
+MAX_THREADS = 1024
+MAX_PROCESSES = 64
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     out: Path = TINY_DIR
@@ -78,11 +84,20 @@ class TrainConfig:
     def __post_init__(self):
         if self.processes < 1 or self.batch_size % self.processes:
             raise ValueError(f"batch size {self.batch_size} does not split over {self.processes} processes")
-        # NaN and infinity too: a NaN budget never ran out (every step ran), a negative one neither
-        if not 0.0 < self.max_minutes < float("inf"):
-            raise ValueError(f"the time budget must be a finite number of minutes > 0, not {self.max_minutes}")
-        if not 0.0 < self.lr < float("inf"):
-            raise ValueError(f"the learning rate must be a finite number > 0, not {self.lr}")
+        # NaN and infinity too: a NaN budget never ran out (every step ran), a negative one neither;
+        # --max-minutes 1e308 overflowed the progress bar's estimate (a traceback, then a hang)
+        if not 0.0 < self.max_minutes <= MAX_MINUTES:
+            raise ValueError(f"the time budget must be a number of minutes > 0 and at most {MAX_MINUTES} "
+                             f"(a year), not {self.max_minutes}")
+        # --lr 1e38 overflowed AdamW's float32 step (a traceback, then a hang); 1e9 diverges, said so
+        if not 0.0 < self.lr <= MAX_LR:
+            raise ValueError(f"the learning rate must be a number > 0 and at most {MAX_LR:g}, not {self.lr}")
+        if not -(2 ** 63) <= self.seed < 2 ** 64:  # torch's range: beyond, "Overflow when unpacking long long"
+            raise ValueError(f"the seed must be between {-(2 ** 63)} and {2 ** 64 - 1}, not {self.seed}")
+        if not 1 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"torch threads must be between 1 and {MAX_THREADS}, not {self.threads}")
+        if self.processes > MAX_PROCESSES:  # each one a torch process with a render worker of its own
+            raise ValueError(f"training processes must be between 1 and {MAX_PROCESSES}, not {self.processes}")
         if not 0.0 <= self.vision_share < 1.0:
             raise ValueError(f"the vision-only share must be in [0, 1), not {self.vision_share}")
         if self.first_item < 0:
