@@ -57,7 +57,8 @@ def test_bench_bad_arguments(capsys):
     assert "error" in capsys.readouterr().err
     # one token has no decode rate (it divided by zero); 100000 streams' images filled 10 GB
     for flag, value, says in (("--tokens", "1", "--tokens must be >= 2"), ("--streams", "1,100000", "between 1 and 1024"),
-                              ("--repeats", "0", "--repeats must be >= 1")):
+                              ("--repeats", "0", "--repeats must be >= 1"),
+                              ("--frames", "-1", "--frames >= 0")):  # else BenchConfig's traceback
         assert main(["bench", flag, value]) == 2
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 1
@@ -70,6 +71,17 @@ def test_bench_bad_arguments(capsys):
     with pytest.raises(SystemExit) as e:  # argparse's own one line
         main(["bench", "--seconds", "soon"])
     assert e.value.code == 2 and "invalid float" in capsys.readouterr().err
+
+
+def test_bench_json_says_what_was_asked(capsys, small_folder):
+    """--no-vision-thread and --tokens reach the report (dropped, no test failed: the audit's
+    survivors B12 and E3), one JSON object ending its line."""
+    assert main(["bench", "--model", str(small_folder), "--streams", "1", "--tokens", "3", "--repeats", "1",
+                 "--frames", "0", "--seconds", "0", "--no-vision-thread", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("}\n") and out.count("\n") == 1
+    report = json.loads(out)
+    assert report["vision_thread"] is False and report["tokens_per_request"] == 3
 
 
 def test_bench_leaves_each_batch_size_s_first_run_out_of_its_figures(small_folder, monkeypatch):
