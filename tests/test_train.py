@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,27 @@ def test_a_time_budget_ends_two_processes_cleanly(tmp_path):
     for (minutes, steps), report in zip(cases, reports):
         assert report["steps"] >= 1 and (steps is None or report["steps"] == steps)
         assert load_model(str(tmp_path / str(minutes))).config.vision.crop_size == 126
+
+
+def test_an_error_inside_training_ends_the_process_not_hangs_it(tmp_path):
+    """Any error in the loop (here a forward that fails at its second step) left the render
+    worker to the interpreter's exit, where it blocked on its full queue: the traceback came,
+    and the process never ended (train-tiny --max-minutes 1e308 or --lr 1e38 did that)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tinyvlm.train as t\n"
+            "real, calls = t.forward_loss, []\n"
+            "def failing(*a, **k):\n"
+            "    calls.append(1)\n"
+            "    if len(calls) > 1:\n"
+            "        raise RuntimeError('a bug inside training')\n"
+            "    return real(*a, **k)\n"
+            "t.forward_loss = failing\n"
+            "t.train(t.TrainConfig(out=sys.argv[1], steps=50, batch_size=4, warmup=1, processes=1), progress=False)")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True,
+                       timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 1 and "RuntimeError: a bug inside training" in r.stderr, r.stderr[-2000:]
 
 
 def test_outline_mask_is_the_object_pixels_of_every_crop_patch_by_patch():

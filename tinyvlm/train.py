@@ -298,6 +298,11 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     finally:
         if bar:
             bar.close()
+        # The render worker stops now, however the loop ended: left to the interpreter's exit
+        # after an error, it blocked on its full queue and the process hung there for ever.
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
     if cfg.processes > 1:
         dist.destroy_process_group()
     if rank > 0:
