@@ -135,9 +135,9 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
 
 
 def _fit(width: int, height: int) -> str:
-    """The chart's size: its own on a wide window, scaled down to the window's width on a narrow
-    one (a phone): at 720 px on a 390 px phone its right half, the newest frames and the legend,
-    was cut off, with no way to scroll to it."""
+    """The chart's size: its own where its box is wide enough, scaled down to the box otherwise
+    (at a fixed 720 px, the right half, the newest frames and the legend, was cut off with no way to
+    scroll to it); CSS keeps it 600 px wide at least on a narrow window, its box scrolling."""
     return (f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
             f'style="max-width:100%;height:auto"')
 

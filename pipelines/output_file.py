@@ -38,6 +38,13 @@ def cut_partial_line(path: str | Path) -> None:
         f.truncate(0)
 
 
+def name_write_error(error: OSError, path: str | Path | None) -> None:
+    """Name the output in a write error (one from an open file names none): unnamed, `video` said
+    "cannot write its results", and a subtitle file's failure twice (again, by name, at close)."""
+    if error.filename is None and path is not None:
+        error.filename = str(path)
+
+
 class OutputBusy(VlmstreamError, OSError):
     """An output another process is writing now (it holds the file's lock, `open_output`)."""
 

@@ -17,7 +17,7 @@ from typing import Callable, TextIO
 
 import numpy as np
 
-from .output_file import cut_partial_line, open_output
+from .output_file import cut_partial_line, name_write_error, open_output
 from .prompts import PROMPT_KEYS, answers_text, prompt_key, prompt_of
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -121,8 +121,7 @@ class JsonlSink:
                 self._f.flush()
             except OSError as e:
                 self._failed = True
-                if e.filename is None and self.path is not None:
-                    e.filename = str(self.path)  # which output: a write error names none
+                name_write_error(e, self.path)
                 raise
 
     def close(self, end: float | None = None) -> None:
@@ -245,8 +244,8 @@ class SubtitleSink:
         try:
             self._f.write(f"{head}{_timestamp(start, sep)} --> {_timestamp(max(end, start + 0.001), sep)}\n{text}\n\n")
             self._f.flush()
-        except OSError as e:  # a write error names no file: unnamed, it was said twice (again at close)
-            e.filename = e.filename or str(self.path)
+        except OSError as e:
+            name_write_error(e, self.path)
             raise
 
     def close(self, end: float | None = None) -> None:
