@@ -74,6 +74,7 @@ class FileSource:
         self.decoded = 0  # frames decoded by the last frames() so far
         self.damaged = 0  # packets the decoder rejected in the last frames(), skipped
         self.corrupt = 0  # packets after data the demuxer saw lost (decoded all the same)
+        self.concealed = 0  # frames the decoder patched over damaged data (flagged corrupt), given all the same
         self.seconds = 0.0  # the video time they cover: first frame's start to last frame's end
         self._closed = False
         self.reading = reading  # as a player shows the frames, or as stored
@@ -184,6 +185,7 @@ class FileSource:
         index, first = 0, None
         # end: where the last frame decoded stops showing, in its own times (subtitles end there)
         self.decoded, self.seconds, self.damaged, self.corrupt, self.end = 0, 0.0, 0, 0, None
+        self.concealed = 0
         fps, time_base = self.fps, float(self._stream.time_base or 0)
         # Times as a player shows them: from the file's start. An MPEG-TS recording's clock starts
         # where the camera's or the broadcast's was (1.4 s after a plain remux, hours into a
@@ -205,6 +207,9 @@ class FileSource:
         # with a jump of their clocks do: the demuxer's "corrupt" there is no data lost.
         segmented = "hls" in self._container.format.name
 
+        def concealed() -> None:
+            self.concealed += 1
+
         def corrupt() -> None:
             if clock is not None:
                 clock.mark_corrupt()
@@ -225,7 +230,7 @@ class FileSource:
                 skip, first = resume[0], resume[2]
                 at = resume[:2] if seek and skip and not jumps and self._seek(resume[1] + start) else None
             under = decoded(self._container, self._stream, damage, reading=self.reading, on_corrupt=corrupt,
-                            retime=clock)
+                            retime=clock, on_concealed=concealed)
             for frame in in_order(under):
                 tb = frame.time_base or self._stream.time_base  # a deinterlaced frame's is the filter's
                 seconds = best(None if frame.pts is None or not tb else float(frame.pts * tb),
@@ -295,6 +300,10 @@ class FileSource:
         if self.corrupt and self.error is None:
             self.error = (f"{self.name}: data lost at {self.corrupt} point{'s' if self.corrupt > 1 else ''} (or files "
                           "joined there): frames may be missing, or show decoding damage until the next keyframe")
+        if self.concealed and self.error is None:  # damage the decoder patched over rather than rejected
+            self.error = (f"{self.name}: {self.concealed} frame{'s' if self.concealed > 1 else ''} decoded with damage "
+                          "(the decoder patched over damaged data: they, and those after them until the next "
+                          "keyframe, may show it)")
 
     def _seek(self, seconds: float) -> bool:
         """Whether decoding now starts at the keyframe before `seconds` (the file's own time, a

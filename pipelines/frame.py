@@ -93,12 +93,15 @@ def pixels(frame, sample_aspect, lazy: bool, reading: Reading = AS_SHOWN) -> dic
 
 def decoded(container, stream, on_damage: Callable[[], None],
             before_packet: Callable[[float], None] | None = None, reading: Reading = AS_SHOWN,
-            on_corrupt: Callable[[], None] | None = None, retime: Callable | None = None) -> Iterator:
+            on_corrupt: Callable[[], None] | None = None, retime: Callable | None = None,
+            on_concealed: Callable[[], None] | None = None) -> Iterator:
     """The stream's frames, packet by packet, skipping the packets the decoder rejects (damaged
     data: a bad sector, a lost datagram, a stream joined between keyframes), as FFmpeg's own tools
     do. `container.decode` ended at the first: a file with 20 KB damaged in its middle gave 180 of
     its 329 decodable frames. A packet the demuxer marks corrupt (an MPEG-TS packet after lost
     ones: 6 frames went missing without a word) is decoded, and said to `on_corrupt` if given.
+    A frame the decoder patched over damaged data it did not reject (error concealment: FFmpeg's
+    "error while decoding MB") is given, and said to `on_concealed` if given.
     `before_packet(waited)` is told before each packet how many seconds the demuxer took to
     give it (a live stream's reader waiting for the sender). `retime(packet)` may move a packet's times before it is decoded
     (`timestamps.Continuous`). Interlaced frames come whole (`Deinterlacer`), unless `reading`
@@ -132,6 +135,8 @@ def decoded(container, stream, on_damage: Callable[[], None],
         sent += packet.size > 0
         for frame in frames:
             made += 1
+            if on_concealed is not None and frame.is_corrupt:
+                on_concealed()
             last_pts = frame.pts if frame.pts is not None else last_pts
             yield from shown(frame)
     if made < sent and last_pts is not None and stream.codec_context.thread_type & av.codec.context.ThreadType.FRAME:

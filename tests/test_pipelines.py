@@ -1372,3 +1372,29 @@ def test_the_summary_says_how_many_times_faster_than_real_time_the_run_went(tmp_
     wall = time.perf_counter() - t0
     speed = float(re.search(r", ([0-9.]+)x real time", capsys.readouterr().err).group(1))
     assert 16.0 / wall - 0.1 <= speed  # the run inside main() took less than the whole call
+
+
+def test_frames_the_decoder_patched_over_damage_are_a_warning(tmp_path, small_folder, capsys):
+    """Damage the decoder does not reject but conceals (a few KB of a bad sector inside one
+    packet): FFmpeg says "error while decoding MB", the frame comes out patched and flagged
+    corrupt, and its answer may describe the damage. `video` used to say nothing at all (exit 0,
+    no warning), where a rejected packet gets a warning."""
+    import subprocess
+
+    clip = Path(__file__).resolve().parents[1] / "sample_videos" / "shapes_640x360_60fps.mp4"
+    path = tmp_path / "patched.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", str(clip), "-t", "4", "-r", "10", "-c:v", "libx264",
+                    "-g", "10", "-an", str(path)], check=True)
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle: middle + 3000] = np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    with FileSource(path) as s:
+        frames = list(s.frames())
+        assert s.concealed > 0 and not s.incomplete and "decoded with damage" in s.error
+    assert len(frames) == 40
+    out = tmp_path / "out.jsonl"
+    assert main(["video", str(path), "--model", str(small_folder), "--max-tokens", "2", "--every-n", "10",
+                 "-o", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 4
+    assert "decoded with damage" in capsys.readouterr().err
