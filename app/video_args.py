@@ -126,8 +126,9 @@ def _inputs(names: list[str], exclude: Path | None = None
     anywhere in an input folder (counted: the third value)."""
     from pipelines.sources import VIDEO_EXTENSIONS, FileSource, SourceError, file_name
 
-    if len(set(names)) != len(names):
-        raise UsageError("a file is listed twice")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:  # named, among a glob's hundreds
+        raise UsageError(f"{twice} is listed twice")
     if "-" in names and not Path("-").exists():  # it said "video not found: -"
         raise UsageError("video reads files, not standard input: `vlmstream live -` captions a stream piped in")
     excluded = resolved(exclude) if exclude else None

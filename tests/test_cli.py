@@ -1244,3 +1244,12 @@ def test_a_resumed_output_that_links_to_no_regular_file_is_written_to_not_replac
     assert rebuilds.path(link) == link
     rebuilds.finish(True)
     assert stat.S_ISFIFO(fifo.stat().st_mode) and not list(tmp_path.glob(".vlmstream-resume-*"))
+
+
+def test_video_names_the_file_listed_twice(capsys):
+    """A glob and a name (`video clips/*.mp4 clips/door.mp4`) list a file twice: the error said
+    "a file is listed twice" without saying which one, among hundreds; `image` names it."""
+    clip = str(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4")
+    assert main(["video", clip, clip, "--model", "/no/such/model"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"vlmstream: error: {clip} is listed twice\n"
