@@ -254,6 +254,11 @@ def _inputs(names: list[str], check) -> tuple[list[str | Path], bool, int]:
             raise UsageError(f"no image files in {p} (looked for .jpg, .png, .webp and other image extensions, "
                              "in subfolders too)")
         for f in found:
+            if Path(f).is_fifo():  # a camera script's `mkfifo frame.jpg`: opened, it was waited on for 15 s
+                skipped += 1
+                print(f"vlmstream: warning: skipped: {f} is a named pipe, not an image file (name it to read "
+                      "an image from it)", file=sys.stderr)
+                continue
             try:
                 check(f)
                 paths.append(f)

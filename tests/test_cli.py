@@ -1253,3 +1253,18 @@ def test_video_names_the_file_listed_twice(capsys):
     assert main(["video", clip, clip, "--model", "/no/such/model"]) == 2
     err = capsys.readouterr().err
     assert err == f"vlmstream: error: {clip} is listed twice\n"
+
+
+def test_a_named_pipe_found_in_an_image_folder_is_skipped_at_once(capsys, tmp_path, small_folder):
+    """A FIFO with an image's name in a folder (a camera script's `mkfifo frame.jpg`) was opened
+    and waited on for 15 s before its warning, "nothing came for 15 s", as `video` does not: it
+    says at once that a named pipe is no file of the folder's. Named, a pipe is still read."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    shutil.copy(SCENE, folder / "a.png")
+    os.mkfifo(folder / "frame.jpg")
+    assert main(["image", str(folder), "--model", str(small_folder), "--max-tokens", "2"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"{folder / 'a.png'}: ")
+    assert f"skipped: {folder / 'frame.jpg'} is a named pipe, not an image file" in captured.err
+    assert "nothing came" not in captured.err
