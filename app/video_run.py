@@ -211,11 +211,11 @@ class _FileProgress:
         from tqdm import tqdm
 
         from pipelines.changes import AnswerChanges
-        from pipelines.sources import file_name
+        from pipelines.sources import shown_name
 
         c = run.checked
         self.run, self.path, self.summary = run, path, summary
-        self.name = file_name(path)
+        self.name = shown_name(path, [p for p, _, _ in c.paths])
         self.bar = None if run.overall is not None else tqdm(total=frame_count, desc=self.name, unit="frame",
                                                              position=i, leave=True, file=sys.stderr)
         self.shown = 0

@@ -667,6 +667,25 @@ def test_answers_on_the_terminal_say_their_file_time_and_prompt(tmp_path, small_
     assert [line[:11] for line in capsys.readouterr().out.splitlines()] == ["    0.000  ", "    0.200  "]
 
 
+def test_answers_on_the_terminal_tell_files_of_one_name_apart(tmp_path, small_folder, capsys):
+    """Cameras name their files alike in dated folders (DCIM/100/clip.mp4, DCIM/101/clip.mp4): the
+    lines of both said "clip.mp4", so which answer was whose could not be told. A name two files
+    share is shown as the path given, as `live` does; a name of its own stays short."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = write_video(tmp_path / "a" / "clip.mp4", "libx264", n=3)
+    b = write_video(tmp_path / "b" / "clip.mp4", "libx264", n=3)
+    c = write_video(tmp_path / "c.mp4", "libx264", n=3)
+    assert main(["video", str(a), str(b), str(c), "--model", str(small_folder), "--max-tokens", "2",
+                 "--every-n", "3"]) == 0
+    names = sorted(re.match(r"^(.*?)  +0\.000  ", line)[1] for line in capsys.readouterr().out.splitlines())
+    assert names == sorted([str(a), str(b), "c.mp4"])
+    assert main(["video", str(a), str(b), str(c), "--detect", "star", "--model", str(small_folder),
+                 "--every-n", "3"]) == 0  # --detect's lines too
+    names = sorted(re.match(r"^(.*?)  +0\.000  star: ", line)[1] for line in capsys.readouterr().out.splitlines())
+    assert names == sorted([str(a), str(b), "c.mp4"])
+
+
 def test_video_json_lines_on_standard_output(tmp_path, small_folder, capsys):
     path = write_video(tmp_path / "v.mp4", "libx264", n=9)
     cmd = ["video", str(path), "--model", str(small_folder), "--every-n", "3", "--max-tokens", "3", "-o", "-"]
