@@ -162,6 +162,12 @@ class AnnotatedVideoSink:
             # flushes the encoder (skipped, the frames it held were lost: ~13 at 640x360).
             raise
         except BaseException as e:
+            if isinstance(e, self._av.FFmpegError) and not isinstance(e, OSError):
+                # The encoder refused it (x264 opens no 17000 px wide video): this output cannot be
+                # written, as on a full disk, where av.ExternalError had ended the whole run
+                self._failed = OSError(e.errno or 0, f"the H.264 encoder cannot take this {self.width}x{self.height} "
+                                       f"video ({e.strerror or e})", str(self.path))
+                raise self._failed from None
             self._failed = e
             raise
 

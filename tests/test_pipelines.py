@@ -686,6 +686,23 @@ def test_answers_on_the_terminal_tell_files_of_one_name_apart(tmp_path, small_fo
     assert names == sorted([str(a), str(b), "c.mp4"])
 
 
+def test_a_video_the_annotating_encoder_refuses_fails_alone(tmp_path, small_folder, capsys):
+    """A frame wider than x264 takes (17000 px: a stitched panorama) made opening the annotated
+    MP4's encoder fail with av.ExternalError, which no one caught: a traceback, the run ended,
+    the other videos' in-flight answers lost. As a full disk is, it is that video's outputs that
+    fail, said in a line, while the others finish (exit 1)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_video(folder / "a.mp4", "libx264", n=6)
+    write_video(folder / "wide.mkv", "ffv1", n=2, size=(17000, 16), pix_fmt="yuv420p")
+    out, ann = tmp_path / "out", tmp_path / "ann"
+    assert main(["video", str(folder), "--model", str(small_folder), "--max-tokens", "2", "-o", f"{out}/",
+                 "--annotate", f"{ann}/"]) == 1
+    err = capsys.readouterr().err
+    assert f"{folder / 'wide.mkv'}: cannot write {ann / 'wide.mp4'}: the H.264 encoder" in err, err[-600:]
+    assert len((out / "a.jsonl").read_text().splitlines()) == 6
+
+
 def test_video_json_lines_on_standard_output(tmp_path, small_folder, capsys):
     path = write_video(tmp_path / "v.mp4", "libx264", n=9)
     cmd = ["video", str(path), "--model", str(small_folder), "--every-n", "3", "--max-tokens", "3", "-o", "-"]
