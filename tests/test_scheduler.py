@@ -54,6 +54,7 @@ def test_an_image_prefix_is_never_cut_and_one_goes_even_over_the_budget():
     budget = Budget(free_pages=1000, free_slots=32, prefill_tokens=16, prefix_len=PREFIX, prefix_pages=6)
     step = plan(waiting, [], fresh, budget, PAGE)
     assert step.images == fresh[:1] and [s.id for s in step.admit] == [30]
+    assert not step.prefills  # the prefix is the step's one unit over the budget: its prompt waits
     roomy = Budget(free_pages=1000, free_slots=32, prefill_tokens=2 * PREFIX + 10, prefix_len=PREFIX, prefix_pages=6)
     assert plan(waiting, [], fresh, roomy, PAGE).images == fresh[:2]
 
@@ -81,3 +82,68 @@ def test_draft_rows_stop_one_short_of_the_capacity():
     budget = Budget(free_pages=100, free_slots=8, prefill_tokens=512, prefix_len=PREFIX, prefix_pages=6,
                     max_draft=8, draft_rows=8)
     assert plan(deque(), [seq], [], budget, PAGE).drafts == [[13]]
+
+
+def test_own_pages_cover_every_position_written_and_no_more():
+    """The last answer token is never fed back: a sequence writes positions up to prefix + prompt
+    + capacity - 2, and needs the pages from its prefix's partial one to that one."""
+    from engine.scheduler import own_pages_for
+    assert own_pages_for(5, 42, PREFIX, PAGE) == 3  # last position 127: pages 5, 6, 7
+    assert own_pages_for(5, 43, PREFIX, PAGE) == 4  # 128 starts page 8
+    assert own_pages_for(14, 1, 82, 16) == 1  # 95: the prefix's partial page 5 alone (copied)
+    assert own_pages_for(15, 1, 80, 16) == 1  # 94 on page 5, past the prefix's 5 whole pages
+
+
+def test_admission_takes_exactly_the_free_pages_and_never_one_more():
+    encoded = Image(id=1, crops=None, tiling=(1, 1), launched=True, ready=True)
+    seq = _seq(1, encoded, 5)  # capacity 40: 3 own pages
+    fits = Budget(free_pages=3, free_slots=8, prefill_tokens=512, prefix_len=PREFIX, prefix_pages=6)
+    assert plan(deque([seq]), [], [], fits, PAGE).admit == [seq]
+    short = Budget(free_pages=2, free_slots=8, prefill_tokens=512, prefix_len=PREFIX, prefix_pages=6)
+    assert plan(deque([seq]), [], [], short, PAGE).admit == []
+    # a new image's prefix pages count too
+    fresh = Image(id=2, crops=None, tiling=(1, 1))
+    other = _seq(2, fresh, 5)
+    assert plan(deque([other]), [], [fresh], Budget(9, 8, 512, PREFIX, 6), PAGE).admit == [other]
+    assert plan(deque([other]), [], [fresh], Budget(8, 8, 512, PREFIX, 6), PAGE).admit == []
+    # two requests: the second goes only if both fit together
+    a, b = _seq(3, encoded, 5), _seq(4, encoded, 5)
+    assert plan(deque([a, b]), [], [], Budget(6, 8, 512, PREFIX, 6), PAGE).admit == [a, b]
+    assert plan(deque([a, b]), [], [], Budget(5, 8, 512, PREFIX, 6), PAGE).admit == [a]
+    assert plan(deque([a, b]), [], [], Budget(100, 1, 512, PREFIX, 6), PAGE).admit == [a]  # one slot
+
+
+def test_the_lower_priority_turn_goes_first_when_its_pages_are_exactly_free():
+    encoded = Image(id=1, crops=None, tiling=(1, 1), launched=True, ready=True)
+    high, low = _seq(1, encoded, 5), _seq(2, encoded, 5)
+    high.priority, high.capacity = 1, 120  # more pages than are free: it waits
+    budget = Budget(free_pages=3, free_slots=8, prefill_tokens=512, prefix_len=PREFIX, prefix_pages=6)
+    assert plan(deque([high, low]), [], [], budget, PAGE).admit == []  # strict priority: the first waits
+    assert plan(deque([high, low]), [], [], budget, PAGE, first=low).admit == [low]
+
+
+def test_a_request_on_a_new_image_short_of_pages_holds_back_later_new_images():
+    """Later requests on encoded images go past it (their ends free pages); later new images do not
+    (they would take the pages it waits for)."""
+    big_img, small_img = Image(id=1, crops=None, tiling=(1, 1)), Image(id=2, crops=None, tiling=(1, 1))
+    encoded = Image(id=3, crops=None, tiling=(1, 1), launched=True, ready=True)
+    big, small, on_encoded = _seq(1, big_img, 5), _seq(2, small_img, 5), _seq(3, encoded, 5)
+    big.capacity = 120
+    small.capacity = on_encoded.capacity = 2
+    budget = Budget(free_pages=8, free_slots=8, prefill_tokens=512, prefix_len=PREFIX, prefix_pages=6)
+    step = plan(deque([big, small, on_encoded]), [], [big_img, small_img], budget, PAGE)
+    assert step.admit == [on_encoded] and step.images == []
+
+
+def test_images_encoded_ahead_wait_for_waiting_requests_and_leave_the_reserve():
+    ahead = Image(id=1, crops=None, tiling=(1, 1))  # encode_image: held by its ImageRef
+    encoded = Image(id=2, crops=None, tiling=(1, 1), launched=True, ready=True)
+    budget = Budget(free_pages=10, free_slots=8, prefill_tokens=512, prefix_len=PREFIX, prefix_pages=6,
+                    reserve_pages=4)
+    assert plan(deque(), [], [ahead], budget, PAGE).images == [ahead]
+    tight = Budget(free_pages=9, free_slots=8, prefill_tokens=512, prefix_len=PREFIX, prefix_pages=6,
+                   reserve_pages=4)
+    assert plan(deque(), [], [ahead], tight, PAGE).images == []  # the reserve stays free
+    waiting = _seq(1, encoded, 5)
+    waiting.capacity = 200  # more than is free: it waits, and the image does not take its pages
+    assert plan(deque([waiting]), [], [ahead], budget, PAGE).images == []
