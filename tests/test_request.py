@@ -1,0 +1,46 @@
+"""The caller's handles alone, on a fake engine that records what they post."""
+
+from engine.request import ImageRef, RequestHandle
+from engine.sequence import Image
+from engine.types import RequestOutput
+
+
+class _Engine:
+    def __init__(self):
+        self.posted = []
+
+    def _post(self, message):
+        self.posted.append(message)
+
+
+def test_cancel_posts_once_and_nothing_after_the_end():
+    """Each handle sends one cancel at most: the engine's overflow queue of cancels that found its
+    inbox full relies on it to stay small."""
+    eng = _Engine()
+    h = RequestHandle(eng, 7)
+    h.cancel()
+    h.cancel()
+    h.cancel()
+    assert eng.posted == [("cancel", 7)]
+    done = RequestHandle(eng, 8)
+    done._finish(RequestOutput("", [], "stop"))
+    done.cancel()
+    assert eng.posted == [("cancel", 7)] and done.result().finish_reason == "stop"
+    assert done._engine is None  # a finished handle keeps no engine (weights, KV pool) alive
+
+
+def test_a_release_during_a_submit_is_posted_after_its_request_by_the_last_submit():
+    eng = _Engine()
+    img = Image(id=3, crops=None, tiling=(1, 1))
+    ref = ImageRef(eng, img)
+    ref._submitting()
+    ref._submitting()
+    ref.release()  # two submits are posting their requests: the release must come after both
+    ref.release()
+    assert eng.posted == [] and ref.released
+    assert ref._submitted() is False  # one still posting
+    assert ref._submitted() is True  # the last one posts the release
+    plain = ImageRef(eng, img)
+    plain.release()
+    plain.release()
+    assert eng.posted == [("release", img)]  # once
