@@ -129,6 +129,37 @@ def test_every_stream_reads_the_whole_text_even_after_the_end(small_folder, imag
     _assert_clean(eng)
 
 
+def test_a_request_timings_count_from_its_preprocessing_to_its_end():
+    """Vision in the admission step (no vision thread): it comes out of the prefill; the first
+    token and the total count from the start of preprocessing; a request cancelled after its
+    admission, before its first token, spent the rest in prefill."""
+    from engine.sequence import Image, Sequence
+
+    img = Image(id=1, crops=None, tiling=(1, 1))
+    img.timings.vision, img.timings.preprocess = 5.0, 2.0
+    seq = Sequence(id=1, prompt=[3, 4, 5], params=SamplingParams(max_tokens=5), image=img, handle=None, capacity=5)
+    seq.submitted_at, seq.admitted_at, seq.first_token_at = 100.0, 100.010, 100.030
+    t = seq.output("stop", 100.050).timings
+    assert (t.preprocess, t.queue, t.vision, t.prefill, t.decode) == pytest.approx((2.0, 10.0, 5.0, 15.0, 20.0))
+    assert t.first_token == pytest.approx(32.0) and t.total == pytest.approx(52.0)
+    cut = Sequence(id=2, prompt=[3, 4, 5], params=SamplingParams(max_tokens=5), image=img, handle=None, capacity=5)
+    cut.submitted_at, cut.admitted_at = 100.0, 100.010
+    t = cut.output("cancelled", 100.040).timings
+    assert (t.queue, t.vision, t.prefill, t.decode, t.total) == pytest.approx((10.0, 5.0, 25.0, 0.0, 42.0))
+    assert t.first_token is None
+
+
+def test_a_ping_pong_slot_is_not_reused_before_its_step_is_committed(small_folder):
+    """Its host buffer still holds the tokens of the step that the engine has not committed."""
+    from engine.runner import Runner
+    from engine.scheduler import StepPlan
+
+    runner = Runner(load_model(small_folder), n_pages=8, page_size=16, max_batch=2, executor=None)
+    runner.slots[1].busy = True  # step 1 launched, not committed
+    with pytest.raises(AssertionError, match="reused before its step was committed"):
+        runner.launch(StepPlan(), 3)
+
+
 def test_known_stops_cost_no_extra_step(small_folder, images):
     for depth in (1, 2):
         with _engine(small_folder, depth) as eng:
@@ -740,6 +771,8 @@ def test_the_default_pool_on_a_cpu_takes_a_quarter_of_the_memory_available(small
     with _engine(small_folder) as eng:
         full, page = eng.pool.n_pages, kv_memory.page_bytes(eng.config.page_size, eng.loaded)
         need = eng._batch.reserve_pages
+        runner = eng._batch.runner
+        assert page * full == runner.k.nbytes + runner.v.nbytes  # what a page really takes: K and V
     assert full > 3 * need
     monkeypatch.setattr(kv_memory, "available_memory", lambda: 4 * page * (need + 2))
     with _engine(small_folder, max_batch_size=4) as eng:
