@@ -47,8 +47,9 @@ class ScriptedRunner:
         return _Done(StepResult(rows, torch.tensor(tokens, dtype=torch.int64), {})), slot
 
 
-def _batch(scripts, n_pages=64, max_batch=4, budget=512):
-    config = SimpleNamespace(max_batch_size=max_batch, page_size=PAGE, prefill_token_budget=budget, lower_turn=0)
+def _batch(scripts, n_pages=64, max_batch=4, budget=512, lower_turn=0):
+    config = SimpleNamespace(max_batch_size=max_batch, page_size=PAGE, prefill_token_budget=budget,
+                             lower_turn=lower_turn)
     model_config = SimpleNamespace(prefix_len=PREFIX, tokenizer=SimpleNamespace(eos_id=EOS))
     prefix_pages = -(-PREFIX // PAGE)
     return Batch(config, model_config, lambda ids: " ".join(f"w{t}" for t in ids), PagePool(n_pages, PAGE),
@@ -172,3 +173,29 @@ def test_a_sequence_stops_at_its_capacity_and_at_eos_unless_told_to_ignore_it():
     assert (capped.handle.result().token_ids, capped.handle.result().finish_reason) == ([5, 6, 7], "length")
     assert (ignoring.handle.result().token_ids, ignoring.handle.result().finish_reason) == ([5, EOS, 6], "length")
     assert batch.pool.n_used == 0
+
+
+def test_the_lower_priority_turn_counts_only_admissions_made_while_it_waited():
+    """EngineConfig.lower_turn=3: the oldest lower request goes first after 2 admissions of the
+    top priority in a row while it waited; those before it came do not count."""
+    batch = _batch({i: [5] * 8 for i in range(1, 6)}, max_batch=8, lower_turn=3)
+    img = _image()
+
+    def turn_then_admit(i):
+        high = _seq(i, img)
+        high.priority = 1
+        batch.add_request(high)
+        turn = batch.lower_turn()
+        step = batch.plan(turn)
+        assert step.admit == [high]  # the lower one does not fit anyway
+        batch.launch(step)
+        _commit(batch)
+        return turn
+
+    assert turn_then_admit(1) is None
+    assert turn_then_admit(2) is None  # nothing lower waited: no turn counted
+    low = _seq(9, img, max_tokens=1000)  # more pages than the pool has: it keeps waiting
+    batch.add_request(low)
+    assert turn_then_admit(3) is None
+    assert turn_then_admit(4) is None
+    assert turn_then_admit(5) is low  # two in a row while it waited: its turn
