@@ -106,6 +106,16 @@ def test_a_sticky_answer_that_repeats_its_draft_ends_where_the_draft_ends(small_
                           draft=short).result(timeout=60).token_ids == greedy[0]
 
 
+def test_a_sticky_answer_that_ignores_eos_goes_on_past_the_draft(small_folder, greedy):
+    """The draft ends with EOS; with ignore_eos the answer repeats it whole and goes on: past the
+    draft's end it is simply not sticky any more (reading past the draft had failed the engine)."""
+    with Engine(EngineConfig(model=str(small_folder))) as eng:
+        short, eos = greedy[1][:5], eng.model_config.tokenizer.eos_id
+        params = SamplingParams(max_tokens=9, sticky=1e6, ignore_eos=True)
+        out = eng.submit(IMAGES[0], caption="short", params=params, draft=short).result(timeout=60)
+        assert out.finish_reason == "length" and out.token_ids[:6] == short + [eos] and len(out.token_ids) == 9
+
+
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "1", True])
 def test_a_bad_margin_is_a_request_error(bad):
     with pytest.raises(RequestError, match="sticky"):
