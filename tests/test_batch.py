@@ -30,6 +30,7 @@ class ScriptedRunner:
     """Samples each sequence's tokens from a script, in order (its answer, EOS, what follows)."""
 
     draft_rows = 0
+    busy_ms: dict[str, float] = {}  # what each step reports
 
     def __init__(self, scripts: dict[int, list[int]]):
         self.scripts = scripts
@@ -44,7 +45,7 @@ class ScriptedRunner:
         slot.busy = True
         rows = [c.seq for c in plan.prefills if c.last] + plan.decodes
         tokens = [self.scripts[s.id][s.launched] for s in rows]  # before launch() counts the row
-        return _Done(StepResult(rows, torch.tensor(tokens, dtype=torch.int64), {})), slot
+        return _Done(StepResult(rows, torch.tensor(tokens, dtype=torch.int64), dict(self.busy_ms))), slot
 
 
 def _batch(scripts, n_pages=64, max_batch=4, budget=512, lower_turn=0):
@@ -199,3 +200,15 @@ def test_the_lower_priority_turn_counts_only_admissions_made_while_it_waited():
     assert turn_then_admit(3) is None
     assert turn_then_admit(4) is None
     assert turn_then_admit(5) is low  # two in a row while it waited: its turn
+
+
+def test_images_encoded_in_one_step_share_its_encoder_time_by_crops():
+    batch = _batch({1: [5, EOS], 2: [6, EOS]})
+    batch.runner.busy_ms = {"images": 40.0}
+    small, large = _image(1), _image(2)
+    small.n_crops, large.n_crops = 1, 3
+    batch.add_request(_seq(1, small))
+    batch.add_request(_seq(2, large))
+    _step(batch)
+    _commit(batch)
+    assert (small.timings.vision, large.timings.vision) == (10.0, 30.0)
