@@ -29,9 +29,6 @@ class PagePool:
     def n_used(self) -> int:
         return self.n_pages - len(self._free)
 
-    def pages_for(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.page_size)
-
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise OutOfPages(f"asked for {n} pages, {len(self._free)} free")
