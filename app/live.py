@@ -273,18 +273,28 @@ def no_frames_line(opened: list, several: bool, duration: float | None) -> str:
 
 def open_log(output: str | None):
     """The per-frame log: None, standard output ('-'), or a file opened for appending (a
-    restarted stream continues its log). A path that cannot be written is a UsageError now."""
+    restarted stream continues its log). A path that cannot be written, or that another run
+    writes now, is a UsageError now."""
     if output is None:
         return None
     if output == "-":
         return sys.stdout
-    from pipelines.output_file import cut_partial_line
+    from pipelines.output_file import OutputBusy, cut_partial_line, open_output
 
     try:
-        cut_partial_line(output)  # a line the last run's end (a kill, a full disk) cut short
-        return open(output, "a", encoding="utf-8")
+        # Locked first: two runs appending to one log spliced their lines (each flushes 8 KB at a
+        # time, not whole lines), and one starting cut the other's half-written last line off.
+        log = open_output(output, "a")
+    except OutputBusy as e:
+        raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from None
+    try:
+        cut_partial_line(output)  # a line the last run's end (a kill, a full disk) cut short
+    except OSError as e:
+        log.close()
+        raise UsageError(f"cannot write {output}: {e.strerror or e}") from None
+    return log
 
 
 def log_name(output: str | None) -> str:

@@ -291,6 +291,17 @@ def test_live_cli_logs_to_stdout_and_appends_to_a_file(small_folder, tmp_path, c
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     restarts = [i for i in range(1, len(rows)) if rows[i]["index"] <= rows[i - 1]["index"]]
     assert len(restarts) == 1 and first_run == len(rows)  # the second run continued the log
+    import fcntl
+
+    with open(log, "a") as other:  # another run writing the log, its last line half written
+        fcntl.flock(other, fcntl.LOCK_EX)
+        other.write('{"index": 9')
+        other.flush()
+        before = log.read_text()
+        assert main(cmd + ["-o", str(log)]) == 2  # its lines had been spliced into the other's
+        assert capsys.readouterr().err == (f"vlmstream: error: {log} is being written by another vlmstream run: "
+                                           "wait for it to end, or write elsewhere\n")
+        assert log.read_text() == before  # the other's half line not cut off
     for bad, says in [(["-o", "-", "--json"], "both write to standard output"),
                       (["-o", str(tmp_path / "no" / "log.jsonl")], "cannot write"),
                       (["-o", str(tmp_path / "log.srt")], "-o must end in .jsonl"),  # JSON lines in a .srt
