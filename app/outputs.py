@@ -199,11 +199,14 @@ class Rebuilds:
     written over) and replaces it only when `finish` says the new one is whole. Rebuilt in place,
     a resumed run stopped early cut complete ones back to its first frames (an MP4 to nothing).
     A link is written through (the file it names is replaced, its mode kept); one to what is no
-    regular file (/dev/null, a FIFO) is written to as it is: replaced, a device node became a file."""
+    regular file (/dev/null, a FIFO) is written to as it is: replaced, a device node became a file.
+    The old one is held locked until then (`output_file.open_output`'s lock): unlocked, a run
+    started meanwhile into it alone (`--format srt`) wrote it, and was replaced at this one's end."""
 
     def __init__(self, resume: bool):
         self.resume = resume
         self._swaps: list[tuple[Path, Path]] = []
+        self._held: list = []  # the old ones, open for their locks
 
     def path(self, target: Path) -> Path:
         """Where to write `target` now."""
@@ -212,23 +215,41 @@ class Rebuilds:
         import hashlib
         import shutil
 
+        from pipelines.output_file import OutputBusy, output_busy
+
         real = Path(os.path.realpath(target))
+        try:  # first: a busy one's hidden copy is the other run's own
+            held = open(real, "rb")
+        except OSError:  # one this user may write but not read: not locked, as before
+            held = None
+        if held is not None and output_busy(held.fileno()):
+            held.close()
+            raise OutputBusy(target)
         tag = hashlib.sha1(os.fsencode(real.name)).hexdigest()[:12]
         part = real.with_name(f".vlmstream-resume-{tag}{real.suffix}")
         try:
             part.touch()
             shutil.copymode(real, part)
-        except OSError:  # a folder this run may not add a file to: rebuilt in place, as before
+        except OSError:  # a folder this run may not add a file to: rebuilt in place (locked as it opens)
             part.unlink(missing_ok=True)
+            if held is not None:
+                held.close()
             return target
+        self._held.append(held)
         self._swaps.append((part, real))
         return part
 
     def finish(self, whole: bool) -> None:
         """Put each rebuilt output in its place if `whole`, else drop it (the old one stays)."""
         swaps, self._swaps = self._swaps, []
-        for part, real in swaps:
-            if whole and part.exists():
-                os.replace(part, real)
-            else:
-                part.unlink(missing_ok=True)
+        try:
+            for part, real in swaps:
+                if whole and part.exists():
+                    os.replace(part, real)
+                else:
+                    part.unlink(missing_ok=True)
+        finally:
+            held, self._held = self._held, []
+            for f in held:
+                if f is not None:
+                    f.close()

@@ -1228,6 +1228,29 @@ def test_a_rebuilt_output_keeps_the_mode_of_the_one_it_replaces(tmp_path):
         assert old.read_text() == "new" and stat.S_IMODE(old.stat().st_mode) == mode
 
 
+def test_a_rebuilt_output_is_held_locked_until_it_replaces_the_old_one(tmp_path):
+    """--resume writes its subtitles beside the old ones and swaps them in at its end: the old one
+    was not locked meanwhile, so a run into it alone (`--format srt`) started then wrote it, said
+    done, and had its file replaced by the resumed run's. Both others are refused now, and a
+    refused resumed run leaves the first's hidden copy alone."""
+    from app.outputs import Rebuilds
+    from pipelines.output_file import OutputBusy, open_output
+
+    srt = tmp_path / "a.srt"
+    srt.write_text("old")
+    first = Rebuilds(resume=True)
+    part = first.path(srt)
+    part.write_text("new")
+    with pytest.raises(OutputBusy):  # a run that writes it afresh
+        open_output(srt, "w")
+    with pytest.raises(OutputBusy):  # another resumed run
+        Rebuilds(resume=True).path(srt)
+    assert part.read_text() == "new" and srt.read_text() == "old"
+    first.finish(True)
+    assert srt.read_text() == "new"
+    open_output(srt, "a").close()  # free once it is in place
+
+
 def test_a_resumed_output_that_links_to_no_regular_file_is_written_to_not_replaced(tmp_path):
     """A rebuilt output is written beside the file a link names, then put in its place: a link to
     /dev/full (or a FIFO) had its device node replaced by a regular file, as root for every
