@@ -38,5 +38,9 @@ def run(args: argparse.Namespace) -> int:
         done[0] += 1
         print(f"[{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
 
-    print_report(run_bench(cfg, progress), args.json, format_table)
+    report = run_bench(cfg, progress)
+    print_report(report, args.json, format_table)
+    if report["interrupted"]:  # what was measured printed first: the exit still says it stopped
+        raise KeyboardInterrupt(f"streams={','.join(map(str, report['not_measured']))} not measured"
+                                if report["not_measured"] else "after the last measurement")
     return 0

@@ -122,49 +122,61 @@ def cpu_name() -> str:
     return f"{name} ({', '.join(kinds)})" if kinds else name
 
 
+def _measure(engine: Engine, cfg: BenchConfig, n: int, progress: Callable[[str], None] | None) -> dict:
+    """One concurrency's figures: pipelined and blocking runs alternated (see the module's doc)."""
+    images = _images(n, cfg.image_size)
+    for depth in (2, 1):  # this batch size's first steps (shapes new to TorchScript, the allocator) untimed
+        _run(engine, depth, images, 4)
+    runs: dict[int, list[dict]] = {2: [], 1: []}
+    r = 0
+    while r < cfg.repeats or (r < cfg.max_repeats and min(sum(x["wall_s"] for x in runs[d])
+                                                          for d in (1, 2)) < cfg.min_seconds):
+        for depth in (2, 1) if r % 2 == 0 else (1, 2):
+            if progress and r < cfg.repeats:
+                progress(f"streams={n} repeat={r + 1}/{cfg.repeats} {'pipelined' if depth == 2 else 'blocking'}")
+            runs[depth].append(_run(engine, depth, images, cfg.tokens))
+        r += 1
+    summary = {}
+    for depth, name in ((2, "pipelined"), (1, "blocking")):
+        summary[name] = {k: statistics.median(run[k] for run in runs[depth])
+                         for k in ("tokens_per_s", "end_to_end_tokens_per_s", "wall_s",
+                                   "device_busy_fraction", "ttft_ms_p50")}
+    pairs = [p["tokens_per_s"] / b["tokens_per_s"] for p, b in zip(runs[2], runs[1])]
+    first = runs[2][0]["tokens"]
+    return {
+        "streams": n,
+        "tokens_made": round(statistics.mean(len(t) for t in first), 1),  # fewer where the context ends them
+        "runs_per_mode": r,
+        # short of min_seconds where max_repeats ended it first (runs of a few ms each)
+        "seconds_per_mode": round(min(sum(x["wall_s"] for x in runs[d]) for d in (1, 2)), 3),
+        **summary,
+        "ratio": statistics.median(pairs),
+        "pair_ratios": pairs,
+        "identical_tokens": all(run["tokens"] == first for run in runs[1] + runs[2]),
+    }
+
+
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict:
+    """The report `vlmstream bench` prints. Interrupted (Ctrl-C, SIGTERM) once something was
+    measured, it holds what was, `interrupted` set; before that, the KeyboardInterrupt goes on."""
     engine_cfg = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype,
                               max_batch_size=max(cfg.streams), cpu_script=cfg.cpu_script,
                               vision_thread=cfg.vision_thread)
-    results = []
+    results: list[dict] = []
+    frames, interrupted = None, False
     with Engine(engine_cfg) as engine:
-        _run(engine, 2, _images(1, cfg.image_size), 4)  # warm-up: allocator, kernels, caches
-        if progress and cfg.frames:
-            progress(f"frame rate, {cfg.frames} frames of {cfg.image_size[1]}x{cfg.image_size[0]}")
-        frames = frame_rate(engine, cfg.frames, cfg.image_size) if cfg.frames else None
-        for n in cfg.streams:
-            images = _images(n, cfg.image_size)
-            for depth in (2, 1):  # this batch size's first steps (shapes new to TorchScript, the allocator) untimed
-                _run(engine, depth, images, 4)
-            runs: dict[int, list[dict]] = {2: [], 1: []}
-            r = 0
-            while r < cfg.repeats or (r < cfg.max_repeats and min(sum(x["wall_s"] for x in runs[d])
-                                                                  for d in (1, 2)) < cfg.min_seconds):
-                for depth in (2, 1) if r % 2 == 0 else (1, 2):
-                    if progress and r < cfg.repeats:
-                        progress(f"streams={n} repeat={r + 1}/{cfg.repeats} "
-                                 f"{'pipelined' if depth == 2 else 'blocking'}")
-                    runs[depth].append(_run(engine, depth, images, cfg.tokens))
-                r += 1
-            summary = {}
-            for depth, name in ((2, "pipelined"), (1, "blocking")):
-                summary[name] = {k: statistics.median(run[k] for run in runs[depth])
-                                 for k in ("tokens_per_s", "end_to_end_tokens_per_s", "wall_s",
-                                           "device_busy_fraction", "ttft_ms_p50")}
-            pairs = [p["tokens_per_s"] / b["tokens_per_s"] for p, b in zip(runs[2], runs[1])]
-            first = runs[2][0]["tokens"]
-            identical = all(run["tokens"] == first for run in runs[1] + runs[2])
-            results.append({
-                "streams": n,
-                "tokens_made": round(statistics.mean(len(t) for t in first), 1),  # fewer where the context ends them
-                "runs_per_mode": r,
-                # short of min_seconds where max_repeats ended it first (runs of a few ms each)
-                "seconds_per_mode": round(min(sum(x["wall_s"] for x in runs[d]) for d in (1, 2)), 3),
-                **summary,
-                "ratio": statistics.median(pairs),
-                "pair_ratios": pairs,
-                "identical_tokens": identical,
-            })
+        try:
+            _run(engine, 2, _images(1, cfg.image_size), 4)  # warm-up: allocator, kernels, caches
+            if progress and cfg.frames:
+                progress(f"frame rate, {cfg.frames} frames of {cfg.image_size[1]}x{cfg.image_size[0]}")
+            frames = frame_rate(engine, cfg.frames, cfg.image_size) if cfg.frames else None
+            for n in cfg.streams:
+                results.append(_measure(engine, cfg, n, progress))
+        except KeyboardInterrupt:
+            if not results and frames is None:
+                raise
+            interrupted = True
+            engine.close(cancel=True)  # the interrupted run's requests: not decoded to their end
     return {
         "model": cfg.model,
         "device": cfg.device,
@@ -182,6 +194,9 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
         "date": time.strftime("%Y-%m-%d"),
         "results": results,
         "frame_rate": frames,
+        # Stopped by Ctrl-C or SIGTERM after some were measured: the concurrencies left out
+        "interrupted": interrupted,
+        "not_measured": [n for n in cfg.streams if n not in {r["streams"] for r in results}] if interrupted else [],
     }
 
 
@@ -200,6 +215,9 @@ def format_table(report: dict) -> str:
         if r.get("seconds_per_mode", report["min_seconds"]) < report["min_seconds"]:
             lines.append(f"(streams={r['streams']}: {r['runs_per_mode']} runs per mode, the most there are, took "
                          f"{r['seconds_per_mode']:g} s of the {report['min_seconds']:g} s asked)")
+    if report.get("interrupted"):
+        left = ",".join(str(n) for n in report["not_measured"])
+        lines.append(f"(interrupted: streams={left} not measured)" if left else "(interrupted)")
     for r in report["results"]:
         p, b = r["pipelined"], r["blocking"]
         lines.append(f"{r['streams']:>7} {p['tokens_per_s']:>16.1f} {b['tokens_per_s']:>15.1f} {r['ratio']:>6.3f} "

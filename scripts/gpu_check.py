@@ -336,6 +336,8 @@ def _bench(model: str, device: torch.device) -> dict:
     cfg = BenchConfig(model=model, device=str(device), streams=streams, tokens=8 if ARGS.quick else 64,
                       repeats=1 if ARGS.quick else 3, frames=0, min_seconds=0.0 if ARGS.quick else 3.0)
     report = run_bench(cfg)
+    if report["interrupted"]:  # run_bench keeps what it measured; here Ctrl-C ends the check
+        raise KeyboardInterrupt
     rows = {}
     for row in report["results"]:
         rows[str(row["streams"])] = {

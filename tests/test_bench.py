@@ -108,6 +108,38 @@ def test_bench_leaves_each_batch_size_s_first_run_out_of_its_figures(small_folde
         assert r["pipelined"]["tokens_per_s"] > 0 and r["blocking"]["tokens_per_s"] > 0
 
 
+def test_an_interrupted_bench_reports_what_it_measured(small_folder, monkeypatch, capsys):
+    """Ctrl-C (or SIGTERM) in a long bench (32 streams of Moondream 2 on a CPU: minutes) printed
+    "vlmstream: interrupted" alone: the concurrencies measured by then were lost. They are printed
+    now, said to be all there is, with the exit still 130; before any, it is the one line."""
+    from engine import bench
+    from engine.types import SamplingParams
+
+    real = bench._run
+
+    def run(engine, depth, images, tokens):
+        if len(images) == 3:  # Ctrl-C while the second concurrency's requests decode
+            for img in images:
+                engine.submit(img, caption="normal", params=SamplingParams(max_tokens=100000, ignore_eos=True))
+            raise KeyboardInterrupt
+        return real(engine, depth, images, tokens)
+
+    monkeypatch.setattr(bench, "_run", run)
+    argv = ["bench", "--model", str(small_folder), "--streams", "1,3,5", "--tokens", "4", "--repeats", "1",
+            "--frames", "0", "--seconds", "0"]
+    assert main(argv + ["--json"]) == 130
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert [r["streams"] for r in report["results"]] == [1] and report["results"][0]["identical_tokens"]
+    assert report["interrupted"] is True and report["not_measured"] == [3, 5]
+    assert err.splitlines()[-1] == "vlmstream: interrupted: streams=3,5 not measured"
+    assert main(argv) == 130
+    assert "(interrupted: streams=3,5 not measured)" in capsys.readouterr().out
+    assert main([*argv[:4], "3", *argv[5:]]) == 130  # nothing measured yet: the one line
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines()[-1] == "vlmstream: interrupted"
+
+
 def test_a_runs_window_starts_after_the_vision_thread_has_encoded_its_images(small_folder, monkeypatch):
     # The window (the busy fraction's, time to first token's) is meant to start once the images
     # are encoded; the wait for that read a count the engine thread fills only when it takes the
