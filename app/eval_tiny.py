@@ -28,4 +28,6 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     print_report(report, args.json, format_report)
+    if report["interrupted"]:  # the scenes scored printed first: the exit still says it stopped
+        raise KeyboardInterrupt(f"{report['scenes']} of {args.n} scenes scored")
     return 0

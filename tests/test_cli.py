@@ -898,6 +898,31 @@ def test_ctrl_c_during_eval_tiny_is_one_line_after_its_bar(monkeypatch, capsys):
     assert err.endswith("\nvlmstream: interrupted\n") and err.count("vlmstream: ") == 1, err
 
 
+def test_an_interrupted_eval_tiny_reports_the_scenes_it_scored(monkeypatch, capsys):
+    """Ctrl-C (or SIGTERM) late in a 1000-scene eval printed "interrupted" alone: the scenes
+    scored were lost. Their accuracies are printed, with how many of those asked, exit 130."""
+    import tinyvlm.evaluate
+
+    score, calls = tinyvlm.evaluate._score, []
+
+    def scored_twice(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        score(*args)
+
+    monkeypatch.setattr(tinyvlm.evaluate, "_score", scored_twice)
+    assert main(["eval-tiny", "--n", "20", "--json"]) == 130
+    out, err = capsys.readouterr()
+    r = json.loads(out)
+    assert r["scenes"] == 2 and r["interrupted"] is True and r["counts"]["answer_count"] == 2
+    assert err.endswith("\nvlmstream: interrupted: 2 of 20 scenes scored\n"), err[-300:]
+    calls.clear()
+    assert main(["eval-tiny", "--n", "20"]) == 130
+    assert capsys.readouterr().out.startswith("model=tiny device=cpu dtype=float32 renderer=world scenes=2 (")
+    assert "(interrupted)" in tinyvlm.evaluate.format_report(r).splitlines()[0]
+
+
 def test_several_images_when_the_engine_fails_say_so(capsys, tmp_path, small_folder, monkeypatch):
     """A device fault (or out of memory) mid-run: every image had been printed with an empty answer,
     "6 images answered", exit 0."""

@@ -107,31 +107,41 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
     examples = []
     t0 = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=64)
+    scored, interrupted = 0, False
     with Engine(EngineConfig(model=model, device=device, dtype=dtype, max_batch_size=32)) as engine:
         ran_on = {"device": str(engine.loaded.device), "dtype": str(engine.loaded.dtype).removeprefix("torch.")}
         regions = engine.loaded.config.region.trained
         total = 2 * n if regions else n  # the region pass is the second half of the progress
         pending = []
-        for i in range(n):
-            rng = np.random.default_rng([HELDOUT_SEED, i])
-            scene = sample_scene(rng)
-            ref = engine.encode_image(draw(scene))
-            caps = {length: engine.submit(ref, caption=length, params=params) for length in ("short", "normal", "long")}
-            asked = eval_questions(scene, rng)
-            qs = {kind: (q, a, engine.submit(ref, question=q, params=params)) for kind, (q, a) in asked.items()}
-            _, q, a = reworded(asked, np.random.default_rng([HELDOUT_SEED, i, 1]))
-            qs["reworded"] = (q, a, engine.submit(ref, question=q, params=params))
-            ref.release()
-            pending.append((scene, caps, qs))
-            while len(pending) > 8 or (i == n - 1 and pending):  # bounded in flight, ordered
-                _score(pending.pop(0), hits, misses, examples)
-                if progress:
-                    progress(i + 1 - len(pending), total)
-        if regions:
-            evaluate_regions(engine.loaded, n, draw, hits, lambda k: progress and progress(n + k, total))
+        try:
+            for i in range(n):
+                rng = np.random.default_rng([HELDOUT_SEED, i])
+                scene = sample_scene(rng)
+                ref = engine.encode_image(draw(scene))
+                caps = {length: engine.submit(ref, caption=length, params=params)
+                        for length in ("short", "normal", "long")}
+                asked = eval_questions(scene, rng)
+                qs = {kind: (q, a, engine.submit(ref, question=q, params=params)) for kind, (q, a) in asked.items()}
+                _, q, a = reworded(asked, np.random.default_rng([HELDOUT_SEED, i, 1]))
+                qs["reworded"] = (q, a, engine.submit(ref, question=q, params=params))
+                ref.release()
+                pending.append((scene, caps, qs))
+                while len(pending) > 8 or (i == n - 1 and pending):  # bounded in flight, ordered
+                    _score(pending.pop(0), hits, misses, examples)
+                    scored += 1
+                    if progress:
+                        progress(scored, total)
+            if regions:
+                evaluate_regions(engine.loaded, n, draw, hits, lambda k: progress and progress(n + k, total))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the scenes scored are reported, not lost
+            if not scored:
+                raise
+            interrupted = True
+            engine.close(cancel=True)  # the scenes in flight: not decoded to their end
     objects = hits["caption_normal_objects_small"][1] + hits["caption_normal_objects_large"][1]
     report = {
-        "model": model, **ran_on, "renderer": renderer, "scenes": n,  # a bf16 run is told from an fp32 one
+        "model": model, **ran_on, "renderer": renderer, "scenes": scored,  # a bf16 run is told from an fp32 one
+        "interrupted": interrupted,  # stopped by Ctrl-C or SIGTERM: "scenes" of the n asked were scored
         "seconds": round(time.perf_counter() - t0, 1),
         "accuracy": {k: round(v[0] / v[1], 4) for k, v in sorted(hits.items()) if v[1]},
         "counts": {k: v[1] for k, v in sorted(hits.items())},
@@ -237,7 +247,8 @@ def _score(entry, hits, misses, examples) -> None:
 
 def format_report(report: dict) -> str:
     lines = [f"model={report['model']} device={report.get('device', '-')} dtype={report.get('dtype', '-')} "
-             f"renderer={report['renderer']} scenes={report['scenes']} ({report['seconds']} s)"]
+             f"renderer={report['renderer']} scenes={report['scenes']} ({report['seconds']} s)"
+             + (" (interrupted)" if report.get("interrupted") else "")]
     for k, v in report["accuracy"].items():
         lines.append(f"  {k:<36} {100 * v:6.2f} %   (n={report['counts'][k]})")
     lines.append("  normal captions miss, of all objects: " + ", ".join(
