@@ -29,6 +29,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"vlmstream: error: {message} (see {help_cmd})\n")
 
 
+class _Once(argparse.Action):
+    """Stores like `store`, but a second value is a mistake: argparse kept the last one, so
+    `image --question A --question B` answered B alone, without a word (a second --choices was
+    already refused; `video` and `live` ask every --question)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            more = " (video and live ask several --question)" if self.dest in ("caption", "question") else ""
+            raise argparse.ArgumentError(self, f"given twice; it takes one{more}")
+        setattr(namespace, self.dest, values)
+
+
 _SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
 
 
@@ -72,12 +84,12 @@ def _image_command(sub) -> None:
     _add_model_args(img, "float32 on cpu for a folder not stored in bf16 (the tiny model, train-tiny's), "
                          "else " + _NATIVE_BF16)
     task = img.add_mutually_exclusive_group()
-    task.add_argument("--caption", choices=["short", "normal", "long"],
+    task.add_argument("--caption", choices=["short", "normal", "long"], action=_Once,
                       help="caption length (default: normal, unless --question is given)")
-    task.add_argument("--question", metavar="TEXT", help="a question about the image")
-    task.add_argument("--detect", metavar="OBJECT",
+    task.add_argument("--question", metavar="TEXT", action=_Once, help="a question about the image")
+    task.add_argument("--detect", metavar="OBJECT", action=_Once,
                       help="boxes around every OBJECT (Moondream 2 weights: the tiny model's region head is untrained)")
-    task.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
+    task.add_argument("--point", metavar="OBJECT", action=_Once, help="the centre of every OBJECT (as --detect)")
     add_constraint_args(img)
     _add_sampling_args(img)
     img.add_argument("--json", action="store_true",
@@ -96,11 +108,11 @@ def _video_command(sub) -> None:
                           "there are skipped with a warning)")
     add_prompt_args(vid)
     region = vid.add_mutually_exclusive_group()
-    region.add_argument("--detect", metavar="OBJECT",
+    region.add_argument("--detect", metavar="OBJECT", action=_Once,
                         help="boxes around every OBJECT in each processed frame, as JSON lines (or terminal lines), "
                              "the number found in subtitles, drawn by --annotate (Moondream 2 weights: the tiny "
                              "model's region head is untrained)")
-    region.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
+    region.add_argument("--point", metavar="OBJECT", action=_Once, help="the centre of every OBJECT (as --detect)")
     vid.add_argument("--batch", type=int, default=None, metavar="N",
                      help=f"with --detect/--point: frames located together, one forward a step for all (default "
                           f"{LOCATE_BATCH}; each holds a KV buffer of the model's context: ~0.8 GB for Moondream 2 "
@@ -143,11 +155,11 @@ def _live_command(sub) -> None:
                            "vlmstream live -); several sources share one engine")
     add_prompt_args(live, " (a frame completes with all its answers)")
     region = live.add_mutually_exclusive_group()
-    region.add_argument("--detect", metavar="OBJECT",
+    region.add_argument("--detect", metavar="OBJECT", action=_Once,
                         help="boxes around every OBJECT in each newest frame, at the region decoder's pace "
                              "(frames that come while it works are passed over), drawn by --annotate "
                              "(Moondream 2 weights: the tiny model's region head is untrained)")
-    region.add_argument("--point", metavar="OBJECT", help="the centre of every OBJECT (as --detect)")
+    region.add_argument("--point", metavar="OBJECT", action=_Once, help="the centre of every OBJECT (as --detect)")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     live.add_argument("--max-outage", type=float, default=None, metavar="S",

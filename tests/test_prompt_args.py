@@ -131,3 +131,20 @@ def test_resumed_lines_without_a_prompt_record_the_question_not_its_constraint(t
     old.write_text(json.dumps({"source": "v.mp4", "index": 0, "pts": 0.0, "text": "yes", "token_ids": [5]}) + "\n")
     (r,) = done_frames(old, {"question": "Q", "constraint": Choice(["yes", "no"])}).values()
     assert r.prompt == {"question": "Q"} and json.loads(r.to_json())["question"] == "Q"
+
+
+@pytest.mark.parametrize("argv", [
+    ["image", "scene.png", "--question", "Is there a star?", "--question", "How many?"],
+    ["image", "scene.png", "--caption", "long", "--caption", "short"],
+    ["image", "scene.png", "--detect", "star", "--detect", "circle"],
+    ["video", "clip.mp4", "--point", "star", "--point", "circle"],
+    ["live", "clip.mp4", "--detect", "star", "--detect", "circle"],
+])
+def test_a_prompt_that_takes_one_value_given_twice_is_a_mistake_not_the_last_one(argv, capsys):
+    """`image` asks one prompt (the README: "image asks one"); a second --question had silently
+    replaced the first (exit 0, one answer), where a second --choices was already refused."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "given twice" in err and err.count("\n") == 1
