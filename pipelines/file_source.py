@@ -286,15 +286,19 @@ class FileSource:
         if index == 0 and self.error is None:
             self.error = f"{self.name}: no frame could be decoded"
         self.incomplete = self.error is not None  # damaged packets skipped on the way are not that
+        # A jump leaves the container's duration meaningless. A packet after lost data is decoded,
+        # and one that is rejected counted as damaged (a truncated file's last one is either, as
+        # decoded in one thread: `live`'s): the file may still be cut short.
+        short = (self._cut_short(index, end, damaged=bool(self.damaged))
+                 if self.error is None and not (clock and clock.jumps) else None)
+        if short:  # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
+            self.error = f"{self.name}: decoding ended {short} its container announces (a truncated or damaged file?)"
+            if self.damaged:
+                self.error += f"; {self.damaged} damaged packet{'s' if self.damaged > 1 else ''} skipped"
+            self.incomplete = True
         if self.damaged and self.error is None:
             self.error = (f"{self.name}: {self.damaged} damaged packets skipped (their frames are missing, or "
                           "show decoding damage until the next keyframe)")
-        # A jump leaves the container's duration meaningless. A packet after lost data is decoded
-        # (a truncated file's last one is such a packet): the file may still be cut short.
-        short = self._cut_short(index, end) if self.error is None and not (clock and clock.jumps) else None
-        if short:  # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
-            self.error = f"{self.name}: decoding ended {short} its container announces (a truncated or damaged file?)"
-            self.incomplete = True
         if clock is not None and not segmented:
             self.corrupt = clock.lost()
         if self.corrupt and self.error is None:
@@ -326,13 +330,23 @@ class FileSource:
             return False
         return True
 
-    def _cut_short(self, index: int, end: float | None) -> str | None:
+    def _cut_short(self, index: int, end: float | None, damaged: bool = False) -> str | None:
         """Where decoding ended well before the container's own frame count (MP4, MOV), or before
         its duration where the video is its only stream (MKV, WebM: an audio track may run longer
         than the video). By time there, not by the duration's worth of frames at the average rate:
         a variable-rate file has no such count, nor one whose video starts late (7 s in), and
         complete ones of both kinds were said to be cut. `end`: the last frame's end, in the
-        file's own time. None when nothing is missing."""
+        file's own time. None when nothing is missing. `damaged`: packets were rejected on the
+        way, their frames missing wherever they were, so that only a last frame well before the
+        video's own end (by its stream's duration) says the file was cut short."""
+        stream = self._stream
+        if damaged and stream.frames:
+            if not (self.end is not None and stream.duration and stream.time_base):
+                return None
+            total, done = float(stream.duration * stream.time_base), self.end  # from the file's start
+            if done < total * 0.9 and total - done >= 3 / (self.fps or 30.0):
+                return f"at {done:.1f} s of the {total:.1f} s"
+            return None
         if self._stream.frames:
             announced = self.frame_count
             if announced and index < announced * 0.9 and announced - index >= 3:

@@ -221,6 +221,20 @@ def test_a_truncated_file_gives_every_frame_its_decoder_threads_made(tmp_path):
     assert f"after {len(alone)} of the 480 frames" in src.error
 
 
+def test_a_truncated_file_read_in_one_thread_says_it_was_cut_short(tmp_path):
+    """`live FILE` reads in one decoder thread, where a truncated file's last packet is rejected:
+    the only warning had been "1 damaged packets skipped" (its 238 missing frames unsaid, and the
+    file not incomplete), where `video`, with decoder threads, says the file ended early."""
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(sample.read_bytes()[:60_000])
+    with FileSource(cut, threads=False) as one:
+        frames = list(one.frames(lazy=True))
+    assert one.damaged == 1 and one.incomplete
+    assert "decoding ended" in one.error and "truncated" in one.error and "1 damaged packet" in one.error
+    assert 200 < len(frames) < 300 and f"at {frames[-1].pts + 1 / 30:.1f} s of the 16.0 s" in one.error
+
+
 def test_audio_only_file(tmp_path):
     import av
 
