@@ -247,7 +247,8 @@ def _train_command(sub) -> None:
                          "the vision-only stage lasts ~18 of the 85 minutes)")
     tr.add_argument("--batch-size", type=int, default=16, help="images per step (default 16)")
     tr.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--seed", type=int, default=0,
+                    help="the initial weights (default 0; the scenes are set by --first-item)")
     tr.add_argument("--threads", type=int, default=1,
                     help="torch threads for training (default 1: the scene renderer has the other core)")
     tr.add_argument("--max-minutes", type=float, default=85.0, help="stop early after this long (default 85)")
@@ -259,7 +260,8 @@ def _train_command(sub) -> None:
                     help="continue from this weights folder (tiny: the embedded one; same architecture and "
                          "tokenizer) instead of random weights, e.g. with --vision-share 0 and a lower --lr")
     tr.add_argument("--first-item", type=int, default=0,
-                    help="index of the first training scene (a continued run takes scenes the first never saw)")
+                    help="index of the first training scene (default 0; a continued run takes scenes the first "
+                         "never saw)")
     tr.add_argument("--tiling", default=None, choices=["fill", "moondream"],
                     help="the vision tiling trained on (default: fill, the tiny model's)")
     tr.add_argument("--regions", type=int, default=0, metavar="N",
@@ -273,13 +275,11 @@ def _train_command(sub) -> None:
 def _eval_command(sub) -> None:
     ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",
                         description="Caption and question accuracy on scenes from a seed range never used in training.")
-    ev.add_argument("--model", default="tiny", metavar="tiny|DIR")
-    ev.add_argument("--device", default="cpu")
-    ev.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="weights and activations (default: float32 on cpu, bfloat16 on cuda)")
+    _add_model_args(ev)
     ev.add_argument("--n", type=int, default=1000, help="held-out scenes (default 1000)")
     ev.add_argument("--renderer", default="world", choices=["world", "second"],
-                    help="draw the scenes with the world's renderer (training's) or a second, independent one")
+                    help="draw the scenes with the world's renderer (training's; the default) or a second, "
+                         "independent one")
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ev.set_defaults(func=_lazy("app.eval_tiny"))
 

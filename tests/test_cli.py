@@ -1316,3 +1316,18 @@ def test_a_named_pipe_found_in_an_image_folder_is_skipped_at_once(capsys, tmp_pa
     assert captured.out.startswith(f"{folder / 'a.png'}: ")
     assert f"skipped: {folder / 'frame.jpg'} is a named pipe, not an image file" in captured.err
     assert "nothing came" not in captured.err
+
+
+def test_every_option_with_a_default_says_it_in_its_help():
+    """`--help` is where a user looks for what an option left out means: eval-tiny's --model and
+    --device, its --renderer and train-tiny's --seed had defaults their help did not say."""
+    import argparse
+
+    from app.parser import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    unsaid = [f"{name} {a.option_strings[0]}={a.default!r}" for name, parser in sub.choices.items()
+              for a in parser._actions
+              if a.option_strings and a.dest != "help" and a.default is not None and a.default is not False
+              and "default" not in (a.help or "")]
+    assert not unsaid, unsaid
