@@ -187,10 +187,38 @@ def read_resumed(read: Callable[[Path], dict], model_of: Callable, out: Path | N
 
     done = read(out) if out is not None else {}
     check(done, out)
+    if out is not None:
+        _say_other_spellings(done, list(plans), out)
     resumed = {path: read(plan.jsonl) for path, plan in plans.items() if plan.jsonl}
     for path, lines in resumed.items():
         check(lines, plans[path].jsonl)
     return done, resumed
+
+
+def _say_other_spellings(done: dict, inputs: list[str], out: Path) -> None:
+    """Warn of an input whose answers the JSONL seems to hold under a path that is not its own: a
+    relative one from where the first run ran, neither from here nor from the JSONL's folder
+    (`done_frames`). Its frames are asked again and appended a second time; said, the run can be
+    stopped and resumed from there. Only a file name the input shares is taken for a sign: one
+    JSONL may hold other videos' answers too, on purpose."""
+    import sys
+
+    from pipelines.sinks import source_key
+
+    theirs: dict[str, str] = {}  # key -> the path as the JSONL spells it
+    for key, line in done.items():
+        if key[0] not in theirs:
+            theirs[key[0]] = line.source if hasattr(line, "source") else str(line.get("source"))
+    ours = {source_key(p): p for p in inputs}
+    by_name: dict[str, list[str]] = {}
+    for key in theirs.keys() - ours.keys():
+        by_name.setdefault(os.path.basename(key), []).append(theirs[key])
+    for key, path in ours.items():
+        spelt = by_name.get(os.path.basename(key)) if key not in theirs else None
+        if spelt:
+            print(f"vlmstream: warning: {out} holds answers for {', '.join(sorted(spelt)[:3])}, not for {path} (the "
+                  "same video under another path? a relative one is read from where the first run ran): its frames "
+                  "are asked again", file=sys.stderr)
 
 
 class Rebuilds:

@@ -570,6 +570,32 @@ def test_resume_finds_a_file_however_its_path_is_spelt(tmp_path, small_folder, c
     assert "2 skipped (resume)" in err and "the JSONL also holds answers for 2 frames this run does not pick" in err
 
 
+def test_a_resume_that_cannot_find_its_videos_lines_says_so(tmp_path, small_folder, capsys, monkeypatch):
+    """A first run from ~/work (`video clips/v.mp4 -o ~/out/o.jsonl`) resumed from elsewhere with
+    the video's full path: the lines' clips/v.mp4 leads nowhere from here or from the JSONL's
+    folder, so every frame is asked again and appended a second time, and nothing said so (a
+    10-hour file: hours, and a JSONL holding it twice). A warning says it at the start. Another
+    video resumed into the same JSONL, as a log of several, is no such case."""
+    (tmp_path / "work" / "clips").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    clip = write_video(tmp_path / "work" / "clips" / "v.mp4", "libx264", n=6)
+    other = write_video(tmp_path / "work" / "w.mp4", "libx264", n=6)
+    out = tmp_path / "out" / "o.jsonl"
+    cmd = ["--model", str(small_folder), "--every-n", "3", "--max-tokens", "2", "-o", str(out), "--resume"]
+    monkeypatch.chdir(tmp_path / "work")
+    assert main(["video", "clips/v.mp4", *cmd]) == 0
+    capsys.readouterr()
+    assert main(["video", str(clip), *cmd]) == 0  # from where the first ran: found
+    assert "warning" not in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert main(["video", str(other), *cmd]) == 0  # another video into the same log
+    assert "warning" not in capsys.readouterr().err
+    assert main(["video", str(clip), *cmd]) == 0
+    err = capsys.readouterr().err
+    assert (f"vlmstream: warning: {out} holds answers for clips/v.mp4, not for {clip} (the same video under "
+            "another path? a relative one is read from where the first run ran): its frames are asked again") in err
+
+
 def test_folders_with_odd_links_and_outputs_are_said_before_the_run(tmp_path, capsys, monkeypatch):
     """Each was a traceback, a file destroyed, or a run that worked once and then never again."""
     root = tmp_path / "clips"
