@@ -116,7 +116,8 @@ def _locate(args: argparse.Namespace) -> int:
                 if args.json:
                     record = {"image": name, task: what,
                               key: [{k: round(v, 4) for k, v in o.items()} for o in found[key]],
-                              "pixels": pixels, "width": w, "height": h, "timings_ms": found["timings_ms"],
+                              "pixels": pixels, "width": w, "height": h, "batch": found["batch"],
+                              "timings_ms": found["timings_ms"],
                               **_model_fields(args, loaded, load_ms)}
                     line = json.dumps(record)
                 else:

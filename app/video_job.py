@@ -128,7 +128,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
                     sub.write_text(frame.pts, found)
                 if tracker is None or count_change(tracker, 0, len(pixels), frame.pts) is not None:
                     lines.write_records([place_record(src.source_id, frame, task, what, result[key], pixels,
-                                                      result["timings_ms"])])
+                                                      result["timings_ms"], result.get("batch"))])
                     rows.append({"index": frame.index, "pts": frame.pts,
                                  "text": f"{what}: {places_text(pixels, task)}",
                                  "ms": round(result["timings_ms"].get("total", 0.0), 1)})

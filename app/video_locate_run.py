@@ -210,13 +210,13 @@ class _FileLocate:
         run.found_total += len(places)
         for sub in self.subs:
             sub.write_text(frame.pts, found_text(run.what, len(places)))
-        self._report(frame, places, pixels, result["timings_ms"])
+        self._report(frame, places, pixels, result["timings_ms"], result.get("batch"))
         if self.plan.annotate:
             ms = result["timings_ms"].get("total", 0.0)
             self._annotate(frame, pixels, f"#{frame.index} {frame.pts:.3f}s  {ms:.0f} ms")
         self.written = frame.index
 
-    def _report(self, frame, places: list, pixels: list, timings_ms: dict) -> None:
+    def _report(self, frame, places: list, pixels: list, timings_ms: dict, batch: int | None) -> None:
         """Its JSON line, or its terminal line (none with --changes while the number stays)."""
         from tqdm import tqdm
 
@@ -230,7 +230,7 @@ class _FileLocate:
         if changes is not None and change is None:
             pass  # the same number as the last report: no line
         elif self.lines is not None:
-            record = place_record(source, frame, run.task, run.what, places, pixels, timings_ms)
+            record = place_record(source, frame, run.task, run.what, places, pixels, timings_ms, batch)
             kept = change.pop("kept", None) if change else None
             if snapshots is not None:  # the frame the new count began on (--hold N: N-1 back)
                 first, first_pixels = kept or (frame, pixels)

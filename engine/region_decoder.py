@@ -50,7 +50,8 @@ class RegionDecoder:
         """`locate` for several images at once, one result each, the same as each alone. The same
         prompt keeps every image's sequence in step (prompt, x, y, size, "another?"), so one
         forward serves them all; an image whose objects end leaves the batch. Each result's
-        "total" is the batch's time (what each image waited), "batch" the images in it."""
+        "timings_ms" holds "total", the batch's time (what each image waited); "batch" is the
+        number of images in it (a count: kept out of the timings, which are all milliseconds)."""
         if task not in LOCATE_TASKS:
             raise RequestError(f"task must be one of {', '.join(LOCATE_TASKS)}, got {task!r}")
         if not isinstance(what, str) or not what.strip():
@@ -114,7 +115,7 @@ class RegionDecoder:
             more = another(hidden)
         ms = round((time.perf_counter() - t0) * 1000.0, 2)
         key = "objects" if task == "detect" else "points"
-        return [{key: places, "timings_ms": {"total": ms, "batch": len(encoded)}} for places in found]
+        return [{key: places, "batch": len(encoded), "timings_ms": {"total": ms}} for places in found]
 
     def _coordinate(self, hidden_BC: torch.Tensor) -> torch.Tensor:
         """(B, 1): the argmax bin over the bins, a fraction of the image."""

@@ -44,13 +44,15 @@ def places_text(pixels: list[list[int]], task: str) -> str:
 
 
 def place_record(source: str, frame: Frame, task: str, what: str, places: list[dict], pixels: list[list[int]],
-                 timings_ms: dict) -> dict:
+                 timings_ms: dict, batch: int | None = None) -> dict:
     """A located frame's JSON line (`video --detect -o`, `live --detect -o`, the web UI's
-    downloads): the places as fractions (4 decimals) and in pixels, the frame's size, the timings."""
+    downloads): the places as fractions (4 decimals) and in pixels, the frame's size, the images
+    located with it (`batch`, where known) and the timings."""
     h, w = frame.rgb.shape[:2]
     return {"source": source, "index": frame.index, "pts": round(frame.pts, 6), task: what,
             ("objects" if task == "detect" else "points"): [{k: round(v, 4) for k, v in o.items()} for o in places],
-            "pixels": pixels, "width": w, "height": h, "timings_ms": timings_ms}
+            "pixels": pixels, "width": w, "height": h, **({"batch": batch} if batch is not None else {}),
+            "timings_ms": timings_ms}
 
 
 def found_text(what: str, n: int) -> str:
@@ -120,6 +122,7 @@ class Located:
     pixels: list[list[int]]
     timings_ms: dict[str, float]
     end_to_end_ms: float  # from the frame's capture to its places
+    batch: int | None = None  # the frames located in the same call (one per source that had one)
 
     @property
     def text(self) -> str:  # what a recording draws under the frame (pipelines/recorder.py)
@@ -136,7 +139,7 @@ class Located:
         from datetime import datetime, timezone
 
         record = place_record(self.label, self.frame, self.task, self.what, self.places, self.pixels,
-                              {**self.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)})
+                              {**self.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}, self.batch)
         return [{**record, "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds")}]
 
 
@@ -237,7 +240,7 @@ class LiveLocator:
         places = result[self._key]
         h, w = frame.rgb.shape[:2]
         r = Located(s.source.label, frame, self.what, self.task, places, pixel_places(places, w, h, self.task),
-                    dict(result["timings_ms"]), end_to_end)
+                    dict(result["timings_ms"]), end_to_end, result.get("batch"))
         if self.on_result is not None:
             self.on_result(r)
         with self._lock:  # counted once delivered: a count seen has its results where on_result put them

@@ -1212,7 +1212,7 @@ def test_a_video_job_detects_an_object_in_every_nth_frame(small_folder, untraine
         with av.open(out["paths"]["mp4"]) as c:
             assert sum(1 for _ in c.decode(video=0)) == 12
         counts = [len(x["pixels"]) for x in lines]
-        assert [x["timings_ms"]["batch"] for x in lines] == [4] * 12  # located LOCATE_BATCH frames a call
+        assert [x["batch"] for x in lines] == [4] * 12  # located LOCATE_BATCH frames a call
         # subtitles: a cue per run of frames with the same number found
         runs = [n for i, n in enumerate(counts) if i == 0 or n != counts[i - 1]]
         cues = Path(out["paths"]["srt"]).read_text().strip().split("\n\n")
