@@ -835,3 +835,33 @@ def test_a_feeds_chart_counts_preprocessing_in_the_vision_stage():
         assert sum(point.stages_ms.values()) == 28.0
     finally:
         feed.close()
+
+
+def test_a_frame_dropped_at_intake_is_counted_among_the_frames_in():
+    """"X of Y frames captioned": Y counts every frame offered to a running session, the ones
+    dropped because the engine was saturated among them."""
+    engine = _HeldEngine()
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=1)
+    try:
+        assert [s.offer(f) for f in _frames(3)] == [True, False, False]
+        assert s.frames_in == 3 and s.dropped == 2 and s.submitted == 1
+    finally:
+        engine.handles[0].finish("a red circle")
+        s.close()
+    st = s.stats()
+    assert st["frames_in"] == st["submitted"] + st["dropped"] == 3
+
+
+def test_cancel_all_cancels_the_frames_requests_in_the_engine():
+    """A viewer left: nobody reads these captions, so their requests are cancelled in the engine
+    (pages and decode slots given back), not only forgotten by the session."""
+    engine = _CancelCountingEngine()
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3)
+    try:
+        for f in _frames(2):
+            assert s.offer(f)
+        s.cancel_all()
+        assert [h.cancelled for h in engine.handles] == [1, 1]
+        assert s.in_flight == 0 and s.cancelled_closed == 2
+    finally:
+        s.close()
