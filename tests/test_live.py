@@ -865,3 +865,16 @@ def test_cancel_all_cancels_the_frames_requests_in_the_engine():
         assert s.in_flight == 0 and s.cancelled_closed == 2
     finally:
         s.close()
+
+
+def test_a_feed_closed_with_cancel_cancels_its_frames_in_flight():
+    """`LiveFeed.close(cancel=True)` (a viewer left, a Ctrl-C): the frames in flight are cancelled
+    at once, not waited for (an engine that never finishes them held the close to its timeout)."""
+    from pipelines.feed import LiveFeed
+
+    engine = _CancelCountingEngine()
+    feed = LiveFeed(engine, {"caption": "short"}, SamplingParams(), max_inflight=2)
+    assert feed.push(np.zeros((48, 64, 3), np.uint8)) and feed.push(np.zeros((48, 64, 3), np.uint8))
+    feed.close(cancel=True, timeout=2.0)
+    assert feed.error is None and [h.cancelled for h in engine.handles] == [1, 1]
+    assert feed.session.cancelled_closed == 2 and feed.session.in_flight == 0
