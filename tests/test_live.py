@@ -878,3 +878,48 @@ def test_a_feed_closed_with_cancel_cancels_its_frames_in_flight():
     feed.close(cancel=True, timeout=2.0)
     assert feed.error is None and [h.cancelled for h in engine.handles] == [1, 1]
     assert feed.session.cancelled_closed == 2 and feed.session.in_flight == 0
+
+
+def test_the_grabbers_get_gives_up_at_its_timeout():
+    """A source with nothing to give (a camera in an outage): get() returns None at its timeout,
+    so that the pump can look at its stop event, instead of waiting for the next frame."""
+    release = threading.Event()
+
+    def frames():
+        release.wait(10)
+        yield from _frames(1)
+
+    g = LatestFrameGrabber(frames, realtime=False)
+    timer = threading.Timer(2.0, release.set)  # a frame comes, far past the timeout
+    timer.start()
+    try:
+        assert g.get(timeout=0.05) is None and not g.ended
+    finally:
+        release.set()
+        timer.cancel()
+        g.close()
+
+
+def test_a_paced_grabber_stops_at_close_without_waiting_for_its_next_frame():
+    """A source paced in real time whose next frame is far off (a slow clip, a still image looped):
+    close() stops the grabber's thread during the wait, not when the wait is over."""
+    frames = [Frame("cam", i, 30.0 * i, np.zeros((8, 8, 3), np.uint8)) for i in range(2)]
+    g = LatestFrameGrabber(lambda: iter(frames), realtime=True)
+    try:
+        assert g.get(timeout=5).index == 0
+    finally:
+        g.close()
+    assert not g._thread.is_alive() and g.read == 1
+
+
+def test_pushed_frames_give_the_newest_frame_pushed():
+    """A browser's camera pushes faster than the locator looks: the newest frame wins."""
+    from pipelines.grabber import PushedFrames
+
+    pushed = PushedFrames()
+    for f in _frames(3):
+        pushed.push(f)
+    it = pushed.frames()
+    assert next(it).index == 2
+    pushed.close()
+    assert list(it) == []
