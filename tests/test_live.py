@@ -923,3 +923,36 @@ def test_pushed_frames_give_the_newest_frame_pushed():
     assert next(it).index == 2
     pushed.close()
     assert list(it) == []
+
+
+def test_an_error_closing_the_feeds_at_the_end_of_a_run_reaches_the_caller(monkeypatch):
+    """The feeds are closed on a thread of their own at the end of a run (so that a SIGTERM is
+    still heard): what that thread raises is raised to the run, not lost with it."""
+    from app import live_run
+
+    class Broken:
+        def close(self, cancel, timeout):
+            raise RuntimeError("the recording could not be closed")
+
+    monkeypatch.setattr(live_run, "stop_requested", lambda: False)
+    with pytest.raises(RuntimeError, match="could not be closed"):
+        live_run._wait_closed([Broken()])
+
+
+def test_the_json_summary_of_several_sources_totals_every_counter(capsys):
+    """`live a b --json`: the top-level figures are each source's summed, past-the-deadline
+    frames among them."""
+    import argparse
+    import types
+
+    from app.live_run import _SUMMED, LiveRun
+
+    run = LiveRun.__new__(LiveRun)
+    run.args, run.labels, run.several, run.changes = argparse.Namespace(json=True, deadline_ms=50), ["a", "b"], True, None
+    per_source = [{k: 1 + i for k in ("frames_in", "submitted", "completed", "cancelled_stale",
+                                      "cancelled_deadline", "cancelled_closed", "dropped", "achieved_fps")}
+                  for i in range(2)]
+    run.report(per_source, types.SimpleNamespace(kv_pages_in_use=0, draft_proposed=0, draft_accepted=0), 2.0)
+    stats = json.loads(capsys.readouterr().out)
+    assert {k: stats[k] for k in _SUMMED} == {k: 3 for k in per_source[0]}
+    assert stats["cancelled_deadline"] == 3 and set(stats["sources"]) == {"a", "b"}
