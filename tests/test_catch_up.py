@@ -177,3 +177,46 @@ def test_a_stream_with_timestamps_slower_than_it_sends_is_decoded_whole():
         sender.wait(30)
     assert src.catch_ups == 0 and not [e for e in said if "behind" in e], said
     assert frames >= 50  # of 60
+
+
+def test_only_the_wait_past_wait_s_moves_the_edge():
+    """A busy machine's scheduling (a read that waits 15 ms where WAIT_S is 10) is no sender's
+    pause: only the 5 ms past WAIT_S move the edge, and a backlog of 20 ms a frame still shows as
+    15 ms a frame (had the whole wait moved it, 5 ms: a third of the lateness hidden)."""
+    from pipelines.catch_up import DRIFT, WAIT_S
+
+    codec = Codec()
+    guard = CatchUp(codec)
+    step = 1 / 30 + 0.02  # each frame decoded 20 ms later than the one before it by its timestamps
+    for i in range(60):
+        guard.packet(100.0 + i * step - 0.001, waited=WAIT_S + 0.005)
+        guard.frame(i / 30, 100.0 + i * step)
+    assert guard.late == pytest.approx(59 * (0.02 - 0.005 - DRIFT * step))
+    assert codec.skip_frame == "DEFAULT" and guard.catch_ups == 0  # 0.88 s: not yet
+    for i in range(60, 80):
+        guard.packet(100.0 + i * step - 0.001, waited=WAIT_S + 0.005)
+        guard.frame(i / 30, 100.0 + i * step)
+    assert codec.skip_frame == "NONKEY" and guard.catch_ups == 1
+
+
+def test_the_edge_creeps_slowly_enough_that_a_slow_backlog_is_still_caught_up():
+    """The edge may creep by DRIFT (0.1 %) a second for clocks that differ; a decoder 1 % slower
+    than the stream falls a second behind in under two minutes and skips ahead."""
+    codec = Codec()
+    guard = CatchUp(codec)
+    for i in range(30 * 150):  # two and a half minutes of a 30 fps stream, decoded 1 % slower
+        guard.frame(i / 30, 100.0 + i / 30 * 1.01)
+        if guard.catch_ups:
+            break
+    assert guard.catch_ups == 1 and codec.skip_frame == "NONKEY" and 100 * 30 < i < 120 * 30
+
+
+def test_the_most_a_stream_fell_behind_is_kept_once_it_catches_up():
+    """`live`'s closing warning says how far decoding fell behind at most, after it caught up."""
+    codec = Codec()
+    guard = CatchUp(codec)
+    _behind(guard)
+    peak = guard.max_late
+    assert peak > CATCH_UP_S
+    guard.frame(6.0, 106.05)  # a keyframe at the edge again
+    assert codec.skip_frame == "DEFAULT" and guard.late < 0.1 and guard.max_late == peak
