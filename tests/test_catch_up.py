@@ -220,3 +220,21 @@ def test_the_most_a_stream_fell_behind_is_kept_once_it_catches_up():
     assert peak > CATCH_UP_S
     guard.frame(6.0, 106.05)  # a keyframe at the edge again
     assert codec.skip_frame == "DEFAULT" and guard.late < 0.1 and guard.max_late == peak
+
+
+def test_a_recording_over_a_clocked_scheme_is_not_skipped_to_keyframes(tmp_path, monkeypatch):
+    """A recording (a stream that says how long it lasts: an RTSP server's file) is read at its
+    consumer's pace: its frames come "late" because they were not asked for, and none is skipped
+    (only a live stream's lateness says decoding falls behind)."""
+    import av
+
+    clip = tmp_path / "clip.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=60", "-frames:v", "60",
+                    "-c:v", "libx264", "-g", "600", "-bf", "0", str(clip)], check=True, timeout=60)
+    real_open = av.open
+    monkeypatch.setattr(av, "open", lambda url, **kw: real_open(str(clip)))  # an RTSP server's recording
+    src, got = StreamSource("rtsp://127.0.0.1:9/recording", pace=False), []
+    for frame in src.frames():
+        got.append(frame.index)
+        time.sleep(0.05)  # a consumer at 20 frames a second of a 60 fps recording: 1.5 s "late" at its end
+    assert got == list(range(60)) and src.catch_ups == 0
