@@ -238,3 +238,27 @@ def test_a_recording_over_a_clocked_scheme_is_not_skipped_to_keyframes(tmp_path,
         got.append(frame.index)
         time.sleep(0.05)  # a consumer at 20 frames a second of a 60 fps recording: 1.5 s "late" at its end
     assert got == list(range(60)) and src.catch_ups == 0
+
+
+def test_the_times_a_stream_skipped_ahead_add_up_across_reconnects(tmp_path, monkeypatch):
+    """`live`'s closing warning and the stream's health say how often decoding skipped ahead in
+    the whole run: a reconnect (a new CatchUp) adds to the count, it does not start it over."""
+    import av
+
+    import pipelines.stream
+
+    clip = tmp_path / "clip.ts"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=60", "-frames:v", "60",
+                    "-c:v", "libx264", "-g", "600", "-bf", "0", str(clip)], check=True, timeout=60)
+    real_open = av.open
+    monkeypatch.setattr(av, "open", lambda url, **kw: real_open(str(clip)))  # a live camera, as far as it knows
+    monkeypatch.setattr(pipelines.stream, "is_recording", lambda container, url: False)
+    src, after = StreamSource("rtsp://127.0.0.1:9/cam", pace=False), 0
+    for _ in src.frames():
+        if src.reconnects == 0:
+            time.sleep(0.05)  # too slow for its first run: it skips ahead (its one keyframe is past)
+            continue
+        after += 1
+        if after == 5:  # the stream came back: in time now
+            break
+    assert src.reconnects == 1 and src.catch_ups >= 1 and src.health()["catch_ups"] == src.catch_ups
