@@ -956,3 +956,33 @@ def test_the_json_summary_of_several_sources_totals_every_counter(capsys):
     stats = json.loads(capsys.readouterr().out)
     assert {k: stats[k] for k in _SUMMED} == {k: 3 for k in per_source[0]}
     assert stats["cancelled_deadline"] == 3 and set(stats["sources"]) == {"a", "b"}
+
+
+def test_after_a_stall_a_feed_goes_back_to_its_fps_at_once(monkeypatch):
+    """`live --fps 10` of a source that stalled (a network outage of 10 s): when frames come again
+    they are offered at 10 a second from then on, not all of them until the pacing has made up
+    for the ten seconds missed (a burst of 100 frames that the engine drops at its intake)."""
+    import types
+
+    import pipelines.feed
+    from pipelines.feed import LiveFeed
+
+    clock, offered, holder = [0.0], [], []
+    monkeypatch.setattr(pipelines.feed, "time", types.SimpleNamespace(
+        perf_counter=lambda: clock[0], time=time.time, monotonic=time.monotonic))
+    monkeypatch.setattr(LiveSession, "offer", lambda self, frame: offered.append(frame.index) or True)
+    schedule = [0.0] + [10.0 + i / 100 for i in range(20)]  # a frame, 10 s of nothing, then 100 fps
+
+    def frames():
+        for i, t in enumerate(schedule):
+            _wait(lambda: holder and len(offered) + holder[0]._above_fps == i)  # the one before, taken
+            clock[0] = t
+            yield Frame("cam", i, t, np.zeros((8, 8, 3), np.uint8))
+
+    feed = LiveFeed(None, {"caption": "short"}, SamplingParams(), frames, realtime=False, fps=10)
+    holder.append(feed)
+    try:
+        _wait(lambda: len(offered) + feed._above_fps == len(schedule))
+    finally:
+        feed.close()
+    assert offered[0] == 0 and len(offered) <= 5, offered  # 10.0, 10.1 and a frame or two as it starts again
