@@ -986,3 +986,23 @@ def test_after_a_stall_a_feed_goes_back_to_its_fps_at_once(monkeypatch):
     finally:
         feed.close()
     assert offered[0] == 0 and len(offered) <= 5, offered  # 10.0, 10.1 and a frame or two as it starts again
+
+
+def test_the_terminal_shows_a_line_per_prompt_of_each_frame(capsys):
+    """`live --caption short --question ...`: each frame's answers are printed a line each, every
+    one with the frame's time and latency."""
+    import argparse
+    import threading as _threading
+
+    from app.live_run import LiveRun
+    from pipelines.live import LiveResult
+
+    run = LiveRun.__new__(LiveRun)
+    run.args, run.log, run.snapshots, run.write_error = argparse.Namespace(json=False, output=None), None, None, []
+    run.print_lock, run.changes, run.recorders, run.several, run.width = _threading.Lock(), None, {}, False, 3
+    frame = Frame("cam", 7, 1.5, np.zeros((8, 8, 3), np.uint8))
+    outs = [RequestOutput("a red circle", [1], "stop"), RequestOutput("yes", [2], "stop")]
+    run.show("cam", LiveResult(frame, outs, 42.0, [{"caption": "short"}, {"question": "Is there a star?"}]))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(re.match(r"\s+1\.500\s+42\.0 ms  ", line) for line in lines), lines
+    assert lines[0].endswith("a red circle") and lines[1].endswith("yes")
