@@ -890,7 +890,7 @@ def test_the_grabbers_get_gives_up_at_its_timeout():
         yield from _frames(1)
 
     g = LatestFrameGrabber(frames, realtime=False)
-    timer = threading.Timer(2.0, release.set)  # a frame comes, far past the timeout
+    timer = threading.Timer(30.0, release.set)  # a frame comes, far past the timeout (a loaded machine too)
     timer.start()
     try:
         assert g.get(timeout=0.05) is None and not g.ended
