@@ -89,12 +89,15 @@ def test_compiled_constraints_kept_for_reuse_are_bounded(small_folder, monkeypat
         cache = eng._constraints
         one = cache.get(Choice(["answer 0", "other 0"])).nbytes
         monkeypatch.setattr(cache_module, "CONSTRAINT_CACHE_BYTES", 5 * one)
+        real, compiled = cache_module.compile_constraint, []
+        monkeypatch.setattr(cache_module, "compile_constraint", lambda c, *args: compiled.append(c) or real(c, *args))
         hot = Choice(["yes", "no"])
         for i in range(40):
             eng.check_constraint(Choice([f"answer {i}", f"other {i}"]))
             eng.check_constraint(hot)  # asked all along: it stays
         assert cache.nbytes() <= 5 * one
         assert len(cache) < 10 and hot in cache
+        assert compiled.count(hot) == 1  # least recently used dropped first: never hot (first in, last asked)
         assert Choice(["answer 39", "other 39"]) in cache and Choice(["answer 0", "other 0"]) not in cache
         out = eng.submit(IMAGES[0], question="Is there a star?", constraint=Choice(["answer 0", "other 0"]),
                          params=SamplingParams(max_tokens=20)).result(30)  # compiled again
@@ -120,6 +123,26 @@ def test_a_constraint_that_cannot_compile_is_refused_once_then_at_once(small_fol
                 eng.submit(IMAGES[0], question="x?", constraint=Regex("[A-Z].{0,100}[.!?]"))
         assert len(calls) == 1
         assert eng.submit(IMAGES[0], caption="short", params=SamplingParams(max_tokens=3)).result(30)
+
+
+def test_constraints_refused_are_remembered_up_to_a_bound(monkeypatch):
+    """Refusals are kept (a retry is refused at once) but not without end: constraints that
+    change with every frame each leave their reason, the oldest forgotten first."""
+    import engine.constraint_cache as cache_module
+
+    calls = []
+
+    def refuse(constraint, *args):
+        calls.append(constraint.pattern)
+        raise ConstraintError(f"not {constraint.pattern}")
+
+    monkeypatch.setattr(cache_module, "compile_constraint", refuse)
+    monkeypatch.setattr(cache_module, "REFUSED_KEPT", 2)
+    cache = cache_module.ConstraintCache(None, 8, 0, "cpu")
+    for p in "abcbca":
+        with pytest.raises(ConstraintError, match=f"not {p}"):
+            cache.get(Regex(p))
+    assert calls == ["a", "b", "c", "a"]  # b and c kept; a dropped for c, asked again, compiled again
 
 
 def test_sparse_automaton_equals_dense(small, monkeypatch):
