@@ -223,6 +223,76 @@ def test_long_but_bounded_constraints_still_compile(small):
         assert compile_constraint(c, small.tokenizer, vocab, eos, small.device).n_states > 1
 
 
+def test_too_long_or_too_many_states_is_refused_before_any_compile(small, monkeypatch):
+    """Each bound on its own: `a{10000}` has few enough states (10001) but spells out more than
+    MAX_MATCH characters; a Choice of thousands of options is never counted searching (a trie)
+    but its own automaton has over MAX_STATES states. Both are refused before the compiler's
+    child starts (compiling them at a 50k vocabulary takes many seconds)."""
+    import random
+
+    import engine.index_child as index_child
+
+    def never(*args):
+        raise AssertionError("compiled")
+
+    monkeypatch.setattr(index_child, "build", never)
+    vocab, eos = small.config.text.vocab_size, small.config.tokenizer.eos_id
+    rng = random.Random(0)
+    options = sorted({"".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10)) for _ in range(2500)})
+    for c, said in ((Regex("a{10000}"), "at most 8192"), (Choice(options), f"over {MAX_STATES} states")):
+        with pytest.raises(ConstraintError, match=said):
+            compile_constraint(c, small.tokenizer, vocab, eos, small.device)
+
+
+def test_a_choice_with_an_empty_option_is_refused():
+    with pytest.raises(ConstraintError, match="non-empty strings"):
+        to_regex(Choice(["", "yes"]))
+
+
+def test_special_tokens_are_never_part_of_an_answer(small):
+    """The tiny tokenizer's special tokens sit in its base vocabulary, spelt as printable text
+    ('<|answer|>'): read as bytes they were allowed wherever a constraint allows their text."""
+    vocab, eos = small.config.text.vocab_size, small.config.tokenizer.eos_id
+    specials = set(small.tokenizer._tok.get_added_tokens_decoder())
+    assert specials - {eos}
+    ids = {i for ids in token_bytes(small.tokenizer, vocab, eos).values() for i in ids}
+    assert ids and not ids & specials
+
+
+def test_an_interrupted_compile_stops_its_child(small, monkeypatch):
+    """Ctrl-C on the submitting thread while the child compiles (the slow pattern below: 20 s
+    and 800 MB): the child is killed at once, not waited for to the end of its compile."""
+    import subprocess
+
+    import engine.index_child as index_child
+
+    started = []
+
+    class Interrupted(subprocess.Popen):
+        def communicate(self, input=None, timeout=None):
+            if input is None:
+                return super().communicate(input, timeout)
+            started.append(self)
+            try:
+                return super().communicate(input, 0.5)  # the pattern is sent, the compile under way
+            except subprocess.TimeoutExpired:
+                raise KeyboardInterrupt from None
+
+    vocab, eos = small.config.text.vocab_size, small.config.tokenizer.eos_id
+    monkeypatch.setattr(index_child.subprocess, "Popen", Interrupted)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            index_child.build(to_regex(Regex(r"[a-c].{1,11}\W*\d")), eos, token_bytes(small.tokenizer, vocab, eos))
+        assert time.perf_counter() - t0 < 5
+        assert len(started) == 1 and started[0].returncode is not None
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def test_a_compile_past_its_time_or_memory_is_refused_and_stopped(small, monkeypatch):
     """A few dozen states, but Unicode classes under a bounded repeat: outlines-core took 20 s and
     800 MB for this pattern on the submitting thread, which nothing could stop. The compile runs
@@ -279,6 +349,7 @@ def _reads(path) -> bytes:
     ("x?|(a|b)*a(a|b){14}", False, 2),  # leftmost-first: the empty match ends it, as outlines-core builds it
     (r"A.{0,12}\.", False, 27), (r"A.{0,12}\.", True, 8216), (r"A.{0,16}\.", True, MAX_SEARCH_STATES + 1),
     ("(yes|no): .{1,100}", True, 107),  # a match stops the search: no new threads after it
+    ("x{16383}", False, MAX_STATES),  # exactly at the limit: counted, not called over it
     ("(a?){1000}", False, None),  # sets of a thousand nodes: too slow to count, not counted
     (r"(a)\1", False, None), (r"\p{L}+", False, None),  # not Python's syntax: not counted
 ])
@@ -291,6 +362,8 @@ def test_dfa_states_are_counted_up_to_the_limit(pattern, search, n):
 @pytest.mark.parametrize("pattern, doubles", [
     ("[A-Z].{0,100}[.!?]", True), ("x[a-z]{20}", True), ("(a|b)*a(a|b){18}", True),
     (r"A.{0,12}\.", False), ("a[a-z]{13}", False),  # doubling, but 2^13 states at most: under the limit
+    ("a[a-z]{14}", True),  # 16385 states: one round more is just over it
+    ("[A-Z].{100,}[.!?]", True),  # an open-ended repeat of 100 rounds at least is cut to the cap too
     ('"([^"\\\\]|\\\\["\\\\/bfnrt]){0,30}"', True),  # a JSON string of maxLength 30: 17 s at 18 already
     ("a{8192}", False), ("(yes|no): .{1,100}", False), ("[a-z]{0,100}(,[a-z]{0,100}){0,50}", False),
     (r"\[(\{\"id\":[0-9]{1,5}\}(,\{\"id\":[0-9]{1,5}\}){0,49})?\]", False),
