@@ -385,6 +385,13 @@ def test_a_search_automaton_that_doubles_with_each_round_is_told_from_a_linear_o
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}, "'b'"),
     ({"type": "integer", "enum": [1.5, 2]}, "1.5"),  # type ignored beside enum: '1.5'
     ({"type": "string", "const": 3}, "3"),
+    ({"oneOf": [{"enum": [1]}, {"enum": [1.0]}]}, "oneOf"),  # 1 and 1.0 are one JSON number: '1' meets both
+    # keywords outlines-core ignores, wherever a schema stands: $defs too (a $ref to it)
+    ({"$defs": {"n": {"type": "integer", "maximum": 5}}, "$ref": "#/$defs/n"}, "'maximum'"),
+    ({"definitions": {"n": {"type": "integer", "minimum": 5}}, "$ref": "#/definitions/n"}, "'minimum'"),
+    ({"type": "object", "maxProperties": 1}, "'maxProperties'"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependentSchemas": {"a": {"required": ["b"]}}}, "'dependentSchemas'"),
     # an empty subschema printed as an empty value: '{ "e":  }', or '[,,,,'
     ({"type": "object", "properties": {"e": {"enum": []}}, "required": ["e"]}, "empty 'enum'"),
     ({"type": "object", "properties": {"e": {"anyOf": []}}, "required": ["e"]}, "empty 'anyOf'"),
