@@ -583,6 +583,16 @@ def test_the_mask_in_every_state_reached_is_outlines_cores(small, constraint):
     assert len(seen) > 1
 
 
+def test_a_flag_turned_off_inside_a_group_stays_off_in_the_pattern_printed():
+    """`(?i)a(?-i:b)`: Python matches the b in lower case only; printed with the outer flag, it
+    allowed 'AB', which Python's check refuses."""
+    from engine.regex_text import for_outlines
+
+    printed = for_outlines("(?i)a(?-i:b)c")
+    assert re.fullmatch(printed, "AbC") and re.fullmatch("(?i)a(?-i:b)c", "AbC")
+    assert re.fullmatch(printed, "aBc") is None
+
+
 @pytest.mark.parametrize("pattern, other_case",
                          [("(?i)[^s]+", "\u017f"), ("(?i)[^sx]+", "\u017f"), ("(?i)[^ix]+", "\u0131"),
                           ("(?i)[^i]+", "\u0130")])  # a dotted capital I: two characters in lower case
