@@ -290,7 +290,8 @@ def _unanchored(pattern: str) -> tuple[str, _parser.SubPattern]:
             break
     for end in ("$", "\\Z"):
         head = pattern[:-len(end)]
-        if pattern.endswith(end) and (end != "$" or (len(head) - len(head.rstrip("\\"))) % 2 == 0):  # `\$`: a dollar
+        # `\$` is a dollar, `\\Z` a backslash and a Z: the end is an anchor only where unescaped
+        if pattern.endswith(end) and (len(head) - len(head.rstrip("\\"))) % 2 == 0:
             pattern = head
             break
     tree = _parsed(pattern)

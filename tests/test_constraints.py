@@ -496,6 +496,14 @@ def test_a_regex_not_in_pythons_syntax_is_refused():
             to_regex(Regex(pattern))
 
 
+def test_an_escaped_backslash_before_the_end_is_not_an_anchor():
+    """`a\\\\Z` is an a, a backslash and a Z: its `\\Z` had been taken for the end anchor and cut
+    off, and the rest (`a\\`) refused as not in Python's syntax. `\\$` was already told apart."""
+    for pattern, answer in ((r"a\\Z", "a\\Z"), (r"a\\\Z", "a\\"), (r"a\\$", "a\\"), (r"a\\\$", "a\\$")):
+        assert re.fullmatch(to_regex(Regex(pattern)), answer), pattern
+        assert re.fullmatch(pattern, answer), pattern
+
+
 def test_constraints_of_the_wrong_type_are_constraint_errors():
     with pytest.raises(ConstraintError, match="must be a string"):
         Regex(None)
