@@ -425,6 +425,14 @@ def test_json_schemas_outlines_core_reads_right_still_compile(schema):
     assert to_regex(JsonSchema(schema))
 
 
+def test_a_format_is_ours_where_the_type_is_a_list_holding_string():
+    """{"type": ["string", "null"], "format": "date"}: the format is rewritten as for "string"
+    alone; outlines-core's own date took any Unicode digit ('"٢٠٢٦-12-05"')."""
+    pattern = to_regex(JsonSchema({"type": ["string", "null"], "format": "date"}))
+    assert re.fullmatch(pattern, '"2026-12-05"') and re.fullmatch(pattern, "null")
+    assert re.fullmatch(pattern, '"\u0662\u0660\u0662\u0666-12-05"') is None
+
+
 def test_formats_take_real_dates_and_times_only():
     """A date or time answer meets its format as a reader checks it: no month or day 00, no 13th
     month, no 32nd day, no hour 24."""
