@@ -151,6 +151,9 @@ def test_sparse_automaton_equals_dense(small, monkeypatch):
     monkeypatch.setattr(constraints_module, "DENSE_LIMIT", 0)
     sparse = compile_constraint(c, small.tokenizer, small.config.text.vocab_size, 0, small.device)
     assert dense.dense and not sparse.dense
+    # the cache's bound is in bytes of device memory: int64 entries, 8 bytes each
+    assert dense.nbytes == dense.n_states * small.config.text.vocab_size * 8
+    assert sparse.nbytes == 3 * len(sparse.src) * 8 > 0
     import torch
 
     states = torch.arange(dense.n_states)
