@@ -509,6 +509,16 @@ def test_a_regex_not_in_pythons_syntax_is_refused():
             to_regex(Regex(pattern))
 
 
+def test_anchors_at_the_ends_are_dropped_and_anchors_inside_said_as_such():
+    """`^...$` and `\\A...\\Z` at the ends: the answer matches the whole pattern anyway. An anchor
+    inside (in a branch, around a word) is a ConstraintError that names it, not a failed index."""
+    for pattern in (r"^[0-9]+$", r"\A[0-9]+\Z", r"\A[0-9]+$"):
+        assert re.fullmatch(to_regex(Regex(pattern)), "123"), pattern
+    for pattern in ("(a|^b)c", r"\bred\b", r"(x(a$|b))c"):
+        with pytest.raises(ConstraintError, match="has an anchor"):
+            to_regex(Regex(pattern))
+
+
 def test_an_escaped_backslash_before_the_end_is_not_an_anchor():
     """`a\\\\Z` is an a, a backslash and a Z: its `\\Z` had been taken for the end anchor and cut
     off, and the rest (`a\\`) refused as not in Python's syntax. `\\$` was already told apart."""
