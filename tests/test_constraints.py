@@ -390,6 +390,7 @@ def test_a_search_automaton_that_doubles_with_each_round_is_told_from_a_linear_o
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}, "'b'"),
     ({"type": "integer", "enum": [1.5, 2]}, "1.5"),  # type ignored beside enum: '1.5'
     ({"type": "string", "const": 3}, "3"),
+    ({"type": ["integer", "null"], "enum": [None, 1.5]}, "1.5"),  # a list of types beside them too
     ({"oneOf": [{"enum": [1]}, {"enum": [1.0]}]}, "oneOf"),  # 1 and 1.0 are one JSON number: '1' meets both
     # keywords outlines-core ignores, wherever a schema stands: $defs too (a $ref to it)
     ({"$defs": {"n": {"type": "integer", "maximum": 5}}, "$ref": "#/$defs/n"}, "'maximum'"),
