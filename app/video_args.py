@@ -126,9 +126,11 @@ def _inputs(names: list[str], exclude: Path | None = None
     anywhere in an input folder (counted: the third value)."""
     from pipelines.sources import VIDEO_EXTENSIONS, FileSource, SourceError, file_name
 
-    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
-    if twice is not None:  # named, among a glob's hundreds
-        raise UsageError(f"{twice} is listed twice")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:  # named, among a glob's thousands
+            raise UsageError(f"{name} is listed twice")
+        seen.add(name)
     if "-" in names and not Path("-").exists():  # it said "video not found: -"
         raise UsageError("video reads files, not standard input: `vlmstream live -` captions a stream piped in")
     excluded = resolved(exclude) if exclude else None

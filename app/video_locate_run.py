@@ -35,8 +35,10 @@ class VideoLocateRun:
                  done: dict, resumed: dict, model: str, load_ms: float) -> None:
         from pipelines.changes import AnswerChanges
         from pipelines.sinks import JsonlSink
+        from pipelines.sources import shown_names
 
         self.args, self.paths, self.plans, self.sampling = args, paths, plans, sampling
+        self.names = shown_names([p for p, _, _ in paths])  # on the terminal
         self.task, self.what, self.decoder, self.model, self.load_ms = task, what, decoder, model, load_ms
         self.done, self.resumed = done, resumed
         self.resume = bool(args.resume)
@@ -222,7 +224,6 @@ class _FileLocate:
 
         from pipelines.locator import count_change, draw, place_record, places_text
         from pipelines.sinks import save_snapshot
-        from pipelines.sources import shown_name
 
         run, changes, snapshots, source = self.run, self.run.changes, self.run.snapshots, self.source
         change = (None if changes is None else
@@ -238,6 +239,6 @@ class _FileLocate:
                                                        draw(first.rgb, first_pixels, run.task)))
             self.lines.write_records([{**record, **(change or {}), "model": run.model, "load_ms": run.load_ms}])
         elif run.on_terminal:
-            prefix = f"{shown_name(self.path, [p for p, _, _ in run.paths])}  " if len(run.paths) > 1 else ""
+            prefix = f"{run.names[self.path]}  " if len(run.paths) > 1 else ""
             was = "" if not change or change["previous"] is None else f"  (was {change['previous']} found)"
             tqdm.write(f"{prefix}{frame.pts:9.3f}  {run.what}: {places_text(pixels, run.task)}{was}")

@@ -36,6 +36,8 @@ class VideoRun:
                  done: dict, resumed: dict) -> None:
         from tqdm import tqdm
 
+        from pipelines.sources import shown_names
+
         self.args, self.checked = args, checked
         self.params, self.sampling, self.reading = params, sampling, reading
         self.done, self.resumed = done, resumed
@@ -49,6 +51,7 @@ class VideoRun:
         self.overall = None
         paths = checked.paths
         self.counts = {p: n for p, n, _ in paths}  # the frames each file announces (None: it does not say)
+        self.names = shown_names([p for p, _, _ in paths])  # on the terminal
         if len(paths) > CONCURRENT_FILES:
             # A file that announces no frame count (a raw .h264 camera export) adds its frames as they
             # are read, and each file's count is set right at its end: one such file had taken the
@@ -211,11 +214,9 @@ class _FileProgress:
         from tqdm import tqdm
 
         from pipelines.changes import AnswerChanges
-        from pipelines.sources import shown_name
-
         c = run.checked
         self.run, self.path, self.summary = run, path, summary
-        self.name = shown_name(path, [p for p, _, _ in c.paths])
+        self.name = run.names[path]
         self.bar = None if run.overall is not None else tqdm(total=frame_count, desc=self.name, unit="frame",
                                                              position=i, leave=True, file=sys.stderr)
         self.shown = 0

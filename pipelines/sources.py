@@ -21,7 +21,8 @@ from .webcam import WebcamSource, parse_webcam
 
 # The names a caller takes from here, whichever module holds them
 __all__ = ["FileSource", "Frame", "LiveSource", "Reading", "SourceError", "StreamSource", "VIDEO_EXTENSIONS",
-           "file_name", "files_under", "shown_name", "is_remote", "open_live", "redact", "takes_ranges", "video_files"]
+           "file_name", "files_under", "is_remote", "open_live", "redact", "shown_names", "takes_ranges",
+           "video_files"]
 
 MIN_PASS_S = 0.2  # a network recording is played again at most this often (a snapshot URL: 5 a second)
 
@@ -42,14 +43,15 @@ def file_name(source: str) -> str:
     return Path(source).name
 
 
-def shown_name(source: str, sources: list[str]) -> str:
-    """A video's name on the terminal among `sources`: its file name, or where another has that
+def shown_names(sources: list[str]) -> dict[str, str]:
+    """Each video's name on the terminal among `sources`: its file name, or where another has that
     name too (DCIM/100/clip.mp4, DCIM/101/clip.mp4: both had said "clip.mp4"), the path as given
-    (a URL without its credentials)."""
-    name = file_name(source)
-    if sum(file_name(s) == name for s in sources) > 1:
-        return redact(source) if is_remote(source) else source
-    return name
+    (a URL without its credentials). Made once for a run: a folder may hold thousands."""
+    from collections import Counter
+
+    names = {s: file_name(s) for s in sources}
+    twice = Counter(names.values())
+    return {s: (redact(s) if is_remote(s) else s) if twice[n] > 1 else n for s, n in names.items()}
 
 
 def video_files(folder: str | Path) -> list[Path]:
