@@ -30,11 +30,16 @@ COLOUR = (255, 60, 200)  # magenta: stands out on most scenes, and is none of th
 
 
 def pixel_places(places: list[dict], width: int, height: int, task: str) -> list[list[int]]:
-    """Boxes [x0, y0, x1, y1] (detect) or points [x, y] (point) in pixels, from fractions."""
+    """Boxes [x0, y0, x1, y1] (detect) or points [x, y] (point) in pixels, from fractions, inside
+    the image: a box the model sizes past an edge (its centre near it) is cut at the edge, where
+    -12 had made `rgb[y0:y1, x0:x1]` an empty crop, or one from the other side."""
+    def px(v: float, n: int) -> int:
+        return min(max(round(v * n), 0), n)
+
     if task == "detect":
-        return [[round(o["x_min"] * width), round(o["y_min"] * height), round(o["x_max"] * width),
-                 round(o["y_max"] * height)] for o in places]
-    return [[round(o["x"] * width), round(o["y"] * height)] for o in places]
+        return [[px(o["x_min"], width), px(o["y_min"], height), px(o["x_max"], width), px(o["y_max"], height)]
+                for o in places]
+    return [[px(o["x"], width), px(o["y"], height)] for o in places]
 
 
 def places_text(pixels: list[list[int]], task: str) -> str:

@@ -122,6 +122,9 @@ def test_close_stops_an_endless_source_at_once():
 
 def test_places_in_pixels_and_drawn():
     assert pixel_places([{"x": 0.5, "y": 0.25}], 200, 100, "point") == [[100, 25]]
+    # a box past the edges (the model's size about a centre near one) is cut at them: -12 crops nothing
+    box = {"x_min": -0.06, "y_min": 0.2, "x_max": 0.34, "y_max": 1.3}
+    assert pixel_places([box], 200, 100, "detect") == [[0, 20, 68, 100]]
     img = np.zeros((100, 200, 3), np.uint8)
     out = draw(img, [[20, 10, 80, 60]], "detect")
     assert img.sum() == 0 and out[10, 50].tolist() == [255, 60, 200] and out[35, 50].sum() == 0
