@@ -21,8 +21,8 @@ from pathlib import Path
 
 from app.cli import folder_files, image_dtype
 from app.errors import UsageError
-from app.parser import LOCATE_BATCH
-from app.prompt_args import prompt_tasks, region_task
+from app.parser import LOCATE_BATCH, MAX_TOKENS_IMAGE, TOP_P
+from app.prompt_args import or_default, prompt_tasks, region_task
 
 # Enough to fill the engine's batches. A waiting image holds its crops, not its pixels (a few MB
 # at most with Moondream 2's), so a folder of large photos stays small in memory.
@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
         return _locate(args)
     # Validate everything cheap before the model loads (and before torch: a mistake is answered
     # at once).
-    params = SamplingParams(args.temperature, args.top_p, args.max_tokens, args.seed)
+    params = SamplingParams(or_default(args.temperature, 0.0), or_default(args.top_p, TOP_P),
+                            or_default(args.max_tokens, MAX_TOKENS_IMAGE), args.seed)
     task = prompt_tasks(args, default_caption="normal")[0]
     paths, one, skipped = _inputs(args.image, check_image)
     rgb, read_ms = _timed_read(paths[0]) if one else (None, 0.0)  # the single image's every error is a usage error

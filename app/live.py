@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from app.cli import UsageError, check_changes_args, reading_arg, realtime_dtype, sticky_arg
 from app.launcher import stop_requested
-from app.prompt_args import check_constraints, prompt_tasks
+from app.parser import MAX_TOKENS_FRAMES
+from app.prompt_args import check_constraints, or_default, prompt_tasks
 from app.outputs import check_not_inputs, check_writable, folder_arg
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     # The engine's total in flight is what sets latency: four sources of four frames each made the
     # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
-    params = SamplingParams(max_tokens=args.max_tokens, sticky=sticky)
+    params = SamplingParams(max_tokens=or_default(args.max_tokens, MAX_TOKENS_FRAMES), sticky=sticky)
     live_run = LiveRun(args, labels, log, snapshots, model_id(args.model))
     with Engine(_config(args, max(4, inflight * len(opened) * len(tasks)))) as engine:
         check_constraints(engine, tasks)  # before any frame is asked

@@ -13,6 +13,8 @@ from app.prompt_args import add_constraint_args, add_prompt_args
 from pipelines.live import LIVE_STICKY
 
 EXIT_USAGE = 2
+# Answer options whose parser default is None (see prompt_args.region_task): their defaults
+MAX_TOKENS_FRAMES, MAX_TOKENS_IMAGE, TOP_P = 64, 768, 0.3
 # Frames `video --detect` locates together: 4 images in step make ~1.6x the frames a second of one
 # on the tiny layout, 8 ~1.8x (BENCHMARKS.md); each holds a KV buffer of the whole context.
 LOCATE_BATCH = 4
@@ -138,7 +140,8 @@ def _video_command(sub) -> None:
                      help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
                           "without it, outputs are written afresh")
     _add_model_args(vid, _NATIVE_BF16)
-    vid.add_argument("--max-tokens", type=int, default=64, metavar="N", help="answer length limit (default 64)")
+    vid.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                     help=f"answer length limit (default {MAX_TOKENS_FRAMES})")
     _add_vision_thread_arg(vid, "frames", "same answers, for comparison")
     _add_reading_args(vid)
     vid.set_defaults(func=_lazy('app.video'))
@@ -170,8 +173,9 @@ def _live_command(sub) -> None:
                       help="frames of a source in the engine at once (default 4, shared out among several "
                            "sources: as many frames a second as more would give on 2 cores, with less latency)")
     live.add_argument("--deadline-ms", type=float, default=None, metavar="D", help="cancel a frame after D ms")
-    live.add_argument("--max-tokens", type=int, default=64, metavar="N",
-                      help="answer length limit (default 64: the tiny model's long captions take up to 44)")
+    live.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                      help=f"answer length limit (default {MAX_TOKENS_FRAMES}: the tiny model's long captions take up "
+                           "to 44)")
     _add_sticky_arg(live, "the previous frame's answer")
     live.add_argument("--no-draft", action="store_true",
                       help="decode every frame's answer token by token, without the previous answer as a draft "
@@ -347,9 +351,10 @@ def _add_model_args(p: argparse.ArgumentParser, default: str = "float32 on cpu, 
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+    p.add_argument("--temperature", type=float, default=None, metavar="T",
                    help="0 = greedy (default); > 0 samples with top-p")
-    p.add_argument("--top-p", type=float, default=0.3, metavar="P", help="nucleus mass, in (0, 1] (default 0.3)")
-    p.add_argument("--max-tokens", type=int, default=768, metavar="N", help="answer length limit (default 768)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P", help=f"nucleus mass, in (0, 1] (default {TOP_P})")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help=f"answer length limit (default {MAX_TOKENS_IMAGE})")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="sampling seed (default: a fresh one, reported with --json)")

@@ -72,7 +72,20 @@ def region_task(args: argparse.Namespace) -> tuple[str, str] | None:
     if getattr(args, "caption", None) or getattr(args, "question", None) or args.prompt_order:
         raise UsageError(f"--{task} gives places, not answers: it goes without --caption, --question and their "
                          "constraints (run them separately)")
+    # What shapes a decoded answer, or where images are encoded for the engine: the region
+    # protocol has neither, and each was ignored without a word
+    for flag, dest in (("--max-tokens", "max_tokens"), ("--temperature", "temperature"), ("--top-p", "top_p"),
+                       ("--seed", "seed"), ("--no-vision-thread", "no_vision_thread")):
+        if getattr(args, dest, None) not in (None, False):
+            raise UsageError(f"{flag} goes with captions and questions, not --{task} (places are decoded greedily "
+                             "by the region protocol, beside the engine)")
     return task, what.strip()
+
+
+def or_default(value, default):
+    """An option's value, or its default where it was not given (None: so that a region task can
+    tell an option given from one left alone)."""
+    return default if value is None else value
 
 
 def prompt_tasks(args: argparse.Namespace, default_caption: str = "short") -> list[dict]:

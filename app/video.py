@@ -21,7 +21,8 @@ import time
 
 from app.cli import realtime_dtype, reading_arg
 from app.outputs import read_resumed
-from app.prompt_args import check_constraints
+from app.parser import MAX_TOKENS_FRAMES
+from app.prompt_args import check_constraints, or_default
 from app.video_args import VideoArgs, check_args
 from app.video_run import CONCURRENT_FILES, VideoRun
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
         return video_locate.run(args, c.paths, c.plans, c.out, c.to_stdout,
                                 Sampling(fps=args.fps, every_n=args.every_n), c.skipped, *c.region)
-    params = SamplingParams(max_tokens=args.max_tokens, sticky=c.sticky)
+    params = SamplingParams(max_tokens=or_default(args.max_tokens, MAX_TOKENS_FRAMES), sticky=c.sticky)
     sampling = Sampling(fps=args.fps, every_n=args.every_n)
     reading = reading_arg(args)
     done, resumed = _resumed(args, c)

@@ -140,6 +140,11 @@ def test_image_detect_and_point_on_the_command_line(capsys, small_folder, tmp_pa
     assert main([*args, "--point", "  "]) == 2
     assert main([*args, "--detect", "star", "--choices", "a,b"]) == 2
     assert "--detect gives places" in capsys.readouterr().err
+    # what shapes a decoded answer means nothing to places: it was ignored without a word
+    for flag, value in (("--max-tokens", "5"), ("--temperature", "0.5"), ("--top-p", "0.5"), ("--seed", "3")):
+        assert main([*args, "--point", "star", flag, value]) == 2
+        assert capsys.readouterr().err == (f"vlmstream: error: {flag} goes with captions and questions, not --point "
+                                           "(places are decoded greedily by the region protocol, beside the engine)\n")
     # One image that fails to decode mid-run (its header reads) is said, the others are located,
     # exit 1; one skipped in a folder counts too. Both had been exit 2 with nothing located, or exit 0.
     data = (tmp_path / "0.png").read_bytes()
@@ -241,7 +246,8 @@ def test_video_detect_and_point_give_each_processed_frame_its_places(capsys, sma
     for bad in (["--detect", "star", "--caption", "short"],
                 ["--detect", "star", "--changes", "-o", str(tmp_path / "x.srt")],
                 ["--point", "star", "--resume", "-o", str(tmp_path / "x.srt")], ["--detect", " "],
-                ["--detect", "star", "--snapshots", str(tmp_path / "s")]):
+                ["--detect", "star", "--snapshots", str(tmp_path / "s")], ["--detect", "star", "--max-tokens", "5"],
+                ["--point", "star", "--no-vision-thread"]):
         assert main(["video", str(clip), *bad, *model]) == 2
     assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.srt").exists()
     with pytest.raises(SystemExit) as e:  # argparse: one or the other
@@ -285,7 +291,8 @@ def test_live_detect_locates_the_newest_frames_of_a_source(capsys, small_folder,
     # mistakes: one line, exit 2, before any output is written
     bad_out = tmp_path / "x.jsonl"
     for bad in (["--detect", "star", "--caption", "short"], ["--detect", "star", "--hold", "2"],
-                ["--point", "star", "--max-inflight", "2"], ["--detect", " "], ["--detect", "star", "--sticky", "0"]):
+                ["--point", "star", "--max-inflight", "2"], ["--detect", " "], ["--detect", "star", "--sticky", "0"],
+                ["--detect", "star", "--max-tokens", "9"], ["--point", "star", "--no-vision-thread"]):
         assert main(["live", str(clip), *bad, "-o", str(bad_out), *model]) == 2
         err = capsys.readouterr().err
         assert err.startswith("vlmstream: error: ") and err.count("\n") == 1, err
@@ -578,7 +585,7 @@ def test_detect_json_lines_follow_the_images_order_when_one_fails_to_decode(caps
     (tmp_path / "b.png").write_bytes(data[: len(data) // 2])  # its header reads: it fails when decoded
     shutil.copy(scene, tmp_path / "c.png")
     assert main(["image", *(str(tmp_path / n) for n in ("a.png", "b.png", "c.png")), "--detect", "star", "--json",
-                 "--model", str(small_folder), "--max-tokens", "3"]) == 1
+                 "--model", str(small_folder)]) == 1
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [Path(r["image"]).name for r in rows] == ["a.png", "b.png", "c.png"]
     assert "error" in rows[1] and rows[0]["objects"] == rows[2]["objects"]
