@@ -76,7 +76,8 @@ def region_task(args: argparse.Namespace) -> tuple[str, str] | None:
     # protocol has neither, and each was ignored without a word
     for flag, dest in (("--max-tokens", "max_tokens"), ("--temperature", "temperature"), ("--top-p", "top_p"),
                        ("--seed", "seed"), ("--no-vision-thread", "no_vision_thread")):
-        if getattr(args, dest, None) not in (None, False):
+        given = getattr(args, dest, None)
+        if given is not None and given is not False:  # `--seed 0` too (0 == False)
             raise UsageError(f"{flag} goes with captions and questions, not --{task} (places are decoded greedily "
                              "by the region protocol, beside the engine)")
     return task, what.strip()

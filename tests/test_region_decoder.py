@@ -141,7 +141,8 @@ def test_image_detect_and_point_on_the_command_line(capsys, small_folder, tmp_pa
     assert main([*args, "--detect", "star", "--choices", "a,b"]) == 2
     assert "--detect gives places" in capsys.readouterr().err
     # what shapes a decoded answer means nothing to places: it was ignored without a word
-    for flag, value in (("--max-tokens", "5"), ("--temperature", "0.5"), ("--top-p", "0.5"), ("--seed", "3")):
+    for flag, value in (("--max-tokens", "5"), ("--temperature", "0.5"), ("--top-p", "0.5"), ("--seed", "3"),
+                        ("--seed", "0")):
         assert main([*args, "--point", "star", flag, value]) == 2
         assert capsys.readouterr().err == (f"vlmstream: error: {flag} goes with captions and questions, not --point "
                                            "(places are decoded greedily by the region protocol, beside the engine)\n")
