@@ -339,22 +339,20 @@ class FileSource:
         file's own time. None when nothing is missing. `damaged`: packets were rejected on the
         way, their frames missing wherever they were, so that only a last frame well before the
         video's own end (by its stream's duration) says the file was cut short."""
-        stream = self._stream
+        stream, by_time = self._stream, None  # (where decoding ended, the video's length), in seconds
         if damaged and stream.frames:
-            if not (self.end is not None and stream.duration and stream.time_base):
-                return None
-            total, done = float(stream.duration * stream.time_base), self.end  # from the file's start
-            if done < total * 0.9 and total - done >= 3 / (self.fps or 30.0):
-                return f"at {done:.1f} s of the {total:.1f} s"
-            return None
-        if self._stream.frames:
+            if self.end is not None and stream.duration and stream.time_base:  # from the file's start
+                by_time = self.end, float(stream.duration * stream.time_base)
+        elif stream.frames:
             announced = self.frame_count
             if announced and index < announced * 0.9 and announced - index >= 3:
                 return f"after {index} of the {announced} frames"
         elif len(self._container.streams) == 1 and self._container.duration and end is not None:
-            total = self._container.duration / 1_000_000
-            if end < total * 0.9 and total - end >= 3 / (self.fps or 30.0):
-                return f"at {end:.1f} s of the {total:.1f} s"
+            by_time = end, self._container.duration / 1_000_000
+        if by_time is not None:
+            done, total = by_time
+            if done < total * 0.9 and total - done >= 3 / (self.fps or 30.0):
+                return f"at {done:.1f} s of the {total:.1f} s"
         return None
 
     def close(self) -> None:
