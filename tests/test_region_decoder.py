@@ -3,6 +3,7 @@ plain re-reading of the whole sequence at every step, on a small random Moondrea
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -266,7 +267,8 @@ def test_live_detect_locates_the_newest_frames_of_a_source(capsys, small_folder,
     the closing figures; mistakes are exit 2 before anything is written."""
     import av
 
-    clip = _clip(tmp_path / "cam.mp4", 30, 20)  # 1.5 s
+    # 2 s: a loaded machine (a locate 4x slower) still locates several frames in it
+    clip = _clip(tmp_path / "cam.mp4", 40, 20)
     out, ann = tmp_path / "places.jsonl", tmp_path / "places.mp4"
     model = ["--model", str(small_folder), "--dtype", "float32"]
     assert main(["live", str(clip), "--detect", "red circle", "-o", str(out), "--annotate", str(ann),
@@ -274,20 +276,24 @@ def test_live_detect_locates_the_newest_frames_of_a_source(capsys, small_folder,
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert summary["frames_in"] == 30 and summary["completed"] == len(rows) >= 3
+    assert summary["frames_in"] == 40 and summary["completed"] == len(rows) >= 3
     assert summary["recording"]["frames"] + summary["recording"]["skipped"] == len(rows)
     indices = [r["index"] for r in rows]
-    assert indices == sorted(set(indices)) and indices[-1] >= 25  # newest frames, to the end of the clip
+    assert indices == sorted(set(indices)) and indices[-1] >= 35  # newest frames, to the end of the clip
     _check_rows(rows, clip, loaded)
     assert all(r["timings_ms"]["end_to_end"] >= r["timings_ms"]["total"] and r["time"].endswith("+00:00")
                for r in rows)
     with av.open(str(ann)) as c:
         assert sum(1 for _ in c.decode(video=0)) == summary["recording"]["frames"]
-    # terminal lines: time, latency, the points in pixels; the closing figures on stderr
-    assert main(["live", str(clip), "--point", "star", "--fps", "4", *model]) == 0
+    # terminal lines: time, latency, the points in pixels; the closing figures on stderr. --fps 2
+    # allows at most 2 a second of the run's wall time, and one more after a slow frame: a bound
+    # of the run's own length, as a loaded machine stretches it (a fixed count had no margin)
+    start = time.perf_counter()
+    assert main(["live", str(clip), "--point", "star", "--fps", "2", *model]) == 0
+    elapsed = time.perf_counter() - start
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
-    assert 3 <= len(lines) <= 8 and all(line.split()[3] == "star:" for line in lines)
+    assert 3 <= len(lines) <= 2 * elapsed + 2 and all(line.split()[3] == "star:" for line in lines)
     assert "frames located" in captured.err and "passed over" in captured.err
     # mistakes: one line, exit 2, before any output is written
     bad_out = tmp_path / "x.jsonl"
