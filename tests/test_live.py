@@ -670,12 +670,16 @@ def test_a_feed_counts_the_frames_it_passes_over_above_its_fps(monkeypatch):
         for i in range(90):
             yield Frame("cam", i, i / 60, np.zeros((8, 8, 3), np.uint8))
 
+    start = time.perf_counter()
     feed = LiveFeed(None, {"caption": "short"}, SamplingParams(), frames, realtime=True, fps=10)
     try:
         feed._pump.join(10)
+        elapsed = time.perf_counter() - start
         assert not feed._pump.is_alive()
         counters = feed.snapshot().counters
-        assert 10 <= len(offered) <= 20 and counters["above_fps"] >= 60
+        # at most 10 a second of the feed's own run, and one after a late frame: a loaded machine
+        # stretches the 1.5 s
+        assert 10 <= len(offered) <= 10 * elapsed + 2 and counters["above_fps"] >= 60
         assert len(offered) + counters["above_fps"] + counters["overwritten_at_grab"] == feed._grabber.read == 90
     finally:
         feed.close()
