@@ -467,6 +467,10 @@ def test_resume_reads_what_a_killed_run_left_and_redoes_what_it_cut(tmp_path):
         assert warnings == [f"{out}: 2 line(s) that are not answers skipped"]
         JsonlSink(out).close()  # what --resume opens: the cut tail goes, frame 4 is asked again
         assert out.read_bytes().endswith(line(2, "un café"))
+    # a JSONL with nothing to skip is resumed without a word
+    out.write_bytes(line(0) + line(1))
+    warnings.clear()
+    assert len(done_frames(out, warn=warnings.append)) == 2 and warnings == []
 
 
 def test_a_cut_last_line_goes_however_long_and_wherever_it_starts(tmp_path):
@@ -500,6 +504,21 @@ def test_each_answer_is_in_the_files_once_written_not_at_close(tmp_path):
     finally:
         sink.close()
         subs.close()
+
+
+def test_jsonl_lines_are_utf8_text_each_ending_in_a_bare_newline(tmp_path):
+    """Answers are read by people and by line-based tools: an answer's accents and scripts are
+    written as UTF-8, not \\u escapes, and each line ends in "\\n" alone (a "\\r" before it
+    stays in the last field that `cut`, `awk` or a `split("\\n")` hands on)."""
+    out = tmp_path / "o.jsonl"
+    sink = JsonlSink(out)
+    sink.write(FrameResult("café.mp4", 0, 0.0, "un café, 会議", [1], "stop", {}, {"caption": "short"}))
+    sink.write(FrameResult("café.mp4", 1, 0.5, "a red star", [2], "stop", {}, {"caption": "short"}))
+    sink.close()
+    data = out.read_bytes()
+    assert "un café, 会議".encode() in data and b"\\u" not in data and b"\r" not in data
+    assert data.count(b"\n") == 2 and data.endswith(b"\n")
+    assert [json.loads(x)["text"] for x in data.decode().split("\n")[:-1]] == ["un café, 会議", "a red star"]
 
 
 def test_a_run_that_does_not_resume_leaves_none_of_the_old_files_lines(tmp_path):
