@@ -107,6 +107,10 @@ def test_a_full_disk_ends_a_recording_with_its_error_not_the_process(tmp_path):
                     s.write_image(rgb, "a circle", "#1", k / 30)
             except OSError as e:
                 print("write:", e.errno, flush=True)
+                try:  # a caller that goes on: told again, the encoder not fed (that was a SIGSEGV)
+                    s.write_image(rgb, "a circle", "#1", 10.0)
+                except OSError as again:
+                    print("again:", again is e, flush=True)
             s.close()
         print("open:", sum(os.path.realpath(f"/proc/self/fd/{f}") == "/dev/full" for f in os.listdir("/proc/self/fd")))
     """)
@@ -116,7 +120,7 @@ def test_a_full_disk_ends_a_recording_with_its_error_not_the_process(tmp_path):
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0 and "Traceback" not in p.stderr, (p.returncode, p.stderr[-2000:])
     lines = p.stdout.splitlines()
-    assert "No space left on device" in lines[0] and lines[1:] == ["write: 28", "write: 28", "open: 0"], lines
+    assert "No space left on device" in lines[0] and lines[1:] == ["write: 28", "again: True"] * 2 + ["open: 0"], lines
 
 
 def test_every_output_is_closed_when_one_fails_to(tmp_path):
@@ -132,8 +136,13 @@ def test_every_output_is_closed_when_one_fails_to(tmp_path):
 
     video = AnnotatedVideoSink(tmp_path / "a.mp4", 64, 48)
     video.write_image(np.zeros((48, 64, 3), np.uint8), "a circle", "#0", 0.0)
+    class Gone:
+        def close(self, end=None):
+            raise OSError(5, "Input/output error")
+
+    # the first failure is the one said (the one the others' failures follow from, as a rule)
     with pytest.raises(OSError, match="No space left"):
-        close_all([DiskFull(), None, video], 2.0)
+        close_all([DiskFull(), None, Gone(), video], 2.0)
     times, frames = _decoded(tmp_path / "a.mp4")
     assert times == [0.0] and len(frames) == 1
 
@@ -229,6 +238,40 @@ def test_a_long_caption_is_wrapped_whole_inside_the_frame(size):
     assert out[h - (len(lines) + 1) * band: h - band].any()  # drawn there
     assert w > h or band <= 46  # portrait 1080 wide: about 60 characters to the line, not 20
     assert _wrapped("x" * 5000, w, band) == ("x" * 200,)  # a "word" that long is cut, as lines were
+
+
+def test_a_frames_info_line_gives_its_slowest_answers_latency(tmp_path, monkeypatch):
+    """A frame of several prompts is ready when its last answer is: the info line drawn on it says
+    that answer's time, not the first prompt's."""
+    from pipelines.annotated import AnnotatedVideoSink
+    from pipelines.sinks import FrameResult
+
+    sink = AnnotatedVideoSink(tmp_path / "a.mp4", 64, 48)
+    drawn = []
+    monkeypatch.setattr(sink, "write_image", lambda rgb, text, info, seconds: drawn.append((text, info, seconds)))
+    answers = [FrameResult("v.mp4", 7, 0.25, text, [], "stop", {"total": ms}, {"question": q})
+               for text, ms, q in (("yes", 12.4, "Is the door open?"), ("two", 48.6, "How many people?"))]
+    sink.write_frame(answers, np.zeros((48, 64, 3), np.uint8))
+    sink.write_frame(answers, None)  # no picture (a replayed answer): nothing to draw
+    sink.close()
+    assert [info for _, info, _ in drawn] == ["#7 0.250s  49 ms"] and drawn[0][2] == 0.25
+
+
+def test_an_annotated_video_has_its_index_first_and_a_recording_is_fragmented(tmp_path):
+    """A finished annotated MP4 starts playing in a browser before it is all downloaded only if its
+    index (moov) comes before the frames; a recording is cut in fragments instead (it plays up to
+    its last second however the process ends)."""
+    from pipelines.annotated import AnnotatedVideoSink
+
+    for fragmented in (False, True):
+        path = tmp_path / f"{fragmented}.mp4"
+        sink = AnnotatedVideoSink(path, 64, 48, fragmented)
+        for i in range(3):
+            sink.write_image(np.full((48, 64, 3), 60 * i, np.uint8), "a red dot", "", i / 10)
+        sink.close()
+        data = path.read_bytes()
+        assert data.find(b"moov") < data.find(b"mdat") and (b"moof" in data) == fragmented
+        assert _decoded(path)[0] == [0.0, 0.1, 0.2]
 
 
 def test_a_recording_keeps_its_first_max_seconds_and_ignores_frames_after_close(tmp_path):
