@@ -164,6 +164,40 @@ def test_after_a_scene_cut_a_live_frame_is_asked_afresh(small_folder, greedy):
     assert _live_answers(small_folder, [IMAGES[0], IMAGES[1]] * 2, 1e6) == [greedy[0], greedy[1]] * 2
 
 
+def test_only_another_scene_is_a_cut_not_a_small_change_in_this_one():
+    """A cut costs the next frame its stickiness: a light dimmed a little, a small object moving
+    across, or a low-light camera's noise are the same scene and must not count (each one, a cut,
+    made every frame of a dim or busy scene be asked afresh). The sample clip's three cuts are
+    found, and nothing else."""
+    import json
+    from pathlib import Path
+
+    import av
+
+    from pipelines.cuts import CutDetector
+
+    rng = np.random.default_rng(5)
+    y, x = np.mgrid[0:360, 0:640]
+    scene = np.stack([60 + x // 8, 80 + y // 6, np.full_like(x, 140)], -1).astype(np.uint8)
+    moved_from, moved_to = scene.copy(), scene.copy()
+    moved_from[20:60, 20:60] = 255
+    moved_to[300:340, 580:620] = 255
+    noisy = [np.clip(scene + rng.normal(0, 20, scene.shape), 0, 255).astype(np.uint8) for _ in range(2)]
+    other = np.ascontiguousarray(scene[::-1, ::-1, ::-1])
+    # (a camera's exposure steps a frame by 12 grey levels or so; a new scene, by 27 and more)
+    for before, after, cut in [(scene, scene - 12, False), (scene - 12, scene, False), (moved_from, moved_to, False),
+                               (noisy[0], noisy[1], False), (scene, other, True)]:
+        cuts = CutDetector()
+        assert [cuts.is_cut(before), cuts.is_cut(after)] == [False, cut]
+
+    root = Path(__file__).resolve().parents[1] / "sample_videos"
+    truth = json.loads((root / "cuts_640x360_30fps.json").read_text())["frames"]
+    cuts = CutDetector()
+    with av.open(str(root / "cuts_640x360_30fps.mp4")) as c:
+        found = [i for i, f in enumerate(c.decode(video=0)) if cuts.is_cut(f.to_ndarray(format="rgb24"))]
+    assert found == [f["index"] for f in truth if f["cut"] and f["index"] > 0] == [120, 240, 360]
+
+
 def test_live_and_the_ui_default_to_the_same_margin():
     from app.service import Settings
     from pipelines.live import LIVE_STICKY
