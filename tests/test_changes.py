@@ -77,6 +77,37 @@ def test_the_same_things_named_in_another_order_are_no_change():
         (3, 0, "a bird and a dog", "a dog and a cat", 0.2)]
 
 
+def test_an_answers_parts_are_whole_words_and_events_carry_it_trimmed():
+    """"and" splits an answer only as a word: inside "candle" or "sand" it had cut the caption into
+    pieces, and two captions that differ only in those pieces' places read as the same. An
+    answer's surrounding spaces (a model's leading space) are not part of the event or of what it
+    replaced."""
+    from pipelines.changes import answer_key
+
+    assert answer_key("A candle and a sand castle.") == (("a candle", "a sand castle"),)
+    assert answer_key("a sandy cat and a dog") != answer_key("a dog and a s, y cat")
+    tracker = AnswerChanges()
+    assert tracker.observe("door", " open\n", 0.0).text == "open"
+    change = tracker.observe("door", " closed ", 0.5)
+    assert (change.text, change.previous) == ("closed", "open")
+
+
+def test_a_live_events_line_is_its_own_prompts_since_its_first_frames_own_time():
+    """Of a frame's prompts, the line of a change is the prompt that changed, and its `since` is
+    the pts of the frame the answer began on to the microsecond, as `pts` is: at 30 fps, rounded
+    to the millisecond, it matched no frame's time."""
+    tracker = AnswerChanges()
+    rows = []
+    for i, texts in enumerate([("no", "one"), ("no", "two")]):
+        result = LiveResult(Frame("cam", i, round(i / 30, 6), None), [RequestOutput(t, [], "stop") for t in texts],
+                            5.0, PROMPTS)
+        rows.append(AnswerChanges.records(result, tracker.update(result)))
+    assert [r["question"] for r in rows[0]] == [p["question"] for p in PROMPTS]
+    ((row,),) = rows[1:]
+    assert (row["question"], row["text"], row["previous"]) == ("How many people?", "two", "one")
+    assert row["since"] == row["pts"] == 0.033333
+
+
 def test_live_changes_log_is_a_chain_of_events(tmp_path, capsys):
     log = tmp_path / "events.jsonl"
     assert main(["live", str(CLIP), "--duration", "6", "--question", "How many shapes are there?",
