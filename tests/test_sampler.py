@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from engine.sampler import sample, step_uniform, suppress
+from engine.sampler import sample, step_uniform, stick, suppress
 
 
 def _logits(probs):
@@ -94,3 +94,28 @@ def test_nan_logits_give_tokens_in_the_vocabulary():
     out = sample(logits, torch.tensor([1.0, 0.7, 0.0, 1.0]), torch.tensor([0.9, 1.0, 0.5, 0.3]),
                  torch.tensor([0.999, 0.5, 0.1, 0.0]))
     assert out.shape == (4,) and bool(((out >= 0) & (out < 50)).all())
+
+
+def test_tokens_whose_more_probable_tokens_weigh_exactly_top_p_are_kept():
+    logits = _logits([[0.25, 0.5, 0.25]]).expand(3, 3)
+    assert torch.softmax(logits[0], -1).tolist() == [0.25, 0.5, 0.25]  # exact in fp32: no rounding at the edge
+    # the 0.25 tokens have 0.5 before them: "at most top_p" keeps them at top_p 0.5
+    out = sample(logits, torch.ones(3), torch.full((3,), 0.5), torch.tensor([0.1, 0.5, 0.9]))
+    assert out.tolist() == [0, 1, 2]
+
+
+def test_a_seeds_draws_are_the_same_in_every_version():
+    """A result records its seed (`with_seed`) so that a run can be repeated: the draws for a
+    seed are fixed values, not whatever the hash happens to give today."""
+    pinned = {(0, 0): 8522164, (0, 1): 7087018, (42, 0): 9296213, (42, 1): 8678545, (2**63 - 1, 767): 8259905}
+    assert {k: step_uniform(*k) * 2**24 for k in pinned} == pinned
+
+
+def test_sticky_keeps_the_preferred_token_within_its_margin_and_no_further():
+    logits = torch.tensor([[1.0, 3.0, 2.5, 0.0]]).expand(5, 4)
+    greedy = torch.ones(5, dtype=torch.int64)
+    prefer = torch.tensor([2, 2, 0, 0, -1])
+    # 2 is 0.5 below the best: kept at margin 0.5 exactly (at most `sticky` above), not at 0.25;
+    # token 0 (2 below) is a token like any other; -1 (no draft) keeps the sampled token
+    margin = torch.tensor([0.5, 0.25, 2.0, 1.5, 10.0])
+    assert stick(greedy, logits, prefer, margin).tolist() == [2, 1, 0, 1, 1]
