@@ -494,8 +494,10 @@ def test_a_batch_of_raw_and_encoded_images_locates_each_as_alone(loaded, rgb_ima
     images = [rng.integers(0, 256, (64 + 16 * i, 80, 3), dtype=np.uint8) for i in range(3)] + [rgb_image]
     alone = [decoder.locate(im, "star", "detect", max_objects=3)["objects"] for im in images]
     mixed = [images[0], decoder.reference.encode_image(images[1]), images[2], decoder.reference.encode_image(rgb_image)]
-    for batch in (images, mixed):
-        assert [r["objects"] for r in decoder.locate_batch(batch, "star", "detect", max_objects=3)] == alone
+    assert alone[0] != alone[1]  # so that two images sharing one image's keys would show
+    # two (two cameras) as well as four: each image's keys and values in the batch's buffer
+    for batch, want in ((images, alone), (mixed, alone), (images[:2], alone[:2])):
+        assert [r["objects"] for r in decoder.locate_batch(batch, "star", "detect", max_objects=3)] == want
 
 
 def test_eval_tiny_scores_detect_and_point_against_the_scenes_truth(loaded, monkeypatch):
@@ -609,3 +611,76 @@ def test_video_detect_refuses_sticky_as_live_detect_does(capsys, small_folder, t
         err = capsys.readouterr().err
         assert err.startswith("vlmstream: error: --sticky goes with captions and questions") and err.count("\n") == 1
     assert not out.exists()
+
+
+def _never_the_end(loaded, monkeypatch):
+    real, eos = loaded.model.text.logits, loaded.config.tokenizer.eos_id
+    monkeypatch.setattr(loaded.model.text, "logits", lambda h: torch.where(
+        torch.arange(real(h).shape[-1]) == eos, -1e9, real(h)))
+
+
+# (room after the prompt in the small layout: 105, 104, 105 and 94 positions: a whole number of
+# objects, some left over, and MAX_OBJECTS reached first)
+@pytest.mark.parametrize("task, what", [("detect", "red circle"), ("detect", "the red circle"),
+                                        ("point", "red circle"), ("point", "the small red circle next to the blue square")])
+def test_objects_go_on_until_the_context_is_full(loaded, rgb_image, monkeypatch, task, what):
+    """A model that never says the end fills the context with whole objects (x, y and for detect
+    the size: a position each) and stops there, or at MAX_OBJECTS, whichever comes first."""
+    from engine.region_decoder import MAX_OBJECTS
+
+    _never_the_end(loaded, monkeypatch)
+    cfg = loaded.config
+    t = getattr(cfg.tokenizer.templates, task)
+    room = cfg.text.max_context - cfg.prefix_len - len(list(t.prefix) + loaded.tokenizer.encode(" " + what) + list(t.suffix))
+    per_object = 3 if task == "detect" else 2
+    key = "objects" if task == "detect" else "points"
+    got = RegionDecoder(loaded).locate(rgb_image, what, task)[key]
+    assert len(got) == min(MAX_OBJECTS, room // per_object)
+
+
+def test_the_model_reads_back_the_place_it_reported(loaded, rgb_image, monkeypatch):
+    """Each object's x, then y, then (detect) its width and height go back into the model as the
+    protocol says: the next object follows from the places the caller was given."""
+    _never_the_end(loaded, monkeypatch)
+    region = loaded.model.region
+    fed = []
+    for name in ("encode_coordinate", "encode_size"):
+        real = getattr(region, name)
+        monkeypatch.setattr(region, name, lambda v, real=real, name=name: fed.append((name, v[0].tolist())) or real(v))
+    boxes = RegionDecoder(loaded).locate(rgb_image, "red circle", "detect", max_objects=4)["objects"]
+    want = []
+    for o in boxes:
+        cx, cy, w, h = ((o["x_min"] + o["x_max"]) / 2, (o["y_min"] + o["y_max"]) / 2,
+                        o["x_max"] - o["x_min"], o["y_max"] - o["y_min"])
+        want += [("encode_coordinate", [cx]), ("encode_coordinate", [cy]), ("encode_size", [w, h])]
+    assert len(boxes) == 4 and any(w != h for (_, (w, h)) in want[2::3])  # a flip of (w, h) would show
+    assert [n for n, _ in fed] == [n for n, _ in want]
+    assert all(a == pytest.approx(b, abs=1e-6) for (_, a), (_, b) in zip(fed, want))
+
+
+def test_the_object_asked_for_is_read_without_the_spaces_around_it(loaded, rgb_image):
+    """Text from a form or a command line comes with stray spaces and newlines: the prompt is the
+    object's words, as `--detect "red circle"` gives them."""
+    decoder = RegionDecoder(loaded)
+    for task, key in (("detect", "objects"), ("point", "points")):
+        assert decoder.locate(rgb_image, "  red circle \n", task, 3)[key] == decoder.locate(rgb_image, "red circle", task, 3)[key]
+
+
+@pytest.mark.parametrize("top", [True, False])
+def test_a_box_is_its_size_bin_about_its_centre(loaded, rgb_image, monkeypatch, top):
+    """The size bins span 2 ** -10 .. 1 of the image: the top bin is a box as large as the image
+    (half of it either side of the centre), bin 0 a box of 1/1024."""
+    region = loaded.model.region
+    real = region.decode_size
+
+    def decode_size(h):
+        bins = real(h)
+        return torch.zeros_like(bins).index_fill_(-1, torch.tensor([bins.shape[-1] - 1 if top else 0]), 1.0)
+
+    monkeypatch.setattr(region, "decode_size", decode_size)
+    size = 1.0 if top else 2.0 ** -10
+    boxes = RegionDecoder(loaded).locate(rgb_image, "red circle", "detect", max_objects=2)["objects"]
+    assert boxes
+    for o in boxes:
+        assert o["x_max"] - o["x_min"] == pytest.approx(size) and o["y_max"] - o["y_min"] == pytest.approx(size)
+        assert 0 <= (o["x_min"] + o["x_max"]) / 2 < 1 and 0 <= (o["y_min"] + o["y_max"]) / 2 < 1
