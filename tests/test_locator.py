@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipelines.frame import Frame, SourceError
-from pipelines.locator import LiveLocator, LocateSource, draw, pixel_places
+from pipelines.locator import COLOUR, LiveLocator, LocateSource, draw, pixel_places, places_text
 
 
 def _frames(n: int, fps: float, name: str, fail_after: int | None = None, offset: int = 0):
@@ -132,6 +132,23 @@ def test_places_in_pixels_and_drawn():
         LiveLocator(lambda rgb: {}, [], "star", task="caption")
 
 
+def test_places_as_the_terminal_says_them():
+    assert places_text([[1, 2, 30, 40], [5, 6, 7, 8]], "detect") == "(1,2)-(30,40) (5,6)-(7,8)"
+    assert places_text([[5, 6], [7, 8]], "point") == "(5,6) (7,8)"
+    # nothing found is said, not an empty line after "star: "
+    assert places_text([], "detect") == places_text([], "point") == "none found"
+
+
+@pytest.mark.parametrize("shape, r", [((100, 200), 3), ((800, 1000), 10)])
+def test_a_point_is_drawn_as_a_ring_that_grows_with_the_frame(shape, r):
+    """A ring of radius max(3, the shorter side / 80) about the point: still seen on a small
+    frame, and not a dot that hides what was pointed at."""
+    h, w = shape
+    out = draw(np.zeros((h, w, 3), np.uint8), [[w // 2, h // 2]], "point")
+    assert out[h // 2, w // 2 + r].tolist() == list(COLOUR) == out[h // 2 - r, w // 2].tolist()
+    assert out[h // 2, w // 2].tolist() != list(COLOUR)
+
+
 def test_several_sources_are_located_together_each_with_its_own_places():
     """With `locate_many`, a pass locates the newest frame of every source in one call: each
     result goes to the frame it was asked for (its source, its index), in each source's order."""
@@ -141,7 +158,7 @@ def test_several_sources_are_located_together_each_with_its_own_places():
         calls.append(len(rgbs))
         time.sleep(0.02)
         return [{"objects": [{"x_min": 0.0, "y_min": 0.0, "x_max": (int(rgb[0, 0, 0]) + 1) / 256,
-                              "y_max": 1.0}], "timings_ms": {"total": 20.0}} for rgb in rgbs]
+                              "y_max": 1.0}], "batch": len(rgbs), "timings_ms": {"total": 20.0}} for rgb in rgbs]
 
     def single(rgb):
         raise AssertionError("a pass of several sources must go through locate_many")
@@ -154,6 +171,9 @@ def test_several_sources_are_located_together_each_with_its_own_places():
         loc.close()
     loc.check()
     assert max(calls) == 3 and sum(calls) == len(results)  # the three cameras in one call
+    # each line of the log says how many frames were located with it
+    assert sorted(r.batch for r in results) == sorted(n for n in calls for _ in range(n))
+    assert all(r.records()[0]["batch"] == r.batch for r in results)
     for k, name in enumerate(("a", "b", "c")):
         mine = [r for r in results if r.label == name]
         indices = [r.frame.index for r in mine]
