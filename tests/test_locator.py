@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipelines.frame import Frame, SourceError
-from pipelines.locator import COLOUR, LiveLocator, LocateSource, draw, pixel_places, places_text
+from pipelines.locator import COLOUR, LiveLocator, LocateSource, draw, pixel_places, place_record, places_text
 
 
 def _frames(n: int, fps: float, name: str, fail_after: int | None = None, offset: int = 0):
@@ -194,3 +194,41 @@ def test_a_frame_is_counted_located_only_once_its_result_is_delivered():
         loc.close()
     loc.check()
     assert seen == list(range(len(seen))) and loc.stats()["cam"]["completed"] == len(seen) >= 1
+
+
+def test_a_located_frames_json_line():
+    frame = Frame("cam", 7, 7 / 30, np.zeros((90, 160, 3), np.uint8))
+    places = [{"x_min": 0.123456, "y_min": 0.5, "x_max": 0.7, "y_max": 0.99999}]
+    rec = place_record("cam", frame, "detect", "star", places, [[20, 45, 112, 90]], {"total": 3.5}, batch=4)
+    assert rec == {"source": "cam", "index": 7, "pts": 0.233333, "detect": "star",
+                   "objects": [{"x_min": 0.1235, "y_min": 0.5, "x_max": 0.7, "y_max": 1.0}],
+                   "pixels": [[20, 45, 112, 90]], "width": 160, "height": 90, "batch": 4, "timings_ms": {"total": 3.5}}
+    assert "batch" not in place_record("cam", frame, "point", "star", [], [], {})  # not known: not said
+
+
+def test_the_last_frame_of_a_source_that_ends_meanwhile_is_located(monkeypatch):
+    """The source may deliver its last frame and end between the worker's look for a frame and
+    its look at `ended`: read the other way round, that frame was never located."""
+    last = Frame("cam", 0, 0.0, np.zeros((8, 12, 3), np.uint8))
+
+    class Grabber:  # the race, made to happen at once: the frame and the end come during get()
+        def __init__(self, frames, realtime, loop):
+            self.ended, self.read, self.overwritten, self._frames = False, 1, 0, [None, last]
+
+        def get(self, timeout):
+            frame = self._frames.pop(0) if self._frames else None
+            self.ended = True
+            return frame
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr("pipelines.locator.LatestFrameGrabber", Grabber)
+    results = []
+    loc = LiveLocator(_decoder(0.0, []), [LocateSource("cam", lambda: iter(()))], "star", on_result=results.append)
+    try:
+        _wait(loc)
+    finally:
+        loc.close()
+    loc.check()
+    assert [r.frame.index for r in results] == [0]
