@@ -1248,3 +1248,56 @@ def test_the_vision_thread_encodes_the_highest_priority_first_and_never_a_releas
     assert all(15 <= i.timings.vision < 10_000 for i in images if i.holders)  # ms, as busy as the encoder
     images = [image("batch1", 0), image("batch2", 0), image("live", 1)]
     assert run(images, first=images[1]) == ["batch2", "live", "batch1"]
+
+
+def test_the_vision_thread_encodes_an_image_once_and_commits_at_most_depth_images():
+    """The engine loop feeds the stage at every turn: an image under way is not encoded again, and
+    no more than `depth` images are handed to the worker, so that a live frame arriving next waits
+    for those (6-8 s each for Moondream 2 on a CPU), not for every batch image waiting."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.types import StageTimings
+    from engine.vision_stage import VisionStage
+
+    def image(name, priority):
+        return SimpleNamespace(crops=name, tiling=(1, 1), priority=priority, encoding=False, embeds=None,
+                               holders=1, staged=True, timings=StageTimings())
+
+    gate, started = threading.Event(), []
+
+    def encode(crops, tiling):
+        started.append(crops)
+        gate.wait(20)
+        return torch.zeros(1, 1)
+
+    def drain(stage, images):
+        end = time.time() + 20
+        while any(i.encoding and i.embeds is None for i in images):
+            assert time.time() < end
+            time.sleep(0.005)
+            stage.collect()
+
+    stage = VisionStage(encode, lambda: None, torch.device("cpu"), depth=2)
+    try:
+        alone = [image("alone", 0)]
+        for _ in range(3):
+            stage.feed(alone)
+        gate.set()
+        drain(stage, alone)
+        assert started == ["alone"]
+        gate.clear()
+        started.clear()
+        batch = [image(f"batch{i}", 0) for i in range(4)]
+        stage.feed(batch)
+        assert [i.encoding for i in batch] == [True, True, False, False]
+        gate.set()
+        drain(stage, batch)
+        live = image("live", 1)
+        stage.feed([i for i in batch if i.embeds is None] + [live])
+        drain(stage, batch + [live])
+        assert started == ["batch0", "batch1", "live", "batch2"]
+    finally:
+        gate.set()
+        stage.close()
