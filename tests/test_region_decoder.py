@@ -621,8 +621,8 @@ def _never_the_end(loaded, monkeypatch):
 
 # (room after the prompt in the small layout: 105, 104, 105 and 94 positions: a whole number of
 # objects, some left over, and MAX_OBJECTS reached first)
-@pytest.mark.parametrize("task, what", [("detect", "red circle"), ("detect", "the red circle"),
-                                        ("point", "red circle"), ("point", "the small red circle next to the blue square")])
+@pytest.mark.parametrize("task, what", [("detect", "red circle"), ("detect", "the red circle"), ("point", "red circle"),
+                                        ("point", "the small red circle next to the blue square")])
 def test_objects_go_on_until_the_context_is_full(loaded, rgb_image, monkeypatch, task, what):
     """A model that never says the end fills the context with whole objects (x, y and for detect
     the size: a position each) and stops there, or at MAX_OBJECTS, whichever comes first."""
@@ -631,7 +631,8 @@ def test_objects_go_on_until_the_context_is_full(loaded, rgb_image, monkeypatch,
     _never_the_end(loaded, monkeypatch)
     cfg = loaded.config
     t = getattr(cfg.tokenizer.templates, task)
-    room = cfg.text.max_context - cfg.prefix_len - len(list(t.prefix) + loaded.tokenizer.encode(" " + what) + list(t.suffix))
+    ids = list(t.prefix) + loaded.tokenizer.encode(" " + what) + list(t.suffix)
+    room = cfg.text.max_context - cfg.prefix_len - len(ids)
     per_object = 3 if task == "detect" else 2
     key = "objects" if task == "detect" else "points"
     got = RegionDecoder(loaded).locate(rgb_image, what, task)[key]
@@ -663,7 +664,8 @@ def test_the_object_asked_for_is_read_without_the_spaces_around_it(loaded, rgb_i
     object's words, as `--detect "red circle"` gives them."""
     decoder = RegionDecoder(loaded)
     for task, key in (("detect", "objects"), ("point", "points")):
-        assert decoder.locate(rgb_image, "  red circle \n", task, 3)[key] == decoder.locate(rgb_image, "red circle", task, 3)[key]
+        stray = decoder.locate(rgb_image, "  red circle \n", task, 3)[key]
+        assert stray == decoder.locate(rgb_image, "red circle", task, 3)[key]
 
 
 @pytest.mark.parametrize("top", [True, False])
@@ -684,3 +686,4 @@ def test_a_box_is_its_size_bin_about_its_centre(loaded, rgb_image, monkeypatch, 
     for o in boxes:
         assert o["x_max"] - o["x_min"] == pytest.approx(size) and o["y_max"] - o["y_min"] == pytest.approx(size)
         assert 0 <= (o["x_min"] + o["x_max"]) / 2 < 1 and 0 <= (o["y_min"] + o["y_max"]) / 2 < 1
+
