@@ -66,8 +66,10 @@ class RegionDecoder:
         ids = list(template.prefix) + self.loaded.tokenizer.encode(" " + what.strip()) + list(template.suffix)
         text, region, cfg = self.model.text, self.model.region, self.config
         pos = cfg.prefix_len
-        if pos + len(ids) >= cfg.text.max_context:
-            raise RequestError(f"the prompt ({len(ids)} tokens) does not fit in the context")
+        per_object = 3 if task == "detect" else 2  # positions: x fed, y fed (, size fed)
+        # Without room for one object the model is never asked where: "none found" would be untrue.
+        if pos + len(ids) + per_object > cfg.text.max_context:
+            raise RequestError(f"the prompt ({len(ids)} tokens) does not fit in the context with room for one object")
         kv = BatchKV(encoded, cfg.text.max_context, cfg.prefix_len, self.reference.exact)
         rows = torch.arange(len(encoded))  # the images still in the batch, in the batch's order
 
@@ -84,7 +86,6 @@ class RegionDecoder:
         hidden = step(text.embed(torch.tensor([ids] * len(encoded), device=self.device)))
         found: list[list[dict]] = [[] for _ in encoded]
         dtype = hidden.dtype
-        per_object = 3 if task == "detect" else 2  # positions: x fed, y fed (, size fed)
         more = another(hidden)
         n_found = 0  # objects found so far by each image in the batch (all the same: in step)
         while True:

@@ -687,3 +687,28 @@ def test_a_box_is_its_size_bin_about_its_centre(loaded, rgb_image, monkeypatch, 
         assert o["x_max"] - o["x_min"] == pytest.approx(size) and o["y_max"] - o["y_min"] == pytest.approx(size)
         assert 0 <= (o["x_min"] + o["x_max"]) / 2 < 1 and 0 <= (o["y_min"] + o["y_max"]) / 2 < 1
 
+
+@pytest.mark.parametrize("task", ["detect", "point"])
+def test_a_prompt_that_leaves_no_room_for_one_object_is_refused_not_none_found(loaded, rgb_image, monkeypatch, task):
+    """With fewer positions left than one object takes (x, y, and for detect the size), the model
+    is never asked where anything is: "none found" would be a claim about the image that nobody
+    made. Room for exactly one object gives it."""
+    _never_the_end(loaded, monkeypatch)
+    cfg = loaded.config
+    t = getattr(cfg.tokenizer.templates, task)
+    per_object = 3 if task == "detect" else 2
+    decoder = RegionDecoder(loaded)
+    key = "objects" if task == "detect" else "points"
+
+    def what_with_room(room):  # "star star ...": a long object's name that leaves `room` positions
+        for n in range(1, cfg.text.max_context):
+            what = " ".join(["star"] * n)
+            ids = list(t.prefix) + loaded.tokenizer.encode(" " + what) + list(t.suffix)
+            if cfg.text.max_context - cfg.prefix_len - len(ids) == room:
+                return what
+        raise AssertionError(f"no name leaves {room} positions")
+
+    assert len(decoder.locate(rgb_image, what_with_room(per_object), task)[key]) == 1
+    for room in range(per_object):
+        with pytest.raises(RequestError, match="does not fit"):
+            decoder.locate(rgb_image, what_with_room(room), task)
