@@ -8,12 +8,14 @@ kernel forgets to write is caught.
 import importlib
 import os
 import random
+import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, EngineConfig, Regex, SamplingParams
 from engine.errors import ConfigError
 
 
@@ -131,6 +133,7 @@ def test_fused_sampling_matches_reference(kernels, constrained):
 
 
 def test_engine_with_kernels_gives_the_tokens_of_the_torch_path(kernels):
+    shape = Regex(r"(red|green|blue) (circle|square|star)")
     rng = np.random.default_rng(3)
     images = [rng.integers(0, 255, (120, 160, 3), dtype=np.uint8) for _ in range(2)]
     params = [SamplingParams(temperature=0.0, max_tokens=6), SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=6)]
@@ -143,8 +146,14 @@ def test_engine_with_kernels_gives_the_tokens_of_the_torch_path(kernels):
             draft = engine.loaded.tokenizer.encode("a red circle and a small blue star")
             handles.append(engine.submit(images[1], caption="short", draft=draft,
                                          params=SamplingParams(max_tokens=6, sticky=3.0)))
-            outs[flag] = [h.result(timeout=300).token_ids for h in handles]
+            # constrained rows: the automaton's mask reaches the kernel (`constraint_mask`)
+            for p in params:
+                handles.append(engine.submit(images[0], question="What is it?", constraint=shape,
+                                             params=replace(p, max_tokens=12)))
+            results = [h.result(timeout=300) for h in handles]
+            outs[flag] = [r.token_ids for r in results]
         assert engine.stats().kv_pages_in_use == 0
+        assert all(re.fullmatch(shape.pattern, r.text) for r in results[-2:]), [r.text for r in results[-2:]]
     assert outs[True] == outs[False]
 
 
