@@ -528,6 +528,11 @@ def test_eval_tiny_scores_detect_and_point_against_the_scenes_truth(loaded, monk
         "true": lambda t: t,
         "one more": lambda t: t + [(0.0, 0.0, 0.01, 0.01)],
         "off": lambda t: [(b[2] + 0.01, b[1], 2 * b[2] - b[0] + 0.01, b[3]) for b in t],  # beside it
+        "twice": lambda t: t + t,  # each object found twice: one of the two is right
+        # moved right by a fifth of its width (IoU 2/3, a hit) or by two fifths (3/7, a miss)
+        "a fifth": lambda t: [(b[0] + (b[2] - b[0]) / 5, b[1], b[2] + (b[2] - b[0]) / 5, b[3]) for b in t],
+        "two fifths": lambda t: [(b[0] + 2 * (b[2] - b[0]) / 5, b[1], b[2] + 2 * (b[2] - b[0]) / 5, b[3])
+                                 for b in t],
     }
     scores = {}
     for name, boxes in cases.items():
@@ -541,6 +546,11 @@ def test_eval_tiny_scores_detect_and_point_against_the_scenes_truth(loaded, monk
     assert more["detect_precision"] < 1.0 and more["detect_count"] == more["point_count"] == 0.0
     off = scores["off"]
     assert off["detect_recall"] == off["point_recall"] == 0.0 and off["detect_count"] == 1.0
+    twice = scores["twice"]
+    assert twice["detect_recall"] == twice["point_recall"] == 1.0
+    assert twice["detect_precision"] == twice["point_precision"] == 0.5
+    assert scores["a fifth"]["detect_recall"] == 1.0
+    assert scores["two fifths"]["detect_recall"] == 0.0 and scores["two fifths"]["point_recall"] == 1.0
 
 
 def test_video_detect_resume_checks_its_model_and_log_and_keeps_what_it_had(capsys, small_folder, tmp_path,

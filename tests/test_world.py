@@ -233,3 +233,88 @@ def test_a_missed_object_is_told_apart_by_what_the_caption_got_right():
     assert miss_kind("red", "star", said) == "wrong_colour"
     assert miss_kind("red", "circle", said) == "missing"
     assert miss_kind("red", "circle", set()) == "missing"
+    # its colour and its shape both named, on other objects: counted once, as a wrong shape
+    assert miss_kind("yellow", "circle", named("a yellow star and a red circle")) == "wrong_shape"
+    assert named("two red circles and a Blue  star") == {("red", "circle"), ("blue", "star")}
+
+
+class _Done:
+    """An engine handle whose request has finished with `text`."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def result(self, timeout=None):
+        return self
+
+
+def _scored(scene, captions: dict, answers: dict):
+    """What eval-tiny's scoring adds up for one scene, given what the model said."""
+    from collections import defaultdict
+
+    from tinyvlm.evaluate import MISSES, _score
+
+    hits, misses = defaultdict(lambda: [0, 0]), dict.fromkeys(MISSES, 0)
+    qs = {kind: (q, a, _Done(got)) for kind, (q, a, got) in answers.items()}
+    _score((scene, {k: _Done(v) for k, v in captions.items()}, qs), hits, misses, [])
+    return dict(hits), misses
+
+
+def _eval_scene(*objs, w=600, h=300):
+    from tinyvlm.world import Background, Obj, Scene
+
+    objects = tuple(Obj(shape, color, size, cx, cy, 40.0, 0.0, (0, 0, 0)) for shape, color, size, cx, cy in objs)
+    return Scene(w, h, objects, Background("solid", (128, 128, 128), (128, 128, 128)))
+
+
+def test_eval_scores_a_caption_mention_by_colour_and_shape_both():
+    """The caption figures of EVAL.md: an object counts as named only as "<colour> <shape>", under
+    its own size class and its scene's 1-2 / 3-4 bucket; a caption naming anything not there fails
+    "no extra objects"; a long caption's count must be the right number."""
+    scene = _eval_scene(("circle", "red", "small", 50, 50), ("square", "blue", "large", 300, 150),
+                        ("star", "green", "large", 550, 250))
+    normal = "a red circle in the top left and a blue star in the center"  # blue square, green star missed
+    hits, misses = _scored(scene, {"short": "a red circle, a blue square and a green star", "normal": normal,
+                                   "long": "there are two shapes on a plain background: a small red circle"}, {})
+    assert hits["caption_normal_objects_3-4"] == [1, 3] and "caption_normal_objects_1-2" not in hits
+    assert hits["caption_normal_objects_small"] == [1, 1] and hits["caption_normal_objects_large"] == [0, 2]
+    assert hits["caption_short_objects"] == [3, 3] and hits["caption_long_objects"] == [1, 3]
+    assert hits["caption_normal_no_extra_objects"] == [0, 1]  # the blue star is not there
+    assert hits["caption_long_count"] == [0, 1]  # "two" of three
+    # the blue square: its colour named on a star; the green star: its shape named in blue
+    assert misses == {"wrong_shape": 1, "wrong_colour": 1, "missing": 0}
+
+    two = _eval_scene(("circle", "red", "small", 50, 50), ("square", "blue", "large", 300, 150))
+    hits, misses = _scored(two, {"short": "", "normal": "a red circle in the top left and a blue square in the center",
+                                 "long": "there are two shapes on a plain background"}, {})
+    assert hits["caption_normal_objects_1-2"] == [2, 2] and "caption_normal_objects_3-4" not in hits
+    assert hits["caption_normal_no_extra_objects"] == [1, 1] and hits["caption_long_count"] == [1, 1]
+    assert misses == dict.fromkeys(misses, 0)
+
+
+def test_eval_scores_an_answer_only_when_it_is_the_exact_answer():
+    """"top center" holds "center", "no" is in "not"...: a question is right only as the exact
+    answer (case and edge spaces aside); shape answers split by the asked object's size."""
+    scene = _eval_scene(("circle", "red", "small", 300, 20), ("square", "blue", "large", 300, 150))
+    hits, _ = _scored(scene, {"short": "", "normal": "", "long": ""}, {
+        "position": ("Where is the blue square?", "center", "top center"),
+        "count": ("How many shapes are there?", "two", " Two "),
+        "shape": ("What shape is the red object?", "circle", "circles"),
+        "color": ("What color is the square?", "blue", "blue"),
+    })
+    assert hits["answer_position"] == [0, 1] and hits["answer_count"] == [1, 1] and hits["answer_color"] == [1, 1]
+    assert hits["answer_shape"] == [0, 1] and hits["answer_shape_small"] == [0, 1] and "answer_shape_large" not in hits
+
+
+def test_eval_asks_is_there_a_colour_shape_of_things_there_and_not():
+    """About half the "Is there a <colour> <shape>?" questions of the eval name an object in the
+    scene: drawn at random, nearly all would be "no", and a model that always says "no" would meet
+    the target."""
+    from tinyvlm.data import HELDOUT_SEED
+
+    yes = 0
+    for i in range(400):
+        rng = np.random.default_rng([HELDOUT_SEED, i])
+        yes += eval_questions(sample_scene(rng), rng)["yesno_color_shape"][1] == "yes"
+    assert 0.4 < yes / 400 < 0.7
+
