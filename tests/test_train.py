@@ -503,6 +503,8 @@ def test_region_blocks_train_what_the_region_decoder_reads():
     batch = collate([_item_of(scene, [b])], cfg.prefix_len)
     t = batch.targets[0, cfg.prefix_len:cfg.prefix_len + len(b.prompt) + len(b.answer)].tolist()
     n = len(b.prompt)
+    # each x is read where the token says an object follows: after the prompt, after the first size
+    assert [j for j, _ in b.coord_target] == [n - 1, n, n + 2, n + 3]
     # after the prompt: an object follows; x and y positions predict no token; after the first
     # object's size another follows; after the second, the end
     assert t[n - 1] == coord and t[n] == t[n + 1] == -100 and t[n + 2] == coord and t[n + 5] == eos
@@ -589,3 +591,52 @@ def test_a_render_worker_is_quiet_about_a_training_process_gone_mid_handshake():
     assert r.returncode == 0, r.stderr
     assert "a real one" in r.stderr and "peer gone" not in r.stderr and "reset" not in r.stderr
     assert "digest" not in r.stderr
+
+
+def test_region_phrases_name_what_they_say_within_the_frame():
+    """What a detect or point phrase names, in training and in eval-tiny's region figures: a
+    colour and a shape name that one object (not every red thing and every star); boxes are
+    clipped to the frame as the decoder's are; centres go to the nearest bin; about a quarter of
+    the phrases drawn name nothing, so "nothing there" is trained and scored."""
+    from tinyvlm.regions import coord_bin, located, sample_phrase, tight_box
+    from tinyvlm.world import sample_scene
+
+    # 20 px past the left edge
+    red_circle = Obj("circle", "red", "large", cx=10, cy=100, extent=60, angle=0.0, rgb=(220, 40, 40))
+    red_star = Obj("star", "red", "small", cx=300, cy=100, extent=30, angle=0.0, rgb=(220, 40, 40))
+    blue_circle = Obj("circle", "blue", "small", cx=500, cy=200, extent=30, angle=0.0, rgb=(40, 80, 220))
+    scene = scene_with(red_circle, red_star, blue_circle, w=640, h=320)
+    assert located(scene, "red circle") == [tight_box(red_circle, 640, 320)]
+    assert located(scene, "blue star") == [] and len(located(scene, "red")) == len(located(scene, "circle")) == 2
+    assert tight_box(red_circle, 640, 320) == pytest.approx((0.0, 70 / 320, 40 / 640, 130 / 320))
+    corner = Obj("circle", "green", "large", cx=630, cy=300, extent=60, angle=0.0, rgb=(40, 180, 60))
+    assert tight_box(corner, 640, 320) == pytest.approx((600 / 640, 270 / 320, 1.0, 1.0))
+    assert coord_bin(0.5 + 0.7 / 1024, 1024) == 513 and coord_bin(0.5 + 0.3 / 1024, 1024) == 512
+    empty, n = 0, 400
+    for i in range(n):
+        scene = sample_scene(np.random.default_rng([21, i]))
+        rng = np.random.default_rng([21, i, 2])
+        empty += sum(not located(scene, sample_phrase(scene, rng)) for _ in range(2))
+    assert 0.15 < empty / (2 * n) < 0.45
+
+
+def test_training_blocks_see_the_image_and_themselves_causally_never_each_other():
+    """The packed training sequence: each (prompt, answer) block attends to the image prefix and
+    to its own earlier tokens, and starts at position prefix_len, exactly as one request does at
+    inference; a block that saw another's tokens, or its own later ones, trains on what it will
+    not have."""
+    from tinyvlm.data import collate
+
+    prefix = 3
+    batch = collate([_item_of(scene_with(), [([1, 2], [3, 4]), ([5], [6, 7])])], prefix)
+    m = batch.mask[0, 0]
+    first, second = range(prefix, prefix + 4), range(prefix + 4, prefix + 7)
+    assert m[:prefix, :prefix].all() and not m[:prefix, prefix:].any()  # the image sees itself only
+    for block in (first, second):
+        for i in block:
+            assert m[i, :prefix].all()
+            assert [bool(m[i, j]) for j in block] == [j <= i for j in block]
+    assert not m[first.start:first.stop, second.start:second.stop].any()
+    assert not m[second.start:second.stop, first.start:first.stop].any()
+    assert batch.positions[0, prefix:].tolist() == [3, 4, 5, 6, 3, 4, 5]
+    assert batch.targets[0, prefix:].tolist() == [-100, 3, 4, -100, 6, 7, -100]
