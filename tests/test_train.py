@@ -599,7 +599,7 @@ def test_region_phrases_name_what_they_say_within_the_frame():
     clipped to the frame as the decoder's are; centres go to the nearest bin; about a quarter of
     the phrases drawn name nothing, so "nothing there" is trained and scored."""
     from tinyvlm.regions import coord_bin, located, sample_phrase, tight_box
-    from tinyvlm.world import sample_scene
+    from tinyvlm.world import COLORS, sample_scene
 
     # 20 px past the left edge
     red_circle = Obj("circle", "red", "large", cx=10, cy=100, extent=60, angle=0.0, rgb=(220, 40, 40))
@@ -612,12 +612,17 @@ def test_region_phrases_name_what_they_say_within_the_frame():
     corner = Obj("circle", "green", "large", cx=630, cy=300, extent=60, angle=0.0, rgb=(40, 180, 60))
     assert tight_box(corner, 640, 320) == pytest.approx((600 / 640, 270 / 320, 1.0, 1.0))
     assert coord_bin(0.5 + 0.7 / 1024, 1024) == 513 and coord_bin(0.5 + 0.3 / 1024, 1024) == 512
-    empty, n = 0, 400
+    empty, n, kinds = 0, 400, set()
     for i in range(n):
         scene = sample_scene(np.random.default_rng([21, i]))
         rng = np.random.default_rng([21, i, 2])
-        empty += sum(not located(scene, sample_phrase(scene, rng)) for _ in range(2))
+        for phrase in (sample_phrase(scene, rng), sample_phrase(scene, rng)):
+            empty += not located(scene, phrase)
+            words = phrase.split()
+            kinds.add("all" if phrase == "shape" else "colour shape" if len(words) == 2
+                      else "colour" if words[0] in COLORS else "shape")
     assert 0.15 < empty / (2 * n) < 0.45
+    assert kinds == {"all", "colour shape", "colour", "shape"}
 
 
 def test_training_blocks_see_the_image_and_themselves_causally_never_each_other():

@@ -326,6 +326,33 @@ def test_eval_asks_is_there_a_colour_shape_of_things_there_and_not():
     assert 0.4 < yes / 400 < 0.7
 
 
+def test_eval_asks_about_each_of_the_colours_in_a_scene():
+    """"What shape is the <colour> object?" picks among the scene's one-of-a-colour objects: always
+    the first in the vocabulary's order would ask mostly about red ones."""
+    from tinyvlm.data import HELDOUT_SEED
+
+    first, choices = 0, 0
+    for i in range(300):
+        rng = np.random.default_rng([HELDOUT_SEED, i])
+        scene = sample_scene(rng)
+        single = [c for c in COLORS if sum(o.color == c for o in scene.objects) == 1]
+        if len(single) > 1:
+            choices += 1
+            first += eval_questions(scene, rng)["shape"][0] == f"What shape is the {single[0]} object?"
+    assert choices > 100 and first / choices < 0.7
+
+
+def test_eval_report_prints_percentages_of_its_counts():
+    """The table `vlmstream eval-tiny` prints (EVAL.md's figures are read off it)."""
+    from tinyvlm.evaluate import format_report
+
+    text = format_report({"model": "tiny", "device": "cpu", "dtype": "float32", "renderer": "world", "scenes": 10,
+                          "seconds": 1.0, "accuracy": {"answer_count": 0.931}, "counts": {"answer_count": 10},
+                          "caption_normal_misses": {"wrong_shape": 0.0969, "wrong_colour": 0.0024, "missing": 0.0012}})
+    assert text.splitlines()[0] == "model=tiny device=cpu dtype=float32 renderer=world scenes=10 (1.0 s)"
+    assert text.splitlines()[1].split() == ["answer_count", "93.10", "%", "(n=10)"]
+    assert text.endswith("of all objects: wrong shape 9.69 %, wrong colour 0.24 %, missing 0.12 %")
+
 def test_heldout_scenes_are_those_the_figures_were_measured_on():
     """EVAL.md's figures are for the scenes `[HELDOUT_SEED, i]` draws: a change to how the world
     samples a scene (sizes, margins, spacing, draws added or reordered) changes every figure, and
