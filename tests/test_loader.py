@@ -102,7 +102,7 @@ def test_a_hugging_face_cache_folder_names_its_snapshot(tmp_path, small_folder):
     assert load_model(snapshot).config == load_model(small_folder).config
 
 
-@pytest.mark.parametrize("damage", ["truncate", "empty", "garbage", "bad_header"])
+@pytest.mark.parametrize("damage", ["truncate", "empty", "garbage", "bad_header", "one_byte_short", "seven_bytes"])
 def test_corrupt_safetensors(tmp_path, small_folder, damage):
     folder = _copy(small_folder, tmp_path)
     path = folder / "model.safetensors"
@@ -113,6 +113,10 @@ def test_corrupt_safetensors(tmp_path, small_folder, damage):
         path.write_bytes(b"")
     elif damage == "garbage":
         path.write_bytes(os.urandom(4096))
+    elif damage == "one_byte_short":  # a download cut at the very end: the last weight runs past the file
+        path.write_bytes(data[:-1])
+    elif damage == "seven_bytes":  # too short even for the 8-byte header length
+        path.write_bytes(data[:7])
     else:
         path.write_bytes(data[:8] + b"{" * 16 + data[24:])
     with pytest.raises(ModelLoadError, match="model.safetensors") as e:
@@ -140,6 +144,12 @@ def _edit_header(path, edit) -> None:
     (lambda h, k: h[k].update(shape=[True] * len(h[k]["shape"])), "corrupt header entry for"),
     (lambda h, k: h.update({k: [1, 2]}), "corrupt header entry for"),
     (lambda h, k: h.update({"copy": {**h[k]}}), "overlap"),
+    (lambda h, k: h[k].update(data_offsets=h[k]["data_offsets"] + [0]), "corrupt header entry for"),
+    # dtypes newer safetensors files may hold: DTYPES[...] had been a KeyError traceback
+    (lambda h, k: h[k].update(dtype="F8_E4M3"), "unknown dtype F8_E4M3"),
+    # the right shape over too few bytes: a view error at read time, after the header had passed
+    (lambda h, k: h[k].update(data_offsets=[h[k]["data_offsets"][0], h[k]["data_offsets"][1] - 4]),
+     "does not match its shape and dtype"),
 ])
 def test_corrupt_header_entries_are_one_line_errors(tmp_path, small_folder, edit, needle):
     """Entries of the wrong JSON type had been TypeError tracebacks, and overlapping weights loaded."""
@@ -148,6 +158,30 @@ def test_corrupt_header_entries_are_one_line_errors(tmp_path, small_folder, edit
     with pytest.raises(ModelLoadError, match=needle) as e:
         load_model(folder)
     assert "\n" not in str(e.value)
+
+
+def test_a_weight_that_starts_before_the_data_is_refused_not_read_from_the_header(tmp_path, small_folder):
+    """Offsets are relative to the data: a negative start would read the header's JSON bytes as
+    weights, and load without a word."""
+    folder = _copy(small_folder, tmp_path)
+
+    def shift(h):
+        key = next(k for k, e in h.items() if k != "__metadata__" and e["data_offsets"][0] == 0)
+        h[key]["data_offsets"] = [o - 4 for o in h[key]["data_offsets"]]
+
+    _edit_header(folder / "model.safetensors", shift)
+    with pytest.raises(ModelLoadError, match="does not match its shape and dtype"):
+        load_model(folder)
+
+
+def test_a_checkpoint_with_metadata_loads(tmp_path, small_folder):
+    """Hugging Face's own files (Moondream 2's included) carry {"__metadata__": {"format": "pt"}}."""
+    folder = _copy(small_folder, tmp_path)
+    path = folder / "model.safetensors"
+    state = load_file(str(path))
+    save_file(state, str(path), metadata={"format": "pt"})
+    loaded = load_model(folder).model.state_dict()
+    assert all(torch.equal(loaded[k[len("model."):]], v) for k, v in state.items())
 
 
 def test_a_header_nested_too_deep_is_an_error(tmp_path, small_folder):
@@ -359,6 +393,39 @@ def test_a_tokenizer_with_ids_past_the_vocabulary_is_refused(tmp_path, small_fol
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="token ids up to 465, past the model's vocabulary of 460"):
         load_model(folder)
+
+
+def test_a_tokenizer_whose_largest_id_is_the_vocabulary_size_is_refused(tmp_path, small_folder):
+    """Ids run from 0 to vocab_size - 1: the tiny tokenizer's 465 is one past a vocabulary of 465."""
+    folder = _copy(small_folder, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["text"]["vocab_size"] = 465
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="token ids up to 465, past the model's vocabulary of 465"):
+        load_model(folder)
+
+
+def test_a_tokenizer_with_gaps_in_its_ids_is_judged_by_its_largest_id(tmp_path, small_folder):
+    """Two tokens, ids 0 and 600: counting them (2) would pass a vocabulary of 512."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+
+    folder = _copy(small_folder, tmp_path)
+    HFTokenizer(WordLevel({"a": 0, "b": 600}, unk_token="a")).save(str(folder / "tokenizer.json"))
+    with pytest.raises(ModelLoadError, match="token ids up to 600, past the model's vocabulary of 512"):
+        load_model(folder)
+
+
+def test_check_model_says_what_load_model_would_without_loading(tmp_path, small_folder):
+    """The settings page checks a folder with it before it stops what runs: a folder whose weights
+    do not fit must be refused there, not once the running model is gone."""
+    from engine.models.loader import check_model
+
+    folder = _copy(small_folder, tmp_path)
+    check_model(folder)
+    _edit_weights(folder, lambda s: s.pop("model.text.blocks.1.mlp.fc2.bias"))
+    with pytest.raises(ModelLoadError, match=r"missing weight model\.text\.blocks\.1\.mlp\.fc2\.bias"):
+        check_model(folder)
 
 
 @pytest.mark.parametrize("blocked", ["model", "parent"])
