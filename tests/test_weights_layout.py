@@ -156,3 +156,19 @@ def test_region_fourier_features_and_size_bins_are_the_contracts():
     got = region.decode_size(hidden)
     assert got.shape == (3, 2, bins)
     assert torch.equal(got[:, 0], flat[:, :bins]) and torch.equal(got[:, 1], flat[:, bins:])
+
+
+def test_the_image_prefix_attends_both_ways_and_everything_after_it_causally():
+    # BOS and the image tokens (positions 0..prefix_len-1) see one another whole; the prompt and
+    # answer after them see what came before. The prefix one short either way changed no answer
+    # of the tiny model nor any decoder test.
+    from engine.models.text import attention_mask
+
+    prefix = ModelConfig().prefix_len  # 730
+    n = prefix + 3
+    mask = attention_mask(torch.arange(n), n, prefix)
+    want = torch.ones(n, n, dtype=torch.bool).tril()
+    want[:prefix, :prefix] = True
+    assert torch.equal(mask, want)
+    assert mask[0, prefix - 1] and mask[prefix - 1, 0] and not mask[prefix - 1, prefix]
+    assert mask[prefix, : prefix + 1].all() and not mask[prefix, prefix + 1:].any()
