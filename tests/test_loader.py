@@ -174,6 +174,30 @@ def test_a_weight_that_starts_before_the_data_is_refused_not_read_from_the_heade
         load_model(folder)
 
 
+def test_a_header_listed_out_of_data_order_loads(tmp_path, small_folder):
+    """The format does not order the header's entries; other writers list them as they please."""
+    folder = _copy(small_folder, tmp_path)
+    path = folder / "model.safetensors"
+    before = load_model(folder).model.state_dict()
+
+    def reverse(h):
+        items = list(h.items())[::-1]
+        h.clear()
+        h.update(items)
+
+    _edit_header(path, reverse)
+    after = load_model(folder).model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_a_header_that_is_not_a_json_object_is_an_error(tmp_path, small_folder):
+    folder = _copy(small_folder, tmp_path)
+    path = folder / "model.safetensors"
+    path.write_bytes((6).to_bytes(8, "little") + b"[1, 2]")
+    with pytest.raises(ModelLoadError, match=r"corrupt header \(not a JSON object\)"):
+        load_model(folder)
+
+
 def test_a_checkpoint_with_metadata_loads(tmp_path, small_folder):
     """Hugging Face's own files (Moondream 2's included) carry {"__metadata__": {"format": "pt"}}."""
     folder = _copy(small_folder, tmp_path)
