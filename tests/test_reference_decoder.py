@@ -66,6 +66,26 @@ def test_query_prompt_layout(small):
     assert ids == list(q.prefix) + body + list(q.suffix) * 2
 
 
+def test_moondream2_prompts_are_its_published_token_ids(small):
+    # Every caption length had been given the normal template without a test noticing: the
+    # small model's templates are the tiny ones, and no test compared lengths.
+    from engine.config import ModelConfig
+
+    md2 = ModelConfig()  # Moondream 2's defaults, as config.json leaves them
+    assert prompt_ids(md2, small.tokenizer, caption="short") == [1, 32708, 2, 12492, 3]
+    assert prompt_ids(md2, small.tokenizer, caption="normal") == [1, 32708, 2, 6382, 3]
+    assert prompt_ids(md2, small.tokenizer, caption="long") == [1, 32708, 2, 4059, 3]
+    body = small.tokenizer.encode("Is there a star?")
+    assert prompt_ids(md2, small.tokenizer, question="Is there a star?") == [1, 15381, 2, *body, 3, 3]
+
+
+@pytest.mark.parametrize("question", ["", "   ", "\n\t"])
+def test_a_blank_question_is_refused_not_asked(small, question):
+    # The command line refuses it itself; the engine's API (and the web UI's server) lean on this.
+    with pytest.raises(RequestError, match="the question is empty"):
+        prompt_ids(small.config, small.tokenizer, question=question)
+
+
 def test_greedy_is_deterministic_and_image_reuse_matches(small, rgb_image):
     dec = ReferenceDecoder(small)
     a = dec.generate(rgb_image, caption="normal", params=GREEDY)
