@@ -450,6 +450,26 @@ def test_a_tokenizer_with_gaps_in_its_ids_is_judged_by_its_largest_id(tmp_path, 
         load_model(folder)
 
 
+def test_a_tokenizers_special_tokens_are_added_and_skipped_as_its_file_says(tmp_path):
+    """Library defaults, as the Moondream reference: the file's post-processor adds its special
+    tokens when encoding, and decoding leaves special tokens out of the text."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.processors import TemplateProcessing
+
+    from engine.models.tokenizer import Tokenizer
+
+    hf = HFTokenizer(WordLevel({"<s>": 0, "a": 1, "star": 2}, unk_token="<s>"))
+    hf.pre_tokenizer = Whitespace()
+    hf.add_special_tokens(["<s>"])
+    hf.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(tmp_path / "tokenizer.json")
+    assert tok.encode("a star") == [0, 1, 2]
+    assert tok.decode([0, 1, 2, 0]) == "a star"
+
+
 def test_check_model_says_what_load_model_would_without_loading(tmp_path, small_folder):
     """The settings page checks a folder with it before it stops what runs: a folder whose weights
     do not fit must be refused there, not once the running model is gone."""
