@@ -147,7 +147,8 @@ def test_region_fourier_features_and_size_bins_are_the_contracts():
 
     size = torch.tensor([[0.1, 0.3]], dtype=torch.float64)
     f = 2 * math.pi * size @ sd["region.size_features"]
-    want = torch.cat([torch.cos(f), torch.sin(f)], dim=-1) @ sd["region.size_encoder.weight"].T + sd["region.size_encoder.bias"]
+    feats = torch.cat([torch.cos(f), torch.sin(f)], dim=-1)
+    want = feats @ sd["region.size_encoder.weight"].T + sd["region.size_encoder.bias"]
     assert torch.allclose(region.encode_size(size), want)
 
     hidden = torch.randn(3, config.region.dim, dtype=torch.float64)
