@@ -406,6 +406,7 @@ def test_an_oversized_config_json_is_refused(tmp_path, small_folder):
     (float("nan"), None, "holds NaN or infinite values$"),
     (float("inf"), None, "holds NaN or infinite values$"),
     (1e6, "float16", "holds NaN or infinite values once read as float16"),  # past fp16's 65504
+    (float("nan"), "bfloat16", "holds NaN or infinite values$"),  # bf16 holds fp32's range: the file's fault
 ])
 def test_weights_that_are_not_finite_are_refused(tmp_path, small_folder, value, dtype, needle):
     """They loaded, and every answer was an empty text (exit 0)."""
