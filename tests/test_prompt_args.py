@@ -9,7 +9,7 @@ import pytest
 
 from app.cli import main
 from app.parser import build_parser
-from app.prompt_args import UsageError, prompt_tasks
+from app.prompt_args import UsageError, prompt_tasks, region_task
 from engine import Choice, JsonSchema, Regex
 from engine.models.loader import load_model
 from engine.reference import ReferenceDecoder
@@ -56,6 +56,8 @@ def test_a_constraint_belongs_to_the_prompt_before_it():
     (["--json-schema", '{"type": "object"} [1]'], "--json-schema is not valid JSON"),
     # asked twice, a frame's two lines had one key: --resume took them for one answer
     (["--question", "Q", "--question", "Q"], "a --question is asked twice"),
+    # `--question "$Q"` with Q blank: asked of every frame as a question of spaces
+    (["--question", "Q", "--question", "  "], "--question is empty"),
 ])
 def test_constraint_mistakes_are_usage_errors(argv, needle):
     import warnings
@@ -148,3 +150,22 @@ def test_a_prompt_that_takes_one_value_given_twice_is_a_mistake_not_the_last_one
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "given twice" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["video", "clip.mp4", "--detect", "  "], "--detect names no object"),
+    # a constraint alone beside a region task (no --caption or --question) was ignored without a word
+    (["video", "clip.mp4", "--point", "star", "--choices", "a,b"], "--point gives places, not answers"),
+    # `--seed 0` is a seed given, though 0 is falsy
+    (["image", "scene.png", "--detect", "star", "--seed", "0"],
+     "--seed goes with captions and questions, not --detect"),
+])
+def test_region_task_mistakes_are_usage_errors(argv, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        region_task(build_parser().parse_args(argv))
+
+
+def test_a_region_object_is_asked_without_the_spaces_around_it():
+    # " star" is another prompt to the model than "star" (the spaces of a quoted shell variable)
+    assert region_task(build_parser().parse_args(["video", "clip.mp4", "--detect", " red circle "])) == (
+        "detect", "red circle")
