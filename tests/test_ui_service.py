@@ -1564,3 +1564,22 @@ def test_a_feed_stopped_before_its_first_frame_says_stopped(service):
     service.stop_live("tab-connecting")
     said = [update[0] for update in updates]  # the generator ends once it has said so
     assert said and "stopped" in str(said[-1]) and "connecting" not in str(said[-1]), said
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=2.5), dict(sticky=10.5), dict(hold=601), dict(hold=2.5),
+                                 dict(max_tokens=True), dict(hold=float("inf"))])
+def test_settings_out_of_range_are_refused_as_the_cli_refuses_them(bad):
+    """The Settings tab's numbers reach the engine unchecked otherwise: a page (or a request to the
+    server's API) is not held to the sliders' ranges."""
+    from app.settings import checked
+
+    with pytest.raises(UIError):
+        checked(Settings(**bad))
+
+
+def test_settings_at_their_limits_are_taken_whole_where_they_count():
+    from app.settings import checked
+
+    s = checked(Settings(max_tokens=12.0, temperature=2, sticky=10, hold=600.0))
+    assert (s.max_tokens, s.temperature, s.sticky, s.hold) == (12, 2.0, 10.0, 600)
+    assert type(s.max_tokens) is int and type(s.hold) is int and type(s.temperature) is float
