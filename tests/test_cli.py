@@ -141,6 +141,8 @@ def test_user_mistakes_exit_2_with_one_line(capsys, args, needle):
     (["video", str(SCENE), "-o", ""], "-o"), (["live", str(SCENE), "--annotate", ""], "--annotate"),
     (["image", str(SCENE), "--model", ""], "--model"), (["ui", "--source", ""], "--source"),
     (["train-tiny", "--out", ""], "--out"),
+    # an empty --snapshots had meant no pictures, without a word
+    (["video", "clip.mp4", "--changes", "--snapshots", ""], "--snapshots"),
 ])
 def test_an_empty_name_is_a_mistake_not_this_folder(capsys, tmp_path, monkeypatch, argv, flag):
     """An unset shell variable (`vlmstream video "$CLIP"`) read as "." captioned every video under
@@ -718,6 +720,9 @@ LIVE_NUMBERS = "--fps, --duration, --max-outage and --deadline-ms must be finite
     (["video", "{clip}", "--fps", "inf"], "--fps must be a finite number > 0"),
     (["video", "{clip}", "--fps", "nan"], "--fps must be a finite number > 0"),
     (["video", "{clip}", "--fps", "1e20"], "at most 1e+06"),  # a hang, deaf to SIGTERM
+    (["video", "{clip}", "--every-n", "0"], "--every-n >= 1"),
+    (["video", "{clip}", "--sticky", "inf"], "--sticky must be a number >= 0"),
+    (["live", "{clip}", "--sticky", "inf"], "--sticky must be a number >= 0"),
     (["train-tiny", "--out", "{tmp}", "--max-minutes", "nan"], "time budget"),
     (["train-tiny", "--out", "{tmp}", "--max-minutes", "-1"], "time budget"),
     (["train-tiny", "--out", "{tmp}", "--lr", "nan"], "learning rate"),
@@ -1331,3 +1336,70 @@ def test_every_option_with_a_default_says_it_in_its_help():
               if a.option_strings and a.dest != "help" and a.default is not None and a.default is not False
               and "default" not in (a.help or "")]
     assert not unsaid, unsaid
+
+
+def test_sticky_zero_is_plain_greedy_answers_and_no_sticky_is_the_default():
+    """--help and the README: `--sticky 0` is each frame's plain greedy answer; it is a value, not a mistake."""
+    from app.cli import sticky_arg
+    from app.parser import build_parser
+    from pipelines.live import LIVE_STICKY
+
+    for command in ("video", "live"):
+        assert sticky_arg(build_parser().parse_args([command, "clip.mp4", "--sticky", "0"])) == 0.0
+        assert sticky_arg(build_parser().parse_args([command, "clip.mp4"])) == LIVE_STICKY
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["-o", "{tmp}/a.txt"], "-o must end in .jsonl, .srt or .vtt"),  # nothing had been written, exit 0
+    (["--resume", "-o", "-"], "--resume needs a JSONL file to read back, not -o -"),  # ran afresh, as if unsaid
+])
+def test_video_outputs_it_cannot_write_or_read_back_are_refused(argv, needle, capsys, tmp_path):
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    assert main(["video", str(clip), *[a.format(tmp=tmp_path) for a in argv], "--model", "/no/such/model"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlmstream: error: ") and needle in err and err.count("\n") == 1, err
+
+
+def test_the_defaults_the_help_states_are_the_defaults():
+    """`--help` states each default: a default changed without its help (or the other way) tells
+    the user something untrue about a run."""
+    import argparse
+
+    from app.parser import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    checked, wrong = 0, []
+    for name, parser in sub.choices.items():
+        for a in parser._actions:
+            m = re.search(r"\(([^()]*, )?default:? ([^\s;)]+)", a.help or "")
+            if not m or a.default is None or isinstance(a.default, bool):
+                continue
+            said = m[2].rstrip(":,")
+            checked += 1
+            if (a.type(said) if a.type else said) != a.default:
+                wrong.append(f"{name} {a.option_strings[0]}: help says {said}, default {a.default!r}")
+    assert not wrong, wrong
+    assert checked >= 20  # the pattern still finds the stated defaults
+
+
+def test_the_defaults_the_readme_states_are_the_parsers():
+    from app.parser import LOCATE_BATCH, MAX_TOKENS_FRAMES, TOP_P
+
+    readme = (ROOT / "README.md").read_text()
+    assert float(re.search(r"`--top-p`, default ([0-9.]+)", readme)[1]) == TOP_P
+    assert int(re.search(r"`--batch N` frames in step \(default (\d+)", readme)[1]) == LOCATE_BATCH
+    assert set(map(int, re.findall(r"\[--max-tokens (\d+)\]", readme))) == {MAX_TOKENS_FRAMES}
+
+
+def test_upload_sizes_count_in_units_of_1024_as_gradio_does():
+    from app.parser import upload_size
+
+    assert upload_size("1kb") == 1024 and upload_size("500mb") == 500 << 20 and upload_size(" 4 GB ") == 4 << 30
+
+
+def test_every_dtype_the_help_names_is_taken():
+    from app.parser import build_parser
+
+    for dtype in ("float32", "bfloat16", "float16"):  # float16: the README's choice for older CUDA cards
+        assert build_parser().parse_args(["image", "x.png", "--dtype", dtype]).dtype == dtype
+
