@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from app.cli import main
+from app.console import StandardOutputError
 from engine.models.loader import load_model
 from engine.reference import ReferenceDecoder
 from engine.types import SamplingParams
@@ -1403,3 +1404,122 @@ def test_every_dtype_the_help_names_is_taken():
     for dtype in ("float32", "bfloat16", "float16"):  # float16: the README's choice for older CUDA cards
         assert build_parser().parse_args(["image", "x.png", "--dtype", dtype]).dtype == dtype
 
+
+@pytest.mark.parametrize("raised, code, said", [
+    (BrokenPipeError(32, "Broken pipe"), 0, ""),  # `vlmstream image photos/ | head -1`: the reader had enough
+    (StandardOutputError(28, "No space left on device"), 1,
+     "vlmstream: error: cannot write standard output: No space left on device\n"),
+])
+def test_a_command_stopped_by_its_standard_output_ends_as_promised(raised, code, said, monkeypatch, capsys):
+    import app.image
+
+    def run(args):
+        raise raised
+
+    monkeypatch.setattr(app.image, "run", run)
+    assert main(["image", str(SCENE)]) == code
+    assert capsys.readouterr().err == said
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(monkeypatch, capsys):
+    """A Ctrl-C while `app.cli` (and torch with it) is imported, before `main` can catch it."""
+    import signal
+    import types
+
+    from app.launcher import entry
+
+    class Loading(types.ModuleType):
+        @property
+        def main(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "app.cli", Loading("app.cli"))
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            entry()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert stop.value.code == 130 and capsys.readouterr().err == "vlmstream: interrupted\n"
+
+
+def test_a_run_leaves_the_callers_sigterm_handling_as_it_was(capsys):
+    """main() called from Python (a script, a server): after it, a SIGTERM must not raise a
+    KeyboardInterrupt into whatever the caller runs next."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["image", "missing.png"]) == 2
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_standard_output_that_fails_on_flush_is_said_and_standard_error_is_given_up():
+    """A full disk can fail a flush as well as a write (a buffered stream writes there): on
+    standard output that is the one-line error, on standard error (progress bars) nothing."""
+    import errno
+    import io
+
+    from app.console import guarded_console
+
+    class Full(io.StringIO):
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    out, err = Full(), Full()
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        with guarded_console():
+            print("progress", file=sys.stderr, flush=True)
+            with pytest.raises(StandardOutputError, match="No space left on device"):
+                print("result", flush=True)
+    finally:
+        sys.stdout, sys.stderr = saved
+    assert out.getvalue() == "result\n" and err.getvalue() == "progress\n"
+
+
+def test_standard_error_that_failed_is_quiet_at_exit_and_standard_output_still_says_its_names():
+    """A stderr on a full disk is pointed at /dev/null after the command: the interpreter's exit
+    flushes what it still holds, and that printed "Exception ignored" with the same error. A name
+    with undecodable bytes on a stream that cannot encode them keeps them as escapes, not '?'."""
+    import io
+
+    from app.console import guarded_console
+
+    full = open("/dev/full", "w")
+    out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, full
+    try:
+        with guarded_console():
+            print("progress", file=sys.stderr, flush=True)
+            print("caf\udce9.png: a red circle", flush=True)
+    finally:
+        sys.stdout, sys.stderr = saved
+    full.write("held until exit")
+    full.close()  # flushes: /dev/null now, not the full disk
+    assert out.buffer.getvalue() == b"caf\\udce9.png: a red circle\n"
+
+
+def test_a_signal_given_twice_while_torch_imports_comes_once_after_it(monkeypatch):
+    """Ctrl-C during `import torch` waits for the import (raised inside it, it aborted the process);
+    pressed twice meanwhile, it comes once after, as one stop was asked."""
+    import signal
+    import threading
+    import types
+
+    import app.launcher as launcher
+
+    spec = types.SimpleNamespace(_initializing=True)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(__spec__=spec))
+    sent = []
+    monkeypatch.setattr(launcher.os, "kill", lambda pid, signum: sent.append(signum))
+    assert launcher._after_torch_import(signal.SIGINT) and launcher._after_torch_import(signal.SIGINT)
+    spec._initializing = False
+    for t in threading.enumerate():
+        if t.name == "vlmstream-signal":
+            t.join(timeout=30)
+    assert sent == [signal.SIGINT]
+    assert not launcher._after_torch_import(signal.SIGINT)  # imported: the signal is taken at once
+    monkeypatch.delitem(sys.modules, "torch")
+    assert not launcher._after_torch_import(signal.SIGINT)  # not yet importing: at once too
