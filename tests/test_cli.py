@@ -144,6 +144,12 @@ def test_user_mistakes_exit_2_with_one_line(capsys, args, needle):
     (["train-tiny", "--out", ""], "--out"),
     # an empty --snapshots had meant no pictures, without a word
     (["video", "clip.mp4", "--changes", "--snapshots", ""], "--snapshots"),
+    # an empty --auth-file had served without a password, an empty --ssl-certfile over plain HTTP, an
+    # empty --init trained from random weights
+    (["ui", "--auth-file", "", "--model", "/no/such/model"], "--auth-file"),
+    (["ui", "--ssl-certfile", "", "--ssl-keyfile", "", "--model", "/no/such/model"], "--ssl-certfile"),
+    (["train-tiny", "--init", "", "--processes", "0"], "--init"),
+    (["image", str(SCENE), "--device", "", "--model", "/no/such/model"], "--device"),
 ])
 def test_an_empty_name_is_a_mistake_not_this_folder(capsys, tmp_path, monkeypatch, argv, flag):
     """An unset shell variable (`vlmstream video "$CLIP"`) read as "." captioned every video under

@@ -159,6 +159,8 @@ def test_a_prompt_that_takes_one_value_given_twice_is_a_mistake_not_the_last_one
     # `--seed 0` is a seed given, though 0 is falsy
     (["image", "scene.png", "--detect", "star", "--seed", "0"],
      "--seed goes with captions and questions, not --detect"),
+    (["video", "clip.mp4", "--detect", "star", "--no-vision-thread"],
+     "--no-vision-thread goes with captions and questions, not --detect"),
 ])
 def test_region_task_mistakes_are_usage_errors(argv, needle):
     with pytest.raises(UsageError, match=re.escape(needle)):
