@@ -474,6 +474,10 @@ def test_version(capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["image", "x.png", "--max-tokens", "abc"], "argument --max-tokens: invalid int value: 'abc' (see vlmstream image"),
     (["video", "x.mp4", "--fps", "2", "--every-n", "3"], "not allowed with argument --fps (see vlmstream video"),
+    # one region task a run: the second had been dropped without a word
+    (["image", "x.png", "--detect", "a", "--point", "b"], "argument --point: not allowed with argument --detect"),
+    (["video", "x.mp4", "--point", "a", "--detect", "b"], "argument --detect: not allowed with argument --point"),
+    (["live", "x.mp4", "--detect", "a", "--point", "b"], "argument --point: not allowed with argument --detect"),
     (["eval-tiny", "--renderer", "bogus"], "invalid choice: 'bogus'"),
     (["image", "x.png", "--frobnicate"], "unrecognized arguments: --frobnicate (see vlmstream image --help)"),
     ([], "required: COMMAND"),
