@@ -42,6 +42,14 @@ def clips(tmp_path_factory) -> dict[str, Path]:
                     "log-level=error:colorprim=bt2020:transfer=arib-std-b67:colormatrix=bt2020nc",
                     "-color_primaries", "bt2020", "-color_trc", "arib-std-b67", "-colorspace", "bt2020nc",
                     str(d / "hlg_large.mp4")], check=True, timeout=60)
+    # a phone's HLG clip held upright: its pictures stored landscape, a display rotation to show them
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(d / "hlg.mp4"), "-c", "copy",
+                    "-metadata:s:v:0", "rotate=90", str(d / "hlg_rotated.mp4")], check=True, timeout=60)
+    # HLG stored at half its width with pixels twice as wide (sample aspect ratio 2:1)
+    subprocess.run([*base, "-vf", "scale=160:180,setsar=2," + TO_HDR.format(trc="arib-std-b67"), "-c:v", "libx265",
+                    "-crf", "10", "-x265-params", "log-level=error:colorprim=bt2020:transfer=arib-std-b67:"
+                    "colormatrix=bt2020nc:sar=2\\:1", "-color_primaries", "bt2020", "-color_trc", "arib-std-b67",
+                    "-colorspace", "bt2020nc", str(d / "hlg_anamorphic.mp4")], check=True, timeout=60)
     return {p.stem: p for p in d.iterdir()}
 
 
@@ -138,3 +146,40 @@ def test_the_reading_switches_reach_video_live_and_the_ui(clips, small_folder, t
     with pytest.raises(UIError):
         Service(reading=Reading(tonemap=False)).start_live("s", str(clips["hlg"]), {"caption": "short"})
     assert seen == [Reading(tonemap=False)]
+
+
+def test_hdr_video_is_shown_upright_and_at_its_display_shape(clips):
+    """A phone records HLG, often held upright, and HDR broadcast may store non-square pixels: the
+    tone-mapped frame is rotated and stretched as a player shows it, as an SDR one is."""
+    sdr = [f.rgb.astype(np.float32) for f in FileSource(str(clips["sdr"])).frames()]
+    rotated = [f.rgb.astype(np.float32) for f in FileSource(str(clips["hlg_rotated"])).frames()]
+    assert len(rotated) == 15 and rotated[0].shape == (320, 180, 3)
+    # "rotate=90" is counter-clockwise, as ffmpeg shows it
+    assert np.mean([np.abs(np.rot90(a) - b).mean() for a, b in zip(sdr, rotated)]) < 6.0
+    wide = [f.rgb.astype(np.float32) for f in FileSource(str(clips["hlg_anamorphic"])).frames()]
+    assert len(wide) == 15 and wide[0].shape == (180, 320, 3)
+    assert np.mean([np.abs(a - b).mean() for a, b in zip(sdr, wide)]) < 8.0
+
+
+def test_an_ffmpeg_that_cannot_tone_map_says_so_once_and_keeps_the_frames_shape(clips, monkeypatch, capsys):
+    """An FFmpeg older than 8 has no colour management in its scale filter: frames are read as SDR,
+    at the size a tone-mapped one would have, with one warning for the whole run, not one a frame."""
+    import pipelines.hdr as hdr
+
+    def no_tone_mapping(*args):
+        raise ValueError("Option 'out_transfer' not found")
+
+    monkeypatch.setattr(hdr, "_graph", no_tone_mapping)
+    monkeypatch.setattr(hdr, "_warned", [])
+    shapes = [f.rgb.shape for f in FileSource(str(clips["hlg_large"])).frames()]
+    shapes += [f.rgb.shape for f in FileSource(str(clips["hlg_anamorphic"])).frames()]
+    assert shapes == [(1080, 1920, 3)] * 2 + [(180, 320, 3)] * 15
+    assert capsys.readouterr().err.count("HDR video is read as SDR") == 1
+
+
+def test_hdr_frames_scaled_down_keep_even_sides():
+    """Even sides, as 4:2:0 video needs: a 2.35:1 HDR film would otherwise come out 2207x939."""
+    from pipelines.hdr import MAX_PIXELS, sdr_size
+
+    w, h = sdr_size(3840, 1634)
+    assert w % 2 == h % 2 == 0 and w * h <= MAX_PIXELS and abs(w / h - 3840 / 1634) < 0.01
