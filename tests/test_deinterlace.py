@@ -33,6 +33,10 @@ def clips(tmp_path_factory) -> dict[str, Path]:
                 "tinterlace=interleave_top,setfield=tff", "-flags", "+ildct+ilme", "-x264opts", "tff=1",
                 "-c:v", "libx264", "-preset", "ultrafast", "-f", "mpegts", str(d / f"{name}.ts"))
     (d / "switch.ts").write_bytes((d / "a.ts").read_bytes() + (d / "b.ts").read_bytes())
+    # A broadcast switching from an interlaced programme to a progressive one of the same size
+    _ffmpeg("-f", "lavfi", "-i", "testsrc2=size=320x240:rate=25", "-t", "0.4", "-c:v", "libx264", "-preset",
+            "ultrafast", "-pix_fmt", "yuv420p", "-f", "mpegts", str(d / "p.ts"))
+    (d / "mixed.ts").write_bytes((d / "a.ts").read_bytes() + (d / "p.ts").read_bytes())
     return {p.stem: p for p in d.iterdir()}
 
 
@@ -100,3 +104,28 @@ def test_no_deinterlace_reads_the_frames_as_stored(clips):
     assert all(np.array_equal(a, f.load().rgb) for a, f in zip(woven, live.frames()))
     shown = next(open_live(str(clips["interlaced"])).frames()).load().rgb  # the default: made whole
     assert _comb(shown) < 0.8 * _comb(woven[0])
+
+
+def test_progressive_frames_within_an_interlaced_video_pass_unchanged(clips):
+    """Once the filter is built for an interlaced programme, a progressive one after it keeps its
+    full vertical detail: only frames flagged interlaced are made whole."""
+    decoded = [(f.interlaced_frame, f.to_ndarray(format="rgb24")) for f in av.open(str(clips["mixed"])).decode(video=0)]
+    assert [flag for flag, _ in decoded] == [True] * 10 + [False] * 10  # the clip is what it claims
+    src = FileSource(clips["mixed"])
+    frames = [f.rgb for f in src.frames()]
+    src.close()
+    assert len(frames) == 20
+    assert not any(np.array_equal(rgb, f) for (_, rgb), f in zip(decoded[:10], frames[:10]))  # made whole
+    assert all(np.array_equal(rgb, f) for (_, rgb), f in zip(decoded[10:], frames[10:]))
+
+
+def test_a_progressive_frame_is_given_at_once_not_a_frame_late(clips):
+    """A live progressive camera's frame is shown as it is decoded: the filter holds one frame
+    back, which only interlaced video pays for."""
+    from pipelines.deinterlace import Deinterlacer
+
+    deinterlacer = Deinterlacer()
+    with av.open(str(clips["progressive"])) as c:
+        for frame in c.decode(video=0):
+            assert deinterlacer.push(frame) == [frame]
+    assert deinterlacer.flush() == []
