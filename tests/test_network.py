@@ -242,6 +242,60 @@ def test_webcam_frames_are_rgb_and_timed_and_a_camera_plugged_in_again_is_read_a
     assert src.connection.health()["outages"] == 2 and src.connection.state == "failed"
 
 
+def test_a_camera_slow_to_send_its_first_frame_is_read_not_given_up(monkeypatch):
+    """A webcam warms up before its first frame (failed reads for a moment), when first opened and
+    when plugged in again: within `read_timeout` those reads are waited out, not an outage."""
+    import cv2
+    import numpy as np
+
+    from pipelines.webcam import WebcamSource
+
+    openings = iter([3, 3])  # frames each time the camera is opened, each after two failed reads
+
+    class WarmingUp:
+        def __init__(self, index):
+            self.warming, self.left = 2, next(openings, 0)
+
+        def isOpened(self):
+            return True
+
+        def read(self):
+            if self.warming:
+                self.warming -= 1
+                return False, None
+            if not self.left:
+                return False, None
+            self.left -= 1
+            return True, np.zeros((4, 6, 3), np.uint8)
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(cv2, "VideoCapture", WarmingUp)
+    src = WebcamSource(0, read_timeout=0.5, max_outage=5.0)  # a camera never back fails, not hangs
+    events = []
+    src.connection.on_event = events.append
+    started = time.perf_counter()
+    frames = []
+    for f in src.frames():
+        frames.append(f)
+        if len(frames) == 6:
+            break
+    took = time.perf_counter() - started
+    assert [f.index for f in frames] == list(range(6))
+    # timed from the start of the reading, not by the machine's clock since it booted
+    assert 0 <= frames[0].pts <= frames[-1].pts <= took
+    assert [e.split(" after")[0] for e in events] == ["lost (it stopped sending frames); reconnecting", "back"]
+
+
+def test_the_first_camera_is_webcam_0():
+    from pipelines.webcam import parse_webcam
+
+    assert (parse_webcam("webcam:0"), parse_webcam("webcam:1")) == (0, 1)
+    with pytest.raises(SourceError, match="webcam index must be from 0 to"):
+        parse_webcam("webcam:-1")
+
+
 def test_a_camera_that_sends_nothing_is_an_error(monkeypatch):
     import cv2
 
