@@ -1303,6 +1303,19 @@ def test_a_password_with_an_at_sign_is_hidden_whole():
     assert redact("rtsp://admin@cam:p@ss@[fe80::1]/live") == "rtsp://***@[fe80::1]/live"
 
 
+def test_credentials_that_cameras_and_clouds_put_in_urls_are_hidden():
+    """An IP camera's snapshot URL carries its password as a query parameter, a token may stand as
+    the user name alone, and Google Cloud Storage signs with X-Goog-* parameters: none of it may
+    reach a message, a log or an output; what is not a secret (the fragment) is kept."""
+    assert redact("http://10.0.0.7/snapshot.cgi?user=admin&pwd=hunter2#t=5") == \
+        "http://10.0.0.7/snapshot.cgi?user=admin&pwd=***#t=5"
+    assert redact("http://cam/cgi-bin/video.cgi?Password=hunter2&passwd=hunter2") == \
+        "http://cam/cgi-bin/video.cgi?Password=***&passwd=***"
+    assert redact("https://ghp_s3cr3tT0ken@media.example.com/live.m3u8") == "https://***@media.example.com/live.m3u8"
+    assert redact("https://storage.googleapis.com/b/v.mp4?X-Goog-Credential=sa%40p&X-Goog-Signature=9f&alt=media") == \
+        "https://storage.googleapis.com/b/v.mp4?X-Goog-Credential=***&X-Goog-Signature=***&alt=media"
+
+
 def test_a_host_name_that_cannot_be_is_named_at_once():
     """A host name no resolver can look up (a label over 63 characters: a paste gone wrong) is said
     at once, as a host with no address is, not retried as an outage."""
