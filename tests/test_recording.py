@@ -426,3 +426,28 @@ def test_a_recording_is_timed_by_capture_from_its_first_frame_whatever_the_sourc
     rec.close()
     times, _ = _decoded(tmp_path / "r.mp4")
     assert times == [round(i / 10, 3) for i in range(5)]
+
+
+def test_a_recorded_frame_is_drawn_with_its_answer_index_and_latency(tmp_path, monkeypatch):
+    """What a viewer of the recording reads on each frame: the answer, the frame's number and how
+    long it took from capture to answer."""
+    from engine.types import RequestOutput
+    from pipelines.annotated import AnnotatedVideoSink
+    from pipelines.live import LiveResult
+    from pipelines.recorder import Recorder
+    from pipelines.sources import Frame
+
+    drawn = []
+    write = AnnotatedVideoSink.write_image
+    monkeypatch.setattr(AnnotatedVideoSink, "write_image", lambda self, *a: drawn.append(a[1:]) or write(self, *a))
+    rec = Recorder(tmp_path / "r.mp4")
+    rgb = np.full((48, 64, 3), 90, np.uint8)
+    rec.add(LiveResult(Frame("cam", 4, 0.4, rgb, captured_at=50.4), [RequestOutput("a red car", [], "stop")], 87.6,
+                       [{"caption": "short"}]))
+    rec.add(LiveResult(Frame("cam", 9, 0.9, rgb, captured_at=50.9),  # two questions: both answers drawn
+                       [RequestOutput("yes", [], "stop"), RequestOutput("two", [], "stop")], 1234.2,
+                       [{"question": "Is the door open?"}, {"question": "How many people?"}]))
+    rec.close()
+    assert rec.error is None
+    assert drawn == [("a red car", "#4  88 ms", 0.0),
+                     ("Is the door open?: yes\nHow many people?: two", "#9  1234 ms", pytest.approx(0.5))]
