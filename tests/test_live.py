@@ -1010,3 +1010,58 @@ def test_the_terminal_shows_a_line_per_prompt_of_each_frame(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(re.match(r"\s+1\.500\s+42\.0 ms  ", line) for line in lines), lines
     assert lines[0].endswith("a red circle") and lines[1].endswith("yes")
+
+
+def test_a_pushed_frame_is_given_once_not_again_until_a_new_one_comes():
+    """The locator captions each frame a browser pushes once: the frame taken is not given again
+    while the viewer's camera sends nothing new."""
+    from pipelines.grabber import PushedFrames
+
+    pushed, got = PushedFrames(), []
+    reader = threading.Thread(target=lambda: got.extend(pushed.frames()), daemon=True)
+    reader.start()
+    first, second = _frames(2)
+    pushed.push(first)
+    _wait(lambda: len(got) >= 1)
+    pushed.push(second)
+    _wait(lambda: len(got) >= 2)
+    pushed.close()
+    reader.join(5)
+    assert got == [first, second]
+
+
+def test_a_looped_source_that_paces_itself_is_timed_at_least_by_the_wall_clock():
+    """A camera's snapshot URL read again and again (a pass of one frame, each taking its time to
+    fetch): its frames' times keep up with the wall clock, not a frame step a pass."""
+    def fetch():
+        time.sleep(0.1)
+        yield Frame("snap", 0, 0.0, np.zeros((2, 2, 3), np.uint8))
+
+    g = LatestFrameGrabber(fetch, realtime=False, loop=True)
+    taken = []
+    try:
+        while len(taken) < 4:
+            f = g.get(timeout=5)
+            assert f is not None
+            taken.append(f)
+    finally:
+        g.close()
+    # frame k came after k + 1 fetches of at least 0.1 s: its pass began k * 0.1 s after the start
+    assert all(f.pts >= 0.1 * f.index - 1e-6 for f in taken), [(f.index, f.pts) for f in taken]
+    assert [f.pts for f in taken] == sorted(f.pts for f in taken)
+
+
+def test_a_looped_clip_of_one_frame_keeps_its_pace():
+    """A clip of a single frame not at time 0 (its stream's start offset) looped in real time: each
+    pass a frame step after the last, not ever further apart."""
+    g = LatestFrameGrabber(lambda: iter([Frame("f", 0, 0.5, np.zeros((2, 2, 3), np.uint8))]), realtime=True, loop=True)
+    got = []
+    try:
+        while len(got) < 4:
+            f = g.get(timeout=5)
+            assert f is not None
+            got.append(f.pts)
+    finally:
+        g.close()
+    gaps = np.diff(got)
+    assert gaps == pytest.approx([gaps[0]] * 3), got
