@@ -1493,3 +1493,24 @@ def test_frames_the_decoder_patched_over_damage_are_a_warning(tmp_path, small_fo
                  "-o", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 4
     assert "decoded with damage" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("film_first", [True, False])
+def test_of_two_video_streams_the_film_is_read_whichever_comes_first(tmp_path, film_first):
+    """A file may carry a second, small video stream (a camera's low-resolution proxy, a preview
+    clip): a player shows the film, whatever the order of the streams."""
+    import subprocess
+
+    import av
+
+    film = write_video(tmp_path / "film.mp4", "libx264", n=12, size=(64, 48))
+    preview = write_video(tmp_path / "preview.mp4", "libx264", n=2, size=(32, 24))
+    path = tmp_path / "two.mkv"
+    first, second = (film, preview) if film_first else (preview, film)
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(first), "-i", str(second), "-map", "0:v",
+                    "-map", "1:v", "-c", "copy", str(path)], check=True, timeout=60)
+    with av.open(str(path)) as c:
+        assert [s.codec_context.width for s in c.streams.video] == ([64, 32] if film_first else [32, 64])
+    with FileSource(path) as s:
+        frames = list(s.frames())
+    assert len(frames) == 12 and {f.rgb.shape for f in frames} == {(48, 64, 3)}
