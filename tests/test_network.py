@@ -288,10 +288,11 @@ def test_a_camera_slow_to_send_its_first_frame_is_read_not_given_up(monkeypatch)
     assert [e.split(" after")[0] for e in events] == ["lost (it stopped sending frames); reconnecting", "back"]
 
 
-def test_the_first_camera_is_webcam_0():
+def test_the_first_camera_is_webcam_0_and_a_tenth_is_dev_video10():
+    """webcam:0 is the default camera; capture cards and virtual cameras take /dev/video10 and up."""
     from pipelines.webcam import parse_webcam
 
-    assert (parse_webcam("webcam:0"), parse_webcam("webcam:1")) == (0, 1)
+    assert (parse_webcam("webcam:0"), parse_webcam("webcam:1"), parse_webcam("/dev/video12")) == (0, 1, 12)
     with pytest.raises(SourceError, match="webcam index must be from 0 to"):
         parse_webcam("webcam:-1")
 
@@ -333,6 +334,22 @@ def _serve(root: Path, requests: list | None = None):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def test_a_video_the_server_does_not_have_is_said_in_one_plain_line(tmp_path):
+    """FFmpeg's own words, once: not its "[Errno N]" code and the URL again after them, and never
+    the password the URL was given with."""
+    from pipelines.sources import FileSource
+
+    server = _serve(tmp_path)
+    try:
+        url = f"http://admin:hunter2@127.0.0.1:{server.server_address[1]}/missing.mp4"
+        with pytest.raises(SourceError) as e:
+            FileSource(url)
+    finally:
+        server.shutdown()
+    assert str(e.value) == f"cannot read {redact(url)}: Server returned 404 Not Found"
+    assert "hunter2" not in str(e.value) and "***@" in str(e.value)
 
 
 def test_a_web_page_is_not_drawn_as_frames(tmp_path):
