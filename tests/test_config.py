@@ -4,6 +4,7 @@ import re
 import pytest
 
 from engine.config import ModelConfig
+from engine.engine_config import EngineConfig
 from engine.errors import ConfigError, ModelLoadError
 from engine.models.loader import read_config
 
@@ -69,6 +70,16 @@ def test_absent_config_takes_defaults(tmp_path):
     ({"text": {"max_context": 10 ** 9}}, "text.max_context is 1000000000, more than 32768"),
     ({"vision": {"enc_dim": 10 ** 7}}, "vision.enc_dim is 10000000, more than 1048576"),
     ({"config": {}, "text": {"n_layers": 2}}, '"text" must go inside "config"'),
+    # each check at its edge: one past it was accepted by a hand mutant of the rule
+    ({"text": {"n_kv_heads": 5}}, "text.n_heads (32) must be a multiple of text.n_kv_heads (5)"),
+    ({"vision": {"crop_size": 392, "overlap_margin": 14}}, "overlap_margin"),  # a window of 0 patches
+    ({"text": {"max_context": 730}}, "leaves no room after the image prefix"),
+    ({"tokenizer": {"answer_id": 51200}}, "token id 51200"),
+    ({"region": {"size_out_dim": 2047}}, "region.size_out_dim must be even"),
+    ({"vision": {"in_channels": 1}}, "vision.in_channels must be 3"),
+    ({"text": {"n_layers": 1025}}, "text.n_layers is 1025, more than 1024"),
+    ({"text": {"n_layers": True}}, "text.n_layers must be an integer"),
+    ({"tokenizer": {"templates": {"query": {"prefx": [1]}}}}, "templates.query.prefx"),
 ])
 def test_invalid_configs_name_the_field(data, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
@@ -93,3 +104,21 @@ def test_unknown_field_in_folder_is_a_load_error(tmp_path, small_folder):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="text.rope_theta"):
         load_model(folder)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("pipeline_depth", 0), ("pipeline_depth", 3), ("max_batch_size", 0), ("page_size", 0),
+    ("prefill_token_budget", 0), ("max_queue", 0), ("max_draft", True), ("lower_turn", False),
+    ("kv_pages", 0),  # `kv_pages or default` would have taken 0 as "size it for me"
+])
+def test_engine_config_refuses_values_past_each_edge(field, value):
+    """A bad EngineConfig is a ConfigError naming the field when it is built, before any model
+    loads; each of these had passed a hand mutant of its check."""
+    with pytest.raises(ConfigError, match=field):
+        EngineConfig(**{field: value})
+
+
+def test_engine_config_edges_that_are_valid():
+    for ok in ({"pipeline_depth": 1}, {"max_draft": 0}, {"lower_turn": 0}, {"lower_turn": 2}, {"max_queue": 1},
+               {"kv_pages": 1}):
+        EngineConfig(**ok)
