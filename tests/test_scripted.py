@@ -1,5 +1,7 @@
 """The TorchScript step forward (CPU): bit-identical to the eager step, and a safe fallback."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -136,7 +138,10 @@ def test_script_mode_is_cpu_only_and_excludes_triton_kernels():
 
 
 def test_a_torch_that_cannot_script_decodes_eagerly(monkeypatch, small_folder, rgb_image):
+    tries = []
+
     def refuse(fn):
+        tries.append(fn)
         raise RuntimeError("TorchScript is not available in this build")
 
     monkeypatch.setattr(scripted, "_SCRIPTED", None)
@@ -148,6 +153,11 @@ def test_a_torch_that_cannot_script_decodes_eagerly(monkeypatch, small_folder, r
         assert engine.runner.scripted is None
         out = engine.submit(rgb_image, caption="short", params=SamplingParams(max_tokens=5)).result(timeout=60)
     assert out.finish_reason in ("stop", "length") and out.token_ids
+    # tried once a process: a later engine (a model reload) neither compiles again nor warns again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert scripted.scripted() is None
+    assert len(tries) == 1
 
 
 def test_warm_up_runs_on_a_scratch_cache_once(monkeypatch, small_folder):
