@@ -152,3 +152,40 @@ def test_close_runs_the_steps_launched_while_the_worker_found_nothing_to_do():
     ex.close(timeout=5)
     assert not ex._thread.is_alive() and [v for v, _ in log] == [0, 1, 2]
     assert [p.wait(0) for p in queued] == [0, 1, 2]
+
+
+def test_close_dropping_the_queue_fails_the_queued_steps_and_finishes_the_running_one():
+    """close(drop_queued=True) (the vision thread's, at a cancelled close): the step under way
+    ends and is answered; each step still queued is answered with an error, never left to wait."""
+    ex = Executor(torch.device("cpu"), name="vlmstream-test-device")
+    started, release = threading.Event(), threading.Event()
+
+    def running():
+        started.set()
+        release.wait(10)
+        return "ran"
+
+    first = ex.launch(running)
+    assert started.wait(5)  # the worker holds it: close cannot take it off the queue
+    log = []
+    queued = [ex.launch(_step(0, i, log)) for i in range(2)]
+    closer = threading.Thread(target=ex.close, kwargs={"timeout": 10, "drop_queued": True})
+    closer.start()
+    for p in queued:
+        with pytest.raises(RuntimeError, match="closed before this step ran"):
+            p.wait(timeout=5)
+    release.set()
+    closer.join(10)
+    assert first.wait(0) == "ran" and log == [] and not ex._thread.is_alive()
+
+
+def test_a_step_that_raises_a_base_exception_fails_its_wait_not_the_worker(executor):
+    """Whatever a step raises (SystemExit, KeyboardInterrupt raised by its code) is its waiter's:
+    a worker that died of it left every later step, and the engine waiting on it, hanging."""
+    def leave():
+        raise SystemExit(3)
+
+    failing, after = executor.launch(leave), executor.launch(_step(0, "after", []))
+    with pytest.raises(SystemExit):
+        failing.wait(10)
+    assert after.wait(10) == "after"
