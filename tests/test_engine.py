@@ -302,14 +302,16 @@ def test_bad_input_leaves_the_engine_serving(small_folder, images):
                 eng.submit(images[0], caption="short", params=SamplingParams(temperature=t, top_p=1.0))
         with pytest.raises(RequestError, match="must be a string"):
             eng.submit(images[0], question=b"What color is the star?")
+        with pytest.raises(RequestError, match="params must be a SamplingParams"):  # not an AttributeError
+            eng.submit(images[0], caption="short", params={"max_tokens": 3})
         with pytest.raises(RequestError, match="not valid text"):
             eng.submit(images[0], question="What \ud800 is it?")
-        for priority in ("high", None, 1.5):
+        for priority in ("high", None, 1.5, True):
             with pytest.raises(RequestError, match="priority must be an integer"):
                 eng.encode_image(images[0], priority=priority)
         with pytest.raises(RequestError, match="ignore_eos must be True or False"):
             SamplingParams(ignore_eos="no")  # was taken as yes: the caption ran to max_tokens
-        for depth in (True, 1.0, 2.0):
+        for depth in (True, 1.0, 2.0, 0, 3):
             with pytest.raises(RequestError, match="pipeline depth must be 1 or 2"):
                 eng.set_pipeline_depth(depth)
             with pytest.raises(ConfigError, match="pipeline_depth must be 1"):
@@ -700,7 +702,8 @@ def test_a_failed_engine_takes_releases_and_cancels_quietly(small_folder, images
 
 def test_a_program_that_ends_without_close_exits_cleanly(small_folder):
     """With requests running under TorchScript, the interpreter went down under the engine thread:
-    "terminate called without an active exception", exit 134."""
+    "terminate called without an active exception", exit 134. The requests still going are
+    cancelled, not decoded to their ends first (README: "has its requests cancelled")."""
     import subprocess
     import sys
 
@@ -710,13 +713,20 @@ def test_a_program_that_ends_without_close_exits_cleanly(small_folder):
         from engine import Engine, EngineConfig, SamplingParams
         eng = Engine(EngineConfig(model={str(small_folder)!r}))
         rng = np.random.default_rng(0)
-        hs = [eng.submit(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8), caption="long",
-                         params=SamplingParams(max_tokens=150, ignore_eos=True)) for _ in range(8)]
-        print("leaving")
+        long = SamplingParams(max_tokens=150, ignore_eos=True)
+        # holds the engine thread until the exit's close has begun: the others cannot end before
+        hold = eng.submit(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8), caption="long", params=long)
+        hold.add_done_callback(lambda h: eng._closing.wait(60))
+        hold.cancel()
+        hs = [eng.submit(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8), caption="long", params=long)
+              for _ in range(8)]
+        for h in hs:
+            h.add_done_callback(lambda h: print(h.result().finish_reason, flush=True))
+        print("leaving", flush=True)
     """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    assert run.returncode == 0 and run.stdout == "leaving\n", run.stderr
+    assert run.returncode == 0 and run.stdout == "leaving\n" + "cancelled\n" * 8, (run.stdout, run.stderr)
 
 
 def test_a_program_that_ends_during_a_long_step_waits_for_it(small_folder):
@@ -1165,6 +1175,21 @@ def test_an_engine_that_fails_to_start_leaves_no_thread(small_folder):
     assert threading.active_count() == before, [t.name for t in threading.enumerate()]
 
 
+def test_an_engine_whose_runner_fails_to_build_leaves_no_thread(small_folder, monkeypatch):
+    """The device worker starts before the runner (its buffers, the script's warm-up) is built:
+    a runner that fails there (out of memory) must not leave the worker running."""
+    import engine.engine
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("not enough memory for the slots")
+
+    monkeypatch.setattr(engine.engine, "Runner", out_of_memory)
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="not enough memory"):
+        Engine(EngineConfig(model=str(small_folder)))
+    assert threading.active_count() == before, [t.name for t in threading.enumerate()]
+
+
 def test_vision_thread_is_for_the_cpu():
     import torch
 
@@ -1301,3 +1326,168 @@ def test_the_vision_thread_encodes_an_image_once_and_commits_at_most_depth_image
     finally:
         gate.set()
         stage.close()
+
+
+def test_set_pipeline_depth_switches_between_pipelined_and_blocking_steps(small_folder, images):
+    """A benchmark's blocking baseline must be blocking: after set_pipeline_depth(1) no step is
+    launched while another is in flight; at 2 the next step goes out before the last is committed."""
+    with _engine(small_folder) as eng:
+        batch, launch = eng._batch, eng._batch.launch
+        in_flight_at_launch = []
+
+        def recording(step):  # on the engine thread, the only one that launches
+            in_flight_at_launch.append(len(batch.inflight))
+            launch(step)
+
+        batch.launch = recording
+        long = SamplingParams(max_tokens=8, ignore_eos=True)
+        eng.submit(images[0], caption="short", params=long).result(timeout=30)
+        assert max(in_flight_at_launch) == 1  # pipelined: one step in flight behind each launch
+        eng.set_pipeline_depth(1)  # taken before the request posted after it
+        in_flight_at_launch.clear()
+        eng.submit(images[1], caption="short", params=long).result(timeout=30)
+        assert in_flight_at_launch and max(in_flight_at_launch) == 0
+        eng.set_pipeline_depth(2)
+        in_flight_at_launch.clear()
+        eng.submit(images[2], caption="short", params=long).result(timeout=30)
+        assert max(in_flight_at_launch) == 1
+    _assert_clean(eng)
+
+
+def test_reset_stats_restarts_every_counter_behind_the_rates(small_folder, images):
+    """bench resets the counters between its pipelined and blocking runs: tokens, drafts and the
+    device's busy time must count from the reset, and tokens_per_s is tokens over wall time."""
+    with _engine(small_folder) as eng:
+        first = eng.submit(images[0], caption="short", params=GREEDY).result(timeout=30)
+        eng.submit(images[0], caption="short", params=GREEDY, draft=first.token_ids).result(timeout=30)
+        before = eng.stats()
+        assert before.tokens > 3 and before.draft_proposed > 0 and before.busy_seconds > 0
+        busy_before = eng._executor.busy_seconds()
+        eng.reset_stats()
+        # handled in order: once this request is done the reset was taken before it
+        eng.submit(images[1], caption="short", params=SamplingParams(max_tokens=3, ignore_eos=True)).result(timeout=30)
+        after = eng.stats()
+        assert after.tokens == 3  # this request's alone
+        assert after.draft_proposed == after.draft_accepted == 0
+        assert after.busy_seconds <= eng._executor.busy_seconds() - busy_before
+        assert after.tokens_per_s == pytest.approx(after.tokens / after.wall_seconds, rel=1e-6)
+    _assert_clean(eng)
+
+
+def test_a_finished_request_is_not_counted_as_running(small_folder, images):
+    """A request ends (finalized) before its pages go back (a step in flight still holds them):
+    stats().running counts the answers still coming, not the finished ones whose pages wait."""
+    seen = []
+    with _engine(small_folder) as eng:
+        h = eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=4, ignore_eos=True))
+        # runs on the engine thread as the request ends, before its pages are released
+        h.add_done_callback(lambda _: seen.append(eng.stats().running))
+        h.result(timeout=30)
+    assert seen == [0]
+    _assert_clean(eng)
+
+
+def test_config_overrides_beside_a_config_are_applied(small_folder):
+    with Engine(EngineConfig(model=str(small_folder), pipeline_depth=2), pipeline_depth=1, max_batch_size=3) as eng:
+        assert eng.config.pipeline_depth == 1 and eng.config.max_batch_size == 3
+        assert eng.config.model == str(small_folder)
+
+
+def test_a_with_block_left_by_an_exception_cancels_its_requests(small_folder, images):
+    """`with Engine(...)` ending in an exception closes with cancel=True: a request still queued
+    is cancelled, not decoded to its end before the exception may propagate."""
+    with pytest.raises(ValueError, match="the caller failed"):
+        with _engine(small_folder) as eng:
+            # The first request's callback holds the engine thread until close() has begun (its
+            # cancel flag is set before that), so the second cannot run to its end before then.
+            first = eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=30, ignore_eos=True))
+            first.add_done_callback(lambda _: eng._closing.wait(30))
+            first.cancel()
+            second = eng.submit(images[1], caption="short", params=SamplingParams(max_tokens=30, ignore_eos=True))
+            raise ValueError("the caller failed")
+    assert first.result(timeout=0).finish_reason == "cancelled"
+    assert second.result(timeout=0).finish_reason == "cancelled"
+    _assert_clean(eng)
+
+
+def test_an_image_ref_of_another_engine_is_refused(small_folder, images):
+    """Its pages and embeddings live in the other engine's pool: taken, the request had read
+    another engine's memory."""
+    with _engine(small_folder) as a, _engine(small_folder) as b:
+        ref = a.encode_image(images[0])
+        with pytest.raises(RequestError, match="belongs to another engine"):
+            b.submit(ref, caption="short")
+        assert a.submit(ref, caption="short", params=GREEDY).result(timeout=30).token_ids
+        ref.release()
+    _assert_clean(a)
+    _assert_clean(b)
+
+
+def test_a_draft_token_past_the_vocabulary_is_refused(small_folder, images):
+    with _engine(small_folder) as eng:
+        vocab = eng.model_config.text.vocab_size
+        with pytest.raises(RequestError, match=r"draft token ids must be in \[0, 512\)"):
+            eng.submit(images[0], caption="short", draft=[1, vocab])
+        with pytest.raises(RequestError, match="draft token ids"):
+            eng.submit(images[0], caption="short", draft=[-1])
+        assert eng.submit(images[0], caption="short", params=GREEDY, draft=[vocab - 1]).result(timeout=30).token_ids
+
+
+def test_a_prompt_that_leaves_no_room_for_an_answer_is_refused_and_one_token_less_is_answered(small_folder, images):
+    """The context holds the image prefix, the prompt and the answer: a prompt that leaves room
+    for no token at all is a RequestError at submit, and one that leaves room for one gets it."""
+    from engine.models.prompt import prompt_ids
+
+    with _engine(small_folder) as eng:
+        mc = eng.model_config
+        fits = mc.text.max_context - mc.prefix_len  # prompt tokens that leave room for one answer token
+
+        def question(n_ids: int) -> str:
+            for words in range(1, 400):
+                q = " ".join(["star"] * words)
+                if len(prompt_ids(mc, eng.loaded.tokenizer, question=q)) == n_ids:
+                    return q
+            pytest.fail(f"no question of {n_ids} prompt tokens")
+
+        with pytest.raises(RequestError, match="does not fit"):
+            eng.submit(images[0], question=question(fits + 1))
+        out = eng.submit(images[0], question=question(fits), params=SamplingParams(max_tokens=5, ignore_eos=True)
+                         ).result(timeout=30)
+        assert len(out.token_ids) == 1 and out.finish_reason == "length"
+    _assert_clean(eng)
+
+
+def test_an_image_ref_released_while_a_submit_on_it_posts_is_released_after_that_request(small_folder, images):
+    """The release that comes while a submit on the ref posts its request is posted by that submit,
+    after its request: dropped, the image kept its prefix pages until close."""
+    with _engine(small_folder) as eng:
+        ref = eng.encode_image(images[0])
+        post = eng._post
+
+        def released_meanwhile(message):  # another thread's release() lands during the post
+            if message[0] == "request":
+                ref.release()
+            post(message)
+
+        eng._post = released_meanwhile
+        h = eng.submit(ref, caption="short", params=GREEDY)
+        eng._post = post
+        assert ref.released and h.result(timeout=30).token_ids
+        # the steps of a later request are committed after the last one that held the image
+        eng.submit(images[1], caption="short", params=GREEDY).result(timeout=30)
+        assert ref.id not in eng._batch.images
+    _assert_clean(eng)
+
+
+def test_the_smallest_kv_pools_that_serve(small_folder, images):
+    """A pool must hold one full-context request (image prefix and context: 9 pages of the small
+    model) and a page for each request that may run: at those edges it serves; a page less is
+    a ConfigError at start."""
+    with pytest.raises(ConfigError, match=r"kv_pages=8 cannot hold one full-context request \(9 pages\)"):
+        Engine(EngineConfig(model=str(small_folder), max_batch_size=1, kv_pages=8))
+    with pytest.raises(ConfigError, match="max_batch_size=10 is more requests than the KV pool's 9 pages"):
+        Engine(EngineConfig(model=str(small_folder), max_batch_size=10, kv_pages=9))
+    with _engine(small_folder, max_batch_size=9, kv_pages=9) as eng:
+        hs = [eng.submit(images[0], caption="short", params=GREEDY) for _ in range(3)]
+        assert all(h.result(timeout=30).token_ids for h in hs)
+    _assert_clean(eng)
