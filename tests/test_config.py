@@ -122,3 +122,12 @@ def test_engine_config_edges_that_are_valid():
     for ok in ({"pipeline_depth": 1}, {"max_draft": 0}, {"lower_turn": 0}, {"lower_turn": 2}, {"max_queue": 1},
                {"kv_pages": 1}):
         EngineConfig(**ok)
+
+
+def test_engine_config_defaults_are_the_documented_ones():
+    """README's Engine API: pipelined (depth 2), a full batch of 32, `max_draft` 16 draft tokens a
+    step, one admission in `lower_turn` 4 to lower-priority work. Depth 1 by default would give the
+    same tokens, only slower: no other test would notice."""
+    c = EngineConfig()
+    assert (c.pipeline_depth, c.max_batch_size, c.max_draft, c.lower_turn) == (2, 32, 16, 4)
+    assert (c.model, c.device, c.kv_pages) == ("tiny", "cpu", None)
