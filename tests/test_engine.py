@@ -690,6 +690,7 @@ def test_a_failed_engine_takes_releases_and_cancels_quietly(small_folder, images
     h = eng.submit(ref, caption="long", params=GREEDY)
     assert h.result(timeout=30).finish_reason == "error"
     eng._thread.join(30)
+    assert isinstance(eng.error, RuntimeError) and str(eng.error) == "device lost"  # the cause, kept
     ref.release()
     h.cancel()
     with pytest.raises(EngineClosedError, match="the engine failed"):
@@ -1384,6 +1385,18 @@ def test_a_finished_request_is_not_counted_as_running(small_folder, images):
         h.add_done_callback(lambda _: seen.append(eng.stats().running))
         h.result(timeout=30)
     assert seen == [0]
+    _assert_clean(eng)
+
+
+def test_stats_count_the_requests_waiting_for_a_slot(small_folder, images):
+    seen = []
+    with _engine(small_folder, max_batch_size=1) as eng:
+        first = eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=20, ignore_eos=True))
+        second = eng.submit(images[1], caption="short", params=GREEDY)
+        # as the first ends, on the engine thread: its slot is not free yet, the second still waits
+        first.add_done_callback(lambda _: seen.append((eng.stats().running, eng.stats().waiting)))
+        assert first.result(timeout=30).finish_reason == "length" and second.result(timeout=30).token_ids
+    assert seen == [(0, 1)]
     _assert_clean(eng)
 
 
