@@ -771,19 +771,25 @@ def test_a_frames_stage_timings_are_those_of_its_slowest_answer():
     assert r.timings_ms["decode"] == 30.0 and r.timings_ms["total"] == 60.0 and r.timings_ms["vision"] == 5.0
 
 
+def _taken(grabber: LatestFrameGrabber, n: int, timeout: float = 5.0) -> list[Frame]:
+    """The first n frames a grabber gives, each within `timeout`; the grabber closed after."""
+    taken = []
+    try:
+        while len(taken) < n:
+            f = grabber.get(timeout=timeout)
+            assert f is not None
+            taken.append(f)
+    finally:
+        grabber.close()
+    return taken
+
+
 def test_a_looped_source_goes_on_one_frame_step_after_its_last_frame():
     """`live clip.mp4 --loop`: the next pass starts a frame's step after the last frame, on the
     same clock: no time shown twice, no frame let through early."""
     frames = [Frame("f", i, i * 0.25, np.zeros((2, 2, 3), np.uint8)) for i in range(3)]  # 0, 0.25, 0.5
     g = LatestFrameGrabber(lambda: iter(frames), realtime=True, loop=True)
-    got = []
-    try:
-        while len(got) < 7:
-            f = g.get(timeout=2)
-            assert f is not None
-            got.append(f.pts)
-    finally:
-        g.close()
+    got = [f.pts for f in _taken(g, 7, timeout=2)]
     assert got == pytest.approx([0.25 * i for i in range(7)]) and g.overwritten == 0
 
 
@@ -1037,15 +1043,7 @@ def test_a_looped_source_that_paces_itself_is_timed_at_least_by_the_wall_clock()
         time.sleep(0.1)
         yield Frame("snap", 0, 0.0, np.zeros((2, 2, 3), np.uint8))
 
-    g = LatestFrameGrabber(fetch, realtime=False, loop=True)
-    taken = []
-    try:
-        while len(taken) < 4:
-            f = g.get(timeout=5)
-            assert f is not None
-            taken.append(f)
-    finally:
-        g.close()
+    taken = _taken(LatestFrameGrabber(fetch, realtime=False, loop=True), 4)
     # frame k came after k + 1 fetches of at least 0.1 s: its pass began k * 0.1 s after the start
     assert all(f.pts >= 0.1 * f.index - 1e-6 for f in taken), [(f.index, f.pts) for f in taken]
     assert [f.pts for f in taken] == sorted(f.pts for f in taken)
@@ -1055,13 +1053,6 @@ def test_a_looped_clip_of_one_frame_keeps_its_pace():
     """A clip of a single frame not at time 0 (its stream's start offset) looped in real time: each
     pass a frame step after the last, not ever further apart."""
     g = LatestFrameGrabber(lambda: iter([Frame("f", 0, 0.5, np.zeros((2, 2, 3), np.uint8))]), realtime=True, loop=True)
-    got = []
-    try:
-        while len(got) < 4:
-            f = g.get(timeout=5)
-            assert f is not None
-            got.append(f.pts)
-    finally:
-        g.close()
+    got = [f.pts for f in _taken(g, 4)]
     gaps = np.diff(got)
     assert gaps == pytest.approx([gaps[0]] * 3), got
