@@ -7,9 +7,9 @@ dropped, `type` ignored beside `enum` or `const`, an empty `enum` inside a prope
 empty value (`{"e": }`), and of a string's `pattern`, `format` and `minLength`/`maxLength` only one
 kept. Those are a ValueError here, with what to write instead. What it reads but prints wrong is
 rewritten before it sees it: the string formats become patterns of our own (its `time` wanted a
-backslash before the fraction, its `date` any Unicode digit, its `email` and `uri` let a quote
-end the JSON string), and every string pattern is printed again so that nothing it matches ends
-or escapes the JSON string (engine/regex_text.py).
+backslash before the fraction, its `date` any Unicode digit and any day to 31 in any month, its
+`email` and `uri` let a quote end the JSON string), and every string pattern is printed again so
+that nothing it matches ends or escapes the JSON string (engine/regex_text.py).
 """
 
 from __future__ import annotations
@@ -28,13 +28,17 @@ UNENFORCED = frozenset({
 })
 _ATOM = r"[a-z0-9!#$%&'*+/=?^_`{|}~-]+"
 _LABEL = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
+# A day that exists: the month's own length, 29 February in leap years alone (every fourth
+# year, of the centuries every fourth), as `date.fromisoformat` (jsonschema's date check) reads it.
+_LEAP_YEAR = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
+_DATE = (r"([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+         rf"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
 # Each a subset of what outlines-core's own format allows; what a JSON string cannot hold as it
 # is goes when the pattern is printed again (engine/regex_text.py).
 FORMATS = {
-    "date": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
+    "date": _DATE,
     "time": r"(2[0-3]|[01][0-9]):[0-5][0-9]:[0-5][0-9](Z)?",
-    "date-time": r"(-?([1-9][0-9]*)?[0-9]{4})-(1[0-2]|0[1-9])-(3[01]|0[1-9]|[12][0-9])T"
-                 r"(2[0-3]|[01][0-9]):([0-5][0-9]):([0-5][0-9])(\.[0-9]{3})?(Z)?",
+    "date-time": rf"{_DATE}T(2[0-3]|[01][0-9]):([0-5][0-9]):([0-5][0-9])(\.[0-9]{{3}})?(Z)?",
     "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
     "email": rf"{_ATOM}(\.{_ATOM})*@({_LABEL}\.)+{_LABEL}",
     "uri": r"(https?|ftp)://([a-zA-Z0-9.-]+\.[a-zA-Z]{2,}|localhost)(:[0-9]+)?(/[^\s?#]*)?(\?[^\s#]*)?(#\S*)?",

@@ -3,6 +3,7 @@ import os
 import re
 import sys
 import time
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -450,6 +451,28 @@ def test_formats_take_real_dates_and_times_only():
         assert all(re.fullmatch(FORMATS[name], v) for v in values), name
     for name, values in bad.items():
         assert not any(re.fullmatch(FORMATS[name], v) for v in values), name
+
+
+def test_a_date_format_takes_the_days_that_exist_only():
+    """`date.fromisoformat` (jsonschema's date check) refuses 31 September and 29 February of a
+    year that is not a leap year, which the format took: every day of every month of years
+    around each rule (leap, plain, century, fourth century), and 29 February of every year."""
+    from engine.json_schema import FORMATS
+
+    def exists(y: int, m: int, d: int) -> bool:
+        try:
+            return bool(date(y, m, d))
+        except ValueError:
+            return False
+
+    days = [(y, m, d) for y in (1, 4, 1900, 1996, 2000, 2023, 2024, 2026, 2100, 2400, 9999)
+            for m in range(0, 14) for d in range(0, 33)] + [(y, 2, 29) for y in range(1, 10000)]
+    for name, tail in [("date", ""), ("date-time", "T10:00:00Z")]:
+        pattern = re.compile(FORMATS[name])
+        wrong = [(y, m, d) for y, m, d in days if bool(pattern.fullmatch(f"{y:04d}-{m:02d}-{d:02d}{tail}")) != exists(y, m, d)]
+        assert not wrong, (name, wrong[:5])
+    assert re.fullmatch(FORMATS["date"], "0000-02-29")  # year 0 is a leap year (RFC 3339); Python has no year 0
+    assert not re.fullmatch(FORMATS["date-time"], "12026-01-01T00:00:00")  # RFC 3339's year has four digits
 
 
 def test_a_strings_format_or_pattern_cannot_end_the_json_string(small_folder):
