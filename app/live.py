@@ -6,7 +6,7 @@ torch loads. Each completed frame is a terminal line, a JSON line (-o) and a rec
 (--annotate); with --changes only the answers that changed, --snapshots keeping their frames (by
 app/live_run.py). The run ends when its sources do, at --duration, when a write fails, or on
 Ctrl-C or SIGTERM, which cancel its frames in flight (else they finish, and a Ctrl-C meanwhile
-cancels them); its figures follow. Exit 0; 1 where a write failed, no source sent a frame, or one
+cancels them); its figures follow. Exit 0; 1 where a write failed, a source sent no frame, or one
 that had sent frames failed for good (--max-outage); 130 when interrupted (143 for a SIGTERM:
 app/cli.py). --detect and --point: app/live_locate.py, which shares this file's helpers.
 """
@@ -76,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if not any(s["frames_in"] for s in per_source):  # a dead camera must not look like a quiet one
         print(no_frames_line(opened, live_run.several, args.duration), file=sys.stderr)
         return 1
-    if gave_up:  # a camera gone for good (--max-outage) must not end a supervised run as a success
+    # A camera gone for good (--max-outage), or one that never sent a frame while others did, must
+    # not end a supervised run as a success (as `video` exits 1 when one of its files failed).
+    if gave_up or not all(s["frames_in"] for s in per_source):
         return 1
     return 0
 

@@ -14,7 +14,7 @@ app/live.py opens the sources and calls `check_args` (before torch loads), then 
 outputs and the state they share are app/live_locate_run.py's. The run ends when its sources do, at
 --duration, when a write fails, or on Ctrl-C or SIGTERM; its figures follow (--json: one JSON
 object on standard output, else a line per source on standard error). Exit 0; 1 where a write
-failed (a closed pipe, as into `head`: 0, quietly), no source sent a frame, or one that had sent
+failed (a closed pipe, as into `head`: 0, quietly), a source sent no frame, or one that had sent
 frames failed for good (--max-outage); 130 when interrupted (143 for a SIGTERM: app/cli.py). The
 decoder's error, or a run in which no source could be read, is raised.
 """
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     if not any(s["frames_in"] for s in stats.values()):  # a dead camera must not look like a quiet one
         print(no_frames_line(opened, locate_run.several, args.duration), file=sys.stderr)
         return 1
-    if gave_up:
-        return 1  # a camera gone for good (--max-outage) must not end a supervised run as a success
+    if gave_up or not all(s["frames_in"] for s in stats.values()):
+        return 1  # a camera gone for good (--max-outage), or one that never sent a frame: as live's
     return 0
 
 

@@ -119,8 +119,15 @@ class LiveLocateRun:
         failed = locator.exceptions()
         if failed and len(failed) == len(self.labels) and not any(s["frames_in"] for s in stats.values()):
             raise next(iter(failed.values()))  # nothing was ever read: a plain error
-        for label, error in locator.errors().items():
-            print(f"vlmstream: warning: {label + ': ' if self.several else ''}{error}", file=sys.stderr)
+        errors, some_came = locator.errors(), any(s["frames_in"] for s in stats.values())
+        for label, live in zip(self.labels, opened):
+            # as live's: a source that never came beside others that did is said, with why (when
+            # none came, the closing error says so, once); it had passed without a word
+            why = live.connection.why_nothing() if live.connection else None
+            error = errors.get(label) or (None if stats[label]["frames_in"] or not some_came
+                                          else "no frames received" + (f" ({why})" if why else ""))
+            if error:
+                print(f"vlmstream: warning: {label + ': ' if self.several else ''}{error}", file=sys.stderr)
         for problem in (p for live in opened for p in live.problems):  # a file's, which names it
             print(f"vlmstream: warning: {problem}", file=sys.stderr)
         for label, rec in self.recorders.items():

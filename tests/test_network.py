@@ -158,6 +158,8 @@ def test_live_cli_on_a_udp_stream(capsys, small_folder, tmp_path):
 
 
 def test_live_cli_goes_on_when_one_of_several_streams_is_silent(capsys, small_folder):
+    """The others' frames are all captioned, the silent one is said, and the run exits 1: a dead
+    camera beside live ones had ended a supervised run with 0 (one that died later gave 1)."""
     url, silent = f"udp://127.0.0.1:{_port()}", f"udp://127.0.0.1:{_port()}"
     sender = _send(url, 6)
     try:
@@ -165,7 +167,7 @@ def test_live_cli_goes_on_when_one_of_several_streams_is_silent(capsys, small_fo
                    "--max-tokens", "4"])
     finally:
         sender.wait(30)
-    assert rc == 0
+    assert rc == 1
     captured = capsys.readouterr()
     stats = json.loads(captured.out)
     assert stats["sources"][url]["completed"] > 10 and stats["sources"][silent]["frames_in"] == 0
@@ -1294,11 +1296,11 @@ def test_connection_forgets_why_it_could_not_open_once_frames_come(monkeypatch):
     assert c.why_nothing() is None  # it sent frames: "no frames received (Connection refused)" would be false
 
 
-def test_a_source_refused_at_once_beside_one_that_plays_is_a_warning_not_a_failed_run(monkeypatch, capsys,
-                                                                                        small_folder):
+def test_a_source_refused_at_once_beside_one_that_plays_is_said_and_fails_the_run(monkeypatch, capsys,
+                                                                                  small_folder):
     """A source that fails before sending any frame (a wrong URL) beside one that plays: the run
-    goes on, says which one failed, and exits 0, as for a silent one; only when no source ever
-    sent a frame is that a plain error."""
+    goes on, says which one failed, and exits 1, as for a silent one (a script must see that a
+    camera was never read); only when no source ever sent a frame is that a plain error."""
     def frames(self):
         raise SourceError(f"cannot read {self.display}: 404 Not Found")
         yield
@@ -1306,7 +1308,7 @@ def test_a_source_refused_at_once_beside_one_that_plays_is_a_warning_not_a_faile
     monkeypatch.setattr(StreamSource, "_frames", frames)
     clip = str(Path(__file__).resolve().parents[1] / "sample_videos" / "shapes_640x360_60fps.mp4")
     assert main(["live", clip, "rtsp://127.0.0.1:9/cam", "--model", str(small_folder), "--json", "--max-tokens", "2",
-                 "--duration", "2"]) == 0
+                 "--duration", "2"]) == 1
     captured = capsys.readouterr()
     stats = json.loads(captured.out)
     assert stats["sources"][clip]["completed"] > 0 and stats["sources"]["rtsp://127.0.0.1:9/cam"]["frames_in"] == 0

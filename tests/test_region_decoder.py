@@ -422,6 +422,27 @@ def test_live_detect_changes_reports_when_the_number_found_changes(capsys, small
     assert all(Path(r["snapshot"]).exists() for r in rows) and len(list(shots.iterdir())) == len(rows)
 
 
+def test_live_detect_says_a_silent_source_and_exits_1(capsys, small_folder, tmp_path, monkeypatch):
+    """`live CAM1 CAM2 --detect`: a camera that never sends beside one that does is said, with
+    why, and the run exits 1, as `live` without --detect: it had passed without a word, exit 0."""
+    import socket
+
+    _fake_locate(monkeypatch)
+    clip = _clip(tmp_path / "cam.mp4", 20, 20)  # looped to --duration
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # a free port nobody sends to
+        s.bind(("127.0.0.1", 0))
+        silent = f"udp://127.0.0.1:{s.getsockname()[1]}"
+    out = tmp_path / "places.jsonl"
+    assert main(["live", str(clip), silent, "--detect", "star", "--duration", "2.5", "-o", str(out), "--json",
+                 "--model", str(small_folder), "--dtype", "float32"]) == 1
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert summary["sources"][silent]["frames_in"] == 0 and summary["sources"][str(clip)]["frames_in"] >= 20
+    assert len(rows) == summary["completed"] >= 2 and {r["source"] for r in rows} == {str(clip)}
+    assert f"vlmstream: warning: {silent}: no frames received" in captured.err and "Traceback" not in captured.err
+
+
 def test_video_detect_says_a_write_error_in_one_line(capsys, small_folder, tmp_path, monkeypatch):
     """A full disk under `video --detect -o`: one error line and exit 1, not a traceback."""
     from pipelines.sinks import JsonlSink
