@@ -8,10 +8,16 @@ BrokenPipeError (`head` has had enough: the commands stop quietly).
 Standard error holds progress bars and messages, not results: one that cannot be written is
 given up. A progress bar that failed to draw had held tqdm's lock for ever, and
 `vlmstream video ... 2>>job.log` on a full disk hung at exit with nothing written.
+
+A stream whose descriptor was closed when vlmstream started (`>&-`, `2>&-`, a service manager's
+closed descriptors) is None in Python: it is a stream every write to fails (`_Closed`), as `cat`
+and `ls` say "Bad file descriptor". The first progress bar had been an AttributeError traceback,
+and a closed standard error lost the results of `video -o OUT.jsonl` (nothing written, exit 1).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from contextlib import contextmanager
@@ -22,9 +28,28 @@ class StandardOutputError(OSError):
     """Standard output could not be written (not a closed pipe: that is BrokenPipeError)."""
 
 
+class _Closed:
+    """A standard stream whose descriptor is closed (Python's None): writing fails with EBADF."""
+
+    encoding = "utf-8"
+    closed = False  # to whoever asks before writing: the failure is the write's
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    def flush(self) -> None:  # nothing was written
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+
 class _Guarded:
     def __init__(self, stream, results: bool):
-        self._stream, self._results = stream, results
+        self._stream, self._results = stream if stream is not None else _Closed(), results
         self.failed: OSError | None = None
 
     def write(self, text: str) -> int:
@@ -59,12 +84,13 @@ def guarded_console() -> Iterator[None]:
     """Within the block sys.stdout and sys.stderr are guarded as the module says. A stream that
     failed is pointed at /dev/null after it, so that the exit's flush of what it still holds does
     not print "Exception ignored" with the same error."""
+    saved = sys.stdout, sys.stderr  # None for a closed one, as Python had them
     out, err = _Guarded(sys.stdout, True), _Guarded(sys.stderr, False)
     sys.stdout, sys.stderr = out, err
     try:
         yield
     finally:
-        sys.stdout, sys.stderr = out._stream, err._stream
+        sys.stdout, sys.stderr = saved
         for guarded in (out, err):
             if guarded.failed is not None and not isinstance(guarded.failed, BrokenPipeError):
                 _to_devnull(guarded._stream)

@@ -1511,6 +1511,23 @@ def test_standard_error_that_failed_is_quiet_at_exit_and_standard_output_still_s
     assert out.buffer.getvalue() == b"caf\\udce9.png: a red circle\n"
 
 
+def test_a_closed_standard_stream_is_given_up_or_said_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """Started with a standard stream closed (`2>&-`, `>&-`, a service manager's closed
+    descriptors), for which Python has None: the first progress bar was an AttributeError
+    traceback, and `video -o OUT.jsonl 2>&-` wrote nothing and exited 1. A closed standard error
+    is given up (the results are in the file); a closed standard output, where the results were
+    to go, is said in one line as `cat` says it, exit 1."""
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setattr(sys, "stderr", None)
+    assert main(["video", str(SCENE), "--max-tokens", "4", "-o", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 1
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["image", str(SCENE), "--max-tokens", "4"]) == 1
+    monkeypatch.undo()
+    assert capsys.readouterr().err == "vlmstream: error: cannot write standard output: Bad file descriptor\n"
+
+
 def test_a_signal_given_twice_while_torch_imports_comes_once_after_it(monkeypatch):
     """Ctrl-C during `import torch` waits for the import (raised inside it, it aborted the process);
     pressed twice meanwhile, it comes once after, as one stop was asked."""
