@@ -287,12 +287,15 @@ class LiveSession:
             raise TimeoutError(f"the live session's thread still runs after {timeout:g} s")
 
     def stats(self) -> dict:
-        end = self._closed_at or time.perf_counter()
-        wall = max(end - self._t0, 1e-9)  # frozen once closed
-        # the last ROLLING_S seconds' completions: through an outage it said the rate before it
         # Copies first (one step under the GIL): iterated, the deques could grow from the session's
         # thread mid-way ("deque mutated during iteration": the web UI's snapshot stopped the feed).
-        c = [t for t in list(self._completions) if t >= end - ROLLING_S]
+        completions = list(self._completions)
+        end = self._closed_at or time.perf_counter()
+        if completions:  # frames in flight at the close finish after it and count: the rate's time
+            end = max(end, completions[-1])  # runs to the last (`live --duration 0.01`: "169.5 fps")
+        wall = max(end - self._t0, 1e-9)  # frozen once closed and the last frame is in
+        # the last ROLLING_S seconds' completions: through an outage it said the rate before it
+        c = [t for t in completions if t >= end - ROLLING_S]
         rolling = (len(c) - 1) / (c[-1] - c[0]) if len(c) > 1 and c[-1] > c[0] else 0.0
         return {
             "frames_in": self.frames_in, "submitted": self.submitted, "completed": self.completed,

@@ -759,6 +759,30 @@ def test_stats_say_the_rolling_rate_and_end_to_end_latency_of_the_frames_deliver
     assert st["latency_ms"]["end_to_end"] == {"p50": 40.0, "p90": 40.0, "p99": 40.0}
 
 
+def test_the_frame_rate_counts_the_time_of_frames_that_finish_after_the_close(monkeypatch):
+    """`live clip.mp4 --duration 0.01` said "1 of 1 frames captioned, 169.5 fps" with a p50 of
+    116 ms: the frame in flight at the close finished (and counted) after it, and the rate's time
+    stopped at the close. One frame offered at 0 s and answered at 0.1 s, the session closed at
+    0.01 s, is 10 frames a second, not 100."""
+    import types
+
+    import pipelines.live
+
+    clock = [100.0]
+    monkeypatch.setattr(pipelines.live, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    engine = _HeldEngine()
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=1)
+    assert s.offer(Frame("cam", 0, 0.0, np.zeros((48, 64, 3), np.uint8), captured_at=clock[0]))
+    clock[0] = 100.01
+    closing = threading.Thread(target=s.close)  # close() waits for the frame in flight
+    closing.start()
+    _wait(lambda: s._closed_at is not None)
+    clock[0] = 100.1
+    engine.handles[-1].finish("a red circle")
+    closing.join(10)
+    assert s.completed == 1 and s.stats()["achieved_fps"] == pytest.approx(10.0)
+
+
 def test_a_frames_stage_timings_are_those_of_its_slowest_answer():
     """Several prompts a frame: the frame waits for all its answers, so its stage latencies (the
     page's chart, the percentiles) are each stage's slowest."""
