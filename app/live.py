@@ -46,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
         from app.live_locate import run as run_locate
 
         return run_locate(args, opened, labels, recordings, *region)
-    from engine import Engine
     from engine.models.loader import model_id
 
     from app.live_run import LiveRun
@@ -58,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
     params = SamplingParams(max_tokens=or_default(args.max_tokens, MAX_TOKENS_FRAMES), sticky=sticky)
     live_run = LiveRun(args, labels, log, snapshots, model_id(args.model))
-    with Engine(_config(args, max(4, inflight * len(opened) * len(tasks)))) as engine:
+    with _engine(args, max(4, inflight * len(opened) * len(tasks))) as engine:
         check_constraints(engine, tasks)  # before any frame is asked
         # warm-up: the first step pays one-time costs a live stream should not see
         engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
@@ -130,6 +129,22 @@ def _opened(args: argparse.Namespace) -> tuple[list, list[str], list[Path] | Non
     check_not_inputs([*([Path(args.output)] if args.output not in (None, "-") else []), *(recordings or [])],
                      args.sources)
     return opened, labels, recordings
+
+
+def _engine(args: argparse.Namespace, max_batch_size: int) -> Engine:
+    """The run's engine. Its batch is --max-inflight frames of each source and prompt: a KV cache
+    too large for memory was said in the engine's terms ("lower max_batch_size or kv_pages",
+    which `live` has no flags for); it is said as the flag that set it."""
+    from engine import Engine
+    from engine.errors import ConfigError
+
+    try:
+        return Engine(_config(args, max_batch_size))
+    except ConfigError as e:
+        if args.max_inflight is None or "max_batch_size" not in str(e):
+            raise
+        raise UsageError(f"--max-inflight {args.max_inflight}: {str(e).split(';')[0]}; lower --max-inflight "
+                         f"(frames in flight of each source and prompt)") from None
 
 
 def _config(args: argparse.Namespace, max_batch_size: int) -> EngineConfig:

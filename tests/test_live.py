@@ -385,6 +385,18 @@ def test_live_cli_says_how_many_frames_missed_the_deadline(small_folder, capsys)
     assert "p50" not in err  # no frame completed: no median latency (it said "p50 0.0 ms")
 
 
+def test_more_frames_in_flight_than_memory_holds_is_said_as_the_flag_that_asked(capsys):
+    """`live clip.mp4 --max-inflight 1000000` said "the KV cache for max_batch_size=1000000 ...;
+    lower max_batch_size or kv_pages": the engine's settings, which `live` has no flags for."""
+    from app.cli import main
+
+    clip = str(Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4")
+    assert main(["live", clip, "--max-inflight", "100000000", "--duration", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlmstream: error: --max-inflight 100000000: ") and "lower --max-inflight" in err
+    assert "kv_pages" not in err and err.count("\n") == 1
+
+
 def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path, capsys):
     from app.cli import main
 
