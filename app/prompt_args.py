@@ -167,6 +167,8 @@ def parse_constraint(dest: str, value: str):
         schema = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"--json-schema is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:  # a thousand levels deep: Python's JSON reader recurses (a traceback, exit 1)
+        raise UsageError("--json-schema is not valid JSON: nested too deep") from None
     if not isinstance(schema, dict):
         raise UsageError("--json-schema must be a JSON object (a schema)")
     return JsonSchema(schema)

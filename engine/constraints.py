@@ -116,6 +116,8 @@ def to_regex(constraint: Constraint) -> str:
                 text = json_schema.prepare(schema)
             except ValueError as e:
                 raise ConstraintError(f"cannot use the JSON schema: {e}") from None
+            except RecursionError:  # a few hundred levels deep: prepare's deepcopy recursed (a traceback)
+                raise ConstraintError("cannot use the JSON schema: nested too deep") from None
         try:
             pattern = build_regex_from_schema(text)
         except Exception as e:  # outlines-core raises ValueError / its own errors

@@ -76,6 +76,23 @@ def test_a_schema_file_that_holds_no_object_is_a_usage_error(tmp_path):
             tasks_of("--json-schema", str(path))
 
 
+def test_a_json_schema_nested_too_deep_is_one_line_not_a_traceback(tmp_path):
+    """`--json-schema deep.json`, arrays of arrays a thousand deep: RecursionError tracebacks,
+    exit 1, from Python's JSON reader (a thousand levels) or from the schema's preparation for
+    outlines-core (a few hundred: its deepcopy)."""
+    from engine.constraints import ConstraintError, to_regex
+
+    def nested(levels):  # as text: json.dumps recurses too
+        return '{"type": "array", "items": ' * levels + '{"type": "integer"}' + "}" * levels
+
+    path = tmp_path / "deep.json"
+    path.write_text(nested(2000))
+    with pytest.raises(UsageError, match="--json-schema is not valid JSON: nested too deep"):
+        tasks_of("--json-schema", str(path))
+    with pytest.raises(ConstraintError, match="cannot use the JSON schema: nested too deep"):
+        to_regex(tasks_of("--json-schema", nested(600))[0]["constraint"])
+
+
 def test_image_answers_within_the_constraint_as_the_reference_decoder_does(capsys, small_folder, tmp_path):
     # random weights: whatever the answer is, the constraint alone makes it one of the choices
     choices = ["red", "green", "blue"]
