@@ -278,6 +278,8 @@ def _parsed(pattern: str) -> _parser.SubPattern | None:
                                   "not [[:alpha:]])") from None
         except re.error:
             return None
+        except RecursionError:  # groups a few hundred deep: Python's parser recursed (a traceback, exit 1)
+            raise ConstraintError("the regex is nested too deep (groups inside groups, hundreds of levels)") from None
 
 
 def _unanchored(pattern: str) -> tuple[str, _parser.SubPattern]:

@@ -50,6 +50,8 @@ def test_a_constraint_belongs_to_the_prompt_before_it():
     # with our source lines, and answers (`ayes`) that Python's own match refuses
     (["--regex", "[[:alpha:]]+"], "is ambiguous (possible nested set"),
     (["--regex", "[a-z&&b]+"], "is ambiguous (possible set intersection"),
+    # groups 500 deep: Python's regex parser recursed, a RecursionError traceback and exit 1
+    (["--regex", "(?:" * 500 + "a" + ")" * 500], "--regex: the regex is nested too deep"),
     (["--json-schema", "missing.json"], "no such file 'missing.json'"),
     (["--json-schema", "/dev/null"], "not a regular file '/dev/null'"),
     (["--json-schema", '{"type": '], "--json-schema is not valid JSON"),
