@@ -54,14 +54,27 @@ def run(args: argparse.Namespace) -> int:
     load_ms = (time.perf_counter() - t0) * 1000.0
     decoder = ReferenceDecoder(loaded)
     out = sys.stdout
+    wrote = []
 
     def on_text(piece: str) -> None:
         out.write(piece)
         out.flush()
+        wrote.append(piece)
 
     asked = _asked(loaded.config, task)
 
-    result = decoder.generate(rgb, params=params, on_text=None if args.json else on_text, **task)
+    try:
+        result = decoder.generate(rgb, params=params, on_text=None if args.json else on_text, **task)
+    except KeyboardInterrupt:
+        # Ctrl-C mid-answer: the words so far end their line. On a terminal "vlmstream:
+        # interrupted" had been that line's tail ("a blue triangle in the vlmstream: interrupted").
+        if wrote:
+            try:
+                out.write("\n")
+                out.flush()
+            except OSError:  # a closed pipe, a full disk: the interruption is what is said
+                pass
+        raise
     if args.json:
         json.dump({**_record(args, result, asked, loaded, load_ms), "read_ms": round(read_ms, 3)}, out)
     out.write("\n")

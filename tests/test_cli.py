@@ -1453,6 +1453,21 @@ def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(monkeypatch, ca
     assert stop.value.code == 130 and capsys.readouterr().err == "vlmstream: interrupted\n"
 
 
+def test_ctrl_c_mid_answer_ends_the_answers_line_before_interrupted_is_said(monkeypatch, capsys):
+    """`vlmstream image photo.jpg`, Ctrl-C while the answer came word by word: on a terminal the
+    words and the one line said shared a line ("a blue triangle in the vlmstream: interrupted")."""
+    from engine.reference import ReferenceDecoder
+
+    def generate(self, rgb, params=None, on_text=None, **task):
+        on_text("a blue triangle in the")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ReferenceDecoder, "generate", generate)
+    assert main(["image", str(SCENE)]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == "a blue triangle in the\n" and captured.err == "vlmstream: interrupted\n"
+
+
 def test_a_run_leaves_the_callers_sigterm_handling_as_it_was(capsys):
     """main() called from Python (a script, a server): after it, a SIGTERM must not raise a
     KeyboardInterrupt into whatever the caller runs next."""
