@@ -42,6 +42,7 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
         signal.signal(signal.SIGTERM, previous)
         if got:
             _requested.clear()  # answered: the block is over
+        _interrupts.clear()
 
 
 _requested: list[int] = []  # every SIGTERM taken by a block above, for stop_requested
@@ -79,16 +80,26 @@ _deferred: set[int] = set()  # signals held until torch's import ends
 
 
 def _interrupt(signum, frame) -> None:
-    """Ctrl-C: KeyboardInterrupt, as Python's own handler, except while torch is being imported."""
+    """Ctrl-C: KeyboardInterrupt, as Python's own handler, except while torch is being imported;
+    kept for stop_requested(ctrl_c=True)."""
     if not _after_torch_import(signum):
+        _interrupts.append(signum)
         raise KeyboardInterrupt
 
 
-def stop_requested() -> bool:
+_interrupts: list[int] = []  # every Ctrl-C that _interrupt raised, until the block above ends
+
+
+def stop_requested(ctrl_c: bool = False) -> bool:
     """Whether a SIGTERM came within a `sigterm_as_interrupt` block. A long loop checks it at each
     turn: the KeyboardInterrupt raised at an unlucky moment can be lost (raised inside a finalizer,
-    which Python reports and ignores), and a `kill` of train-tiny was once left training."""
-    return bool(_requested)
+    which Python reports and ignores), and a `kill` of train-tiny was once left training.
+    ctrl_c: a Ctrl-C too, for a loop that nothing should outlast. Its KeyboardInterrupt is lost
+    as easily: train-tiny's optimizer imports torch._dynamo, then sympy and mpmath, whose
+    `import gmpy2` sits in a bare `except: pass`; a Ctrl-C taken in that import's search of
+    sys.path vanished, and the run trained on. Not for loops that finish their work after a first
+    Ctrl-C (live's frames in flight): the one it raised would end them at once."""
+    return bool(_requested) or (ctrl_c and bool(_interrupts))
 
 
 def stopped_code(term: list[int]) -> int:

@@ -454,6 +454,35 @@ def test_a_sigterm_whose_interrupt_was_lost_still_stops_training(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written: neither --out nor the run's own folder
 
 
+def test_a_ctrl_c_whose_interrupt_was_lost_in_start_up_still_stops_training(tmp_path):
+    """Ctrl-C's KeyboardInterrupt can be lost as a SIGTERM's can: one that came while train-tiny's
+    first process built its optimizer (which imports mpmath, whose `import gmpy2` sits in a bare
+    `except: pass`) vanished, and the run trained on where the user waited for its one line and
+    exit 130 (the CI flake of test_ctrl_c_as_the_second_training_process_starts_is_one_line). The
+    loop's check at each step sees a Ctrl-C too."""
+    import signal
+    import time
+
+    import app.launcher as launcher
+    from tinyvlm.train import TrainConfig, train
+
+    before = signal.signal(signal.SIGINT, launcher._interrupt)  # as the console script has it
+    try:
+        with launcher.sigterm_as_interrupt():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            except KeyboardInterrupt:
+                pass  # swallowed, as by a finalizer
+            with pytest.raises(KeyboardInterrupt):
+                train(TrainConfig(out=tmp_path / "out", steps=20, batch_size=2, warmup=1, processes=1),
+                      progress=False)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert not launcher.stop_requested(ctrl_c=True)  # the block is over: a later run in this process trains
+    assert list(tmp_path.iterdir()) == []  # nothing written: neither --out nor the run's own folder
+
+
 def test_a_run_that_diverges_or_stops_leaves_the_folder_as_it_was(tmp_path):
     """--lr 1e9 trained on NaN to the end, saved NaN weights and said nothing; and an interrupted
     run had already written its tokenizer, config and loss curve into --out (the shipped folder by

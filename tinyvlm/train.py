@@ -248,7 +248,7 @@ def _train(cfg: TrainConfig, rank: int, progress: bool, port: int | None = None,
     decoder_start = None  # the step at which the whole model began to train
     try:  # the bar closed however the loop ends: a Ctrl-C's line came glued to it, and the bar after
         for step, batch in enumerate(batches):
-            if rank == 0 and stop_requested():  # the interrupt itself may have been lost (launcher.py)
+            if rank == 0 and stop_requested(ctrl_c=True):  # the interrupt itself may have been lost (launcher.py)
                 raise KeyboardInterrupt
             elapsed = time.perf_counter() - t0
             # The schedule follows whichever runs out first, steps or the time budget, so a run cut
