@@ -483,6 +483,76 @@ def test_a_ctrl_c_whose_interrupt_was_lost_in_start_up_still_stops_training(tmp_
     assert list(tmp_path.iterdir()) == []  # nothing written: neither --out nor the run's own folder
 
 
+def test_the_seed_and_the_first_item_set_a_run(tmp_path):
+    """A run is deterministic for a seed (train-tiny's help says so): the same --seed and
+    --first-item give the same loss curve, another --seed other initial weights, another
+    --first-item other scenes. Each dropped inside the run (the weights drawn with seed 0, the
+    scenes from item 0, whatever the flags said; or the probe heads drawn from whatever state the
+    global generator was in) and no test failed: a continued run retrained on the scenes its
+    first run had seen (hand mutants)."""
+    from tinyvlm.train import TrainConfig, train
+
+    def curve(name, **kw) -> list[tuple[str, str]]:
+        out = tmp_path / name
+        train(TrainConfig(out=out, steps=2, batch_size=2, warmup=1, processes=1, vision_share=0.0, bf16=False, **kw),
+              progress=False)
+        return [(r["loss"], r["aux_loss"]) for r in csv.DictReader(open(out / "loss.csv"))]
+
+    base = curve("base")
+    assert curve("again") == base  # the answer and probe losses of every step, to the csv's digits
+    # the first step's answer loss: the initial decoder weights and the scenes alone set it
+    assert curve("seed", seed=1)[0][0] != base[0][0]
+    assert curve("item", first_item=1000)[0][0] != base[0][0]
+
+
+def test_the_report_and_the_loss_curve_say_what_the_run_measured(tmp_path, monkeypatch):
+    """The JSON report's minutes are the run's own, and loss.csv's probe_acc is the mean of the
+    probe's colour and shape accuracies, probe_shape_acc the shape's: minutes given in seconds
+    (60x the time), probe_acc as the colour's alone, and the two columns' names swapped each
+    passed every test (hand mutants)."""
+    import time
+
+    import tinyvlm.train as tt
+
+    real = tt.forward_loss
+
+    def known_accuracies(*args, **kwargs):
+        loss, aux, _, _ = real(*args, **kwargs)
+        return loss, aux, 0.25, 0.75  # colour, shape
+
+    monkeypatch.setattr(tt, "forward_loss", known_accuracies)
+    t0 = time.perf_counter()
+    report = tt.train(tt.TrainConfig(out=tmp_path, steps=2, batch_size=2, warmup=1, processes=1, vision_share=0.0,
+                                     bf16=False), progress=False)
+    wall_minutes = (time.perf_counter() - t0) / 60
+    rows = list(csv.DictReader(open(tmp_path / "loss.csv")))
+    assert [(float(r["probe_acc"]), float(r["probe_shape_acc"])) for r in rows] == [(0.5, 0.75)] * 2
+    assert 0 < report["minutes"] <= wall_minutes
+    assert report["steps"] == len(rows) and report["final_loss"] == float(rows[-1]["loss"])
+
+
+def test_a_weights_folder_with_another_tokenizer_is_refused(tmp_path):
+    """--init from a folder whose tokenizer numbers its tokens otherwise (the same size, so the
+    architecture matches): its embeddings mean other words, and the check that refuses it could
+    be dropped with no test failing; the run trained on, and wrote train-tiny's tokenizer beside
+    weights that read another's (a hand mutant)."""
+    import shutil
+
+    from engine.models.loader import TINY_DIR
+    from tinyvlm.train import TrainConfig, train
+
+    other = tmp_path / "other"
+    shutil.copytree(TINY_DIR, other)
+    tokenizer = json.loads((other / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    a, b = "red", "blue"
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(ValueError, match="another tokenizer"):
+        train(TrainConfig(out=tmp_path / "x", init=other, steps=1, batch_size=2, processes=1), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]  # nothing written
+
+
 def test_a_run_that_diverges_or_stops_leaves_the_folder_as_it_was(tmp_path):
     """--lr 1e9 trained on NaN to the end, saved NaN weights and said nothing; and an interrupted
     run had already written its tokenizer, config and loss curve into --out (the shipped folder by
