@@ -717,6 +717,17 @@ def test_train_tiny_rejects_bad_settings_before_starting(capsys, tmp_path):
     assert f"{tmp_path / 'file'} is a file, not a folder" in err and err.count("\n") == 1
 
 
+def test_train_tiny_refuses_zero_steps_or_images(capsys, tmp_path):
+    """--steps 0 or --batch-size 0: refused in one line before anything starts (TrainConfig takes
+    them; the run then ended in a traceback, IndexError on its empty loss curve, once --steps
+    was dropped from the command's check, a hand mutant that no test caught)."""
+    for flag in ("--steps", "--batch-size"):
+        assert main(["train-tiny", "--out", str(tmp_path / "run"), "--processes", "1", flag, "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("vlmstream: error: ") and flag in err and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())
+
+
 LIVE_NUMBERS = "--fps, --duration, --max-outage and --deadline-ms must be finite numbers > 0"
 
 

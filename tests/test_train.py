@@ -531,6 +531,21 @@ def test_the_report_and_the_loss_curve_say_what_the_run_measured(tmp_path, monke
     assert report["steps"] == len(rows) and report["final_loss"] == float(rows[-1]["loss"])
 
 
+def test_the_learning_rate_warms_up_to_its_peak_then_decays_to_a_floor(tmp_path):
+    """loss.csv's lr column: --warmup steps up to --lr, never above it, then down a cosine that
+    keeps 5 % of it at the end. The warm-up one step too long (1.5x the peak rate the step after)
+    and the floor dropped (a run's last steps at ~0 learning rate) each passed every test (hand
+    mutants)."""
+    from tinyvlm.train import TrainConfig, train
+
+    cfg = TrainConfig(out=tmp_path, steps=20, batch_size=2, warmup=2, processes=1, vision_share=0.99, bf16=False)
+    train(cfg, progress=False)  # every step vision-only (fast): its stage's schedule is the same
+    lrs = [float(r["lr"]) for r in csv.DictReader(open(tmp_path / "loss.csv"))]
+    assert len(lrs) == 20 and lrs[:2] == [cfg.lr / 2, cfg.lr]
+    assert all(later <= earlier for earlier, later in zip(lrs[1:], lrs[2:]))  # the peak, then down
+    assert 0.05 * cfg.lr <= lrs[-1] < 0.1 * cfg.lr
+
+
 def test_a_weights_folder_with_another_tokenizer_is_refused(tmp_path):
     """--init from a folder whose tokenizer numbers its tokens otherwise (the same size, so the
     architecture matches): its embeddings mean other words, and the check that refuses it could
