@@ -546,6 +546,27 @@ def test_the_learning_rate_warms_up_to_its_peak_then_decays_to_a_floor(tmp_path)
     assert 0.05 * cfg.lr <= lrs[-1] < 0.1 * cfg.lr
 
 
+def test_the_loss_plot_starts_at_the_first_answer(tmp_path, monkeypatch):
+    """loss.png plots the answer loss from the step the decoder began to train: the vision-only
+    steps before have none (NaN in loss.csv), and plotted they made its caption "loss nan -> ..."
+    and its line a NaN; that passed every test (a hand mutant)."""
+    import math
+
+    import tinyvlm.train as tt
+
+    plotted, real = [], tt._plot
+
+    def recording(path, xs, ys):
+        plotted.append((path.name, xs, ys))
+        real(path, xs, ys)
+
+    monkeypatch.setattr(tt, "_plot", recording)
+    tt.train(tt.TrainConfig(out=tmp_path, steps=4, batch_size=2, warmup=2, processes=1, vision_share=0.5, bf16=False),
+             progress=False)
+    name, xs, ys = plotted[-1]  # at the end of the run (step 0 drew one too)
+    assert name == "loss.png" and xs == [2, 3] and all(math.isfinite(y) for y in ys)
+
+
 def test_a_weights_folder_with_another_tokenizer_is_refused(tmp_path):
     """--init from a folder whose tokenizer numbers its tokens otherwise (the same size, so the
     architecture matches): its embeddings mean other words, and the check that refuses it could
