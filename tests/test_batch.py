@@ -11,7 +11,6 @@ from engine.batch import Batch
 from engine.kv_cache import PagePool
 from engine.request import RequestHandle
 from engine.runner import StepResult
-from engine.scheduler import own_pages
 from engine.sequence import Image, Sequence
 from engine.types import SamplingParams
 
