@@ -106,6 +106,8 @@ def _checked(args: argparse.Namespace) -> tuple[float, Path | None, list[dict], 
     if args.output not in (None, "-") and not args.output.lower().endswith(".jsonl"):
         # `-o log.srt` wrote JSON lines into what its name called a subtitle file
         raise UsageError("-o must end in .jsonl (one JSON line per frame), or be - for standard output")
+    if args.output not in (None, "-"):  # a folder, no such folder, no permission: said before torch loads
+        check_writable([], [Path(args.output)])
     region = None
     if args.detect is not None or args.point is not None:
         from app.live_locate import check_args

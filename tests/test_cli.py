@@ -306,14 +306,17 @@ def test_help_and_argument_mistakes_are_answered_before_torch_loads(tmp_path):
                                    ["live", str(tmp_path / "none.mp4")], ["live", "webcam:7"],
                                    ["video", str(SCENE), "--fps", "0"], ["live", str(SCENE), "-o", "-", "--json"],
                                    ["live", str(SCENE), "--detect", "x", "--caption", "short"],
+                                   ["live", str(SCENE), "-o", str(tmp_path / "folder.jsonl")],
+                                   ["live", str(SCENE), "-o", str(tmp_path / "none" / "log.jsonl")],
                                    ["--help"], ["live", "--help"]]) + ":\n"
             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
             "        try: codes.append(main(argv))\n"
             "        except SystemExit as e: codes.append(e.code)\n"
             "print(codes, 'torch' in sys.modules)")
+    (tmp_path / "folder.jsonl").mkdir()  # `live -o` a folder: said after torch had loaded
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.stdout.split() == ["[2,", "2,", "2,", "2,", "2,", "2,", "2,", "2,", "0,", "0]", "False"], \
+    assert r.stdout.split() == ["[2,", "2,", "2,", "2,", "2,", "2,", "2,", "2,", "2,", "2,", "0,", "0]", "False"], \
         r.stdout + r.stderr[-2000:]
     assert "WARN" not in r.stderr  # OpenCV's driver chatter for a missing camera (written past Python's stderr)
 
