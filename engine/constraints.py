@@ -79,6 +79,8 @@ class JsonSchema:
             text = schema if isinstance(schema, str) else json.dumps(schema)
         except (TypeError, ValueError) as e:  # a set, an object, a circular dict
             raise ConstraintError(f"a JSON schema must be a dict or a JSON string: {e}") from None
+        except RecursionError:  # a dict a thousand levels deep: Python's JSON writer recursed
+            raise ConstraintError("cannot use the JSON schema: it is nested too deep") from None
         object.__setattr__(self, "schema", text)
 
 
@@ -107,7 +109,13 @@ def to_regex(constraint: Constraint) -> str:
             schema = json.loads(constraint.schema)
         except ValueError:
             schema, text = None, constraint.schema  # not JSON: outlines-core says so below
+        except RecursionError:  # a thousand levels deep: Python's JSON reader recursed (a traceback)
+            raise ConstraintError("cannot use the JSON schema: it is nested too deep") from None
         if schema is not None:
+            try:
+                json_schema.check_depth(schema)  # before anything recurses through it
+            except ValueError as e:
+                raise ConstraintError(f"cannot use the JSON schema: {e}") from None
             key = json_schema.unenforced(schema)
             if key is not None:
                 raise ConstraintError(f"the JSON schema keyword {key!r} is not supported: answers could break it "
@@ -116,8 +124,6 @@ def to_regex(constraint: Constraint) -> str:
                 text = json_schema.prepare(schema)
             except ValueError as e:
                 raise ConstraintError(f"cannot use the JSON schema: {e}") from None
-            except RecursionError:  # a few hundred levels deep: prepare's deepcopy recursed (a traceback)
-                raise ConstraintError("cannot use the JSON schema: nested too deep") from None
         try:
             pattern = build_regex_from_schema(text)
         except Exception as e:  # outlines-core raises ValueError / its own errors

@@ -49,6 +49,23 @@ _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _TYPES = {"null": (type(None),), "boolean": (bool,), "object": (dict,), "array": (list,), "string": (str,)}
 
 
+MAX_DEPTH = 127  # objects and arrays inside each other: outlines-core's JSON reader takes no more
+
+
+def check_depth(schema: Any) -> None:
+    """A ValueError where the schema nests deeper than outlines-core reads: it had said "Expected
+    a valid JSON string." of a valid schema. Counted without recursion, since Python's own (a
+    deepcopy, a generator of subschemas) overflows a few hundred levels down."""
+    stack = [(schema, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list)):
+            if level > MAX_DEPTH:
+                raise ValueError(f"it is nested too deep (objects and arrays inside each other, over {MAX_DEPTH} "
+                                 "levels: more than outlines-core reads)")
+            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+
+
 def prepare(schema: Any) -> str:
     """The schema (parsed JSON) as the text outlines-core compiles; a ValueError says why it
     cannot be, in one line."""

@@ -453,6 +453,25 @@ def test_formats_take_real_dates_and_times_only():
         assert not any(re.fullmatch(FORMATS[name], v) for v in values), name
 
 
+def test_a_json_schema_nested_deeper_than_outlines_core_reads_says_so():
+    """Objects inside objects past 127 levels: outlines-core's JSON reader refused the valid schema
+    as "Expected a valid JSON string."; a thousand levels, as a dict or as text, were a
+    RecursionError traceback from the API. Each is a ConstraintError saying it is nested too deep;
+    127 levels still compile."""
+    def nested(levels):  # an object level is two: the schema and its "properties"
+        schema = {"type": "integer"}
+        for _ in range(levels):
+            schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+        return schema
+
+    assert re.fullmatch(to_regex(JsonSchema(nested(63))), '{"a": ' * 63 + "1" + "}" * 63)  # 127 levels
+    for deep in (nested(64), '{"type": "array", "items": ' * 2000 + "{}" + "}" * 2000):
+        with pytest.raises(ConstraintError, match="^cannot use the JSON schema: it is nested too deep"):
+            to_regex(JsonSchema(deep))
+    with pytest.raises(ConstraintError, match="^cannot use the JSON schema: it is nested too deep"):
+        JsonSchema(nested(2000))
+
+
 def test_a_date_format_takes_the_days_that_exist_only():
     """`date.fromisoformat` (jsonschema's date check) refuses 31 September and 29 February of a
     year that is not a leap year, which the format took: every day of every month of years

@@ -91,7 +91,7 @@ def test_a_json_schema_nested_too_deep_is_one_line_not_a_traceback(tmp_path):
     path.write_text(nested(2000))
     with pytest.raises(UsageError, match="--json-schema is not valid JSON: nested too deep"):
         tasks_of("--json-schema", str(path))
-    with pytest.raises(ConstraintError, match="cannot use the JSON schema: nested too deep"):
+    with pytest.raises(ConstraintError, match="cannot use the JSON schema: it is nested too deep"):
         to_regex(tasks_of("--json-schema", nested(600))[0]["constraint"])
 
 
