@@ -1,7 +1,7 @@
 """A recording of a live session (`live --annotate`): each completed frame with its answers and
 its end-to-end latency drawn, in an H.264 MP4, shown from the time the frame was captured until
-the next completed one (a variable frame rate: frames dropped at intake or cancelled as stale
-are not in it, as they never had a caption).
+the next completed one, the last one until `close()` (a variable frame rate: frames dropped at
+intake or cancelled as stale are not in it, as they never had a caption).
 
 Encoding runs on a thread of its own behind a bounded queue, so the session never waits on it;
 a frame that finds the queue full is left out of the recording and counted (`skipped`), as are
@@ -38,6 +38,7 @@ class Recorder:
         self.error: Exception | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=queue_frames)
         self._t0: float | None = None
+        self._end: float | None = None  # when close() came, in the frames' capture clock (perf_counter)
         self._thread = threading.Thread(target=self._run, name="vlmstream-recorder", daemon=True)
         self._thread.start()
         # Finished at the interpreter's exit if no one closed it: a Ctrl-C while `live` closed its
@@ -88,7 +89,13 @@ class Recorder:
         finally:
             if sink is not None:
                 try:
-                    sink.close()
+                    # The last frame stays on screen until the recording ended, as it did for a
+                    # viewer: it had lasted 1 ms (a session's last answer never seen in its
+                    # recording, a one-frame recording 0.001 s long). Not past max_seconds.
+                    end = None if self._end is None or self._t0 is None else self._end - self._t0
+                    if end is not None and self.max_seconds is not None:
+                        end = min(end, self.max_seconds)
+                    sink.close(end)
                 except Exception as e:
                     self.error = self.error or e
 
@@ -97,6 +104,8 @@ class Recorder:
         afterwards are ignored."""
         atexit.unregister(self.close)  # a server makes many: none kept for the exit once closed
         with self._adding:
+            if not self._closed:  # a second close (at exit) is no later end
+                self._end = time.perf_counter()
             self._closed = True
         deadline = time.monotonic() + timeout
         while self._thread.is_alive():

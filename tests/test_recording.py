@@ -428,6 +428,38 @@ def test_a_recording_is_timed_by_capture_from_its_first_frame_whatever_the_sourc
     assert times == [round(i / 10, 3) for i in range(5)]
 
 
+def test_a_recordings_last_frame_lasts_until_the_recording_ended(tmp_path):
+    """`live --annotate` of a slow model (Moondream 2 on a CPU: a frame every few seconds): the
+    last answer of the session was on screen in the recording for 1 ms, never seen, and a
+    recording of one frame was 0.001 s long. It lasts until the recording was closed."""
+    import time
+
+    from engine.types import RequestOutput
+    from pipelines.live import LiveResult
+    from pipelines.recorder import Recorder
+    from pipelines.sources import Frame
+
+    rgb = np.full((48, 64, 3), 90, np.uint8)
+    now = time.perf_counter()
+    rec = Recorder(tmp_path / "r.mp4")
+    for i, ago in enumerate((1.0, 0.7)):  # captured 1.0 and 0.7 s before the session ends
+        rec.add(LiveResult(Frame("cam", i, i / 10, rgb, captured_at=now - ago), [RequestOutput("yes", [], "stop")],
+                           20.0, [{"caption": "short"}]))
+    rec.close()
+    times, _ = _decoded(tmp_path / "r.mp4")
+    with av.open(str(tmp_path / "r.mp4")) as c:
+        seconds = c.duration / 1_000_000
+    assert times == [0.0, 0.3] and rec.error is None
+    assert 1.0 <= seconds < 1.0 + 30  # to the close, not to 0.301 s
+
+    one = Recorder(tmp_path / "one.mp4", max_seconds=0.5)  # a capped recording ends at its cap
+    one.add(LiveResult(Frame("cam", 0, 0.0, rgb, captured_at=time.perf_counter() - 2.0),
+                       [RequestOutput("yes", [], "stop")], 20.0, [{"caption": "short"}]))
+    one.close()
+    with av.open(str(tmp_path / "one.mp4")) as c:
+        assert c.duration / 1_000_000 == pytest.approx(0.5, abs=0.01)
+
+
 def test_a_recorded_frame_is_drawn_with_its_answer_index_and_latency(tmp_path, monkeypatch):
     """What a viewer of the recording reads on each frame: the answer, the frame's number and how
     long it took from capture to answer."""
