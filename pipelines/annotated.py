@@ -133,6 +133,11 @@ class AnnotatedVideoSink:
         # No B-frames: a fragmented file has no edit list to start reordered frames at 0 s, and
         # without reordering the last packet is the last frame, which close(end) lengthens.
         self._stream.options["bf"] = "0"
+        # BT.709, said in the stream: the RGB was converted with swscale's default (BT.601) and the
+        # file said nothing, so players took an HD copy for BT.709 (mpv, browsers: the guess for
+        # HD), its colours off the original's (reds orange, up to 78 of 255 off). Converted with
+        # BT.709 (write_image) and tagged so, it shows as the frames were read, at any size.
+        self._stream.options["x264-params"] = "colorprim=bt709:transfer=bt709:colormatrix=bt709"
         self._last_pts = -1
         self._held = None  # the newest packet (see _mux)
         self._closed = False
@@ -152,7 +157,8 @@ class AnnotatedVideoSink:
         if self._failed is not None:  # the file is lost: a caller that goes on is told again
             raise self._failed
         img = annotate(self._fit(rgb), text, info)
-        frame = self._av.VideoFrame.from_ndarray(img, format="rgb24")
+        frame = self._av.VideoFrame.from_ndarray(img, format="rgb24").reformat(
+            format="yuv420p", dst_colorspace=self._av.video.reformatter.Colorspace.ITU709)  # as tagged (above)
         pts = max(int(round(seconds * 1000)), self._last_pts + 1)  # strictly increasing
         frame.pts, self._last_pts = pts, pts
         try:

@@ -353,6 +353,29 @@ def test_frames_of_another_size_are_fitted_whole_not_cropped(tmp_path):
     assert frames[2][5:25, 40:120].mean() < 30 and frames[2][40:55, 40:120].mean() > 170  # 160x60 between bars
 
 
+def test_an_annotated_hd_video_says_its_colours_are_bt709_and_is_converted_so(tmp_path):
+    """An annotated 1280x720 copy opened in mpv or a browser had its colours off the original's
+    (a red turned orange, up to 78 of 255 off): its RGB was converted to YUV with BT.601 and the
+    file named no matrix, so players took it for BT.709, their guess for HD. It is converted with
+    BT.709 and says so; decoded as it says (and as BT.709), its colours are those drawn."""
+    from pipelines.annotated import AnnotatedVideoSink
+
+    rgb = np.zeros((720, 1280, 3), np.uint8)
+    rgb[:, :640] = (220, 30, 30)  # a red and a green: where the two matrices differ most
+    rgb[:, 640:] = (30, 200, 60)
+    sink = AnnotatedVideoSink(tmp_path / "a.mp4", 1280, 720)
+    sink.write_image(rgb, "", "", 0.0)
+    sink.close()
+    with av.open(str(tmp_path / "a.mp4")) as c:
+        cc = c.streams.video[0].codec_context
+        frame = next(c.decode(video=0))
+        assert (cc.colorspace, cc.color_primaries, cc.color_trc) == (1, 1, 1)  # AVCOL_*_BT709
+        bt709 = frame.to_ndarray(format="rgb24", src_colorspace=av.video.reformatter.Colorspace.ITU709)
+    for got in (_decoded(tmp_path / "a.mp4")[1][0], bt709):
+        assert np.abs(got[100:300, 100:500].astype(int) - (220, 30, 30)).max() <= 6
+        assert np.abs(got[100:300, 800:1200].astype(int) - (30, 200, 60)).max() <= 6
+
+
 def test_a_one_pixel_video_is_annotated_at_two_by_two(tmp_path):
     """yuv420p wants even sizes: a 1x1 video's frames were 0 wide, the encoder refused them, and
     `video --annotate` stopped every output after the first frame with a traceback."""
