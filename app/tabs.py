@@ -237,8 +237,18 @@ def _read_in_one_line(preprocess: Callable) -> Callable:
     with a traceback in the server's console, or for a truncated file its bare "image file is
     truncated". (A subclass of gr.Image would do it too, but Gradio writes a .pyi file beside its
     module.)"""
+    import warnings
+
+    from PIL import Image
+
     from engine.errors import ImageError
     from pipelines.image_file import read_image
+
+    # An image past Pillow's warning size (89 Mpx; twice that is refused) is read as `vlmstream
+    # image` reads it, without Pillow's DecompressionBombWarning: Gradio's decoding printed it, two
+    # lines of Pillow's source, in the server's console for each such upload. Once for the process
+    # (warnings.catch_warnings around each read is not thread-safe: pages upload side by side).
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
     def read(payload):
         try:

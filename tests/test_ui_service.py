@@ -1583,3 +1583,20 @@ def test_settings_at_their_limits_are_taken_whole_where_they_count():
     s = checked(Settings(max_tokens=12.0, temperature=2, sticky=10, hold=600.0))
     assert (s.max_tokens, s.temperature, s.sticky, s.hold) == (12, 2.0, 10.0, 600)
     assert type(s.max_tokens) is int and type(s.hold) is int and type(s.temperature) is float
+
+
+def test_a_very_large_image_upload_prints_no_warning_in_the_servers_console(tmp_path, monkeypatch, recwarn):
+    """A 100-megapixel photo on the Image tab was captioned, but the server's console printed
+    Pillow's DecompressionBombWarning (two lines of Pillow's source) for each upload: `vlmstream
+    image` reads such a file without a word, and the page's user had made no mistake."""
+    import gradio as gr
+    from gradio.data_classes import ImageData
+
+    from app.tabs import _read_in_one_line
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 50)  # 8 x 8 is then past the warning size, not twice it
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "big.png")
+    read = _read_in_one_line(gr.Image(type="pil", image_mode=None).preprocess)
+    picture = read(ImageData(path=str(tmp_path / "big.png"), orig_name="big.png"))
+    assert picture.size == (8, 8)
+    assert not [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)]
