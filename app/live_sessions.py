@@ -49,9 +49,11 @@ class LiveSessions:
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
         self._closed: OrderedDict[str, None] = OrderedDict()  # the sessions closed last, oldest first
 
-    def start_live(self, session: str, source: str, task: dict, record: bool = False) -> object:
+    def start_live(self, session: str, source: str, task: dict, record: bool = False,
+                   name: str | None = None) -> object:
         """Start (or restart) this session's live feed from a sample name, file path, URL or webcam
-        index; with `record`, its completed frames are recorded (`recording()` gives the MP4)."""
+        index; with `record`, its completed frames are recorded (`recording()` gives the MP4).
+        `name`: what its Export calls a file (an upload by its own name; else its path)."""
         source = (source or "").strip()
         if not source:
             raise UIError("choose a source")
@@ -67,9 +69,9 @@ class LiveSessions:
             # would play on for nobody.
             with self._lock:
                 self._check_open(session)
-            return self._start_live(session, source, task, record)
+            return self._start_live(session, source, task, record, name)
 
-    def _start_live(self, session: str, source: str, task: dict, record: bool) -> object:
+    def _start_live(self, session: str, source: str, task: dict, record: bool, name: str | None = None) -> object:
         from pipelines.feed import LiveFeed
         from pipelines.recorder import Recorder
         from pipelines.sources import open_live
@@ -88,7 +90,7 @@ class LiveSessions:
             raise UIError(f"no such file: {shortened(source)} ({e.strerror})") from None
         if missing:
             raise UIError(f"{source} is a folder, not a video" if folder else f"no such file: {source}")
-        live = open_live(source, reading=service.reading)  # a recording (a file, or one over the network) plays as if live, round and round
+        live = open_live(source, reading=service.reading, name=name)  # a recording (a file, or one over the network) plays as if live, round and round
         recorder = None
         if record:
             self._drop_recording(session, "pull")

@@ -53,7 +53,9 @@ class PageEvents:
         sid = request.session_hash
         try:
             task = make_task(kind, question, ckind, ctext, regions=True)
-            feed = self.service.start_live(sid, upload or src, task, record=bool(record))
+            # an upload's Export names it as uploaded, not by Gradio's scratch path (as a video job's JSONL)
+            feed = self.service.start_live(sid, upload or src, task, record=bool(record),
+                                           name=Path(upload).name if upload else None)
             if auto:
                 self.autoplayed[sid] = feed
             else:
@@ -227,7 +229,10 @@ class PageEvents:
             # its folder once it runs: made before, while it waited, other jobs' folders pushed it
             # out of the VIDEO_JOBS_KEPT newest, and it was deleted
             out_dir = self.service.jobs.new_folder()
-            out = self.service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes))
+            # the JSONL's "source" is the upload's name, as `video clip.mp4 -o` writes it: Gradio's
+            # scratch path (/tmp/vlmstream-ui-.../gradio/<hash>/clip.mp4) is gone with the server
+            out = self.service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes),
+                                             name=Path(path).name)
         except (UIError, VlmstreamError, OSError) as e:
             raise user_error(str(upload_named(e, path))) from None
         finally:

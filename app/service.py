@@ -128,8 +128,9 @@ class Service:
         return stats
 
     # ---------------------------------------------------------------- live feeds (app/live_sessions.py)
-    def start_live(self, session: str, source: str, task: dict, record: bool = False) -> object:
-        return self.live.start_live(session, source, task, record)
+    def start_live(self, session: str, source: str, task: dict, record: bool = False,
+                   name: str | None = None) -> object:
+        return self.live.start_live(session, source, task, record, name)
 
     def recording(self, session: str, kind: str = "pull") -> Path:
         return self.live.recording(session, kind)
@@ -237,25 +238,26 @@ class Service:
 
     def caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                       on_progress: Callable[[int, int | None], None] | None = None,
-                      stop: threading.Event | None = None, changes: bool = False) -> dict:
+                      stop: threading.Event | None = None, changes: bool = False, name: str | None = None) -> dict:
         """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns rows and paths
         (a region task: places.jsonl, .srt, .vtt and annotated.mp4 with the places drawn,
         `run_locate_job`).
         Setting `stop` ends the job at its next frame with what is done ("cancelled": True). With
-        `changes`, the rows and the JSONL hold only the answers that changed (`video --changes`)."""
+        `changes`, the rows and the JSONL hold only the answers that changed (`video --changes`).
+        `name`: what the JSONL's lines call the file (an upload by its own name; else its path)."""
         try:
             if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
                 raise UIError("no video given")
             if isinstance(every_n, bool) or not isinstance(every_n, int) or every_n < 1:
                 raise UIError(f"every n-th frame must be a whole number >= 1, got {every_n!r}")
             with self.jobs.writing(out_dir):  # till the job is over: then its folder may go
-                return self._caption_video(path, task, out_dir, every_n, on_progress, stop, changes)
+                return self._caption_video(path, task, out_dir, every_n, on_progress, stop, changes, name)
         finally:  # a later Cancel has nothing of it to stop
             self.jobs.forget(stop)
 
     def _caption_video(self, path: str, task: dict | list[dict], out_dir: Path, every_n: int,
                        on_progress: Callable[[int, int | None], None] | None, stop: threading.Event | None,
-                       changes: bool) -> dict:
+                       changes: bool, name: str | None = None) -> dict:
         from app.video_job import run_locate_job, run_video_job
 
         region = self._region_task(task)
@@ -275,9 +277,9 @@ class Service:
                 return found
 
             return run_locate_job(locate_many, path, kind, what, out_dir, every_n, on_progress, stop, changes,
-                                  self.reading)
+                                  self.reading, name)
         return run_video_job(self.engine(), self.params(), path, task, out_dir, every_n, on_progress, stop,
-                             changes, self.reading)
+                             changes, self.reading, name)
 
     def remove_outputs(self) -> None:
         """Delete every video job's outputs and every recording (the server is stopping)."""

@@ -17,11 +17,12 @@ from pipelines.frame import AS_SHOWN, Reading
 def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: Path, every_n: int = 1,
                   on_progress: Callable[[int, int | None], None] | None = None,
                   stop: threading.Event | None = None, changes: bool = False,
-                  reading: Reading = AS_SHOWN) -> dict:
+                  reading: Reading = AS_SHOWN, name: str | None = None) -> dict:
     """Caption a file into out_dir: captions.jsonl/.srt/.vtt and annotated.mp4; returns the rows
     shown (index, pts, text, ms), the paths and the job's figures. Setting `stop` ends the job at
     its next frame with what is done ("cancelled": True); with `changes`, the rows and the JSONL
-    hold only the answers that changed (`video --changes`)."""
+    hold only the answers that changed (`video --changes`). `name`: the JSONL's "source" (an
+    upload's own name; else the path)."""
     from engine.errors import EngineClosedError
     from pipelines.batch import BatchSummary, Sampling, caption_file
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
@@ -63,7 +64,7 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
             on_progress(answers[0] // (len(task) if several else 1) * every_n, total)
 
     summary = BatchSummary()
-    src = FileSource(path, reading=reading)
+    src = FileSource(path, source_id=name, reading=reading)
     cancelled = False
     try:
         caption_file(engine, src, sinks, task, params, Sampling(every_n=every_n),
@@ -85,14 +86,14 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
 def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, task: str, what: str,
                    out_dir: Path, every_n: int = 1, on_progress: Callable[[int, int | None], None] | None = None,
                    stop: threading.Event | None = None, changes: bool = False,
-                   reading: Reading = AS_SHOWN) -> dict:
+                   reading: Reading = AS_SHOWN, name: str | None = None) -> dict:
     """`video --detect` (or `--point`) for the web UI: the places of `what` in every n-th frame
     through `locate` (the region decoder's `locate_batch`, LOCATE_BATCH frames a call) into
     out_dir: places.jsonl (the lines of `video --detect -o`), places.srt/.vtt (the number found, a
     cue while it stays the same) and annotated.mp4 with the places drawn; the rows shown give the
     places in pixels. With `changes`, the rows and the JSONL hold the frames where the count found
     changes. Setting `stop` ends the job at its next frame with what is done (the frames of a
-    batch not yet located are dropped)."""
+    batch not yet located are dropped). `name`: the JSONL's "source", as for `run_video_job`."""
     import time
 
     from app.parser import LOCATE_BATCH
@@ -109,7 +110,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     rows: list[dict] = []
     tracker = AnswerChanges() if changes else None
     frames, cancelled, started = 0, False, time.perf_counter()
-    src = FileSource(path, reading=reading)
+    src = FileSource(path, source_id=name, reading=reading)
     total = src.frame_count
     lines, video = JsonlSink(paths["jsonl"], append=False), None
     duration = every_n / (src.fps or 30.0)  # what a frame's count stands for

@@ -87,7 +87,8 @@ class LiveSource:
     problems: list[str] = field(default_factory=list)
 
 
-def open_live(source: str, max_outage: float | None = None, reading: Reading = AS_SHOWN) -> LiveSource:
+def open_live(source: str, max_outage: float | None = None, reading: Reading = AS_SHOWN,
+              name: str | None = None) -> LiveSource:
     """A source to watch live, by name: webcam:N, a stream URL, standard input (-) or a named pipe
     (each read once, as a program writes it), or a video file. A stream or a camera that has sent
     frames is reopened for ever, or given up after `max_outage` seconds without any.
@@ -96,7 +97,8 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
     here. `reading`: as a player shows its frames, or as stored. A recording served over the
     network paces itself (StreamSource) and ends; called again, its frames start over, as a file's
     do. A live stream or a camera never ends that way (it is reopened, `Connection`), so looping
-    it changes nothing.
+    it changes nothing. `name`: a file's frames' source id (the web UI's upload by its own name,
+    not its scratch path); else the path.
     """
     if not isinstance(source, str) or not source.strip():  # "" had been read as the folder "."
         raise SourceError("no source given: a file, a stream URL, webcam:N or - (standard input)")
@@ -125,7 +127,7 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
     problems: list[str] = []
 
     def frames() -> Iterator[Frame]:
-        src = FileSource(source, threads=False, reading=reading)
+        src = FileSource(source, source_id=name, threads=False, reading=reading)
         try:
             yield from src.frames(lazy=True)
         finally:

@@ -1600,3 +1600,32 @@ def test_a_very_large_image_upload_prints_no_warning_in_the_servers_console(tmp_
     picture = read(ImageData(path=str(tmp_path / "big.png"), orig_name="big.png"))
     assert picture.size == (8, 8)
     assert not [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)]
+
+
+def test_an_uploads_jsonl_names_the_upload_not_the_servers_scratch_copy(service, tmp_path):
+    """The Video file tab's captions.jsonl (and the Live tab's Export of a file uploaded to play
+    live) gave each line's "source" as Gradio's copy of the upload
+    (/tmp/vlmstream-ui-.../gradio/<hash>/clip.mp4): a path on the server, gone once it stops, where
+    `video clip.mp4 -o` writes clip.mp4. Errors and warnings already named the upload."""
+    import shutil
+    import types
+
+    from app.page_events import PageEvents
+
+    scratch = tmp_path / "gradio" / "0123abcd"
+    scratch.mkdir(parents=True)
+    upload = scratch / "my clip.mp4"
+    shutil.copy(SAMPLES_DIR / "cuts_640x360_30fps.mp4", upload)
+    note, rows, files, _ = PageEvents(service).video(str(upload), "short", "", 120,
+                                                     request=types.SimpleNamespace(session_hash="tab-named"))
+    lines = [json.loads(line) for line in Path(next(f for f in files if f.endswith(".jsonl"))).read_text().splitlines()]
+    assert len(lines) == len(rows) >= 3, note
+    assert {line["source"] for line in lines} == {"my clip.mp4"}
+    request = types.SimpleNamespace(session_hash="tab-named")
+    updates = PageEvents(service).live("shapes_640x360_60fps.mp4", str(upload), "short", "", "none", "", False, request)
+    next(updates)
+    wait_for(lambda: service.feed("tab-named").snapshot().counters["completed"] >= 3)
+    updates.close()  # the page went away: its feed stops, its captions stay for Export
+    lines = [json.loads(line) for line in service.export_log("tab-named").read_text().splitlines()]
+    assert len(lines) >= 3 and {line["source"] for line in lines} == {"my clip.mp4"}
+    service.close_session("tab-named")
