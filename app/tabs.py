@@ -225,7 +225,13 @@ def settings_tab(events: PageEvents) -> list:
     sstatus = gr.Markdown()
     stats = gr.JSON(label="Engine")
     form = [model, device, temperature, max_tokens, pipelined, sticky, hold]
-    sapply.click(events.apply, form, sstatus, api_name="apply_settings")
+    # The last Apply's "settings applied" goes when Apply is pressed again: it had stayed beside a
+    # refused value's error, as if that value were applied.
+    sapply.click(lambda: "", None, sstatus, queue=False, api_name=False, show_progress="hidden")
+    # Once applied, the form shows what now runs: a box left empty (or a number the browser could
+    # not read, such as 1e400) keeps its setting, and had stayed empty beside "settings applied".
+    sapply.click(events.apply, form, sstatus, api_name="apply_settings").success(
+        events.settings_form, None, form, api_name=False, show_progress="hidden", queue=False)
     gr.Timer(1.0).tick(events.service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
     return form
 

@@ -817,3 +817,34 @@ def test_a_page_shows_the_settings_the_server_runs(server, client):
             client.predict(d.model, d.device, d.temperature, d.max_tokens, d.pipelined, d.sticky, d.hold,
                            api_name="/apply_settings")
             browser.close()
+
+
+def test_the_settings_form_says_what_an_apply_did(server):
+    """A box left empty (or a number the browser cannot read, such as 1e400) kept its setting
+    while the page showed it empty beside "settings applied"; and that "settings applied" stayed
+    beside a later Apply's error (max tokens 0), as if the refused value were applied."""
+    from app.settings import Settings
+
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page()
+        page.goto(server)
+        page.wait_for_selector("#vs-caption", timeout=120_000)
+        page.get_by_role("tab", name="Settings").click()
+        tokens = page.locator("#vs-tab-settings input[aria-label='Max tokens']")
+        answered = []  # the page's unqueued events: Apply's clearing of the status, then its form's refresh
+        page.on("response", lambda r: answered.append(r.url) if r.url.endswith("/run/predict") else None)
+        tokens.fill("")
+        page.get_by_role("button", name="Apply").click()
+        deadline = time.time() + 30
+        while len(answered) < 2 and time.time() < deadline:  # else a late refresh overwrites the 0 typed below
+            page.wait_for_timeout(50)
+        # applied, and the box says what runs
+        page.wait_for_function("document.querySelector('#vs-tab-settings').innerText.includes('settings applied')"
+                               " && document.querySelector('#vs-tab-settings input[aria-label=\"Max tokens\"]')"
+                               f".value == '{Settings.max_tokens}'", timeout=30_000)
+        tokens.fill("0")
+        page.get_by_role("button", name="Apply").click()
+        page.locator(".toast-body:has-text('max tokens must be a whole number >= 1')").first.wait_for(timeout=30_000)
+        assert "settings applied" not in page.inner_text("#vs-tab-settings")
+        browser.close()
