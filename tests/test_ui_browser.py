@@ -828,17 +828,29 @@ def test_the_settings_form_says_what_an_apply_did(server):
     with playwright_api.sync_playwright() as p:
         browser = launch(p)
         page = browser.new_page()
+        # The page's unqueued events (the form filled on load and on the tab's select, Apply's
+        # clearing of the status, its form's refresh): each waited for, or a late one overwrites
+        # what the test types next (the tab's refresh landing after the empty box was typed made
+        # Apply's own refresh come after the 0, and no error).
+        asked, answered = [], []
+        page.on("request", lambda r: asked.append(r) if r.url.endswith("/run/predict") else None)
+        page.on("requestfinished", lambda r: answered.append(r) if r.url.endswith("/run/predict") else None)
+
+        def settled(before: int, new: int) -> None:  # `new` more asked since `before`, and all answered
+            deadline = time.time() + 30
+            while (len(asked) - before < new or len(answered) < len(asked)) and time.time() < deadline:
+                page.wait_for_timeout(50)
+
         page.goto(server)
         page.wait_for_selector("#vs-caption", timeout=120_000)
+        before = len(asked)
         page.get_by_role("tab", name="Settings").click()
+        settled(before, 1)
         tokens = page.locator("#vs-tab-settings input[aria-label='Max tokens']")
-        answered = []  # the page's unqueued events: Apply's clearing of the status, then its form's refresh
-        page.on("response", lambda r: answered.append(r.url) if r.url.endswith("/run/predict") else None)
         tokens.fill("")
+        before = len(asked)
         page.get_by_role("button", name="Apply").click()
-        deadline = time.time() + 30
-        while len(answered) < 2 and time.time() < deadline:  # else a late refresh overwrites the 0 typed below
-            page.wait_for_timeout(50)
+        settled(before, 2)
         # applied, and the box says what runs
         page.wait_for_function("document.querySelector('#vs-tab-settings').innerText.includes('settings applied')"
                                " && document.querySelector('#vs-tab-settings input[aria-label=\"Max tokens\"]')"
