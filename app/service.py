@@ -259,22 +259,20 @@ class Service:
                        on_progress: Callable[[int, int | None], None] | None, stop: threading.Event | None,
                        changes: bool, name: str | None = None) -> dict:
         from app.video_job import run_locate_job, run_video_job
+        from engine.errors import EngineClosedError
 
         region = self._region_task(task)
         if region is not None:  # {"detect": OBJECT} or {"point": OBJECT}: LOCATE_BATCH frames a turn
             kind, what = region
             decoder, lock = self._region_decoder()
-            done = [0]
 
             def locate_many(rgbs: list[np.ndarray]) -> list[dict]:
                 with self._lock:  # as a caption job stops: it had run on, keeping the old model
                     reloaded = self._region is None or self._region[1] is not decoder
-                if reloaded:
-                    raise UIError(f"the engine was reloaded (Settings) after {done[0]} frames: run the job again")
+                if reloaded:  # the job ends there, its frames so far handed over (app/video_job.py)
+                    raise EngineClosedError("the region decoder was replaced (Settings)")
                 with lock:
-                    found = decoder.locate_batch(rgbs, what, kind)
-                done[0] += len(rgbs)
-                return found
+                    return decoder.locate_batch(rgbs, what, kind)
 
             return run_locate_job(locate_many, path, kind, what, out_dir, every_n, on_progress, stop, changes,
                                   self.reading, name)

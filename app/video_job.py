@@ -72,8 +72,8 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
     except KeyboardInterrupt:  # stopped: the outputs keep every frame finished so far
         cancelled = True
     except EngineClosedError:  # Settings loaded another model meanwhile (or the server stops)
-        raise UIError(f"the engine was reloaded (Settings) after {summary.frames_captioned} frames: "
-                      "run the job again") from None
+        cancelled = True
+        summary.errors.append(reloaded(summary.frames_captioned))
     finally:
         src.close()
         close_all(sinks, src.end)
@@ -81,6 +81,12 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
     return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()},
             "frames": summary.frames_captioned, "seconds": round(summary.seconds, 2),
             "x_real_time": round(speed, 2), "warnings": summary.errors, "cancelled": cancelled}
+
+
+def reloaded(frames: int) -> str:
+    """A job cut short by another page's Settings (a new model): it had been an error, and the
+    frames it had done, written and closed in its files, were not handed over."""
+    return f"the engine was reloaded (Settings) after {frames} frames: run the job again for the rest"
 
 
 def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, task: str, what: str,
@@ -97,6 +103,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     import time
 
     from app.parser import LOCATE_BATCH
+    from engine.errors import EngineClosedError
     from pipelines.changes import AnswerChanges
     from pipelines.locator import batched, count_change, draw, found_text, pixel_places, place_record, places_text
     from pipelines.annotated import AnnotatedVideoSink
@@ -109,7 +116,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     key = "objects" if task == "detect" else "points"
     rows: list[dict] = []
     tracker = AnswerChanges() if changes else None
-    frames, cancelled, started = 0, False, time.perf_counter()
+    frames, cancelled, started, warnings = 0, False, time.perf_counter(), []
     src = FileSource(path, source_id=name, reading=reading)
     total = src.frame_count
     lines, video = JsonlSink(paths["jsonl"], append=False), None
@@ -139,6 +146,9 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
                                   frame.pts)
             if on_progress:
                 on_progress(src.decoded, total)
+    except EngineClosedError:  # `locate` found the model reloaded (Settings): as a caption job
+        cancelled = True
+        warnings.append(reloaded(frames))
     finally:
         src.close()
         close_all([lines, *subs, video], src.end)
@@ -147,4 +157,4 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
     seconds = time.perf_counter() - started
     return {"rows": rows, "paths": {k: str(v) for k, v in paths.items()}, "frames": frames,
             "seconds": round(seconds, 2), "x_real_time": round(src.seconds / seconds, 2) if seconds else 0.0,
-            "warnings": [src.error] if src.error else [], "cancelled": cancelled}
+            "warnings": ([src.error] if src.error else []) + warnings, "cancelled": cancelled}
