@@ -44,7 +44,7 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
     jsonl = JsonlSink(paths["jsonl"])
     sinks = [ChangedAnswersSink(jsonl) if changes else jsonl, SubtitleSink(paths["srt"], "srt", duration),
              SubtitleSink(paths["vtt"], "vtt", duration),
-             AnnotatedVideoSink(paths["mp4"], first.rgb.shape[1], first.rgb.shape[0])]
+             AnnotatedVideoSink(paths["mp4"], first.rgb.shape[1], first.rgb.shape[0], frame_duration=duration)]
     rows: list[dict] = []
     several = isinstance(task, list)
     tracker = AnswerChanges() if changes else None
@@ -141,7 +141,7 @@ def run_locate_job(locate: Callable[[list[np.ndarray]], list[dict]], path: str, 
                                  "text": f"{what}: {places_text(pixels, task)}",
                                  "ms": round(result["timings_ms"].get("total", 0.0), 1)})
                 if video is None:
-                    video = AnnotatedVideoSink(paths["mp4"], w, h)
+                    video = AnnotatedVideoSink(paths["mp4"], w, h, frame_duration=duration)
                 video.write_image(draw(frame.rgb, pixels, task), found, f"#{frame.index} {frame.pts:.3f}s",
                                   frame.pts)
             if on_progress:

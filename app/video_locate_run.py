@@ -175,7 +175,8 @@ class _FileLocate:
         if self.ann is None:
             self.plan.annotate.parent.mkdir(parents=True, exist_ok=True)
             h, w = frame.rgb.shape[:2]
-            self.ann = AnnotatedVideoSink(self.rebuilt.path(self.plan.annotate), w, h)
+            self.ann = AnnotatedVideoSink(self.rebuilt.path(self.plan.annotate), w, h,
+                                          frame_duration=self.run.sampling.period(self.src.fps))
         self.ann.write_image(draw(frame.rgb, pixels, self.run.task), found_text(self.run.what, len(pixels)), info,
                              frame.pts)
 

@@ -170,7 +170,8 @@ class VideoRun:
                 sinks.append(SubtitleSink(rebuilt.path(sub_path), fmt, self.sampling.period(src.fps)))
             if plan.annotate:
                 plan.annotate.parent.mkdir(parents=True, exist_ok=True)
-                sinks.append(AnnotatedVideoSink(rebuilt.path(plan.annotate), first.rgb.shape[1], first.rgb.shape[0]))
+                sinks.append(AnnotatedVideoSink(rebuilt.path(plan.annotate), first.rgb.shape[1], first.rgb.shape[0],
+                                                frame_duration=self.sampling.period(src.fps)))
             caption_file(self.engine, src, sinks, self.checked.tasks, self.params, self.sampling, file_done,
                          on_frame=progress.show, summary=summary, stop=self.stop)
             finished = True

@@ -98,13 +98,17 @@ class AnnotatedVideoSink:
 
     needs_rgb = True  # it draws on the frames (the other sinks write text only)
 
-    def __init__(self, path: str | Path, width: int, height: int, fragmented: bool = False):
+    def __init__(self, path: str | Path, width: int, height: int, fragmented: bool = False,
+                 frame_duration: float | None = None):
         """fragmented: an MP4 that plays up to its last second or so however the process ends
         (killed, out of memory, power lost), for open-ended recordings; otherwise the index goes
-        first (it is written at the end), which players and browsers start from soonest."""
+        first (it is written at the end), which players and browsers start from soonest.
+        frame_duration: what one frame processed stands for (a sampled video's period), as
+        SubtitleSink's: the last frame lasts no longer, `close(end)` or not."""
         import av
 
         self._av = av
+        self.frame_duration = frame_duration
         # yuv420p wants even sizes, 2x2 at least (a 1x1 video's came out 0 wide: the encoder refused it)
         self.width, self.height = max(2, width - width % 2), max(2, height - height % 2)
         self.path = Path(path)
@@ -205,6 +209,11 @@ class AnnotatedVideoSink:
                 self._mux(self._stream.encode())
                 last, self._held = self._held, None
                 if last is not None:
+                    # As the subtitles' last cue: an interrupted `video --annotate` held its last
+                    # frame to where decoding had got to, ~1 s past it at --fps 1.
+                    if self.frame_duration is not None:
+                        own = self._last_pts / 1000 + self.frame_duration
+                        end = own if end is None or end <= self._last_pts / 1000 else min(own, end)
                     if end is not None:
                         last.duration = max(last.duration or 0, round(end * 1000) - self._last_pts)
                     self._container.mux(last)

@@ -483,6 +483,29 @@ def test_a_recordings_last_frame_lasts_until_the_recording_ended(tmp_path):
         assert c.duration / 1_000_000 == pytest.approx(0.5, abs=0.01)
 
 
+def test_an_annotated_videos_last_frame_lasts_one_frames_time_as_its_last_cue(tmp_path):
+    """A sampled video stopped partway (Ctrl-C, the UI's Cancel): its annotated copy held the last
+    frame to where decoding had got to (~1 s past it at --fps 1, decoding reads ahead), while its
+    subtitles' last cue ended a frame's time after it. Both end there now; a whole run's end (the
+    video's) still caps it, and without a frame's time the end is as given."""
+    from pipelines.annotated import AnnotatedVideoSink
+
+    rgb = np.zeros((48, 64, 3), np.uint8)
+
+    def seconds(name: str, end: float | None, frame_duration: float | None) -> float:
+        sink = AnnotatedVideoSink(tmp_path / name, 64, 48, frame_duration=frame_duration)
+        for pts in (0.0, 0.5, 1.0):
+            sink.write_image(rgb, "a circle", "#0", pts)
+        sink.close(end)
+        with av.open(str(tmp_path / name)) as c:
+            return c.duration / 1_000_000
+
+    assert seconds("stopped.mp4", 2.3, 0.5) == pytest.approx(1.5, abs=0.01)  # decoding had reached 2.3 s
+    assert seconds("whole.mp4", 1.2, 0.5) == pytest.approx(1.2, abs=0.01)  # the video ended there
+    assert seconds("no_end.mp4", None, 0.5) == pytest.approx(1.5, abs=0.01)
+    assert seconds("as_given.mp4", 2.3, None) == pytest.approx(2.3, abs=0.01)  # a live recording's close
+
+
 def test_a_recorded_frame_is_drawn_with_its_answer_index_and_latency(tmp_path, monkeypatch):
     """What a viewer of the recording reads on each frame: the answer, the frame's number and how
     long it took from capture to answer."""

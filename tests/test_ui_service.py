@@ -12,6 +12,7 @@ import weakref
 from datetime import datetime
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 from PIL import Image
@@ -622,6 +623,10 @@ def test_a_video_job_stops_on_cancel_or_when_its_tab_closes_and_keeps_what_is_do
     lines = Path(out["paths"]["jsonl"]).read_text().splitlines()
     assert [json.loads(line)["index"] for line in lines] == [r["index"] for r in out["rows"]]
     assert Path(out["paths"]["srt"]).read_text().startswith("1\n")
+    # the annotated copy ends where the subtitles do, a frame's time (2 of 30 fps) after the last
+    # frame done: it had lasted to where decoding had read ahead to
+    with av.open(out["paths"]["mp4"]) as c:
+        assert c.duration / 1_000_000 == pytest.approx(out["rows"][-1]["pts"] + 2 / 30, abs=0.005)
     assert not service.jobs.cancel("tab-v")  # nothing running any more
     # a tab that closes stops its job
     started, result = threading.Event(), {}
