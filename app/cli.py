@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = args.func(args)
         except VlmstreamError as e:
             print(f"vlmstream: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
+            return getattr(e, "exit_code", EXIT_USAGE)  # a stream given up for silence: 1 (SourceSilent)
         except StandardOutputError as e:  # a redirect onto a full disk: what was done is not all written
             print(f"vlmstream: error: cannot write standard output: {e.strerror}", file=sys.stderr)
             return 1

@@ -18,7 +18,7 @@ from pipelines.changes import AnswerChanges
 from pipelines.locator import LiveLocator, count_change, places_text
 from pipelines.recorder import Recorder
 from pipelines.sinks import json_text
-from pipelines.sources import SourceError
+from pipelines.sources import SourceError, SourceSilent
 
 from app.console import StandardOutputError
 from app.live import log_name, p50_text
@@ -118,7 +118,8 @@ class LiveLocateRun:
         stats = locator.stats()
         failed = locator.exceptions()
         if failed and len(failed) == len(self.labels) and not any(s["frames_in"] for s in stats.values()):
-            raise next(iter(failed.values()))  # nothing was ever read: a plain error
+            # nothing was ever read: a plain error (exit 1 where a source was given up for silence, as live's)
+            raise next((e for e in failed.values() if isinstance(e, SourceSilent)), next(iter(failed.values())))
         errors, some_came = locator.errors(), any(s["frames_in"] for s in stats.values())
         for label, live in zip(self.labels, opened):
             # as live's: a source that never came beside others that did is said, with why (when

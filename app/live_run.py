@@ -19,7 +19,7 @@ from pipelines.changes import AnswerChanges
 from pipelines.prompts import prompt_label
 from pipelines.recorder import Recorder
 from pipelines.sinks import json_text
-from pipelines.sources import SourceError
+from pipelines.sources import SourceError, SourceSilent
 
 from app.launcher import stop_requested
 from app.live import file_names, log_name, p50_text
@@ -152,7 +152,10 @@ class LiveRun:
         labels, several = self.labels, self.several
         never_read = [f for f in feeds if isinstance(f.exception, SourceError) and not f.session.frames_in]
         if never_read and len(never_read) == len(feeds) and not interrupted:  # Ctrl-C: the summary, 130
-            raise never_read[0].exception  # nothing was ever read: a plain error
+            # nothing was ever read: a plain error, exit 2 when every source failed outright (a 404,
+            # a refused password), else the first given up for silence (SourceSilent: exit 1)
+            raise next((f.exception for f in never_read if isinstance(f.exception, SourceSilent)),
+                       never_read[0].exception)
         some_came = any(f.session.frames_in for f in feeds)
         for feed, label, live in zip(feeds, labels, opened):
             # a stream that broke off, or never came beside others that did (when none came, the

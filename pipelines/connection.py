@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable
 
-from .frame import SourceError
+from .frame import SourceSilent
 
 TIMED_OUT = "nothing came for"  # FFmpeg's "Immediate exit requested", in the words a user needs
 RETRY_FIRST_S, RETRY_MAX_S = 0.25, 4.0  # the pause before the first try to reopen, and the longest
@@ -76,14 +76,14 @@ class Connection:
 
     def retry(self, reason: str, started: float) -> bool:
         """Wait before the next try to reopen; False if `stop` came meanwhile (the source ends).
-        Raise a SourceError once the source has sent nothing for longer than it may (`started`:
+        Raise a SourceSilent once the source has sent nothing for longer than it may (`started`:
         when this source was first opened)."""
         self.last_reason = reason
         silent = time.perf_counter() - (self.last_frame or started)
         timed_out = reason.startswith(TIMED_OUT)  # the reason says how long already
         limit = self.max_wait if self.last_frame is None else self.max_outage
         if limit is not None and silent > limit:
-            raise SourceError(f"cannot read {self.display}: {reason}"
+            raise SourceSilent(f"cannot read {self.display}: {reason}"
                               + (f" (nothing for {span(silent)})" if self.last_frame and not timed_out else ""))
         if self.last_frame is not None and silent >= self._still_at:
             self.say(f"still reconnecting: nothing for {span(silent)}" + ("" if timed_out else f" ({reason})"))

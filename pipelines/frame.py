@@ -23,6 +23,15 @@ class SourceError(VlmstreamError):
     """A source cannot be opened or read (missing, not a video, no video stream...)."""
 
 
+class SourceSilent(SourceError):
+    """A stream given up because it sent nothing for longer than it may (`Connection.retry`): a
+    camera that is off, not a wrong address or password. A run that ends on it exits 1, as one in
+    which no source delivered a frame does, not 2: it had exited as a wrong URL does, which a
+    supervisor is right not to restart."""
+
+    exit_code = 1
+
+
 @dataclass(frozen=True)
 class Reading:
     """How a source's decoded frames become pixels. The defaults show them as a player does;

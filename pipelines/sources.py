@@ -13,14 +13,14 @@ from typing import Callable, Iterator
 
 from .connection import Connection
 from .file_source import FileSource, is_remote, takes_ranges
-from .frame import AS_SHOWN, Frame, Reading, SourceError
+from .frame import AS_SHOWN, Frame, Reading, SourceError, SourceSilent
 from .pipe import STDIN, is_named_pipe
 from .stream import StreamSource
 from .url import redact
 from .webcam import WebcamSource, parse_webcam
 
 # The names a caller takes from here, whichever module holds them
-__all__ = ["FileSource", "Frame", "LiveSource", "Reading", "SourceError", "StreamSource", "VIDEO_EXTENSIONS",
+__all__ = ["FileSource", "Frame", "LiveSource", "Reading", "SourceError", "SourceSilent", "StreamSource", "VIDEO_EXTENSIONS",
            "file_name", "files_under", "is_remote", "open_live", "redact", "shown_names", "takes_ranges",
            "video_files"]
 

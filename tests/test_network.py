@@ -187,6 +187,20 @@ def test_live_cli_fails_when_no_stream_sends_anything(capsys, small_folder):
     assert waited and float(waited[1]) < 2, captured.err
 
 
+@pytest.mark.parametrize("task", [[], ["--detect", "star"]])
+def test_a_stream_silent_until_it_is_given_up_exits_1(monkeypatch, capsys, small_folder, task):
+    """A camera still off when the run started, given up after its wait for a first frame (30 s),
+    ended the run with exit 2, the code of a wrong URL or password, though none delivering a frame
+    is exit 1 (README): a supervisor that restarts on 1 and stops on 2 left the camera unwatched."""
+    import pipelines.stream
+
+    monkeypatch.setattr(pipelines.stream, "STREAM_MAX_WAIT_S", 1.0)  # not 30 s
+    silent = f"udp://127.0.0.1:{_port()}"
+    assert main(["live", silent, *task, "--model", str(small_folder)]) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"vlmstream: error: cannot read {silent}: nothing came for 1\.\d s", err.splitlines()[-1]), err
+
+
 def test_live_cli_says_why_a_stream_sent_nothing(capsys, small_folder):
     """A refused connection ended as "no frames received within 2 s", never saying why."""
     refused = f"rtsp://127.0.0.1:{_port(socket.SOCK_STREAM)}/cam"  # nobody listens there
