@@ -59,3 +59,50 @@ def test_the_names_the_readme_says_to_import_are_where_it_says():
     missing = [f"{module}.{name}" for names, module in said for name in re.findall(r"`(\w+)`", names)
                if not hasattr(importlib.import_module(module), name)]
     assert not missing, missing
+
+
+def _command_lines() -> list[tuple[str, str]]:
+    """(command, text) of every `vlmstream COMMAND ...` the README shows: each synopsis line in a
+    code block with the lines indented under it (a `# comment` left off), and each inline example."""
+    text = (ROOT / "README.md").read_text()
+    spans, fenced, command = [], False, None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced, command = not fenced, None
+            continue
+        if fenced:
+            m = re.match(r"vlmstream ([\w-]+)", line)
+            command = m[1] if m else command if line.startswith(" ") else None
+            if command:
+                spans.append((command, line.split("  #")[0]))
+    spans += re.findall(r"`vlmstream ([\w-]+) ([^`]*)`", text)
+    return spans
+
+
+def test_the_flags_the_readme_shows_are_the_commands_own_with_their_defaults():
+    """A user copies a synopsis or an example: every --flag in it is one its command takes, and a
+    `[--flag VALUE]` there shows the default (the parser's, or, where that is None because the
+    default is decided later, the one its --help states)."""
+    import argparse
+
+    from app.parser import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    spans = _command_lines()
+    assert {command for command, _ in spans} >= {"image", "video", "live", "ui", "bench", "train-tiny", "eval-tiny"}
+    wrong = []
+    for command, text in spans:
+        flags = {o: a for a in commands[command]._actions for o in a.option_strings}
+        wrong += [f"{command} {flag}: no such flag" for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", text)
+                  if flag not in flags]
+        for flag, value in re.findall(r"\[(--[\w-]+) ([0-9][\w.,]*)\]", text):
+            action = flags.get(flag)
+            if action is None:
+                continue
+            if action.default is None:
+                shown = f"default {value}" in (action.help or "")
+            else:
+                shown = (action.type(value) if action.type else value) == action.default
+            if not shown:
+                wrong.append(f"{command} [{flag} {value}]: the default is {action.default!r} ({action.help})")
+    assert not wrong, wrong
