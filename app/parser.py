@@ -199,8 +199,8 @@ def _ui_command(sub) -> None:
     ui = sub.add_parser("ui", help="the web UI: live view, browser webcam, video files (Gradio)",
                         description="Serve the web UI; it opens with a sample video playing live.")
     ui.add_argument("--source", default=None, metavar="SOURCE",
-                    help="what the Live tab plays when a page opens: a sample name, a file, webcam index "
-                         "or URL (default: the 60 fps sample)")
+                    help="what the Live tab plays when a page opens: a sample name, a file, webcam:N or a "
+                         "URL (default: the 60 fps sample)")
     _add_reading_args(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=7860, help="port (default 7860)")
