@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from .connection import TIMED_OUT
-from .frame import SourceError
+from .frame import SourceError, SourceSilent
 
 STDIN = "-"  # the live source name of standard input: a stream piped in
 POLL_S = 0.1  # how often a read of standard input that waits looks whether its consumer is gone
@@ -55,7 +55,8 @@ def wait_for_input(fd: int, timeout: float, stopped: Callable[[], bool] = lambda
     if not readable_within(fd, timeout, stopped):
         if stopped():  # a consumer gone (--duration) ends the wait
             return
-        raise SourceError(f"cannot read {name}: nothing came for {timeout:g} s")
+        # a camera's program still starting, as a silent stream (exit 1), not a pipe that broke (exit 2)
+        raise SourceSilent(f"cannot read {name}: nothing came for {timeout:g} s")
     try:
         waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
     except OSError:  # not a pipe (a file redirected in): FFmpeg reads it as it is

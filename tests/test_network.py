@@ -187,18 +187,28 @@ def test_live_cli_fails_when_no_stream_sends_anything(capsys, small_folder):
     assert waited and float(waited[1]) < 2, captured.err
 
 
-@pytest.mark.parametrize("task", [[], ["--detect", "star"]])
-def test_a_stream_silent_until_it_is_given_up_exits_1(monkeypatch, capsys, small_folder, task):
+@pytest.mark.parametrize("source, task", [("udp", []), ("udp", ["--detect", "star"]), ("fifo", [])])
+def test_a_stream_silent_until_it_is_given_up_exits_1(monkeypatch, capsys, tmp_path, small_folder, source, task):
     """A camera still off when the run started, given up after its wait for a first frame (30 s),
     ended the run with exit 2, the code of a wrong URL or password, though none delivering a frame
-    is exit 1 (README): a supervisor that restarts on 1 and stops on 2 left the camera unwatched."""
+    is exit 1 (README): a supervisor that restarts on 1 and stops on 2 left the camera unwatched.
+    So did a camera's program piped in that had not begun to send."""
     import pipelines.stream
 
     monkeypatch.setattr(pipelines.stream, "STREAM_MAX_WAIT_S", 1.0)  # not 30 s
-    silent = f"udp://127.0.0.1:{_port()}"
-    assert main(["live", silent, *task, "--model", str(small_folder)]) == 1
+    if source == "fifo":
+        silent = str(tmp_path / "cam")
+        os.mkfifo(silent)
+        writer = os.open(silent, os.O_RDWR | os.O_NONBLOCK)  # a program that holds it open, sending nothing
+    else:
+        silent, writer = f"udp://127.0.0.1:{_port()}", None
+    try:
+        assert main(["live", silent, *task, "--model", str(small_folder)]) == 1
+    finally:
+        if writer is not None:
+            os.close(writer)
     err = capsys.readouterr().err
-    assert re.fullmatch(rf"vlmstream: error: cannot read {silent}: nothing came for 1\.\d s", err.splitlines()[-1]), err
+    assert re.fullmatch(rf"vlmstream: error: cannot read {silent}: nothing came for 1(\.\d)? s", err.splitlines()[-1]), err
 
 
 def test_live_cli_says_why_a_stream_sent_nothing(capsys, small_folder):
