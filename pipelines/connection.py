@@ -84,7 +84,7 @@ class Connection:
         limit = self.max_wait if self.last_frame is None else self.max_outage
         if limit is not None and silent > limit:
             raise SourceSilent(f"cannot read {self.display}: {reason}"
-                              + (f" (nothing for {span(silent)})" if self.last_frame and not timed_out else ""))
+                               + (f" (nothing for {span(silent)})" if self.last_frame and not timed_out else ""))
         if self.last_frame is not None and silent >= self._still_at:
             self.say(f"still reconnecting: nothing for {span(silent)}" + ("" if timed_out else f" ({reason})"))
             self._still_at = min(2 * self._still_at, self._still_at + STILL_SAID_S[1])

@@ -208,7 +208,8 @@ def test_a_stream_silent_until_it_is_given_up_exits_1(monkeypatch, capsys, tmp_p
         if writer is not None:
             os.close(writer)
     err = capsys.readouterr().err
-    assert re.fullmatch(rf"vlmstream: error: cannot read {silent}: nothing came for 1(\.\d)? s", err.splitlines()[-1]), err
+    last = err.splitlines()[-1]
+    assert re.fullmatch(rf"vlmstream: error: cannot read {silent}: nothing came for 1(\.\d)? s", last), err
 
 
 def test_live_cli_says_why_a_stream_sent_nothing(capsys, small_folder):
