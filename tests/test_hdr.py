@@ -138,7 +138,7 @@ def test_the_reading_switches_reach_video_live_and_the_ui(clips, small_folder, t
     assert reading_arg(build_parser().parse_args(["ui"])) == Reading()
     seen = []
 
-    def opened(source, reading=Reading()):
+    def opened(source, reading=Reading(), name=None):
         seen.append(reading)
         raise UIError("stop here")
 
