@@ -77,6 +77,12 @@ def check_not_busy(files: list[Path]) -> None:
 
 def _try_writing(path: Path, named: Path) -> None:
     existed = path.exists()
+    if existed and not path.is_file() and not path.is_dir():
+        # A FIFO (`mkfifo log.jsonl`) is asked, not opened: opened, its reader took the close for
+        # the end and left, and the run's own open then waited for ever for a reader.
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"cannot write {named}: {os.strerror(13)}")
+        return
     try:
         with open(path, "a"):
             pass

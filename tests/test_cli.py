@@ -514,6 +514,25 @@ def test_a_checked_output_is_left_as_it_was(tmp_path):
     assert kept.read_text() == '{"index": 0}\n' and not new.exists() and list(folder.iterdir()) == []
 
 
+def test_a_checked_fifo_output_is_not_opened(tmp_path):
+    """`live CAM -o log.jsonl` into a FIFO: opened to check it, its reader took the close for the
+    end (`cat` exited), and the run then waited for ever to open it again; with no reader yet the
+    check itself waited, out of reach of --duration."""
+    import threading
+
+    from app.outputs import check_writable
+
+    fifo = tmp_path / "log.jsonl"
+    os.mkfifo(fifo)
+    checked = threading.Thread(target=check_writable, args=([], [fifo]), daemon=True)
+    checked.start()
+    checked.join(10)
+    if checked.is_alive():  # blocked in open(): a reader lets it go
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        checked.join(10)
+        pytest.fail("checking a FIFO output opened it")
+
+
 def test_formats_are_read_as_typed_and_a_name_of_255_bytes_is_written(tmp_path):
     """--format ".SRT, vtt" is srt and vtt; a list of none is a mistake (the run wrote nothing).
     A file name may be 255 bytes long: only a longer one is refused before the run."""
