@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -145,7 +146,9 @@ def _engine(args: argparse.Namespace, max_batch_size: int) -> Engine:
     except ConfigError as e:
         if args.max_inflight is None or "max_batch_size" not in str(e):
             raise
-        raise UsageError(f"--max-inflight {args.max_inflight}: {str(e).split(';')[0]}; lower --max-inflight "
+        # its max_batch_size (each source's and prompt's frames together) named as what it counts
+        said = re.sub(r"max_batch_size=(\d+)", r"\1 frames in flight", str(e).split(";")[0])
+        raise UsageError(f"--max-inflight {args.max_inflight}: {said}; lower --max-inflight "
                          f"(frames in flight of each source and prompt)") from None
 
 

@@ -394,7 +394,12 @@ def test_more_frames_in_flight_than_memory_holds_is_said_as_the_flag_that_asked(
     assert main(["live", clip, "--max-inflight", "100000000", "--duration", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vlmstream: error: --max-inflight 100000000: ") and "lower --max-inflight" in err
-    assert "kv_pages" not in err and err.count("\n") == 1
+    assert "kv_pages" not in err and "max_batch_size" not in err and err.count("\n") == 1
+    # two sources: the engine's batch is twice the flag, said as frames in flight, not as its setting
+    shapes = str(Path(__file__).resolve().parents[1] / "sample_videos" / "shapes_640x360_60fps.mp4")
+    assert main(["live", clip, shapes, "--max-inflight", "100000000", "--duration", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "the KV cache for 200000000 frames in flight " in err and "max_batch_size" not in err, err
 
 
 def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path, capsys):
