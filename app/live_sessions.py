@@ -191,8 +191,10 @@ class LiveSessions:
             was, self._cam_record[session] = self._cam_record.get(session, False), record
             if record and not was:
                 self._drop_recording(session, "push")  # the last one (finished: unticked or downloaded)
+                # closed when unticked or downloaded, perhaps long after the camera stopped: its
+                # last frame lasts until its answer came, not until then (a frozen frame for minutes)
                 recorder = self._recorders[key] = Recorder(service.jobs.recording_path("camera"),
-                                                           max_seconds=RECORD_MAX_S)
+                                                           max_seconds=RECORD_MAX_S, hold_to_close=False)
                 feed.on_result = recorder.add
             elif was and not record:
                 feed.on_result, finished = None, self._recorders.get(key)

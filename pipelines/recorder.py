@@ -1,7 +1,9 @@
 """A recording of a live session (`live --annotate`): each completed frame with its answers and
 its end-to-end latency drawn, in an H.264 MP4, shown from the time the frame was captured until
-the next completed one, the last one until `close()` (a variable frame rate: frames dropped at
-intake or cancelled as stale are not in it, as they never had a caption).
+the next completed one, the last one until `close()` (or, `hold_to_close=False`, until its
+answer came: a browser camera's recording, closed when it is downloaded, maybe minutes after the
+camera stopped) (a variable frame rate: frames dropped at intake or cancelled as stale are not in
+it, as they never had a caption).
 
 Encoding runs on a thread of its own behind a bounded queue, so the session never waits on it;
 a frame that finds the queue full is left out of the recording and counted (`skipped`), as are
@@ -26,8 +28,9 @@ QUEUE_FRAMES = 120  # two seconds at 60 fps
 
 
 class Recorder:
-    def __init__(self, path: str | Path, queue_frames: int = QUEUE_FRAMES, max_seconds: float | None = None):
-        self.path, self.max_seconds = Path(path), max_seconds
+    def __init__(self, path: str | Path, queue_frames: int = QUEUE_FRAMES, max_seconds: float | None = None,
+                 hold_to_close: bool = True):
+        self.path, self.max_seconds, self.hold_to_close = Path(path), max_seconds, hold_to_close
         self.written = self.skipped = 0
         self.full = False
         self._closed = False
@@ -39,6 +42,7 @@ class Recorder:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_frames)
         self._t0: float | None = None
         self._end: float | None = None  # when close() came, in the frames' capture clock (perf_counter)
+        self._answered: float | None = None  # when the last frame recorded was added (its answer came)
         self._thread = threading.Thread(target=self._run, name="vlmstream-recorder", daemon=True)
         self._thread.start()
         # Finished at the interpreter's exit if no one closed it: a Ctrl-C while `live` closed its
@@ -63,6 +67,7 @@ class Recorder:
         item = (r.frame.rgb, r.text, f"#{r.frame.index}  {r.end_to_end_ms:.0f} ms", seconds)
         try:
             self._queue.put_nowait(item)
+            self._answered = time.perf_counter()
         except queue.Full:
             self.skipped += 1
 
@@ -92,7 +97,8 @@ class Recorder:
                     # The last frame stays on screen until the recording ended, as it did for a
                     # viewer: it had lasted 1 ms (a session's last answer never seen in its
                     # recording, a one-frame recording 0.001 s long). Not past max_seconds.
-                    end = None if self._end is None or self._t0 is None else self._end - self._t0
+                    stop = self._end if self.hold_to_close else self._answered
+                    end = None if stop is None or self._t0 is None else stop - self._t0
                     if end is not None and self.max_seconds is not None:
                         end = min(end, self.max_seconds)
                     sink.close(end)

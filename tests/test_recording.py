@@ -475,6 +475,17 @@ def test_a_recordings_last_frame_lasts_until_the_recording_ended(tmp_path):
     assert times == [0.0, 0.3] and rec.error is None
     assert 1.0 <= seconds < 1.0 + 30  # to the close, not to 0.301 s
 
+    # a browser camera's (hold_to_close=False): closed at its download, maybe minutes after the
+    # camera stopped, its last frame lasts until its answer came, not until the download
+    cam = Recorder(tmp_path / "cam.mp4", hold_to_close=False)
+    for i, ago in enumerate((1.0, 0.7)):
+        cam.add(LiveResult(Frame("cam", i, i / 10, rgb, captured_at=time.perf_counter() - ago),
+                           [RequestOutput("yes", [], "stop")], 20.0, [{"caption": "short"}]))
+    time.sleep(1.5)
+    cam.close()
+    with av.open(str(tmp_path / "cam.mp4")) as c:
+        assert 0.3 < c.duration / 1_000_000 < 1.0 + 1.0  # to the answer (~1.0 s), not the close (~2.5 s)
+
     one = Recorder(tmp_path / "one.mp4", max_seconds=0.5)  # a capped recording ends at its cap
     one.add(LiveResult(Frame("cam", 0, 0.0, rgb, captured_at=time.perf_counter() - 2.0),
                        [RequestOutput("yes", [], "stop")], 20.0, [{"caption": "short"}]))

@@ -377,7 +377,13 @@ def test_a_camera_records_while_its_record_box_is_ticked(service):
     with open(path, "rb") as finished:  # the same name: the new recording's file is opened as it starts
         stream(make_task("normal"), True, lambda f: service.live._recorders[("tab-w", "push")].written >= 1)
         assert os.fstat(finished.fileno()).st_nlink == 0  # the finished one was removed
+    # the camera stopped; the download comes 2 s later: the last frame had lasted those 2 s (the
+    # recording closed at the download), up to 600 s for a download much later
+    time.sleep(2.0)
     path = service.recording("tab-w", "push")
+    with av.open(str(path)) as c:
+        last = max(float(f.time) for f in c.decode(video=0))
+        assert c.duration / 1_000_000 < last + 1.5
     done = service.live._recorders[("tab-w", "push")].written
     stream(make_task("normal"), True, lambda f: f.snapshot().counters["completed"] >= 6)
     assert path.exists() and service.live._recorders[("tab-w", "push")].written == done
