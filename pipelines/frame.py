@@ -24,8 +24,9 @@ class SourceError(VlmstreamError):
 
 
 class SourceSilent(SourceError):
-    """A stream (or a pipe's program) given up because it sent nothing for longer than it may
-    (`Connection.retry`, `wait_for_input`): a camera that is off, not a wrong address or password.
+    """A stream, a pipe's program or a webcam given up because it sent nothing for longer than it
+    may (`Connection.retry`, `wait_for_input`, `WebcamSource`): a camera that is off, not a wrong
+    address or password.
     A run that ends on it exits 1, as one in which no source delivered a frame does, not 2: it had
     exited as a wrong URL does, which a supervisor is right not to restart."""
 

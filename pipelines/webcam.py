@@ -8,7 +8,7 @@ import time
 from typing import Iterator
 
 from .connection import Connection
-from .frame import Frame, SourceError
+from .frame import Frame, SourceError, SourceSilent
 
 
 class WebcamSource:
@@ -51,8 +51,8 @@ class WebcamSource:
                 if now - last_ok <= self.read_timeout and self._cap is not None:
                     time.sleep(0.01)
                     continue
-                if connection.last_frame is None:
-                    raise SourceError(f"webcam:{self.index} sent no frame in {self.read_timeout:g} s")
+                if connection.last_frame is None:  # a camera that is off or busy: exit 1, as a silent stream
+                    raise SourceSilent(f"webcam:{self.index} sent no frame in {self.read_timeout:g} s")
                 connection.lost("it stopped sending frames")
                 if self._cap is not None:
                     self._cap.release()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from pipelines.sources import SourceError, StreamSource, open_live, redact
+from pipelines.sources import SourceError, SourceSilent, StreamSource, open_live, redact
 
 SENDER = Path(__file__).with_name("stream_sender.py")
 
@@ -209,7 +209,8 @@ def test_a_stream_silent_until_it_is_given_up_exits_1(monkeypatch, capsys, tmp_p
             os.close(writer)
     err = capsys.readouterr().err
     last = err.splitlines()[-1]
-    assert re.fullmatch(rf"vlmstream: error: cannot read {silent}: nothing came for 1(\.\d)? s", last), err
+    # (its time as it was measured: more than the 1 s where opening took long on a loaded machine)
+    assert re.fullmatch(rf"vlmstream: error: cannot read {silent}: nothing came for [\d.]+ s", last), err
 
 
 def test_live_cli_says_why_a_stream_sent_nothing(capsys, small_folder):
@@ -343,8 +344,31 @@ def test_a_camera_that_sends_nothing_is_an_error(monkeypatch):
             pass
 
     monkeypatch.setattr(cv2, "VideoCapture", Silent)
-    with pytest.raises(SourceError, match=r"^webcam:2 sent no frame in 0.1 s$"):
+    with pytest.raises(SourceSilent, match=r"^webcam:2 sent no frame in 0.1 s$"):
         next(WebcamSource(2, read_timeout=0.1).frames())
+
+
+def test_live_on_a_camera_that_sends_nothing_exits_1(monkeypatch, capsys, small_folder):
+    """A camera that opens and sends no frame (off, or held by another program) ended `live` with
+    exit 2, a wrong address's code, which a supervisor does not restart; a silent stream's is 1."""
+    import cv2
+
+    class Silent:
+        def __init__(self, index):
+            pass
+
+        def isOpened(self):
+            return True
+
+        def read(self):
+            return False, None
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(cv2, "VideoCapture", Silent)
+    assert main(["live", "webcam:2", "--model", str(small_folder)]) == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith("vlmstream: error: webcam:2 sent no frame in")
 
 
 def _serve(root: Path, requests: list | None = None):
