@@ -128,6 +128,10 @@ class LiveSession:
     def offer(self, frame: Frame) -> bool:
         """Hand a frame to the session; False if it was dropped because the engine is saturated,
         or because the session is closed (an offer then had been taken, its result never came)."""
+        # The deadline counts from now: the frame's conversion, cut check and preprocessing (done
+        # inside submit) are part of its wait. Taken after them, a frame whose own `total` was past
+        # --deadline-ms 40 (40.7 ms, a 720p frame) had been logged as answered in time.
+        offered = time.perf_counter()
         with self._lock:
             if self._stop.is_set():
                 return False
@@ -144,7 +148,7 @@ class LiveSession:
                 self._draft_from = frame.index
             drafts = self._last_answers if self._answers_of >= self._draft_from else None
             handles = ask(self.engine, frame.rgb, self.tasks, self.params, drafts, INTERACTIVE)
-            self._inflight.append((frame, handles, time.perf_counter()))
+            self._inflight.append((frame, handles, offered))
             self.frames_in += 1  # after ask: a frame it refused (raised) is the caller's, not counted
             self.submitted += 1
         left, count_lock = [len(handles)], threading.Lock()

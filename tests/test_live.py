@@ -193,6 +193,37 @@ def test_with_nothing_to_draft_from_the_oldest_frame_runs_past_its_deadline_for_
     assert reported == [2]
 
 
+class _SlowSubmitEngine(_HeldEngine):
+    """Its submit takes `slow` seconds (a big frame's preprocessing, done inside submit)."""
+
+    slow = 0.0
+
+    def submit(self, rgb, params=None, draft=None, **task):
+        time.sleep(self.slow)
+        return super().submit(rgb, params, draft, **task)
+
+
+def test_a_frames_deadline_counts_its_preprocessing():
+    """`live --deadline-ms 40` logged a 720p frame whose own `total` (preprocessing included) was
+    40.7 ms: the deadline's clock started once submit had returned, after the frame's conversion
+    and preprocessing. A frame offered 1 s before its answer is past a 700 ms deadline."""
+    engine, reported = _SlowSubmitEngine(), []
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=3, deadline_ms=700,  # a loaded machine's pauses
+                    on_result=lambda r: reported.append(r.frame.index))
+    try:
+        frames = _frames(2)
+        assert s.offer(frames[0])
+        engine.handles[0].finish("a red circle")  # answered at once: in time, and the next one's draft
+        _wait(lambda: s.completed == 1)
+        engine.slow = 1.0
+        assert s.offer(frames[1])
+        engine.handles[1].finish("a red circle")  # at once after submit, 1 s after the offer
+        _wait(lambda: s.in_flight == 0 and s._finished.empty())
+    finally:
+        s.close()
+    assert reported == [0] and s.completed == 1 and s.cancelled_deadline == 1
+
+
 def test_a_failure_handled_past_its_deadline_is_still_said():
     gate = threading.Event()
     engine = _HeldEngine(gate)
