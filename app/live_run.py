@@ -25,7 +25,7 @@ from app.launcher import stop_requested
 from app.live import file_names, log_name, p50_text
 
 # With several sources, the JSON's totals (each source's own figures, percentiles included, are
-# under "sources").
+# under "sources"); achieved_fps is the run's, not quite the sum (report).
 _SUMMED = ("frames_in", "submitted", "completed", "cancelled_stale", "cancelled_deadline", "cancelled_closed",
            "dropped", "achieved_fps")
 
@@ -210,6 +210,12 @@ class LiveRun:
         stats = per_source[0] if not several else {
             **{k: sum(s[k] for s in per_source) for k in _SUMMED},
             "sources": dict(zip(labels, per_source))}
+        if several:
+            # A source that ended before the run is rated over its own time (LiveSession.source_ended),
+            # so the rates add up to more than the run's: its frames over the longest source's
+            # time (the rates' sum when every source ran to the end).
+            spans = [s["completed"] / s["achieved_fps"] for s in per_source if s["achieved_fps"]]
+            stats["achieved_fps"] = stats["completed"] / max(spans) if spans else 0.0
         if changes is not None:  # answers reported as changed, per source
             for s, label in zip(per_source, labels):
                 s["changes"] = changes[label].count

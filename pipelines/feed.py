@@ -234,6 +234,8 @@ class LiveFeed:
             self.exception = e
             self.error = str(e).splitlines()[0] if str(e) else type(e).__name__
         finally:
+            if not self._stop.is_set():  # the source ended (or failed), not the feed closed
+                self.session.source_ended()
             with self._lock:
                 self.version += 1
 

@@ -831,6 +831,37 @@ def test_the_frame_rate_counts_the_time_of_frames_that_finish_after_the_close(mo
     assert s.completed == 1 and s.stats()["achieved_fps"] == pytest.approx(10.0)
 
 
+def test_a_sources_frame_rate_stops_counting_when_it_ends(monkeypatch):
+    """`live short.mp4 long.mp4 --json`: the 2 s clip's 54 frames were said to come at 18 fps,
+    its rate's time running on until the 3 s clip ended the run. A source of one frame, answered
+    1 s after its feed began, has 1 frame a second however long the run goes on after it."""
+    import types
+
+    import pipelines.live
+    from pipelines.feed import LiveFeed
+
+    clock = [100.0]
+    monkeypatch.setattr(pipelines.live, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    engine = _HeldEngine()
+
+    def frames():  # one frame, then the source ends half a second in
+        yield Frame("cam", 0, 0.0, np.zeros((48, 64, 3), np.uint8), captured_at=100.0)
+        clock[0] = 100.5
+
+    feed = LiveFeed(engine, {"caption": "short"}, SamplingParams(), frames, realtime=False, max_inflight=1)
+    try:
+        feed._pump.join(10)
+        assert not feed._pump.is_alive() and len(engine.handles) == 1
+        clock[0] = 101.0
+        engine.handles[0].finish("a red circle")
+        _wait(lambda: feed.session.completed == 1)
+        clock[0] = 110.0  # the other sources play on
+        assert feed.snapshot().counters["achieved_fps"] == pytest.approx(1.0)
+    finally:
+        feed.close()
+    assert feed.snapshot().counters["achieved_fps"] == pytest.approx(1.0)
+
+
 def test_a_frames_stage_timings_are_those_of_its_slowest_answer():
     """Several prompts a frame: the frame waits for all its answers, so its stage latencies (the
     page's chart, the percentiles) are each stage's slowest."""
@@ -1038,6 +1069,25 @@ def test_the_json_summary_of_several_sources_totals_every_counter(capsys):
     stats = json.loads(capsys.readouterr().out)
     assert {k: stats[k] for k in _SUMMED} == {k: 3 for k in per_source[0]}
     assert stats["cancelled_deadline"] == 3 and set(stats["sources"]) == {"a", "b"}
+
+
+def test_the_json_summary_of_sources_that_ended_apart_rates_the_run(capsys):
+    """`live short.mp4 long.mp4 --json`: each source is rated over its own time, so a 2 s clip's
+    60 frames (30 fps) beside a 3 s clip's 75 (25 fps) are 135 frames in the run's 3 s, 45 a
+    second, not the rates' sum, 55."""
+    import argparse
+    import types
+
+    from app.live_run import LiveRun
+
+    run = LiveRun.__new__(LiveRun)
+    run.args, run.labels, run.several, run.changes = argparse.Namespace(json=True, deadline_ms=None), ["a", "b"], True, None
+    per_source = [{"frames_in": n, "submitted": n, "completed": n, "cancelled_stale": 0, "cancelled_deadline": 0,
+                   "cancelled_closed": 0, "dropped": 0, "achieved_fps": fps} for n, fps in ((60, 30.0), (75, 25.0))]
+    run.report(per_source, types.SimpleNamespace(kv_pages_in_use=0, draft_proposed=0, draft_accepted=0), 2.0)
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["completed"] == 135 and stats["achieved_fps"] == pytest.approx(45.0)
+    assert [s["achieved_fps"] for s in stats["sources"].values()] == [30.0, 25.0]
 
 
 def test_after_a_stall_a_feed_goes_back_to_its_fps_at_once(monkeypatch):
