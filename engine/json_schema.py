@@ -50,20 +50,31 @@ _TYPES = {"null": (type(None),), "boolean": (bool,), "object": (dict,), "array":
 
 
 MAX_DEPTH = 127  # objects and arrays inside each other: outlines-core's JSON reader takes no more
+# Array schemas inside each other: outlines-core's regex doubles with each (the items written twice,
+# `[item(,item)*]`): 12 give 200 kB and an automaton past MAX_STATES, said in ~4 s; 100 had taken
+# the process's memory until it was killed, building the regex.
+MAX_ARRAY_DEPTH = 12
 
 
 def check_depth(schema: Any) -> None:
     """A ValueError where the schema nests deeper than outlines-core reads: it had said "Expected
-    a valid JSON string." of a valid schema. Counted without recursion, since Python's own (a
-    deepcopy, a generator of subschemas) overflows a few hundred levels down."""
-    stack = [(schema, 1)]
+    a valid JSON string." of a valid schema; or holds arrays inside arrays past MAX_ARRAY_DEPTH.
+    Counted without recursion, since Python's own (a deepcopy, a generator of subschemas)
+    overflows a few hundred levels down."""
+    stack = [(schema, 1, 0)]
     while stack:
-        node, level = stack.pop()
+        node, level, arrays = stack.pop()
         if isinstance(node, (dict, list)):
             if level > MAX_DEPTH:
                 raise ValueError(f"it is nested too deep (objects and arrays inside each other, over {MAX_DEPTH} "
                                  "levels: more than outlines-core reads)")
-            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+            if isinstance(node, dict) and ("items" in node or "prefixItems" in node or node.get("type") == "array"):
+                arrays += 1
+                if arrays > MAX_ARRAY_DEPTH:
+                    raise ValueError(f"it is nested too deep (arrays inside arrays, over {MAX_ARRAY_DEPTH} levels: "
+                                     "the regex outlines-core builds doubles with each)")
+            stack.extend((child, level + 1, arrays)
+                         for child in (node.values() if isinstance(node, dict) else node))
 
 
 def prepare(schema: Any) -> str:

@@ -470,6 +470,15 @@ def test_a_json_schema_nested_deeper_than_outlines_core_reads_says_so():
             to_regex(JsonSchema(deep))
     with pytest.raises(ConstraintError, match="^cannot use the JSON schema: it is nested too deep"):
         JsonSchema(nested(2000))
+    # arrays inside arrays: outlines-core's regex doubles with each; 100 had taken the process's
+    # memory until it was killed (13 build 400 kB in 0.1 s, then seconds of checks)
+    deep = {"type": "integer"}
+    for _ in range(13):
+        deep = {"type": "array", "items": deep}
+    for schema in (deep, {"type": "object", "properties": {"a": deep}}):
+        with pytest.raises(ConstraintError, match=r"^cannot use the JSON schema: it is nested too deep \(arrays inside arrays, over 12 levels"):
+            to_regex(JsonSchema(schema))
+    assert to_regex(JsonSchema(deep["items"]["items"]))  # 11 deep: built, as before
 
 
 def test_a_date_format_takes_the_days_that_exist_only():
