@@ -86,6 +86,8 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
 def reloaded(frames: int) -> str:
     """A job cut short by another page's Settings (a new model): it had been an error, and the
     frames it had done, written and closed in its files, were not handed over."""
+    if not frames:
+        return "the engine was reloaded (Settings) before a frame was done: run the job again"
     return f"the engine was reloaded (Settings) after {frames} frames: run the job again for the rest"
 
 

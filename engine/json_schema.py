@@ -29,7 +29,8 @@ UNENFORCED = frozenset({
 _ATOM = r"[a-z0-9!#$%&'*+/=?^_`{|}~-]+"
 _LABEL = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
 # A day that exists: the month's own length, 29 February in leap years alone (every fourth
-# year, of the centuries every fourth), as `date.fromisoformat` (jsonschema's date check) reads it.
+# year, of the centuries every fourth), as `date.fromisoformat` (jsonschema's date check) reads it
+# (but for the year 0000, which RFC 3339 allows and Python's dates lack).
 _LEAP_YEAR = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
 _DATE = (r"([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
          rf"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
