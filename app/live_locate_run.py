@@ -154,7 +154,7 @@ class LiveLocateRun:
         summary = stats[self.labels[0]] if not several else {
             "frames_in": sum(s["frames_in"] for s in stats.values()),
             "completed": sum(s["completed"] for s in stats.values()),
-            "achieved_fps": sum(s["achieved_fps"] for s in stats.values()), "sources": stats}
+            "achieved_fps": _run_rate(stats.values()), "sources": stats}
         if changes is not None:  # reports of a new number found, per source
             for label, s in stats.items():
                 s["changes"] = changes[label].count
@@ -168,3 +168,11 @@ class LiveLocateRun:
                 print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames "
                       f"located, {s['achieved_fps']:.1f} fps, {s['overwritten']} passed over" + p50_text(s)
                       + (f", {s['changes']} changes" if "changes" in s else ""), file=sys.stderr)
+
+
+def _run_rate(per_source) -> float:
+    """The run's frames located a second: its frames over its longest source's time (each source is
+    rated over its own, so their sum said more than the run did when one ended early)."""
+    per_source = list(per_source)
+    spans = [s["completed"] / s["achieved_fps"] for s in per_source if s["achieved_fps"]]
+    return sum(s["completed"] for s in per_source) / max(spans) if spans else 0.0

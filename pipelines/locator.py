@@ -156,6 +156,7 @@ class _State:
     completed: int = 0
     above_fps: int = 0
     ended: bool = False
+    ended_at: float | None = None  # perf_counter when it ended: its frame rate's time stops there
     error: str | None = None  # one line
     exception: BaseException | None = None
     latency: dict[str, LatencyWindow] = field(default_factory=lambda: {k: LatencyWindow()
@@ -213,11 +214,12 @@ class LiveLocator:
                     try:
                         frame = s.grabber.get(timeout=0.0)
                     except Exception as e:  # the source failed: it ends, the others go on
-                        s.ended, s.exception = True, e
+                        s.ended, s.ended_at, s.exception = True, time.perf_counter(), e
                         s.error = str(e).splitlines()[0] if str(e) else type(e).__name__
                         continue
                     if frame is None:
-                        s.ended = ended
+                        s.ended = ended  # every frame it had was taken, and located, before
+                        s.ended_at = time.perf_counter() if ended else None
                         continue
                     now = time.perf_counter()
                     if now < s.next_t:
@@ -256,11 +258,14 @@ class LiveLocator:
     def stats(self) -> dict[str, dict]:
         """label -> frames read, located, overwritten unseen (the decoder was busy), skipped above
         --fps, frames located a second, latency percentiles (ms), and a stream's health."""
-        wall = max(time.perf_counter() - self._t0, 1e-9)
+        now = time.perf_counter()
         out = {}
         with self._lock:
             for s in self._states:
                 g = s.grabber
+                # a source that ended is rated over its own time, as live's (LiveSession.source_ended):
+                # `live short.mp4 long.mp4 --detect` rated the short one over the long one's time
+                wall = max((s.ended_at or now) - self._t0, 1e-9)
                 st = {"frames_in": g.read, "completed": s.completed, "overwritten": g.overwritten,
                       "above_fps": s.above_fps, "achieved_fps": s.completed / wall,
                       "latency_ms": {k: v.percentiles() for k, v in s.latency.items() if v}}

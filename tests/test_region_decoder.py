@@ -443,6 +443,21 @@ def test_live_detect_says_a_silent_source_and_exits_1(capsys, small_folder, tmp_
     assert f"vlmstream: warning: {silent}: no frames received" in captured.err and "Traceback" not in captured.err
 
 
+def test_live_detect_rates_a_source_that_ended_early_over_its_own_time(capsys, small_folder, tmp_path, monkeypatch):
+    """`live short.mp4 long.mp4 --detect`: each source was rated over the whole run's time, so the
+    1 s clip's frames were said to come at half their rate while the 2 s clip played on. Each is
+    rated over its own time now, and the total is the run's frames over the longest time."""
+    _fake_locate(monkeypatch)
+    short, long = _clip(tmp_path / "short.mp4", 20, 20), _clip(tmp_path / "long.mp4", 40, 20)
+    assert main(["live", str(short), str(long), "--detect", "star", "--json", "--model", str(small_folder),
+                 "--dtype", "float32"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    a, b = summary["sources"][str(short)], summary["sources"][str(long)]
+    span_a, span_b = a["completed"] / a["achieved_fps"], b["completed"] / b["achieved_fps"]
+    assert span_a < span_b - 0.4, (span_a, span_b)  # the clips play 1 s apart in real time
+    assert summary["achieved_fps"] == pytest.approx(summary["completed"] / span_b)
+
+
 def test_video_detect_says_a_write_error_in_one_line(capsys, small_folder, tmp_path, monkeypatch):
     """A full disk under `video --detect -o`: one error line and exit 1, not a traceback."""
     from pipelines.sinks import JsonlSink
