@@ -325,25 +325,28 @@ def test_the_first_camera_is_webcam_0_and_a_tenth_is_dev_video10():
         parse_webcam("webcam:-1")
 
 
+class _SilentCamera:
+    """cv2.VideoCapture of a camera that opens and sends no frame (off, or held by another program)."""
+
+    def __init__(self, index):
+        pass
+
+    def isOpened(self):
+        return True
+
+    def read(self):
+        return False, None
+
+    def release(self):
+        pass
+
+
 def test_a_camera_that_sends_nothing_is_an_error(monkeypatch):
     import cv2
 
     from pipelines.webcam import WebcamSource
 
-    class Silent:
-        def __init__(self, index):
-            pass
-
-        def isOpened(self):
-            return True
-
-        def read(self):
-            return False, None
-
-        def release(self):
-            pass
-
-    monkeypatch.setattr(cv2, "VideoCapture", Silent)
+    monkeypatch.setattr(cv2, "VideoCapture", _SilentCamera)
     with pytest.raises(SourceSilent, match=r"^webcam:2 sent no frame in 0.1 s$"):
         next(WebcamSource(2, read_timeout=0.1).frames())
 
@@ -353,20 +356,7 @@ def test_live_on_a_camera_that_sends_nothing_exits_1(monkeypatch, capsys, small_
     exit 2, a wrong address's code, which a supervisor does not restart; a silent stream's is 1."""
     import cv2
 
-    class Silent:
-        def __init__(self, index):
-            pass
-
-        def isOpened(self):
-            return True
-
-        def read(self):
-            return False, None
-
-        def release(self):
-            pass
-
-    monkeypatch.setattr(cv2, "VideoCapture", Silent)
+    monkeypatch.setattr(cv2, "VideoCapture", _SilentCamera)
     assert main(["live", "webcam:2", "--model", str(small_folder)]) == 1
     assert capsys.readouterr().err.splitlines()[-1].startswith("vlmstream: error: webcam:2 sent no frame in")
 
