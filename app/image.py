@@ -54,12 +54,13 @@ def run(args: argparse.Namespace) -> int:
     load_ms = (time.perf_counter() - t0) * 1000.0
     decoder = ReferenceDecoder(loaded)
     out = sys.stdout
-    wrote = []
+    wrote = False  # words of the answer are on the line
 
     def on_text(piece: str) -> None:
+        nonlocal wrote
         out.write(piece)
         out.flush()
-        wrote.append(piece)
+        wrote = True
 
     asked = _asked(loaded.config, task)
 

@@ -18,10 +18,11 @@ from pipelines.changes import AnswerChanges
 from pipelines.locator import LiveLocator, count_change, places_text
 from pipelines.recorder import Recorder
 from pipelines.sinks import json_text
-from pipelines.sources import SourceError, SourceSilent
+from pipelines.sources import SourceError
 
 from app.console import StandardOutputError
 from app.live import log_name, p50_text
+from app.live_run import closing_error, never_came, run_rate
 
 
 class LiveLocateRun:
@@ -118,15 +119,11 @@ class LiveLocateRun:
         stats = locator.stats()
         failed = locator.exceptions()
         if failed and len(failed) == len(self.labels) and not any(s["frames_in"] for s in stats.values()):
-            # nothing was ever read: a plain error (exit 1 where a source was given up for silence, as live's)
-            raise next((e for e in failed.values() if isinstance(e, SourceSilent)), next(iter(failed.values())))
+            raise closing_error(list(failed.values()))  # nothing was ever read: a plain error
         errors, some_came = locator.errors(), any(s["frames_in"] for s in stats.values())
         for label, live in zip(self.labels, opened):
-            # as live's: a source that never came beside others that did is said, with why (when
-            # none came, the closing error says so, once); it had passed without a word
-            why = live.connection.why_nothing() if live.connection else None
-            error = errors.get(label) or (None if stats[label]["frames_in"] or not some_came
-                                          else "no frames received" + (f" ({why})" if why else ""))
+            # as live's: a source that never came beside others that did is said (it had passed without a word)
+            error = errors.get(label) or never_came(live, stats[label]["frames_in"], some_came)
             if error:
                 print(f"vlmstream: warning: {label + ': ' if self.several else ''}{error}", file=sys.stderr)
         for problem in (p for live in opened for p in live.problems):  # a file's, which names it
@@ -154,7 +151,7 @@ class LiveLocateRun:
         summary = stats[self.labels[0]] if not several else {
             "frames_in": sum(s["frames_in"] for s in stats.values()),
             "completed": sum(s["completed"] for s in stats.values()),
-            "achieved_fps": _run_rate(stats.values()), "sources": stats}
+            "achieved_fps": run_rate(list(stats.values())), "sources": stats}
         if changes is not None:  # reports of a new number found, per source
             for label, s in stats.items():
                 s["changes"] = changes[label].count
@@ -168,11 +165,3 @@ class LiveLocateRun:
                 print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames "
                       f"located, {s['achieved_fps']:.1f} fps, {s['overwritten']} passed over" + p50_text(s)
                       + (f", {s['changes']} changes" if "changes" in s else ""), file=sys.stderr)
-
-
-def _run_rate(per_source) -> float:
-    """The run's frames located a second: its frames over its longest source's time (each source is
-    rated over its own, so their sum said more than the run did when one ended early)."""
-    per_source = list(per_source)
-    spans = [s["completed"] / s["achieved_fps"] for s in per_source if s["achieved_fps"]]
-    return sum(s["completed"] for s in per_source) / max(spans) if spans else 0.0

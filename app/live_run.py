@@ -25,7 +25,7 @@ from app.launcher import stop_requested
 from app.live import file_names, log_name, p50_text
 
 # With several sources, the JSON's totals (each source's own figures, percentiles included, are
-# under "sources"); achieved_fps is the run's, not quite the sum (report).
+# under "sources"; achieved_fps is the run's, run_rate: the rates' sum when every source ran to the end).
 _SUMMED = ("frames_in", "submitted", "completed", "cancelled_stale", "cancelled_deadline", "cancelled_closed",
            "dropped", "achieved_fps")
 
@@ -152,17 +152,11 @@ class LiveRun:
         labels, several = self.labels, self.several
         never_read = [f for f in feeds if isinstance(f.exception, SourceError) and not f.session.frames_in]
         if never_read and len(never_read) == len(feeds) and not interrupted:  # Ctrl-C: the summary, 130
-            # nothing was ever read: a plain error, exit 2 when every source failed outright (a 404,
-            # a refused password), else the first given up for silence (SourceSilent: exit 1)
-            raise next((f.exception for f in never_read if isinstance(f.exception, SourceSilent)),
-                       never_read[0].exception)
+            raise closing_error([f.exception for f in never_read])  # nothing was ever read: a plain error
         some_came = any(f.session.frames_in for f in feeds)
         for feed, label, live in zip(feeds, labels, opened):
-            # a stream that broke off, or never came beside others that did (when none came, the
-            # closing error says so, once), with why it had not where it said (Connection refused)
-            why = live.connection.why_nothing() if live.connection else None
-            problem = feed.error or (None if feed.session.frames_in or not some_came
-                                     else "no frames received" + (f" ({why})" if why else ""))
+            # a stream that broke off, or never came beside others that did
+            problem = feed.error or never_came(live, feed.session.frames_in, some_came)
             if problem:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
             for problem in live.problems:  # a file's, which names it
@@ -208,14 +202,9 @@ class LiveRun:
         """The closing figures: one JSON object (--json), or a line per source on standard error."""
         args, labels, several, changes = self.args, self.labels, self.several, self.changes
         stats = per_source[0] if not several else {
-            **{k: sum(s[k] for s in per_source) for k in _SUMMED},
+            **{k: sum(s[k] for s in per_source) for k in _SUMMED if k != "achieved_fps"},
+            "achieved_fps": run_rate(per_source),
             "sources": dict(zip(labels, per_source))}
-        if several:
-            # A source that ended before the run is rated over its own time (LiveSession.source_ended),
-            # so the rates add up to more than the run's: its frames over the longest source's
-            # time (the rates' sum when every source ran to the end).
-            spans = [s["completed"] / s["achieved_fps"] for s in per_source if s["achieved_fps"]]
-            stats["achieved_fps"] = stats["completed"] / max(spans) if spans else 0.0
         if changes is not None:  # answers reported as changed, per source
             for s, label in zip(per_source, labels):
                 s["changes"] = changes[label].count
@@ -262,3 +251,26 @@ def _wait_closed(feeds: list) -> None:
         raise
     if failed:
         raise failed[0]
+
+
+def closing_error(never_read: list[BaseException]) -> BaseException:
+    """The error of a run in which no source was read: the first given up for silence
+    (SourceSilent: exit 1, a camera still off), else the first (a 404, a refused password: exit 2)."""
+    return next((e for e in never_read if isinstance(e, SourceSilent)), never_read[0])
+
+
+def never_came(live, frames_in: int, some_came: bool) -> str | None:
+    """A source that sent nothing beside others that did, said with why where it is known
+    (Connection refused); None otherwise (when none came, the closing error says so, once)."""
+    if frames_in or not some_came:
+        return None
+    why = live.connection.why_nothing() if live.connection else None
+    return "no frames received" + (f" ({why})" if why else "")
+
+
+def run_rate(per_source: list[dict]) -> float:
+    """Several sources' frames a second: their frames over the longest one's time. Each source is
+    rated over its own (one that ended early stops its clock), so the rates' sum said more than
+    the run did; it is that sum when every source ran to the end."""
+    spans = [s["completed"] / s["achieved_fps"] for s in per_source if s["achieved_fps"]]
+    return sum(s["completed"] for s in per_source) / max(spans) if spans else 0.0
