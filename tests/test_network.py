@@ -15,6 +15,7 @@ import pytest
 
 from app.cli import main
 from pipelines.sources import SourceError, SourceSilent, StreamSource, open_live, redact
+from rtsp_camera import RtspCamera
 
 SENDER = Path(__file__).with_name("stream_sender.py")
 
@@ -1436,7 +1437,8 @@ def test_network_streams_are_opened_with_their_transport_options(monkeypatch):
     for url in ("rtsp://127.0.0.1:9/cam", "udp://127.0.0.1:9", "http://127.0.0.1:9/live.ts"):
         with pytest.raises(SourceError, match="Connection refused"):
             next(StreamSource(url, reconnect=False).frames())
-    assert asked["rtsp"] == {"rtsp_transport": "tcp"} and asked["http"] == {}
+    # ... and is not probed for 2 s past its first key frame (FFmpeg's analyzeduration, 5 s)
+    assert asked["rtsp"] == {"rtsp_transport": "tcp", "analyzeduration": "500000"} and asked["http"] == {}
     assert asked["udp"] == {"fifo_size": "1000000", "overrun_nonfatal": "1"}
 
 
@@ -1511,3 +1513,43 @@ def test_a_recording_read_by_a_slow_consumer_loses_no_frame(tmp_path):
     finally:
         server.shutdown()
     assert got == list(range(6)) and src.reconnects == 0
+
+
+def test_an_ip_camera_over_rtsp_is_read_and_read_again_after_a_reboot():
+    """A real RTSP session (DESCRIBE, SETUP over TCP, PLAY, RTP interleaved), as an IP camera
+    serves it; switched off and on again, it is reconnected with a new session, and the frames
+    go on in order."""
+    with RtspCamera() as cam:
+        src = StreamSource(cam.url, open_timeout=3, read_timeout=1, max_wait=10, max_outage=20)
+        events, got, restart, after = [], [], threading.Timer(1.0, cam.start), 0
+        src.connection.on_event = events.append
+        try:
+            for f in src.frames():  # no end but max_outage if it is never back
+                got.append(f)
+                if len(got) == 10:
+                    cam.stop()  # the camera switched off: its connection cut, its port closed
+                    restart.start()
+                after += len(events) == 2
+                if after == 5:
+                    break
+        finally:
+            restart.cancel()
+        assert cam.sessions == 2, events
+        assert events[0] == "lost (the stream ended); reconnecting" and events[1].startswith("back after"), events
+        assert src.health()["outages"] == 1 and src.reconnects == 1
+        assert all(f.rgb.shape == (240, 320, 3) for f in got)
+        assert [f.index for f in got] == list(range(len(got)))
+        assert all(b.pts > a.pts for a, b in zip(got, got[1:]))
+
+
+def test_live_cli_captions_an_ip_camera_over_rtsp(capsys, small_folder, tmp_path):
+    log = tmp_path / "cam.jsonl"
+    with RtspCamera() as cam:
+        rc = main(["live", cam.url, "--model", str(small_folder), "--duration", "3", "--json", "--max-tokens", "2",
+                   "-o", str(log)])
+    assert rc == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["completed"] > 5 and stats["kv_pages_in_use_after"] == 0 and stats["stream"]["reconnects"] == 0
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == stats["completed"] and {r["source"] for r in rows} == {cam.url}
+    assert all(r["text"] and r["timings_ms"]["end_to_end"] >= r["timings_ms"]["total"] > 0 for r in rows)
