@@ -1644,3 +1644,29 @@ def test_an_uploads_jsonl_names_the_upload_not_the_servers_scratch_copy(service,
     lines = [json.loads(line) for line in service.export_log("tab-named").read_text().splitlines()]
     assert len(lines) >= 3 and {line["source"] for line in lines} == {"my clip.mp4"}
     service.close_session("tab-named")
+
+
+def test_a_viewer_of_an_ip_camera_sees_it_reboot_and_come_back(service):
+    """The Live tab on an RTSP camera: captions, then the camera off (the connection cell says
+    "reconnecting"), then on again: captions go on from the new session, and the outage is counted."""
+    from app.view import stream_state
+    from rtsp_camera import RtspCamera
+
+    with RtspCamera() as cam:
+        feed = service.start_live("tab-ipcam", cam.url, make_task("short"))
+        try:
+            wait_for(lambda: len(feed.records()) >= 3)
+            cam.stop()
+            health = wait_for(lambda: (h := feed.snapshot().counters.get("stream", {})).get("state") == "reconnecting"
+                              and h)
+            assert stream_state(health).startswith("reconnecting (")
+            before = len(feed.records())
+            cam.start()
+            wait_for(lambda: len(feed.records()) >= before + 3)
+            health = feed.snapshot().counters["stream"]
+            assert health["state"] == "live" and health["outages"] == 1 and cam.sessions == 2
+            assert stream_state(health) == "live, 1 outage"
+            indices = [json.loads(r)["index"] for r in feed.records()]
+            assert indices == sorted(set(indices))  # frames numbered on across the reboot, none twice
+        finally:
+            service.close_session("tab-ipcam")
