@@ -100,6 +100,11 @@ class StreamSource:
         self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
         if scheme.startswith("rtsp"):
             self._options["rtsp_transport"] = "tcp"
+        if scheme in CLOCKED_SCHEMES:
+            # FFmpeg decodes 20 frames to guess a frame rate that nothing here uses (a live stream's
+            # frames are timed as they come): an RTSP camera's MJPEG opened in 1.4 s instead of
+            # 0.07, a 30 fps MPEG-TS stream over UDP in 0.75 s instead of 0.3
+            self._options["fpsprobesize"] = "0"
         if scheme.startswith(("rtsp", "rtmp")):
             # FLV may add streams at any time, so FFmpeg probes it for its whole analyzeduration (5 s)
             # before the first frame; the video's parameters come in its first tag. RTSP's are in

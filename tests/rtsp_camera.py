@@ -9,6 +9,7 @@ its keep-alives (GET_PARAMETER); its RTCP reports between them are read and drop
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import subprocess
@@ -18,8 +19,16 @@ import time
 from pathlib import Path
 
 
+ENCODERS = {  # what cameras send: H.264, H.265 (most newer ones), MJPEG (older and cheaper ones)
+    "h264": ["-c:v", "libx264", "-preset", "ultrafast", "-tune", "zerolatency", "-bf", "0", "-pix_fmt", "yuv420p"],
+    "hevc": ["-c:v", "libx265", "-preset", "ultrafast", "-tune", "zerolatency", "-x265-params", "log-level=none:bframes=0",
+             "-pix_fmt", "yuv420p"],
+    "mjpeg": ["-c:v", "mjpeg", "-huffman", "default", "-q:v", "5", "-pix_fmt", "yuvj420p"],
+}
+
+
 class RtspCamera:
-    def __init__(self, width: int = 320, height: int = 240, fps: int = 15):
+    def __init__(self, width: int = 320, height: int = 240, fps: int = 15, codec: str = "h264"):
         self._rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # ffmpeg sends its RTP here
         self._rtp.bind(("127.0.0.1", 0))
         self._rtp.settimeout(0.2)
@@ -27,8 +36,7 @@ class RtspCamera:
         sdp = Path(self._dir.name) / "cam.sdp"
         self._ffmpeg = subprocess.Popen(
             ["ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-f", "lavfi",
-             "-i", f"testsrc=size={width}x{height}:rate={fps}", "-c:v", "libx264", "-preset", "ultrafast",
-             "-tune", "zerolatency", "-g", str(fps), "-bf", "0", "-pix_fmt", "yuv420p", "-f", "rtp",
+             "-i", f"testsrc=size={width}x{height}:rate={fps}", *ENCODERS[codec], "-g", str(fps), "-f", "rtp",
              "-sdp_file", str(sdp), f"rtp://127.0.0.1:{self._rtp.getsockname()[1]}?pkt_size=1200"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
@@ -144,7 +152,7 @@ class RtspCamera:
                 if method == "OPTIONS":
                     extra["Public"] = "OPTIONS, DESCRIBE, SETUP, PLAY, TEARDOWN, GET_PARAMETER"
                 elif method == "DESCRIBE":
-                    sdp = "".join(("m=video 0 RTP/AVP 96\r\n" if l.startswith("m=video") else l + "\r\n")
+                    sdp = "".join(re.sub(r"^m=video \d+", "m=video 0", l) + "\r\n"  # the port is RTP's, not ours
                                   for l in self._sdp.splitlines() if l) + "a=control:track1\r\n"
                     body = sdp.encode()
                     extra.update({"Content-Base": f"{self.url}/", "Content-Type": "application/sdp"})

@@ -1,5 +1,6 @@
 """Network streams over loopback: reading, reconnecting after the sender restarts, bounded waits."""
 
+import itertools
 import json
 import os
 import re
@@ -1437,9 +1438,11 @@ def test_network_streams_are_opened_with_their_transport_options(monkeypatch):
     for url in ("rtsp://127.0.0.1:9/cam", "udp://127.0.0.1:9", "http://127.0.0.1:9/live.ts"):
         with pytest.raises(SourceError, match="Connection refused"):
             next(StreamSource(url, reconnect=False).frames())
-    # ... and is not probed for 2 s past its first key frame (FFmpeg's analyzeduration, 5 s)
-    assert asked["rtsp"] == {"rtsp_transport": "tcp", "analyzeduration": "500000"} and asked["http"] == {}
-    assert asked["udp"] == {"fifo_size": "1000000", "overrun_nonfatal": "1"}
+    # ... and is not probed for 2 s past its first key frame (FFmpeg's analyzeduration, 5 s); no
+    # live stream has 20 frames decoded to guess a frame rate nothing uses (fpsprobesize)
+    assert asked["rtsp"] == {"rtsp_transport": "tcp", "analyzeduration": "500000", "fpsprobesize": "0"}
+    assert asked["udp"] == {"fifo_size": "1000000", "overrun_nonfatal": "1", "fpsprobesize": "0"}
+    assert asked["http"] == {}  # a recording's frame rate may time its frames
 
 
 def test_a_source_that_may_not_reconnect_fails_at_its_first_try_and_a_busy_server_is_asked_again(monkeypatch):
@@ -1513,6 +1516,15 @@ def test_a_recording_read_by_a_slow_consumer_loses_no_frame(tmp_path):
     finally:
         server.shutdown()
     assert got == list(range(6)) and src.reconnects == 0
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc", "mjpeg"])
+def test_an_ip_camera_over_rtsp_is_read_in_each_codec_cameras_send(codec):
+    with RtspCamera(codec=codec) as cam:
+        src = StreamSource(cam.url, open_timeout=3, read_timeout=1, max_wait=10)
+        got = list(itertools.islice(src.frames(), 5))
+    assert [f.index for f in got] == list(range(5)) and all(f.rgb.shape == (240, 320, 3) for f in got)
+    assert src.health()["damaged_packets"] == 0
 
 
 def test_an_ip_camera_over_rtsp_is_read_and_read_again_after_a_reboot():
