@@ -202,7 +202,7 @@ def _several(args: argparse.Namespace, paths: list[str | Path], params, task: di
                 failed += 1
                 tqdm.write(f"vlmstream: warning: {item}", file=sys.stderr)
                 if args.json:
-                    out.write(json.dumps({"image": redact(str(path)), "error": str(item)}) + "\n")
+                    tqdm.write(json.dumps({"image": redact(str(path)), "error": str(item)}), file=out)
             else:
                 handle, read_ms = item
                 result = handle.wait()  # as long as the engine makes progress (a slow model's)
@@ -211,11 +211,13 @@ def _several(args: argparse.Namespace, paths: list[str | Path], params, task: di
                     raise EngineClosedError(f"{redact(str(path))}: not answered: "
                                             + (f"the engine failed ({engine.error})" if engine.error is not None
                                                else f"the request was {result.finish_reason}"))
+                # Through tqdm: on a terminal a line written beside the bar had been glued onto it
+                # ("images:  25%|...| 1/4 [...]a.png: a red circle"), as every answer after the first.
                 if args.json:
                     record = {**_record(args, result, asked, engine.loaded, load_ms), "read_ms": round(read_ms, 3)}
-                    out.write(json_text({"image": redact(str(path)), **record}) + "\n")
+                    tqdm.write(json_text({"image": redact(str(path)), **record}), file=out)
                 else:
-                    out.write(f"{redact(str(path))}: {result.text}\n")
+                    tqdm.write(f"{redact(str(path))}: {result.text}", file=out)
                 done += 1
             out.flush()
             bar.update(1)
