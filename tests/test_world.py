@@ -267,6 +267,30 @@ def _scored(scene, captions: dict, answers: dict):
     return dict(hits), misses
 
 
+class _Interrupted:
+    """An engine handle whose wait is ended by Ctrl-C."""
+
+    def result(self, timeout=None):
+        raise KeyboardInterrupt
+
+
+def test_a_scene_interrupted_while_its_answers_are_awaited_is_not_counted_at_all():
+    """eval-tiny's report under Ctrl-C says how many scenes it scored: a wait for one question's
+    answer interrupted had left that scene's captions counted beside them (counts one over)."""
+    from collections import defaultdict
+
+    from tinyvlm.evaluate import MISSES, _score
+
+    scene = _eval_scene(("circle", "red", "small", 50, 50))
+    caps = {k: _Done("a red circle") for k in ("short", "normal", "long")}
+    qs = {"count": ("How many shapes are there?", "one", _Done("one")),
+          "position": ("Where is the red circle?", "top left", _Interrupted())}
+    hits, misses = defaultdict(lambda: [0, 0]), dict.fromkeys(MISSES, 0)
+    with pytest.raises(KeyboardInterrupt):
+        _score((scene, caps, qs), hits, misses, [])
+    assert dict(hits) == {} and misses == dict.fromkeys(MISSES, 0)
+
+
 def _eval_scene(*objs, w=600, h=300):
     from tinyvlm.world import Background, Obj, Scene
 
