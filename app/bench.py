@@ -21,6 +21,9 @@ def run(args: argparse.Namespace) -> int:
     if not streams or min(streams) < 1 or max(streams) > MAX_BENCH_STREAMS:
         # each stream holds its own image: 100000 of them filled 10 GB before the first step
         raise UsageError(f"--streams values must be between 1 and {MAX_BENCH_STREAMS}")
+    twice = sorted({n for n in streams if streams.count(n) > 1})
+    if twice:  # measured twice, and an interrupted run's "not measured" missed the second
+        raise UsageError(f"--streams names {', '.join(map(str, twice))} more than once")
     if args.tokens < 2:  # the decode rate counts the tokens after the first
         raise UsageError("--tokens must be >= 2 (decode throughput counts the tokens after the first)")
     if args.repeats < 1 or args.frames < 0:
@@ -34,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     total = len(streams) * 2 * args.repeats + (1 if args.frames else 0)
     done = [0]
 
-    def progress(what: str) -> None:
-        done[0] += 1
+    def progress(what: str, counted: bool = True) -> None:
+        done[0] += counted
         print(f"[{done[0]}/{total}] {what}", file=sys.stderr, flush=True)
 
     report = run_bench(cfg, progress)

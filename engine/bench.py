@@ -122,7 +122,7 @@ def cpu_name() -> str:
     return f"{name} ({', '.join(kinds)})" if kinds else name
 
 
-def _measure(engine: Engine, cfg: BenchConfig, n: int, progress: Callable[[str], None] | None) -> dict:
+def _measure(engine: Engine, cfg: BenchConfig, n: int, progress: Callable[..., None] | None) -> dict:
     """One concurrency's figures: pipelined and blocking runs alternated (see the module's doc)."""
     images = _images(n, cfg.image_size)
     for depth in (2, 1):  # this batch size's first steps (shapes new to TorchScript, the allocator) untimed
@@ -131,6 +131,8 @@ def _measure(engine: Engine, cfg: BenchConfig, n: int, progress: Callable[[str],
     r = 0
     while r < cfg.repeats or (r < cfg.max_repeats and min(sum(x["wall_s"] for x in runs[d])
                                                           for d in (1, 2)) < cfg.min_seconds):
+        if progress and r == cfg.repeats:  # runs of unknown number follow: said once, not counted
+            progress(f"streams={n} more runs, until each mode has run {cfg.min_seconds:g} s", counted=False)
         for depth in (2, 1) if r % 2 == 0 else (1, 2):
             if progress and r < cfg.repeats:
                 progress(f"streams={n} repeat={r + 1}/{cfg.repeats} {'pipelined' if depth == 2 else 'blocking'}")
@@ -156,9 +158,11 @@ def _measure(engine: Engine, cfg: BenchConfig, n: int, progress: Callable[[str],
     }
 
 
-def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict:
-    """The report `vlmstream bench` prints. Interrupted (Ctrl-C, SIGTERM) once something was
-    measured, it holds what was, `interrupted` set; before that, the KeyboardInterrupt goes on."""
+def run_bench(cfg: BenchConfig, progress: Callable[..., None] | None = None) -> dict:
+    """The report `vlmstream bench` prints; `progress(what, counted=True)` is told of each timed run
+    (counted) and of the runs past --repeats that fill --seconds (once a concurrency, not counted).
+    Interrupted (Ctrl-C, SIGTERM) once something was measured, it holds what was, `interrupted`
+    set; before that, the KeyboardInterrupt goes on."""
     engine_cfg = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype,
                               max_batch_size=max(cfg.streams), cpu_script=cfg.cpu_script,
                               vision_thread=cfg.vision_thread)
@@ -179,7 +183,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
             engine.close(cancel=True)  # the interrupted run's requests: not decoded to their end
     return {
         "model": cfg.model,
-        "device": cfg.device,
+        "device": str(engine.loaded.device),  # as loaded: "cpu:0" typed is "cpu"
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
         "decode": "torchscript" if engine.runner.scripted is not None else "eager",
         "vision_thread": engine._vision is not None,

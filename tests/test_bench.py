@@ -1,4 +1,5 @@
 import json
+import re
 import statistics
 import time
 
@@ -10,10 +11,17 @@ from engine.bench import BenchConfig, format_table
 
 def test_bench_json_report(capsys, small_folder):
     argv = ["bench", "--model", str(small_folder), "--streams", "1,3", "--tokens", "6", "--repeats", "2",
-            "--frames", "6", "--seconds", "0.5", "--json"]
+            "--frames", "6", "--seconds", "0.5", "--json", "--device", "cpu:0"]
     assert main(argv) == 0
-    report = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    report = json.loads(out)
     assert [r["streams"] for r in report["results"]] == [1, 3]
+    # each timed run counted to the total; the runs that fill --seconds said once, not counted
+    counted = re.findall(r"^\[(\d+)/9\] ", err, re.M)
+    assert counted == [str(k) for k in range(1, 10)] or counted[-1] == "9", err
+    more = [r["streams"] for r in report["results"] if r["runs_per_mode"] > 2]
+    assert re.findall(r"streams=(\d+) more runs, until each mode has run 0.5 s", err) == [str(n) for n in more], err
+    assert report["device"] == "cpu"  # the device loaded, as image and eval-tiny say it: not as typed
     for r in report["results"]:
         assert r["identical_tokens"] is True
         for mode in ("pipelined", "blocking"):
@@ -58,6 +66,7 @@ def test_bench_bad_arguments(capsys):
     # one token has no decode rate (it divided by zero); 100000 streams' images filled 10 GB
     for flag, value, says in (("--tokens", "1", "--tokens must be >= 2"), ("--streams", "1,100000", "between 1 and 1024"),
                               ("--repeats", "0", "--repeats must be >= 1"),
+                              ("--streams", "1,8,1", "--streams names 1 more than once"),
                               ("--frames", "-1", "--frames >= 0")):  # else BenchConfig's traceback
         assert main(["bench", flag, value]) == 2
         err = capsys.readouterr().err
