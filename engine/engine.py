@@ -43,6 +43,9 @@ from .types import EngineStats, SamplingParams
 
 class Engine:
     def __init__(self, config: EngineConfig | None = None, **overrides: Any):
+        if config is not None and not isinstance(config, EngineConfig):  # Engine("tiny"): an AttributeError
+            raise ConfigError(f"config must be an EngineConfig (or None, with its fields as keywords), "
+                              f"got {type(config).__name__}: Engine(model=...) or Engine(EngineConfig(...))")
         cfg = config or EngineConfig(**overrides)
         if config is not None and overrides:
             from dataclasses import replace

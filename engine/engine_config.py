@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -64,5 +65,12 @@ class EngineConfig:
         if isinstance(self.lower_turn, bool) or not isinstance(self.lower_turn, int) or self.lower_turn in (1,) \
                 or self.lower_turn < 0:  # 1 would put the lower priority always first
             raise ConfigError(f"lower_turn must be 0 (strict priority) or an integer >= 2, got {self.lower_turn!r}")
-        if self.kv_pages is not None and (not isinstance(self.kv_pages, int) or self.kv_pages < 1):
+        for name in ("triton_kernels", "cuda_graphs", "cpu_script", "vision_thread", "debug_checks"):
+            value = getattr(self, name)  # "false" from a settings file or an environment variable had meant yes
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(f"{name} must be True, False or None, got {value!r}")
+        if not isinstance(self.model, (str, os.PathLike)):  # None had been a TypeError from inside the loader
+            raise ConfigError(f"model must be 'tiny', a model folder or random:NAME, got {self.model!r}")
+        if self.kv_pages is not None and (isinstance(self.kv_pages, bool) or not isinstance(self.kv_pages, int)
+                                          or self.kv_pages < 1):
             raise ConfigError(f"kv_pages must be a positive integer or None, got {self.kv_pages!r}")

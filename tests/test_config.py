@@ -131,3 +131,24 @@ def test_engine_config_defaults_are_the_documented_ones():
     c = EngineConfig()
     assert (c.pipeline_depth, c.max_batch_size, c.max_draft, c.lower_turn) == (2, 32, 16, 4)
     assert (c.model, c.device, c.kv_pages) == ("tiny", "cpu", None)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("cpu_script", "false"), ("vision_thread", "no"), ("cuda_graphs", 0), ("triton_kernels", "0"),
+    ("debug_checks", "yes"), ("model", None), ("model", 5), ("kv_pages", True),
+])
+def test_engine_config_refuses_flags_and_model_of_another_type(field, value):
+    """A flag given as a string ("false" from a settings file or the environment) had meant yes,
+    and model=None was a TypeError from inside the loader: a ConfigError naming the field."""
+    with pytest.raises(ConfigError, match=field):
+        EngineConfig(**{field: value})
+
+
+def test_engine_refuses_a_config_that_is_not_an_engine_config():
+    """Engine("tiny") or Engine({"model": ...}) had raised AttributeError ('str' object has no
+    attribute 'model'): a ConfigError that says how to call it, before any model loads."""
+    from engine import Engine
+
+    for config in ("tiny", {"model": "tiny"}):
+        with pytest.raises(ConfigError, match="EngineConfig"):
+            Engine(config)
