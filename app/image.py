@@ -233,6 +233,8 @@ def _several(args: argparse.Namespace, paths: list[str | Path], params, task: di
                     finish()
             while pending:
                 finish()
+        except KeyboardInterrupt:  # said with what is done, as eval-tiny's and bench's are: its lines are kept
+            raise KeyboardInterrupt(f"{done} of {len(paths)} images answered") from None
         finally:
             bar.close()
     return _closing(done, failed + skipped, "answered")
