@@ -1565,3 +1565,55 @@ def test_live_cli_captions_an_ip_camera_over_rtsp(capsys, small_folder, tmp_path
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) == stats["completed"] and {r["source"] for r in rows} == {cam.url}
     assert all(r["text"] and r["timings_ms"]["end_to_end"] >= r["timings_ms"]["total"] > 0 for r in rows)
+
+
+def test_a_cameras_mjpeg_stream_over_http_is_read_live_and_again_after_a_reboot():
+    """multipart/x-mixed-replace JPEGs (cheap IP cameras, ESP32-CAM, phone camera apps): a live
+    stream, not a recording to play at its own pace once; a camera that drops the connection
+    (a reboot) is reconnected, and the frames go on in order."""
+    import http.server
+    import io
+
+    from PIL import Image
+
+    jpegs = []
+    for i in range(4):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((120, 160, 3), 60 * i, np.uint8)).save(buf, "JPEG")
+        jpegs.append(buf.getvalue())
+    connections = []
+
+    class Camera(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            connections.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+            self.end_headers()
+            try:
+                for i in range(12 if len(connections) == 1 else 1000):  # the first connection: 12 frames, then cut
+                    jpeg = jpegs[i % len(jpegs)]
+                    self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
+                                     % (len(jpeg), jpeg))
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:  # the reader is gone
+                pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Camera)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/video", open_timeout=5, read_timeout=2,
+                           max_wait=10, max_outage=10)
+        events = []
+        src.connection.on_event = events.append
+        got = list(itertools.islice(src.frames(), 20))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(connections) == 2 and src.reconnects == 1, (connections, events)  # not played once as a recording
+    assert events[0].startswith("lost (") and events[1].startswith("back after"), events  # FFmpeg's words: EIO
+    assert [f.index for f in got] == list(range(20)) and all(f.rgb.shape == (120, 160, 3) for f in got)
+    assert [round(float(f.rgb.mean()) / 60) for f in got[:12]] == [i % 4 for i in range(12)]  # each JPEG, in order
