@@ -276,8 +276,14 @@ class StreamSource:
                 return
             connection.lost(broke)
             self.reconnects += 1
-            if index == came and not connection.retry(broke, t0):  # opened, nothing came: not hammered
-                return
+            if index == came:  # opened, nothing came: not hammered
+                if broke.startswith(TIMED_OUT):
+                    # The whole silence, as a try that could not open says it: a camera that
+                    # answered its tries and sent nothing was given up as "nothing came for 3.0 s"
+                    # (this try's read timeout) after 30 s, or after --max-outage.
+                    broke = f"{TIMED_OUT} {time.perf_counter() - (connection.last_frame or t0):.1f} s"
+                if not connection.retry(broke, t0):
+                    return
 
     def health(self) -> dict:
         """How the stream is doing now (`Connection.health`, with `_counters`)."""

@@ -1,7 +1,8 @@
 """An IP camera's RTSP server, for tests: a generated H.264 stream (ffmpeg's RTP muxer) played to
 each client over its RTSP connection (RTP interleaved on TCP, as `StreamSource` asks), the way a
 camera does it. `stop()` is the camera switched off (every connection cut, the port closed);
-`start()` is the camera back on the same port, with the stream going on meanwhile.
+`start()` is the camera back on the same port, with the stream going on meanwhile; `stalled`
+set is a camera that hung: its connections kept and its sessions answered, no packet sent.
 
 Only what FFmpeg's RTSP client sends is answered: OPTIONS, DESCRIBE, SETUP, PLAY, TEARDOWN and
 its keep-alives (GET_PARAMETER); its RTCP reports between them are read and dropped.
@@ -52,6 +53,7 @@ class RtspCamera:
         self._closed = threading.Event()
         self._listener: socket.socket | None = None
         self.port = 0
+        self.stalled = False  # connections kept, nothing sent (a hung camera)
         self.sessions = 0  # PLAYs answered: one per (re)connection of a client
         threading.Thread(target=self._relay, daemon=True).start()
         self.start()
@@ -114,7 +116,7 @@ class RtspCamera:
             except (socket.timeout, OSError):
                 continue
             with self._lock:
-                playing = list(self._playing.items())
+                playing = [] if self.stalled else list(self._playing.items())
             for conn, send_lock in playing:
                 try:
                     with send_lock:

@@ -1617,3 +1617,16 @@ def test_a_cameras_mjpeg_stream_over_http_is_read_live_and_again_after_a_reboot(
     assert events[0].startswith("lost (") and events[1].startswith("back after"), events  # FFmpeg's words: EIO
     assert [f.index for f in got] == list(range(20)) and all(f.rgb.shape == (120, 160, 3) for f in got)
     assert [round(float(f.rgb.mean()) / 60) for f in got[:12]] == [i % 4 for i in range(12)]  # each JPEG, in order
+
+
+def test_an_ip_camera_that_answers_but_sends_nothing_is_given_up_with_its_whole_silence_said():
+    """A hung camera: its RTSP server answers every try (DESCRIBE, SETUP, PLAY), then sends no
+    packet. Given up after its wait for a first frame, it was said as "nothing came for 3.0 s"
+    (the last try's read timeout), where a camera that refused its tries said the whole wait."""
+    with RtspCamera() as cam:
+        cam.stalled = True
+        src = StreamSource(cam.url, open_timeout=1, read_timeout=0.3, max_wait=1.5)
+        with pytest.raises(SourceError) as e:
+            list(src.frames())
+    waited = re.fullmatch(rf"cannot read {re.escape(cam.url)}: nothing came for ([\d.]+) s", str(e.value))
+    assert waited and float(waited[1]) >= 1.5, str(e.value)
