@@ -185,6 +185,7 @@ def _watch(args: argparse.Namespace, feeds: list[LiveFeed], live_run: LiveRun, t
         while (any(f.running for f in feeds) and not live_run.stopped
                and (args.duration is None or time.perf_counter() - t0 < args.duration)):
             time.sleep(0.05)
+            live_run.say_failed(feeds)
             if stop_requested():  # a SIGTERM whose KeyboardInterrupt was lost (in a finalizer)
                 raise KeyboardInterrupt
     except KeyboardInterrupt:

@@ -45,6 +45,7 @@ class LiveRun:
         self.names = dict(zip(labels, file_names(args.sources, labels)))  # the snapshots' names for the sources
         self.changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
         self.recorders: dict = {}  # label -> Recorder, with --annotate (started once the model is up)
+        self.failed_said: set[str] = set()  # sources whose failure was said while the others went on
 
     def say(self, line: str) -> None:
         with self.print_lock:
@@ -57,6 +58,16 @@ class LiveRun:
             if live.connection is not None:  # an outage is said when it happens, not only in the closing figures
                 live.connection.on_event = lambda line, label=label: self.say(
                     f"{label + ': ' if self.several else ''}{line}")
+
+    def say_failed(self, feeds: list) -> None:
+        """A source that failed while others go on (a camera given up after --max-outage, or after
+        30 s without a first frame) is said then, once: a run of hours had said it only at its end,
+        the camera gone since long before."""
+        for feed, label in zip(feeds, self.labels):
+            others = any(f.running for f in feeds if f is not feed)  # else the run ends now, and says it
+            if feed.error is not None and label not in self.failed_said and others:
+                self.failed_said.add(label)
+                self.say(f"{label}: {feed.error}")
 
     @property
     def stopped(self) -> bool:
@@ -157,7 +168,7 @@ class LiveRun:
         for feed, label, live in zip(feeds, labels, opened):
             # a stream that broke off, or never came beside others that did
             problem = feed.error or never_came(live, feed.session.frames_in, some_came)
-            if problem:
+            if problem and label not in self.failed_said:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
             for problem in live.problems:  # a file's, which names it
                 print(f"vlmstream: warning: {problem}", file=sys.stderr)

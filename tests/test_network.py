@@ -1630,3 +1630,35 @@ def test_an_ip_camera_that_answers_but_sends_nothing_is_given_up_with_its_whole_
             list(src.frames())
     waited = re.fullmatch(rf"cannot read {re.escape(cam.url)}: nothing came for ([\d.]+) s", str(e.value))
     assert waited and float(waited[1]) >= 1.5, str(e.value)
+
+
+def test_a_camera_given_up_beside_another_is_said_while_the_other_goes_on(monkeypatch, small_folder):
+    """A camera given up (--max-outage) while another source went on was said only when the run
+    ended: in a watcher of hours, never while anyone could act on it. The other camera here goes
+    on until the warning is out, so the run ends at --duration if it never comes."""
+    import io
+
+    from pipelines.frame import Frame
+
+    err = io.StringIO()  # read while the run goes on
+    monkeypatch.setattr(sys, "stderr", err)
+    seen_while_running = []
+
+    def frames(self):
+        rgb = np.zeros((120, 160, 3), np.uint8)
+        for i in range(100_000):
+            time.sleep(1 / 30)
+            if self.display.endswith("/gone") and i == 5:
+                raise SourceError(f"cannot read {self.display}: Connection refused (nothing for 2.0 s)")
+            if "Connection refused" in err.getvalue():
+                seen_while_running.append(self.display)
+                return
+            self.connection.frame()
+            yield Frame(self.source_id, i, i / 30, rgb)
+
+    monkeypatch.setattr(StreamSource, "_frames", frames)
+    gone, cam = "rtsp://127.0.0.1:9/gone", "rtsp://127.0.0.1:9/cam"
+    assert main(["live", gone, cam, "--model", str(small_folder), "--json", "--max-tokens", "2",
+                 "--max-outage", "2", "--duration", "10"]) == 1
+    assert set(seen_while_running) == {cam}
+    assert err.getvalue().count("Connection refused") == 1, err.getvalue()  # not again at the end
