@@ -47,6 +47,10 @@ class _Undecodable(Exception):
     """No frame for UNDECODABLE_S, most packets rejected meanwhile: the stream changed codec."""
 
 
+class _NoAnswer(OSError):
+    """An RTSP server that took the connection and never answered, until the open timeout."""
+
+
 class StreamSource:
     """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP...), or standard input
     (`STDIN`: a program's stream piped in, read once) or a named pipe (`is_named_pipe`), alike.
@@ -128,7 +132,16 @@ class StreamSource:
         # its whole open timeout past the limit (a server that never answers: said after 38 s of 30).
         left = None if started is None else self.connection.remaining(started)
         timeout = self.open_timeout if left is None else min(self.open_timeout, max(0.5, left))
-        return refuse_text(av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options), self.display)
+        began = time.perf_counter()
+        try:
+            return refuse_text(av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options),
+                               self.display)
+        except av.InvalidDataError:
+            # FFmpeg's RTSP client says our timeout as "Invalid data found...": a camera still booting
+            # (its port open, its server not up), or hung, was given up in those words, having sent nothing
+            if self.url.lower().startswith("rtsp") and time.perf_counter() - began >= timeout:
+                raise _NoAnswer() from None
+            raise
 
     def _open_pipe(self) -> int:
         """Standard input's descriptor, or the named pipe's, opened without waiting for a writer
@@ -308,6 +321,6 @@ class StreamSource:
     def _clean(self, e: Exception, waited: float) -> str:
         import av
 
-        if isinstance(e, av.ExitError):  # "Immediate exit requested": FFmpeg's words for our timeout
+        if isinstance(e, (av.ExitError, _NoAnswer)):  # "Immediate exit requested": our timeout, in FFmpeg's words
             return f"{TIMED_OUT} {waited:.1f} s"
         return first_line(e).replace(self.url, self.display)

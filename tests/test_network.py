@@ -1662,3 +1662,19 @@ def test_a_camera_given_up_beside_another_is_said_while_the_other_goes_on(monkey
                  "--max-outage", "2", "--duration", "10"]) == 1
     assert set(seen_while_running) == {cam}
     assert err.getvalue().count("Connection refused") == 1, err.getvalue()  # not again at the end
+
+
+def test_an_rtsp_server_that_never_answers_is_said_to_send_nothing():
+    """A camera still booting (its port open, its RTSP server not up yet) or whose server hung:
+    FFmpeg's RTSP client says our open timeout as "Invalid data found when processing input", and
+    it was given up in those words, as if the camera had sent something wrong."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)  # takes connections, answers nothing
+        src = StreamSource(f"rtsp://127.0.0.1:{server.getsockname()[1]}/cam", open_timeout=0.5, max_wait=1.0)
+        reasons = []
+        src.connection.retry = lambda reason, started, retry=src.connection.retry: (reasons.append(reason),
+                                                                                   retry(reason, started))[1]
+        with pytest.raises(SourceError, match=r": nothing came for [\d.]+ s$"):
+            list(src.frames())
+    assert reasons and all(r.startswith("nothing came for") for r in reasons), reasons
