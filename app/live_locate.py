@@ -107,6 +107,7 @@ def _watch(args: argparse.Namespace, locator: LiveLocator, locate_run: LiveLocat
         while (locator.running and not locate_run.stopped
                and (args.duration is None or time.perf_counter() - t0 < args.duration)):
             time.sleep(0.05)
+            locate_run.say_failed(locator)
             if stop_requested():  # a SIGTERM whose KeyboardInterrupt was lost (in a finalizer)
                 raise KeyboardInterrupt
     except KeyboardInterrupt:

@@ -41,10 +41,20 @@ class LiveLocateRun:
         # --changes: each source's number found is followed, and only a new one reported
         self.changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
         self.snapshots = Path(args.snapshots) if args.snapshots else None
+        self.failed_said: set[str] = set()  # sources whose failure was said while the others went on
 
     def say(self, line: str) -> None:
         with self.lock:
             print(f"vlmstream: warning: {line}", file=sys.stderr, flush=True)
+
+    def say_failed(self, locator: LiveLocator) -> None:
+        """As live's (LiveRun.say_failed): a source that failed while others go on is said then,
+        once, not only when the run ends."""
+        going = locator.going()
+        for label, error in locator.errors().items():
+            if label not in self.failed_said and going - {label}:
+                self.failed_said.add(label)
+                self.say(f"{label + ': ' if self.several else ''}{error}")
 
     def start(self, opened: list) -> None:
         """Once the model is warm: each stream's outages are said as they happen."""
@@ -124,7 +134,7 @@ class LiveLocateRun:
         for label, live in zip(self.labels, opened):
             # as live's: a source that never came beside others that did is said (it had passed without a word)
             error = errors.get(label) or never_came(live, stats[label]["frames_in"], some_came)
-            if error:
+            if error and label not in self.failed_said:
                 print(f"vlmstream: warning: {label + ': ' if self.several else ''}{error}", file=sys.stderr)
         for problem in (p for live in opened for p in live.problems):  # a file's, which names it
             print(f"vlmstream: warning: {problem}", file=sys.stderr)

@@ -195,6 +195,10 @@ class LiveLocator:
         """label -> the one-line error of each source that failed."""
         return {s.source.label: s.error for s in self._states if s.error}
 
+    def going(self) -> set[str]:
+        """The labels of the sources that have not ended."""
+        return {s.source.label for s in self._states if not s.ended}
+
     def exceptions(self) -> dict[str, BaseException]:
         return {s.source.label: s.exception for s in self._states if s.exception is not None}
 

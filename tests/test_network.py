@@ -1632,7 +1632,8 @@ def test_an_ip_camera_that_answers_but_sends_nothing_is_given_up_with_its_whole_
     assert waited and float(waited[1]) >= 1.5, str(e.value)
 
 
-def test_a_camera_given_up_beside_another_is_said_while_the_other_goes_on(monkeypatch, small_folder):
+@pytest.mark.parametrize("task", [["--max-tokens", "2"], ["--detect", "star"]])
+def test_a_camera_given_up_beside_another_is_said_while_the_other_goes_on(monkeypatch, small_folder, task):
     """A camera given up (--max-outage) while another source went on was said only when the run
     ended: in a watcher of hours, never while anyone could act on it. The other camera here goes
     on until the warning is out, so the run ends at --duration if it never comes."""
@@ -1658,7 +1659,7 @@ def test_a_camera_given_up_beside_another_is_said_while_the_other_goes_on(monkey
 
     monkeypatch.setattr(StreamSource, "_frames", frames)
     gone, cam = "rtsp://127.0.0.1:9/gone", "rtsp://127.0.0.1:9/cam"
-    assert main(["live", gone, cam, "--model", str(small_folder), "--json", "--max-tokens", "2",
+    assert main(["live", gone, cam, "--model", str(small_folder), "--json", *task,
                  "--max-outage", "2", "--duration", "10"]) == 1
     assert set(seen_while_running) == {cam}
     assert err.getvalue().count("Connection refused") == 1, err.getvalue()  # not again at the end
