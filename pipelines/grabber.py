@@ -89,9 +89,16 @@ class LatestFrameGrabber:
                     return None
                 self._cond.wait(left)
 
-    def close(self) -> None:
+    def close(self, wait: float = 5.0) -> None:
+        """Stop reading; wait at most `wait` seconds for the reading thread to end. A network
+        source's thread may be inside an FFmpeg read or open that nothing can cut short (a hung
+        camera: until its read or open timeout): its caller waits briefly (READER_WAIT_S), its
+        Connection stopped, and the thread ends with that call, having nothing more to try."""
         self._stop.set()
-        self._thread.join(5.0)
+        self._thread.join(wait)
+
+
+READER_WAIT_S = 0.5  # how long closing waits for a stopped network source's reader (see close)
 
 
 class PushedFrames:

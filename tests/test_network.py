@@ -1081,6 +1081,41 @@ def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
     assert live.connection.health()["state"] == "ended"
 
 
+def test_stop_does_not_wait_on_a_hung_cameras_read(monkeypatch):
+    """A web viewer's Stop on a camera that hung (its connection open, nothing sent) waited 5 s:
+    the reading thread sat in FFmpeg's read, which nothing cuts short. Stop returns at once; the
+    thread ends when that read does, and tries nothing more."""
+    from engine import SamplingParams
+    from pipelines.feed import LiveFeed
+    from pipelines.frame import Frame
+
+    read_returns, opens = threading.Event(), []
+
+    def frames(self):  # two frames, then a read that only its own timeout ends (FFmpeg's)
+        while not self.connection.stopped:
+            opens.append(1)
+            for i in range(2):
+                self.connection.frame()
+                yield Frame(self.source_id, i, i / 30, np.zeros((8, 8, 3), np.uint8))
+            read_returns.wait(30)
+
+    monkeypatch.setattr(StreamSource, "_frames", frames)
+    live = open_live("rtsp://127.0.0.1:9/cam")
+    feed = LiveFeed(None, {"caption": "short"}, SamplingParams(), live.frames, realtime=False,
+                    connection=live.connection)
+    feed.session.offer = lambda frame: True  # no engine here: only the source matters
+    deadline = time.time() + 10
+    while live.connection.last_frame is None and time.time() < deadline:
+        time.sleep(0.05)
+    t0 = time.perf_counter()
+    feed.close()
+    assert time.perf_counter() - t0 < 2.5  # 5 s before
+    thread = feed._grabber._thread
+    read_returns.set()  # the read times out
+    thread.join(10)
+    assert not thread.is_alive() and opens == [1]  # no reopen after Stop
+
+
 def _python_reading(script: str, sender_cmd: list[str]) -> subprocess.CompletedProcess:
     """`script` run by Python in the repository, its standard input what `sender_cmd` writes."""
     sender = subprocess.Popen(sender_cmd, stdout=subprocess.PIPE)
