@@ -1051,11 +1051,21 @@ def test_source_names_that_cannot_be_are_one_line_errors(name, said, capsys):
     assert said in err and "Traceback" not in err and err.count("\n") == 1
 
 
+def _feed_without_engine(url: str):
+    """(the live source, a LiveFeed on it) with no engine behind: only the source matters."""
+    from engine import SamplingParams
+    from pipelines.feed import LiveFeed
+
+    live = open_live(url)
+    feed = LiveFeed(None, {"caption": "short"}, SamplingParams(), live.frames, realtime=False,
+                    connection=live.connection)
+    feed.session.offer = lambda frame: True
+    return live, feed
+
+
 def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
     """A viewer who presses Stop while the camera is away: its thread used to try the dead camera
     for ever (a stream that has sent frames is reconnected without end)."""
-    from engine import SamplingParams
-    from pipelines.feed import LiveFeed
     from pipelines.frame import Frame
 
     def frames(self):  # two frames, then the camera is gone for good
@@ -1067,10 +1077,7 @@ def test_a_feed_stopped_during_an_outage_leaves_no_thread_retrying(monkeypatch):
             pass
 
     monkeypatch.setattr(StreamSource, "_frames", frames)
-    live = open_live("rtsp://127.0.0.1:9/cam")
-    feed = LiveFeed(None, {"caption": "short"}, SamplingParams(), live.frames, realtime=False,
-                    connection=live.connection)
-    feed.session.offer = lambda frame: True  # no engine here: only the source matters
+    live, feed = _feed_without_engine("rtsp://127.0.0.1:9/cam")
     deadline = time.time() + 10
     while live.connection.state != "reconnecting" and time.time() < deadline:
         time.sleep(0.05)
@@ -1085,8 +1092,6 @@ def test_stop_does_not_wait_on_a_hung_cameras_read(monkeypatch):
     """A web viewer's Stop on a camera that hung (its connection open, nothing sent) waited 5 s:
     the reading thread sat in FFmpeg's read, which nothing cuts short. Stop returns at once; the
     thread ends when that read does, and tries nothing more."""
-    from engine import SamplingParams
-    from pipelines.feed import LiveFeed
     from pipelines.frame import Frame
 
     read_returns, opens = threading.Event(), []
@@ -1100,10 +1105,7 @@ def test_stop_does_not_wait_on_a_hung_cameras_read(monkeypatch):
             read_returns.wait(30)
 
     monkeypatch.setattr(StreamSource, "_frames", frames)
-    live = open_live("rtsp://127.0.0.1:9/cam")
-    feed = LiveFeed(None, {"caption": "short"}, SamplingParams(), live.frames, realtime=False,
-                    connection=live.connection)
-    feed.session.offer = lambda frame: True  # no engine here: only the source matters
+    live, feed = _feed_without_engine("rtsp://127.0.0.1:9/cam")
     deadline = time.time() + 10
     while live.connection.last_frame is None and time.time() < deadline:
         time.sleep(0.05)
