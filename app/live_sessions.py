@@ -35,6 +35,10 @@ LIVE_FPS = 60.0
 # removed with the tab.
 RECORD_MAX_S = 600.0
 CLOSED_KEPT = 10_000  # closed sessions remembered, so that a late event cannot bring one back
+# Sessions whose stopped feeds and recordings stay for their Export and download, least recently
+# stopped dropped first: an API client without Gradio's heartbeat never unloads, and each of its
+# calls, a session, had kept its stopped feed (~5 MB) and recording until the server stopped.
+STOPPED_KEPT = 32
 
 
 class LiveSessions:
@@ -48,6 +52,7 @@ class LiveSessions:
         self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
         self._closed: OrderedDict[str, None] = OrderedDict()  # the sessions closed last, oldest first
+        self._stopped: OrderedDict[str, None] = OrderedDict()  # sessions with a feed stopped, least recent first
 
     def start_live(self, session: str, source: str, task: dict, record: bool = False,
                    name: str | None = None) -> object:
@@ -154,16 +159,35 @@ class LiveSessions:
             return self._feeds.get((session, kind))
 
     def stop_live(self, session: str, kind: str = "pull") -> None:
+        dropped = []
         with self._lock:
             feed = self._feeds.pop((session, kind), None)
             if feed is not None:
                 self._ended[(session, kind)] = feed
+                dropped = self._keep_stopped(session)
             self._share_inflight()
             recorder = self._recorders.get((session, kind))
         if feed is not None:
             feed.close()
         if recorder is not None:  # the file is finished, kept for a download
             recorder.close()
+        _remove(dropped)
+
+    def _keep_stopped(self, session: str) -> list:
+        """With the lock held, as a session stops a feed: the recorders to delete once it is let go,
+        those of the sessions past STOPPED_KEPT, whose stopped feeds go too (not a running one's)."""
+        self._stopped[session] = None
+        self._stopped.move_to_end(session)
+        dropped = []
+        while len(self._stopped) > STOPPED_KEPT:
+            old = self._stopped.popitem(last=False)[0]
+            for kind in ("pull", "push"):
+                self._ended.pop((old, kind), None)
+                if (old, kind) not in self._feeds:
+                    dropped.append(self._recorders.pop((old, kind), None))
+            if (old, "push") not in self._feeds:  # its camera's next Record starts a new file
+                self._cam_record.pop(old, None)
+        return dropped
 
     def push_frame(self, session: str, rgb: np.ndarray, task: dict, record: bool = False) -> object:
         """A browser camera frame; the session's pushed feed starts on the first one. Ticking
@@ -174,7 +198,7 @@ class LiveSessions:
         from pipelines.recorder import Recorder
 
         rgb = as_rgb(rgb)  # an ImageError for what is no picture (a grey float frame was a cv2 error)
-        key, finished, service = (session, "push"), None, self._service
+        key, finished, service, dropped = (session, "push"), None, self._service, []
         with self._lock:
             self._check_open(session)
             feed = self._feeds.get(key)
@@ -185,6 +209,7 @@ class LiveSessions:
                     new.on_result = feed.on_result  # a recording goes on across the change
                     new.continue_records(feed)  # and so does the camera's Export
                     self._ended[key] = feed
+                    dropped = self._keep_stopped(session)
                     feed.close()
                 feed = self._feeds[key] = new
                 self._share_inflight()
@@ -200,6 +225,7 @@ class LiveSessions:
                 feed.on_result, finished = None, self._recorders.get(key)
         if finished is not None:
             finished.close()  # kept for a download
+        _remove(dropped)
         feed.push(rgb, source_id="browser camera")
         return feed
 
@@ -255,6 +281,7 @@ class LiveSessions:
         with self._lock:
             self._cam_record.pop(session, None)
             self._starting.pop(session, None)
+            self._stopped.pop(session, None)
 
 
     # ---------------------------------------------------------------- the service's settings and end
@@ -267,14 +294,17 @@ class LiveSessions:
 
     def stop_all(self) -> None:
         """Stop every feed (its engine is closing) and finish every recording."""
+        dropped = []
         with self._lock:
             for key in list(self._feeds):  # each page says why it stopped, and keeps its captions to export
                 feed = self._feeds.pop(key)
                 feed.error = feed.error or "stopped: the engine was reloaded (Settings); Start again"
                 feed.close()
                 self._ended[key] = feed  # its session let go of the engine when it closed
+                dropped += self._keep_stopped(key[0])
             for recorder in self._recorders.values():  # finished files stay for their downloads
                 recorder.close()
+        _remove(dropped)
 
     def forget_recordings(self) -> None:
         """Finish every recording and forget it (the server is stopping: its files go with the outputs)."""
@@ -282,3 +312,10 @@ class LiveSessions:
             for recorder in self._recorders.values():
                 recorder.close()
             self._recorders.clear()
+
+
+def _remove(recorders: list) -> None:
+    """Finish these recordings (None: none) and delete their files: their downloads are dropped."""
+    for recorder in filter(None, recorders):
+        recorder.close()
+        recorder.path.unlink(missing_ok=True)

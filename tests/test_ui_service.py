@@ -338,6 +338,35 @@ def test_a_live_session_records_its_captioned_frames_for_a_download(service):
         service.recording("tab-r")
 
 
+def test_the_stopped_feeds_and_recordings_of_sessions_that_never_close_stay_bounded(service, monkeypatch):
+    import app.live_sessions
+
+    # An API client without Gradio's heartbeat never unloads: each call is a session whose stopped
+    # feed and recording had stayed until the server stopped.
+    monkeypatch.setattr(app.live_sessions, "STOPPED_KEPT", 2)
+    live, sessions, files = service.live, [f"tab-api-{i}" for i in range(5)], []
+    running = service.push_frame("tab-api-cam", np.zeros((64, 64, 3), np.uint8), make_task("short"), record=True)
+    try:
+        for i, sid in enumerate(sessions):
+            if i == 1:  # stopped long ago, but its camera runs on: that feed and its recording stay
+                service.push_frame("tab-api-cam", np.zeros((64, 64, 3), np.uint8), make_task("normal"), record=True)
+            service.start_live(sid, "cuts_640x360_30fps.mp4", make_task("short"), record=True)
+            recorder = live._recorders[(sid, "pull")]
+            wait_for(lambda: recorder.written >= 1)
+            service.stop_live(sid)
+            files.append(recorder.path)
+        assert {s for s, _ in live._ended} | {s for s, _ in live._recorders} == {*sessions[-2:], "tab-api-cam"}
+        assert [f.exists() for f in files] == [False, False, False, True, True]
+        assert service.export_log(sessions[-1]).exists()
+        with pytest.raises(UIError, match="nothing recorded"):
+            service.recording(sessions[0])
+        assert service.feed("tab-api-cam", "push") is not running and ("tab-api-cam", "push") in live._recorders
+    finally:
+        for sid in (*sessions, "tab-api-cam"):
+            service.close_session(sid)
+    assert not live._stopped and all(not f.exists() for f in files)
+
+
 def test_a_camera_records_while_its_record_box_is_ticked(service):
     import av
     import cv2
