@@ -103,6 +103,9 @@ def synchronize(device: torch.device) -> None:
 POLL_S = 50e-6  # Pending._watch: how often it looks, and for how long in all
 POLL_WINDOW_S = 0.6e-3
 WATCH_MAX_S = 0.05  # a longer step: the wake's cost is nothing beside it, and it blocks as before
+# CUDA: steps whose timing events wait to be counted into busy_s. stats() counted them, and alone:
+# an engine nobody asked (`live` for days) kept two events a step for ever (~17 M a day at 100).
+CUDA_TIMED_KEPT = 256
 
 
 class Pending:
@@ -281,6 +284,8 @@ class Executor:
             pending._finish(result)
             with self._lock:  # stats() reads the list from other threads
                 self._cuda_pending.append((start, end))
+                if len(self._cuda_pending) > CUDA_TIMED_KEPT:
+                    self._count_finished()
             return pending
         deadline = time.monotonic() + timeout
         while len(self._jobs) >= self._queue_size:  # bounded; the engine keeps fewer in flight
@@ -313,14 +318,18 @@ class Executor:
         """Time the device spent in step functions (CUDA: measured by events of finished steps)."""
         with self._lock:  # stats() from two threads counted a finished step twice; a launch could be lost
             if self._thread is None:
-                still = []
-                for start, end in self._cuda_pending:
-                    if end.query():
-                        self.busy_s += start.elapsed_time(end) / 1000.0
-                    else:
-                        still.append((start, end))
-                self._cuda_pending = still
+                self._count_finished()
             return self.busy_s
+
+    def _count_finished(self) -> None:
+        """CUDA, with the lock held: the finished steps' times added to busy_s, their events let go."""
+        still = []
+        for start, end in self._cuda_pending:
+            if end.query():
+                self.busy_s += start.elapsed_time(end) / 1000.0
+            else:
+                still.append((start, end))
+        self._cuda_pending = still
 
     def close(self, timeout: float = 10.0, drop_queued: bool = False) -> None:
         """Run the steps launched before (or with `drop_queued`, only the one running: the others

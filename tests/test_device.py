@@ -189,3 +189,44 @@ def test_a_step_that_raises_a_base_exception_fails_its_wait_not_the_worker(execu
     with pytest.raises(SystemExit):
         failing.wait(10)
     assert after.wait(10) == "after"
+
+
+def test_a_cuda_executor_nobody_asks_for_its_busy_time_keeps_a_bounded_number_of_step_events(monkeypatch):
+    import contextlib
+
+    import engine.device as device
+
+    class Event:  # a CUDA event: each step's finished at once, 1 ms long
+        def __init__(self, enable_timing: bool = False):
+            pass
+
+        def record(self, stream=None) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end) -> float:
+            return 1.0
+
+    class Stream:
+        def wait_stream(self, other) -> None:
+            pass
+
+        def wait_event(self, event) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: Stream())
+    ex = Executor.__new__(Executor)  # its CUDA state, without a device
+    ex.device, ex.busy_s, ex._lock, ex._thread = torch.device("cuda"), 0.0, threading.Lock(), None
+    ex.compute, ex.copy, ex._cuda_pending = Stream(), Stream(), []
+    # `live` asks for the engine's stats at its end alone: two events a step had piled up till then
+    for _ in range(3 * device.CUDA_TIMED_KEPT):
+        assert ex.launch(lambda: 1).wait() == 1
+    assert len(ex._cuda_pending) <= device.CUDA_TIMED_KEPT
+    assert ex.busy_seconds() == pytest.approx(3 * device.CUDA_TIMED_KEPT / 1000) and not ex._cuda_pending
