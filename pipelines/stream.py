@@ -176,8 +176,11 @@ class StreamSource:
         import av
 
         t0 = time.perf_counter()
-        connection, index = self.connection, 0
+        connection, index, tries = self.connection, 0, 0
         while not connection.stopped:
+            # every try to open it after the first, refused ones too (a reboot's), as README says;
+            # counted by the breaks instead, a camera given up had one reopen that never happened
+            self.reconnects, tries = tries, tries + 1
             try:
                 container = self._open(t0)
                 if container is None:
@@ -288,7 +291,6 @@ class StreamSource:
             if not self.reconnect or ended:
                 return
             connection.lost(broke)
-            self.reconnects += 1
             if index == came:  # opened, nothing came: not hammered
                 if broke.startswith(TIMED_OUT):
                     # The whole silence, as a try that could not open says it: a camera that
