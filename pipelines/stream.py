@@ -103,7 +103,10 @@ class StreamSource:
         self._behind_said = -float("inf")  # when falling behind was last said (through `connection`)
         self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
         if scheme.startswith("rtsp"):
-            self._options["rtsp_transport"] = "tcp"
+            # RTP over the RTSP connection (over UDP, a camera behind NAT or on a lossy Wi-Fi link
+            # gave grey, smeared frames), and over UDP where a camera plays it no other way (forced
+            # TCP, such a camera was "Protocol not supported" for its 30 s, then given up)
+            self._options["rtsp_flags"] = "prefer_tcp"
         if scheme in CLOCKED_SCHEMES:
             # FFmpeg decodes 20 frames to guess a frame rate that nothing here uses (a live stream's
             # frames are timed as they come): an RTSP camera's MJPEG opened in 1.4 s instead of

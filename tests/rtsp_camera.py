@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 
 ENCODERS = {  # what cameras send: H.264, H.265 (most newer ones), MJPEG (older and cheaper ones)
@@ -29,10 +30,14 @@ ENCODERS = {  # what cameras send: H.264, H.265 (most newer ones), MJPEG (older 
 
 
 class RtspCamera:
-    def __init__(self, width: int = 320, height: int = 240, fps: int = 15, codec: str = "h264"):
+    def __init__(self, width: int = 320, height: int = 240, fps: int = 15, codec: str = "h264",
+                 tcp: bool = True):
         self._rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # ffmpeg sends its RTP here
         self._rtp.bind(("127.0.0.1", 0))
         self._rtp.settimeout(0.2)
+        self._out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # RTP to the clients that asked for UDP
+        self._out.bind(("127.0.0.1", 0))
+        self.tcp = tcp  # False: a camera that plays over UDP only (461 Unsupported Transport for TCP)
         self._dir = tempfile.TemporaryDirectory()
         sdp = Path(self._dir.name) / "cam.sdp"
         self._ffmpeg = subprocess.Popen(
@@ -48,13 +53,14 @@ class RtspCamera:
             time.sleep(0.05)
         self._sdp = sdp.read_text()
         self._lock = threading.Lock()
-        self._playing: dict[socket.socket, threading.Lock] = {}  # client -> its send lock
+        self._playing: dict[socket.socket, Callable[[bytes], None]] = {}  # client -> how its RTP is sent
         self._clients: list[socket.socket] = []
         self._closed = threading.Event()
         self._listener: socket.socket | None = None
         self.port = 0
         self.stalled = False  # connections kept, nothing sent (a hung camera)
         self.sessions = 0  # PLAYs answered: one per (re)connection of a client
+        self.asked: list[str] = []  # the Transport header of each SETUP
         threading.Thread(target=self._relay, daemon=True).start()
         self.start()
 
@@ -88,6 +94,7 @@ class RtspCamera:
         self._ffmpeg.kill()
         self._ffmpeg.wait(10)
         self._rtp.close()
+        self._out.close()
         self._dir.cleanup()
 
     def __enter__(self) -> "RtspCamera":
@@ -117,16 +124,16 @@ class RtspCamera:
                 continue
             with self._lock:
                 playing = [] if self.stalled else list(self._playing.items())
-            for conn, send_lock in playing:
+            for conn, send in playing:
                 try:
-                    with send_lock:
-                        conn.sendall(b"$\x00" + struct.pack(">H", len(packet)) + packet)
+                    send(packet)
                 except OSError:
                     with self._lock:
                         self._playing.pop(conn, None)
 
     def _serve(self, conn: socket.socket) -> None:
         send_lock, buf = threading.Lock(), b""
+        sends: list[Callable[[bytes], None]] = []  # how this client's RTP goes, once SETUP said
         try:
             while True:
                 while buf[:1] == b"$":  # RTCP from the client, interleaved: dropped
@@ -150,7 +157,7 @@ class RtspCamera:
                 while len(buf) < body_len:
                     buf += conn.recv(65536)
                 buf = buf[body_len:]
-                extra, body = {}, b""
+                extra, body, status = {}, b"", "200 OK"
                 if method == "OPTIONS":
                     extra["Public"] = "OPTIONS, DESCRIBE, SETUP, PLAY, TEARDOWN, GET_PARAMETER"
                 elif method == "DESCRIBE":
@@ -159,18 +166,38 @@ class RtspCamera:
                     body = sdp.encode()
                     extra.update({"Content-Base": f"{self.url}/", "Content-Type": "application/sdp"})
                 elif method == "SETUP":
-                    extra.update({"Transport": "RTP/AVP/TCP;unicast;interleaved=0-1", "Session": "4242;timeout=60"})
+                    asked = headers.get("transport", "")
+                    self.asked.append(asked)
+                    client_port = re.search(r"client_port=(\d+)", asked)
+                    if "TCP" in asked and self.tcp:
+                        extra["Transport"] = "RTP/AVP/TCP;unicast;interleaved=0-1"
+
+                        def interleaved(packet: bytes, conn=conn) -> None:
+                            with send_lock:
+                                conn.sendall(b"$\x00" + struct.pack(">H", len(packet)) + packet)
+                        sends.append(interleaved)
+                    elif client_port and "TCP" not in asked:
+                        port, out = self._out.getsockname()[1], self._out
+                        extra["Transport"] = f"RTP/AVP;unicast;client_port={client_port[1]}-{int(client_port[1]) + 1};" \
+                                             f"server_port={port}-{port + 1}"
+
+                        def datagram(packet: bytes, to=(conn.getpeername()[0], int(client_port[1]))) -> None:
+                            out.sendto(packet, to)
+                        sends.append(datagram)
+                    else:
+                        status = "461 Unsupported Transport"
+                    extra["Session"] = "4242;timeout=60"
                 elif method == "PLAY":
                     extra.update({"Session": "4242", "Range": "npt=0.000-"})
-                reply = f"RTSP/1.0 200 OK\r\nCSeq: {headers.get('cseq', '0')}\r\n"
+                reply = f"RTSP/1.0 {status}\r\nCSeq: {headers.get('cseq', '0')}\r\n"
                 reply += "".join(f"{k}: {v}\r\n" for k, v in extra.items())
                 reply += f"Content-Length: {len(body)}\r\n\r\n"
                 with send_lock:
                     conn.sendall(reply.encode() + body)
                 if method == "PLAY":
                     with self._lock:
-                        if conn in self._clients:
-                            self._playing[conn] = send_lock
+                        if conn in self._clients and sends:
+                            self._playing[conn] = sends[-1]
                             self.sessions += 1
                 elif method == "TEARDOWN":
                     return

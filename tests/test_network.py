@@ -1462,8 +1462,9 @@ def test_a_pipe_wait_and_read_end_quietly_once_the_consumer_is_gone():
 
 
 def test_network_streams_are_opened_with_their_transport_options(monkeypatch):
-    """RTSP is asked for over TCP (over UDP, a camera behind NAT or a lossy Wi-Fi link gave grey,
-    smeared frames); UDP gets a large FIFO and survives its overruns."""
+    """RTSP is asked for over TCP first (over UDP, a camera behind NAT or a lossy Wi-Fi link gave
+    grey, smeared frames), UDP where the camera has nothing else; UDP gets a large FIFO and
+    survives its overruns."""
     import av
 
     asked = {}
@@ -1478,7 +1479,7 @@ def test_network_streams_are_opened_with_their_transport_options(monkeypatch):
             next(StreamSource(url, reconnect=False).frames())
     # ... and is not probed for 2 s past its first key frame (FFmpeg's analyzeduration, 5 s); no
     # live stream has 20 frames decoded to guess a frame rate nothing uses (fpsprobesize)
-    assert asked["rtsp"] == {"rtsp_transport": "tcp", "analyzeduration": "500000", "fpsprobesize": "0"}
+    assert asked["rtsp"] == {"rtsp_flags": "prefer_tcp", "analyzeduration": "500000", "fpsprobesize": "0"}
     assert asked["udp"] == {"fifo_size": "1000000", "overrun_nonfatal": "1", "fpsprobesize": "0"}
     assert asked["http"] == {}  # a recording's frame rate may time its frames
 
@@ -1563,6 +1564,15 @@ def test_an_ip_camera_over_rtsp_is_read_in_each_codec_cameras_send(codec):
         got = list(itertools.islice(src.frames(), 5))
     assert [f.index for f in got] == list(range(5)) and all(f.rgb.shape == (240, 320, 3) for f in got)
     assert src.health()["damaged_packets"] == 0
+
+
+def test_an_ip_camera_is_asked_for_rtp_over_its_rtsp_connection_and_one_that_plays_only_udp_is_read():
+    with RtspCamera() as cam:
+        list(itertools.islice(StreamSource(cam.url, open_timeout=3, read_timeout=1, max_wait=10).frames(), 3))
+    assert cam.asked and all("TCP" in t for t in cam.asked), cam.asked
+    with RtspCamera(tcp=False) as cam:  # 461 Unsupported Transport to TCP
+        got = list(itertools.islice(StreamSource(cam.url, open_timeout=3, read_timeout=1, max_wait=10).frames(), 5))
+    assert [f.index for f in got] == list(range(5)) and cam.sessions == 1 and "TCP" not in cam.asked[-1]
 
 
 def test_an_ip_camera_over_rtsp_is_read_and_read_again_after_a_reboot():
