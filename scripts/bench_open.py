@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from pipelines.sources import StreamSource  # noqa: E402
 from rtsp_camera import RtspCamera  # noqa: E402
 
-KEPT = ("rtsp_transport", "fifo_size", "overrun_nonfatal")  # how to reach the stream, not how to probe it
+KEPT = ("rtsp_flags", "fifo_size", "overrun_nonfatal")  # how to reach the stream, not how to probe it
 
 
 def first_frame_s(url: str, ffmpeg_defaults: bool) -> float:
