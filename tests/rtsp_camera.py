@@ -10,6 +10,7 @@ its keep-alives (GET_PARAMETER); its RTCP reports between them are read and drop
 
 from __future__ import annotations
 
+import base64
 import re
 import socket
 import struct
@@ -31,13 +32,15 @@ ENCODERS = {  # what cameras send: H.264, H.265 (most newer ones), MJPEG (older 
 
 class RtspCamera:
     def __init__(self, width: int = 320, height: int = 240, fps: int = 15, codec: str = "h264",
-                 tcp: bool = True):
+                 tcp: bool = True, password: str | None = None):
         self._rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # ffmpeg sends its RTP here
         self._rtp.bind(("127.0.0.1", 0))
         self._rtp.settimeout(0.2)
         self._out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # RTP to the clients that asked for UDP
         self._out.bind(("127.0.0.1", 0))
         self.tcp = tcp  # False: a camera that plays over UDP only (461 Unsupported Transport for TCP)
+        # Given: DESCRIBE needs Basic authorization as user "admin" with it (401 Unauthorized otherwise)
+        self._auth = None if password is None else "Basic " + base64.b64encode(f"admin:{password}".encode()).decode()
         self._dir = tempfile.TemporaryDirectory()
         sdp = Path(self._dir.name) / "cam.sdp"
         self._ffmpeg = subprocess.Popen(
@@ -160,6 +163,9 @@ class RtspCamera:
                 extra, body, status = {}, b"", "200 OK"
                 if method == "OPTIONS":
                     extra["Public"] = "OPTIONS, DESCRIBE, SETUP, PLAY, TEARDOWN, GET_PARAMETER"
+                elif method == "DESCRIBE" and self._auth and headers.get("authorization") != self._auth:
+                    status = "401 Unauthorized"
+                    extra["WWW-Authenticate"] = 'Basic realm="camera"'
                 elif method == "DESCRIBE":
                     sdp = "".join(re.sub(r"^m=video \d+", "m=video 0", l) + "\r\n"  # the port is RTP's, not ours
                                   for l in self._sdp.splitlines() if l) + "a=control:track1\r\n"

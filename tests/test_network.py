@@ -1575,6 +1575,22 @@ def test_an_ip_camera_is_asked_for_rtp_over_its_rtsp_connection_and_one_that_pla
     assert [f.index for f in got] == list(range(5)) and cam.sessions == 1 and "TCP" not in cam.asked[-1]
 
 
+def test_an_ip_camera_with_a_password_is_read_and_the_password_never_shown():
+    """A password with the URL's own characters in it, percent-encoded as a URL needs: FFmpeg
+    is given it whole; what is said shows none of it."""
+    from urllib.parse import quote
+
+    with RtspCamera(password="s3cr:t@x") as cam:
+        url = f"rtsp://admin:{quote('s3cr:t@x', safe='')}@127.0.0.1:{cam.port}/cam"
+        src = StreamSource(url, open_timeout=3, read_timeout=1, max_wait=10)
+        got = list(itertools.islice(src.frames(), 3))
+        wrong = StreamSource(url.replace("s3cr", "nope"), open_timeout=3, read_timeout=1, max_wait=10)
+        with pytest.raises(SourceError, match="401 Unauthorized") as e:  # at once: a wrong password is no outage
+            next(wrong.frames())
+    assert [f.index for f in got] == [0, 1, 2] and cam.sessions == 1
+    assert src.display == f"rtsp://***@127.0.0.1:{cam.port}/cam" and "s3cr" not in str(e.value)
+
+
 def test_an_ip_camera_over_rtsp_is_read_and_read_again_after_a_reboot():
     """A real RTSP session (DESCRIBE, SETUP over TCP, PLAY, RTP interleaved), as an IP camera
     serves it; switched off and on again, it is reconnected with a new session, and the frames
