@@ -56,6 +56,16 @@ def redact(url: str) -> str:
         raise SourceError(f"{url} is not a valid URL: {e}") from None
     if not parts.scheme or not parts.netloc:  # a path (a colon in a file name is no scheme)
         return url
+    try:
+        parts.port
+        raw = "@" not in parts.netloc and "@" in parts.fragment  # a fragment is never a stream's
+    except ValueError:
+        raw = "@" in url.split("://", 1)[-1]
+    if raw:  # a password's raw "#", "?" or "/" ended the host early, for FFmpeg as well: said with
+        # the password in it ("Port could not be cast to integer value as 'a b'"), or shown whole
+        rest = url.split("://", 1)[-1]
+        raise SourceError(f"{parts.scheme}://***@{rest.rpartition('@')[2]} is not a valid URL: in a password, "
+                          "write # as %23, ? as %3F and / as %2F")
     netloc, query = parts.netloc, parts.query
     if parts.username or parts.password:
         netloc = "***@" + netloc.rpartition("@")[2]  # the host as written ([::1] keeps its brackets)

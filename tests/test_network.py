@@ -1399,6 +1399,15 @@ def test_a_password_with_an_at_sign_is_hidden_whole():
     not the part of it before the first "@"."""
     assert redact("rtsp://admin:p@ss@10.0.0.5:554/live") == "rtsp://***@10.0.0.5:554/live"
     assert redact("rtsp://admin@cam:p@ss@[fe80::1]/live") == "rtsp://***@[fe80::1]/live"
+    # "#", "?" or "/" typed raw end the host before the "@" (FFmpeg's reading too): the URL cannot
+    # work, and its error had shown the password ("rtsp://admin:p#ss@...: Port could not be cast...")
+    for url in ("rtsp://admin:p#ss@10.0.0.5:554/live", "rtsp://admin:p/s?s@10.0.0.5/live",
+                "rtsp://admin:1234#ss@10.0.0.5/live"):  # a port as far as the host goes: shown whole
+        with pytest.raises(SourceError) as e:
+            StreamSource(url)
+        assert "#ss" not in str(e.value) and "p/s" not in str(e.value)
+        assert str(e.value).startswith("rtsp://***@10.0.0.5") and "write # as %23, ? as %3F and / as %2F" in str(e.value)
+    assert main(["live", "rtsp://admin:p#ss@10.0.0.5:554/live"]) == 2
 
 
 def test_credentials_that_cameras_and_clouds_put_in_urls_are_hidden():
