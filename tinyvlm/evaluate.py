@@ -110,7 +110,7 @@ def evaluate(model: str = "tiny", n: int = 1000, device: str = "cpu", dtype: str
     scored, interrupted = 0, False
     with Engine(EngineConfig(model=model, device=device, dtype=dtype, max_batch_size=32)) as engine:
         ran_on = {"device": str(engine.loaded.device), "dtype": str(engine.loaded.dtype).removeprefix("torch."),
-                  "load_seconds": round(time.perf_counter() - t0, 1)}  # within "seconds", told apart
+                  "load_seconds": round(time.perf_counter() - t0, 3)}  # within "seconds", told apart
         regions = engine.loaded.config.region.trained
         total = 2 * n if regions else n  # the region pass is the second half of the progress
         pending = []
@@ -252,7 +252,7 @@ def _score(entry, hits, misses, examples) -> None:
 def format_report(report: dict) -> str:
     lines = [f"model={report['model']} device={report.get('device', '-')} dtype={report.get('dtype', '-')} "
              f"renderer={report['renderer']} scenes={report['scenes']} ({report['seconds']} s"
-             + (f", {report['load_seconds']} s of it loading)" if "load_seconds" in report else ")")
+             + (f", {report['load_seconds']:.1f} s of it loading)" if "load_seconds" in report else ")")
              + (" (interrupted)" if report.get("interrupted") else "")]
     for k, v in report["accuracy"].items():
         lines.append(f"  {k:<36} {100 * v:6.2f} %   (n={report['counts'][k]})")
