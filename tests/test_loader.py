@@ -503,3 +503,14 @@ def test_a_folder_this_user_cannot_read_is_one_line(tmp_path, small_folder, bloc
     with pytest.raises(ModelLoadError) as e:
         load_model(folder)
     assert str(e.value) == f"{said} {folder}: Permission denied"
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "model.safetensors"])
+def test_a_link_that_leads_nowhere_is_said_to_be_one(tmp_path, small_folder, name):
+    """A cache snapshot copied with cp -r: its files had been "missing" (config.json silently absent)."""
+    folder = _copy(small_folder, tmp_path)
+    (folder / name).unlink()
+    (folder / name).symlink_to(f"../../blobs/{name}-hash")
+    said = rf"{name} is a link to \.\./\.\./blobs/{name}-hash, which is not there"
+    with pytest.raises(ModelLoadError, match=said):
+        load_model(folder)

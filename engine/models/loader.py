@@ -166,6 +166,8 @@ def _open(spec: str | Path, device: str | torch.device, dtype: str | torch.dtype
     if snapshots and not (folder / "model.safetensors").exists():  # a Hugging Face cache's models--owner--name
         raise ModelLoadError(f"{folder} is a Hugging Face cache folder: point the model at one of its snapshots, "
                              f"e.g. {snapshots[0].parent}")
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        _refuse_broken_link(folder / name)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     try:
@@ -185,6 +187,14 @@ def _open(spec: str | Path, device: str | torch.device, dtype: str | torch.dtype
                                  "(model.safetensors.index.json), and one model.safetensors is read")
         raise ModelLoadError(f"{weights} is missing: a model folder needs its model.safetensors")
     return folder, dev, dt, config, tokenizer, weights
+
+
+def _refuse_broken_link(path: Path) -> None:
+    """A Hugging Face snapshot copied with `cp -r` keeps links to ../../blobs/ that lead nowhere:
+    its files, there in `ls`, had been said to be missing (and such a config.json silently absent)."""
+    if path.is_symlink() and not path.exists():
+        raise ModelLoadError(f"{path} is a link to {os.readlink(path)}, which is not there (a Hugging Face "
+                             "snapshot copied without its blobs? copy it with cp -rL)")
 
 
 def _assemble(config: ModelConfig, state: dict, tokenizer: Tokenizer, path: Path, name: str) -> LoadedModel:
