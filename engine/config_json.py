@@ -32,6 +32,11 @@ def from_dict(data: Mapping[str, Any]) -> ModelConfig:
         data = data["config"]
         if not isinstance(data, Mapping):
             raise ConfigError('"config" must be a JSON object')
+    elif "model_type" in data and not SECTIONS & set(data):
+        # Another model's folder (a Llama's), or a Moondream 2 revision older than the one read: it
+        # had been "unknown field config.architectures", as if a field of ours were mistyped.
+        raise ConfigError(f"a Hugging Face config of model_type {data['model_type']!r} without Moondream 2's "
+                          '"config" object: not a folder of the 2025-06-21 Moondream 2 revision')
     _reject_unknown(data, SECTIONS, "config")
     tok = dict(_section(data, "tokenizer"))
     templates = tok.pop("templates", None)

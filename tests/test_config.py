@@ -70,6 +70,9 @@ def test_absent_config_takes_defaults(tmp_path):
     ({"text": {"max_context": 10 ** 9}}, "text.max_context is 1000000000, more than 32768"),
     ({"vision": {"enc_dim": 10 ** 7}}, "vision.enc_dim is 10000000, more than 1048576"),
     ({"config": {}, "text": {"n_layers": 2}}, '"text" must go inside "config"'),
+    # another model's folder had been "unknown field config.architectures"
+    ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096},
+     "model_type 'llama' without Moondream 2's \"config\" object"),
     # each check at its edge: one past it was accepted by a hand mutant of the rule
     ({"text": {"n_kv_heads": 5}}, "text.n_heads (32) must be a multiple of text.n_kv_heads (5)"),
     ({"vision": {"crop_size": 392, "overlap_margin": 14}}, "overlap_margin"),  # a window of 0 patches
