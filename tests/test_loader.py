@@ -380,7 +380,7 @@ def test_a_corrupt_header_length_is_refused_before_it_is_read(tmp_path, small_fo
         load_model(folder)
 
 
-@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "model.safetensors"])
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_a_special_file_in_the_folder_is_refused_not_read(tmp_path, small_folder, name, kind):
     """A named pipe waited for ever; a link to /dev/zero read until the machine ran out of memory."""

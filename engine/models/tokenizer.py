@@ -16,8 +16,10 @@ from ..errors import ModelLoadError
 class Tokenizer:
     def __init__(self, path: Path):
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise ModelLoadError(f"{path} is missing: a model folder needs its tokenizer.json")
+        if not path.is_file():  # a folder or a named pipe there had been said to be missing
+            raise ModelLoadError(f"{path} is not a file")
         try:
             self._tok = _HFTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
