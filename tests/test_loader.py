@@ -102,6 +102,19 @@ def test_a_hugging_face_cache_folder_names_its_snapshot(tmp_path, small_folder):
     assert load_model(snapshot).config == load_model(small_folder).config
 
 
+def test_a_hugging_face_cache_names_the_snapshot_refs_main_names(tmp_path, small_folder):
+    """It had named the first by hash (an older revision's beside the current one), and its snapshots/
+    had been "tokenizer.json is missing"."""
+    root = tmp_path / "models--vikhyatk--moondream2"
+    for rev in ("aaa111", "fff999"):
+        shutil.copytree(small_folder, root / "snapshots" / rev)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("fff999")
+    for given in (root, root / "snapshots"):
+        with pytest.raises(ModelLoadError, match=f"Hugging Face cache folder: .*e.g. {root}/snapshots/fff999$"):
+            load_model(given)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "empty", "garbage", "bad_header", "one_byte_short", "seven_bytes"])
 def test_corrupt_safetensors(tmp_path, small_folder, damage):
     folder = _copy(small_folder, tmp_path)

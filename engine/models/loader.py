@@ -159,13 +159,13 @@ def check_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
 def _open(spec: str | Path, device: str | torch.device, dtype: str | torch.dtype | None) -> tuple:
     folder = resolve_model_dir(spec)
     try:  # a folder this user may not read was a PermissionError traceback
-        snapshots = sorted((folder / "snapshots").glob("*/model.safetensors"))
+        snapshot = _cache_snapshot(folder)
         (folder / "model.safetensors").exists()
     except OSError as e:
         raise ModelLoadError(f"cannot read the model folder {folder}: {e.strerror}") from None
-    if snapshots and not (folder / "model.safetensors").exists():  # a Hugging Face cache's models--owner--name
+    if snapshot and not (folder / "model.safetensors").exists():
         raise ModelLoadError(f"{folder} is a Hugging Face cache folder: point the model at one of its snapshots, "
-                             f"e.g. {snapshots[0].parent}")
+                             f"e.g. {snapshot}")
     for name in ("config.json", "tokenizer.json", "model.safetensors"):
         _refuse_broken_link(folder / name)
     dev = resolve_device(device)
@@ -187,6 +187,21 @@ def _open(spec: str | Path, device: str | torch.device, dtype: str | torch.dtype
                                  "(model.safetensors.index.json), and one model.safetensors is read")
         raise ModelLoadError(f"{weights} is missing: a model folder needs its model.safetensors")
     return folder, dev, dt, config, tokenizer, weights
+
+
+def _cache_snapshot(folder: Path) -> Path | None:
+    """The snapshot with weights to name when `folder` is a Hugging Face cache's models--owner--name/
+    or its snapshots/: the revision refs/main names (the one last downloaded), else the first (by
+    hash, which had named an older revision's, of another layout, beside the current one)."""
+    root = folder.parent if folder.name == "snapshots" else folder
+    found = sorted(p.parent for p in (root / "snapshots").glob("*/model.safetensors"))
+    ref = root / "refs" / "main"
+    if found and ref.is_file():
+        with open(ref, encoding="utf-8", errors="replace") as f:
+            main = root / "snapshots" / f.read(100).strip()
+        if main in found:
+            return main
+    return found[0] if found else None
 
 
 def _refuse_broken_link(path: Path) -> None:
