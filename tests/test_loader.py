@@ -527,3 +527,14 @@ def test_a_link_that_leads_nowhere_is_said_to_be_one(tmp_path, small_folder, nam
     said = rf"{name} is a link to \.\./\.\./blobs/{name}-hash, which is not there"
     with pytest.raises(ModelLoadError, match=said):
         load_model(folder)
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "model.safetensors"])
+def test_a_git_lfs_pointer_is_said_to_be_one(tmp_path, small_folder, name):
+    """A Hugging Face repository cloned without git-lfs: its model.safetensors had been "header length
+    2336927755350992246 runs past the end of the file", its tokenizer.json "expected value at line 1"."""
+    folder = _copy(small_folder, tmp_path)
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{'0' * 64}\nsize 3854538376\n"
+    (folder / name).write_text(pointer)
+    with pytest.raises(ModelLoadError, match=f"{name} .*a Git LFS pointer, not the .*run git lfs pull there"):
+        load_model(folder)

@@ -26,6 +26,17 @@ DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 FLOAT_DTYPES = {"F32", "BF16", "F16"}
 MAX_HEADER_BYTES = 100_000_000
+LFS_POINTER = b"version https://git-lfs"  # how a Git LFS pointer file begins
+
+
+def lfs_pointer(path: Path) -> bool:
+    """A Git LFS pointer (a few lines of text) where a file's data should be: a model repository
+    cloned without git-lfs."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(LFS_POINTER)) == LFS_POINTER
+    except OSError:
+        return False
 
 
 class Checkpoint:
@@ -52,6 +63,9 @@ class Checkpoint:
             raise self._fail(f"only {size} bytes, too short for a header")
         (n,) = struct.unpack("<Q", head)
         if n > size - 8:
+            if lfs_pointer(self.path):  # had been "header length 2336927755350992246 runs past the end"
+                raise self._fail("it is a Git LFS pointer, not the weights (cloned without git-lfs? "
+                                 "run git lfs pull there)")
             raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
         # A corrupt length within the file read the whole file to say so (7-8 GB for Moondream 2's);
         # the safetensors library refuses headers over this too.

@@ -11,6 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as _HFTokenizer
 
 from ..errors import ModelLoadError
+from .checkpoint import lfs_pointer
 
 
 class Tokenizer:
@@ -23,6 +24,9 @@ class Tokenizer:
         try:
             self._tok = _HFTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            if lfs_pointer(path):  # had been "expected value at line 1 column 1"
+                raise ModelLoadError(f"{path} is a Git LFS pointer, not the tokenizer (cloned without git-lfs? "
+                                     "run git lfs pull there)") from None
             first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ModelLoadError(f"{path} is not a valid tokenizer.json: {first_line}") from None
         self.path = path
