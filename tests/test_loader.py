@@ -538,3 +538,19 @@ def test_a_git_lfs_pointer_is_said_to_be_one(tmp_path, small_folder, name):
     (folder / name).write_text(pointer)
     with pytest.raises(ModelLoadError, match=f"{name} .*a Git LFS pointer, not the .*run git lfs pull there"):
         load_model(folder)
+
+
+def test_weights_a_download_left_as_zeros_are_refused(tmp_path, small_folder):
+    """A download cut short into a preallocated file: its end zeros loaded, and every answer was
+    an empty text (exit 0)."""
+    folder = _copy(small_folder, tmp_path)
+    path = folder / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2:] = bytes(len(data) - len(data) // 2)
+    path.write_bytes(data)
+    said = r"model\.safetensors: weight model\.\S+ is all zeros \(a download cut short\?\)$"
+    with pytest.raises(ModelLoadError, match=said):
+        load_model(folder)
+    folder = _copy(small_folder, tmp_path / "bias")  # a zero vector may be trained (a bias)
+    _edit_weights(folder, lambda s: s["model.text.blocks.1.mlp.fc2.bias"].zero_())
+    load_model(folder)

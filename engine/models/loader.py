@@ -15,6 +15,7 @@ directly on the target device, for benchmarks of a full-size model where no chec
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,18 +131,25 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
             state[key[len(PREFIX):]] = tensor = ckpt.read(key, dt, dev)
             # One NaN weight answered every prompt with an empty text, exit 0; so did fp32 weights
             # past 65504 read as float16 (inf).
-            if tensor.is_floating_point() and tensor.numel() and not _finite(tensor):
+            if not (tensor.is_floating_point() and tensor.numel()):
+                continue
+            least, greatest = _extremes(tensor)
+            if not (math.isfinite(least) and math.isfinite(greatest)):
                 raise ModelLoadError(f"{weights}: weight {key} holds NaN or infinite values"
                                      + (f" once read as {str(dt).removeprefix('torch.')}"
                                         if ckpt.dtype_name(key) != "F16" and dt == torch.float16 else ""))
+            # A download cut short into a file of its full size (preallocated) ends in zeros, and a
+            # zero matrix is no trained model's: it answered every prompt with an empty text, exit 0.
+            if tensor.dim() >= 2 and least == greatest == 0:
+                raise ModelLoadError(f"{weights}: weight {key} is all zeros (a download cut short?)")
     return _assemble(config, state, tokenizer, folder, str(spec))
 
 
-def _finite(tensor: torch.Tensor) -> bool:
-    """No NaN or inf in it: its least and greatest values carry either (a tenth of the time of
-    isfinite over every value: ~9 s on Moondream 2's 1.9 B)."""
+def _extremes(tensor: torch.Tensor) -> tuple[float, float]:
+    """Its least and greatest values, which carry any NaN or inf (a tenth of the time of isfinite
+    over every value: ~9 s on Moondream 2's 1.9 B)."""
     least, greatest = torch.aminmax(tensor)
-    return bool(torch.isfinite(least) and torch.isfinite(greatest))
+    return float(least), float(greatest)
 
 
 def check_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
