@@ -554,3 +554,16 @@ def test_weights_a_download_left_as_zeros_are_refused(tmp_path, small_folder):
     folder = _copy(small_folder, tmp_path / "bias")  # a zero vector may be trained (a bias)
     _edit_weights(folder, lambda s: s["model.text.blocks.1.mlp.fc2.bias"].zero_())
     load_model(folder)
+
+
+def test_a_tokenizer_this_user_cannot_read_is_said_so(tmp_path, small_folder, monkeypatch):
+    """It had been "not a valid tokenizer.json: Permission denied (os error 13)". (The refusal is
+    simulated: root reads any file.)"""
+    import engine.models.tokenizer as tokenizer
+
+    def refused(path, *a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tokenizer, "open", refused, raising=False)
+    with pytest.raises(ModelLoadError, match=r"^cannot read .*tokenizer\.json: Permission denied$"):
+        load_model(small_folder)

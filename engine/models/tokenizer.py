@@ -21,6 +21,10 @@ class Tokenizer:
             raise ModelLoadError(f"{path} is missing: a model folder needs its tokenizer.json")
         if not path.is_file():  # a folder or a named pipe there had been said to be missing
             raise ModelLoadError(f"{path} is not a file")
+        try:  # a file this user may not read had been "not a valid tokenizer.json: Permission denied"
+            open(path, "rb").close()
+        except OSError as e:
+            raise ModelLoadError(f"cannot read {path}: {e.strerror}") from None
         try:
             self._tok = _HFTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
