@@ -548,11 +548,12 @@ def test_weights_a_download_left_as_zeros_are_refused(tmp_path, small_folder):
     data = bytearray(path.read_bytes())
     data[len(data) // 2:] = bytes(len(data) - len(data) // 2)
     path.write_bytes(data)
-    said = r"model\.safetensors: weight model\.\S+ is all zeros \(a download cut short\?\)$"
+    said = r"model\.safetensors: weights model\.\S+, model\.\S+ and maybe more are all zeros \(a download cut short\?\)$"
     with pytest.raises(ModelLoadError, match=said):
         load_model(folder)
-    folder = _copy(small_folder, tmp_path / "bias")  # a zero vector may be trained (a bias)
-    _edit_weights(folder, lambda s: s["model.text.blocks.1.mlp.fc2.bias"].zero_())
+    folder = _copy(small_folder, tmp_path / "bias")  # a zero vector may be trained (a bias), one matrix kept so
+    _edit_weights(folder, lambda s: (s["model.text.blocks.1.mlp.fc2.bias"].zero_(),
+                                     s["model.text.blocks.1.mlp.fc2.weight"].zero_()))
     load_model(folder)
 
 

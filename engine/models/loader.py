@@ -126,7 +126,7 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
     folder, dev, dt, config, tokenizer, weights = _open(spec, device, dtype)
     with Checkpoint(weights) as ckpt:
         check_header(ckpt, config)
-        state = {}
+        state, zeros = {}, []
         for key in ckpt.keys():
             state[key[len(PREFIX):]] = tensor = ckpt.read(key, dt, dev)
             # One NaN weight answered every prompt with an empty text, exit 0; so did fp32 weights
@@ -138,10 +138,14 @@ def load_model(spec: str | Path = "tiny", device: str | torch.device = "cpu",
                 raise ModelLoadError(f"{weights}: weight {key} holds NaN or infinite values"
                                      + (f" once read as {str(dt).removeprefix('torch.')}"
                                         if ckpt.dtype_name(key) != "F16" and dt == torch.float16 else ""))
-            # A download cut short into a file of its full size (preallocated) ends in zeros, and a
-            # zero matrix is no trained model's: it answered every prompt with an empty text, exit 0.
+            # A download cut short into a file of its full size (preallocated) ends in zeros: it
+            # answered every prompt with an empty text, exit 0. Two zero matrices, not one: a
+            # trained model might keep one (a part never trained), none keeps several.
             if tensor.dim() >= 2 and least == greatest == 0:
-                raise ModelLoadError(f"{weights}: weight {key} is all zeros (a download cut short?)")
+                zeros.append(key)
+                if len(zeros) == 2:
+                    raise ModelLoadError(f"{weights}: weights {zeros[0]}, {key} and maybe more are all zeros "
+                                         "(a download cut short?)")
     return _assemble(config, state, tokenizer, folder, str(spec))
 
 
