@@ -18,7 +18,10 @@ class Tokenizer:
     def __init__(self, path: Path):
         path = Path(path)
         if not path.exists():
-            raise ModelLoadError(f"{path} is missing: a model folder needs its tokenizer.json")
+            # Moondream 2's own code fetches its tokenizer from another repository: a folder of
+            # vikhyatk/moondream2 alone may lack it, and the line says where it is
+            raise ModelLoadError(f"{path} is missing: a model folder needs its tokenizer.json (Moondream 2's is "
+                                 "the one of the Hugging Face repository moondream/starmie-v1)")
         if not path.is_file():  # a folder or a named pipe there had been said to be missing
             raise ModelLoadError(f"{path} is not a file")
         try:  # a file this user may not read had been "not a valid tokenizer.json: Permission denied"
