@@ -162,7 +162,14 @@ class FileSource:
                 return min(int(stream.frames), math.ceil(seconds * self.fps - 1e-6))
             return int(stream.frames)
         if self._container.duration and self.fps:
-            return int(self._container.duration / 1_000_000 * self.fps)
+            # The container's duration runs from its earliest stream's start: an MKV or TS recording's
+            # video begins at its first keyframe, after its sound. A second late, a bar to 90 frames
+            # ended at 60 (a folder's total, too).
+            stream, micros = self._stream, self._container.duration  # in microseconds, as FFmpeg's are
+            if stream.start_time is not None and stream.time_base:
+                late = round(stream.start_time * stream.time_base * 1_000_000) - (self._container.start_time or 0)
+                micros -= max(0, late)
+            return int(micros / 1_000_000 * self.fps) if micros > 0 else None
         return None
 
     def frames(self, pick: Callable[[int, float], bool] | None = None,

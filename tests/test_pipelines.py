@@ -304,6 +304,21 @@ def test_truncated_file_yields_what_decodes_and_says_it_ended_early(tmp_path):
         assert sum(1 for _ in src.frames(need_rgb=lambda i: False)) < 100 and "s its container announces" in src.error
 
 
+def test_frame_count_of_a_video_that_starts_after_its_sound(tmp_path):
+    """An MKV or TS recording's video starts at its first keyframe, after its sound: the
+    container's duration (3 s here, from the sound's start) counted a second too many, and the
+    progress bar of a 60-frame video ran to 90."""
+    import subprocess
+
+    for name in ("late.mkv", "late.ts"):
+        path = tmp_path / name
+        subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-t", "3", "-i", "sine", "-itsoffset", "1",
+                        "-f", "lavfi", "-t", "2", "-i", "testsrc=size=64x48:rate=30", "-map", "1:v", "-map", "0:a",
+                        "-c:v", "libx264", "-preset", "ultrafast", "-c:a", "mp2", str(path)], check=True, timeout=60)
+        with FileSource(path) as src:
+            assert (src.frame_count, sum(1 for _ in src.frames(need_rgb=lambda i: False))) == (60, 60), name
+
+
 def _parse_subs(text: str) -> list[tuple[str, str, str]]:
     return re.findall(r"(\d\d:\d\d:\d\d[,.]\d\d\d) --> (\d\d:\d\d:\d\d[,.]\d\d\d)\n(.+)", text)
 
