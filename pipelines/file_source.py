@@ -24,6 +24,7 @@ DISCONTINUITY_S = 10.0  # a packet this far from where the one before ended: a j
 EPSILON_S = 1e-3
 SEEK_MARGIN_S = 1.0  # `frames(resume=)` seeks this long before the frame it starts at
 MATCH_S = 1e-5  # ... and finds it by its time, as recorded (to the microsecond)
+MAX_RATE = 1000  # frames a second past which a stream's stated rate is taken for nonsense
 
 REMOTE_SCHEMES = ("http", "https")  # a file on a web server: `video` reads it as a file
 REMOTE_TIMEOUTS_S = (15.0, 30.0)  # to open, and for a read, before a remote file is given up
@@ -144,9 +145,13 @@ class FileSource:
             # frames' times (index / fps: it has no others) too early, --fps picked other frames.
             stated = stream.codec_context.framerate
             # A stream may state nonsense (90000 fps: every frame at 0 s); then FFmpeg's guess.
-            rate = stated if stated and 0.5 <= stated <= 1000 else stream.guessed_rate or stream.average_rate
+            rate = stated if stated and 0.5 <= stated <= MAX_RATE else stream.guessed_rate or stream.average_rate
         else:
             rate = stream.average_rate or stream.guessed_rate
+            if rate and rate > MAX_RATE and stream.guessed_rate:
+                # A raw DV file's (a camcorder tape's capture) "average" is its time base, 60000
+                # fps for 25: a bar to 120000 frames, its subtitles and annotated video cut short.
+                rate = stream.guessed_rate
         return float(rate) if rate else None
 
     @property

@@ -304,6 +304,20 @@ def test_truncated_file_yields_what_decodes_and_says_it_ended_early(tmp_path):
         assert sum(1 for _ in src.frames(need_rgb=lambda i: False)) < 100 and "s its container announces" in src.error
 
 
+def test_a_raw_dv_file_plays_at_its_frame_rate(tmp_path):
+    """A camcorder tape's capture (raw DV): FFmpeg gave its stream an "average" rate of 60000
+    fps, its time base's, for 25: a progress bar to 120000 frames, and its subtitles and
+    annotated video ended where the last frame processed began."""
+    import subprocess
+
+    dv = tmp_path / "tape.dv"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=720x576:rate=25", "-frames:v",
+                    "10", "-c:v", "dvvideo", "-pix_fmt", "yuv420p", "-f", "dv", str(dv)], check=True, timeout=60)
+    with FileSource(dv) as src:
+        assert (src.fps, src.frame_count) == (25.0, 10)
+        assert [round(f.pts, 2) for f in src.frames(need_rgb=lambda i: False)] == [i / 25 for i in range(10)]
+
+
 def test_frame_count_of_a_video_that_starts_after_its_sound(tmp_path):
     """An MKV or TS recording's video starts at its first keyframe, after its sound: the
     container's duration (3 s here, from the sound's start) counted a second too many, and the
