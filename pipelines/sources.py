@@ -28,9 +28,12 @@ MIN_PASS_S = 0.2  # a network recording is played again at most this often (a sn
 
 
 # What `vlmstream video FOLDER` picks up (any case); anything else in a folder is left alone.
-# Raw H.264 / H.265 too: what many IP cameras and recorders export.
+# Raw H.264 / H.265 too: what many IP cameras and recorders export. And a DVD's .vob, a tape's
+# .dv capture, a broadcast camera's .mxf, an old Windows camera's .asf: a folder of them was
+# "no video files", and one among others was passed over without a word.
 VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".mpg",
-                              ".mpeg", ".flv", ".wmv", ".3gp", ".ogv", ".h264", ".264", ".h265", ".265", ".hevc"})
+                              ".mpeg", ".flv", ".wmv", ".3gp", ".ogv", ".h264", ".264", ".h265", ".265", ".hevc",
+                              ".vob", ".dv", ".mxf", ".asf", ".m2v", ".3g2", ".f4v", ".divx"})
 
 
 def file_name(source: str) -> str:

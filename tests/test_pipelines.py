@@ -913,6 +913,25 @@ def test_a_folder_is_every_video_under_it(tmp_path, small_folder, capsys):
     assert "no video files in" in err and err.count("\n") == 2  # the broken file's line, this one
 
 
+def test_a_folder_of_dvd_tape_and_broadcast_videos(tmp_path):
+    """A DVD's .VOB, a tape's .dv capture, a broadcast camera's .mxf, an old camera's .asf were
+    not video extensions: a folder of them was "no video files"."""
+    import subprocess
+
+    from pipelines.sources import video_files
+
+    for name, codec, size in [("VTS_01_1.VOB", "mpeg2video", "64x48"), ("tape.dv", "dvvideo", "720x576"),
+                              ("cam.mxf", "mpeg2video", "64x48"), ("old.asf", "wmv2", "64x48")]:
+        subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", f"testsrc=size={size}:rate=25",
+                        "-frames:v", "5", "-c:v", codec, "-pix_fmt", "yuv420p", str(tmp_path / name)],
+                       check=True, timeout=60)
+    found = video_files(tmp_path)
+    assert sorted(p.name for p in found) == ["VTS_01_1.VOB", "cam.mxf", "old.asf", "tape.dv"]
+    for path in found:
+        with FileSource(path) as src:
+            assert sum(1 for _ in src.frames(need_rgb=lambda i: False)) == 5 and src.error is None, path
+
+
 def test_a_subfolder_that_cannot_be_listed_is_said_not_left_out(tmp_path, small_folder, capsys, locked_folders):
     """Its videos had been left out without a word and the run exited 0; the folder named itself
     said 'no video files in' it."""
