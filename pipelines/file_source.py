@@ -174,7 +174,8 @@ class FileSource:
             if stream.start_time is not None and stream.time_base:
                 late = round(stream.start_time * stream.time_base * 1_000_000) - (self._container.start_time or 0)
                 micros -= max(0, late)
-            return int(micros / 1_000_000 * self.fps) if micros > 0 else None
+            # (to the microsecond: 30 frames of NTSC, 1.001 s at 30000/1001 fps, came to 29.999999)
+            return int(micros / 1_000_000 * self.fps + 1e-6) if micros > 0 else None
         return None
 
     def frames(self, pick: Callable[[int, float], bool] | None = None,

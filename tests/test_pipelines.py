@@ -316,6 +316,12 @@ def test_a_raw_dv_file_plays_at_its_frame_rate(tmp_path):
     with FileSource(dv) as src:
         assert (src.fps, src.frame_count) == (25.0, 10)
         assert [round(f.pts, 2) for f in src.frames(need_rgb=lambda i: False)] == [i / 25 for i in range(10)]
+    # NTSC's: 30 frames at 30000/1001 fps, 1.001 s to the microsecond, were 29.999999 frames, said as 29
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i", "testsrc=size=720x480:rate=30000/1001",
+                    "-frames:v", "30", "-c:v", "dvvideo", "-pix_fmt", "yuv411p", "-f", "dv", str(dv)], check=True,
+                   timeout=60)
+    with FileSource(dv) as src:
+        assert (src.frame_count, sum(1 for _ in src.frames(need_rgb=lambda i: False))) == (30, 30)
 
 
 def test_frame_count_of_a_video_that_starts_after_its_sound(tmp_path):
