@@ -103,6 +103,13 @@ class FileSource:
             self._container.close()
             raise SourceError(f"{self.name} is a live stream (it has no end): `vlmstream live` reads it")
         self._stream = main_video(self._container)
+        # Non-square pixels as players show them (FFmpeg's av_guess_sample_aspect_ratio): those
+        # the container states (Matroska's display size, MP4's pasp box) over the decoder's. VP8,
+        # VP9 and AV1 carry none of their own, nor does a file fixed with `ffmpeg -aspect 4:3 -c
+        # copy`: their frames came unstretched. A container that says no more than the decoder
+        # leaves it to the decoder, frame by frame (broadcasts switch between 4:3 and 16:9).
+        stated = self._stream.sample_aspect_ratio  # the container's, else the header's
+        self._aspect = stated if stated != self._stream.codec_context.sample_aspect_ratio else None
         if threads:
             self._stream.thread_type = "AUTO"  # frame + slice threads: batch work wants throughput
 
@@ -278,7 +285,7 @@ class FileSource:
                         yield Frame(self.source_id, index, pts, None)
                     else:
                         # The decoder's value, not the header's: broadcasts switch between 4:3 and 16:9
-                        aspect = self._stream.codec_context.sample_aspect_ratio
+                        aspect = self._aspect or self._stream.codec_context.sample_aspect_ratio
                         yield Frame(self.source_id, index, pts, **pixels(frame, aspect, lazy, self.reading))
                 index += 1
             if at is not None:  # the file ends before it

@@ -1303,6 +1303,21 @@ def test_non_square_pixels_are_shown_at_the_display_shape(tmp_path, stored, sar)
     assert np.abs(first.astype(int) - drawn.astype(int)).mean() < 4.0
 
 
+def test_non_square_pixels_the_container_states_are_shown_too(tmp_path):
+    """VP9 (and VP8, AV1) carries no pixel aspect of its own: a WebM's comes from its display
+    size, and `ffmpeg -aspect 16:9 -c copy` writes only the container's. Players show it; its
+    frames came as stored, squeezed."""
+    import subprocess
+
+    vp9 = write_video(tmp_path / "v.webm", "libvpx-vp9", n=3, size=(64, 48))
+    # 16:9 at 48 high, to an even width: WebM keeps a whole display width (85), Matroska the ratio
+    for name, width in (("wide.webm", 84), ("wide.mkv", 86)):
+        subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(vp9), "-c", "copy", "-aspect", "16:9",
+                        str(tmp_path / name)], check=True, timeout=60)
+        with FileSource(tmp_path / name) as s:
+            assert [f.rgb.shape for f in s.frames()] == [(48, width, 3)] * 3, name
+
+
 def test_the_film_is_read_not_a_cover_picture_before_it(tmp_path):
     """A Matroska file may hold a cover picture (one JPEG frame) as its first video stream."""
     import av
