@@ -22,7 +22,7 @@ from pipelines.sources import SourceError
 
 from app.console import StandardOutputError
 from app.live import log_name, p50_text
-from app.live_run import closing_error, never_came, run_rate
+from app.live_run import closing_error, never_came, newly_failed, run_rate
 
 
 class LiveLocateRun:
@@ -48,13 +48,9 @@ class LiveLocateRun:
             print(f"vlmstream: warning: {line}", file=sys.stderr, flush=True)
 
     def say_failed(self, locator: LiveLocator) -> None:
-        """As live's (LiveRun.say_failed): a source that failed while others go on is said then,
-        once, not only when the run ends."""
-        going = locator.going()
-        for label, error in locator.errors().items():
-            if label not in self.failed_said and going - {label}:
-                self.failed_said.add(label)
-                self.say(f"{label + ': ' if self.several else ''}{error}")
+        """Each source that failed while others go on, said then, once (`newly_failed`)."""
+        for label, error in newly_failed(locator.errors(), locator.going(), self.failed_said):
+            self.say(f"{label}: {error}")
 
     def start(self, opened: list) -> None:
         """Once the model is warm: each stream's outages are said as they happen."""

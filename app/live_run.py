@@ -60,14 +60,11 @@ class LiveRun:
                     f"{label + ': ' if self.several else ''}{line}")
 
     def say_failed(self, feeds: list) -> None:
-        """A source that failed while others go on (a camera given up after --max-outage, or after
-        30 s without a first frame) is said then, once: a run of hours had said it only at its end,
-        the camera gone since long before."""
-        for feed, label in zip(feeds, self.labels):
-            others = any(f.running for f in feeds if f is not feed)  # else the run ends now, and says it
-            if feed.error is not None and label not in self.failed_said and others:
-                self.failed_said.add(label)
-                self.say(f"{label}: {feed.error}")
+        """Each source that failed while others go on, said then, once (`newly_failed`)."""
+        errors = {label: feed.error for feed, label in zip(feeds, self.labels) if feed.error is not None}
+        for label, error in newly_failed(errors, {lb for f, lb in zip(feeds, self.labels) if f.running},
+                                         self.failed_said):
+            self.say(f"{label}: {error}")
 
     @property
     def stopped(self) -> bool:
@@ -268,6 +265,16 @@ def closing_error(never_read: list[BaseException]) -> BaseException:
     """The error of a run in which no source was read: the first given up for silence
     (SourceSilent: exit 1, a camera still off), else the first (a 404, a refused password: exit 2)."""
     return next((e for e in never_read if isinstance(e, SourceSilent)), never_read[0])
+
+
+def newly_failed(errors: dict[str, str], going: set[str], said: set[str]) -> list[tuple[str, str]]:
+    """(label, error) of the sources that failed while another goes on (a camera given up after
+    --max-outage, or after 30 s without a first frame), not yet in `said`, which they join: a run
+    of hours had said them only at its end, the camera gone since long before. A source failing
+    as the last one going is left to the run's end, which says it."""
+    new = [(label, error) for label, error in errors.items() if label not in said and going - {label}]
+    said.update(label for label, _ in new)
+    return new
 
 
 def never_came(live, frames_in: int, some_came: bool) -> str | None:
