@@ -88,6 +88,24 @@ def rgb_image():
     return rng.integers(0, 256, size=(90, 160, 3), dtype=np.uint8)
 
 
+@pytest.fixture(scope="session")
+def client_downloads(tmp_path_factory) -> Path:
+    """The folder for a gradio_client Client's downloads (its download_files). The client also
+    passes each file through a folder of its own in the temporary folder, which it leaves there,
+    empty: /tmp held thousands of them; they go to this folder as well."""
+    import tempfile
+    import types
+
+    import gradio_client.client
+
+    folder = tmp_path_factory.mktemp("client_downloads")
+    patch = pytest.MonkeyPatch()
+    shim = types.SimpleNamespace(gettempdir=lambda: str(folder), TemporaryDirectory=tempfile.TemporaryDirectory)
+    patch.setattr(gradio_client.client, "tempfile", shim)
+    yield folder
+    patch.undo()
+
+
 @pytest.fixture
 def locked_folders(monkeypatch) -> None:
     """Folders named "locked" cannot be listed, as chmod 000 makes them for a user who is not root

@@ -79,10 +79,10 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def client(server):
+def client(server, client_downloads):
     from gradio_client import Client
 
-    return Client(server, verbose=False, httpx_kwargs=SLOW_MACHINE)
+    return Client(server, verbose=False, httpx_kwargs=SLOW_MACHINE, download_files=client_downloads)
 
 
 def engine_idle(client, timeout=60.0) -> dict:
@@ -355,7 +355,7 @@ def test_the_webcam_tab_says_when_the_browser_withholds_the_camera(server):
         browser.close()
 
 
-def test_ui_serves_https_and_asks_a_password(tmp_path):
+def test_ui_serves_https_and_asks_a_password(tmp_path, client_downloads):
     """What sharing the UI on a network takes: HTTPS (the camera, above) and a password (its page
     plays any file or URL the server reaches)."""
     from gradio_client import Client, handle_file
@@ -377,7 +377,7 @@ def test_ui_serves_https_and_asks_a_password(tmp_path):
         with pytest.raises(Exception, match="login|credentials"):
             Client(url, verbose=False, ssl_verify=False, httpx_kwargs=SLOW_MACHINE)
         client = Client(url, auth=("alice", "wonder land"), verbose=False, ssl_verify=False,
-                        httpx_kwargs=SLOW_MACHINE)
+                        httpx_kwargs=SLOW_MACHINE, download_files=client_downloads)
         assert client.predict(api_name="/engine_stats")["kv_pages_total"] > 0
         # Gradio's copy of an upload lies in this server's own folder (in /tmp/gradio it outlived
         # the server, as did every export and video job's files)

@@ -1107,7 +1107,7 @@ def gr_error():
     return gr.Error
 
 
-def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tmp_path):
+def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tmp_path, client_downloads):
     """/detect_image and /point_image (the Image tab's buttons): a line of places in pixels, the
     picture with them drawn, and the record, as a client gets them."""
     import socket
@@ -1127,7 +1127,8 @@ def test_the_detect_and_point_endpoints_return_the_places_drawn(small_folder, tm
         path = tmp_path / "frame.png"
         Image.fromarray(rgb).save(path)
         # httpx waits 5 s by default: a file download timed out once on a busy 2-core machine
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False, httpx_kwargs={"timeout": 60})
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False, httpx_kwargs={"timeout": 60},
+                        download_files=client_downloads)
         text, picture, record = client.predict(handle_file(str(path)), "red circle", api_name="/detect_image")
         want = s.locate_image(rgb, "red circle")
         assert record["objects"] == want["objects"] and record["pixels"] == want["pixels"]
