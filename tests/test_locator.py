@@ -185,9 +185,15 @@ def test_several_sources_are_located_together_each_with_its_own_places():
 def test_a_frame_is_counted_located_only_once_its_result_is_delivered():
     """The live tab waits for `completed` to grow, then reads the feed's records: the count must
     never run ahead of what on_result was given."""
-    seen = []
+    seen, made = [], threading.Event()
+
+    def on_result(r) -> None:  # the locator's thread may deliver before `loc` is assigned: it waits
+        made.wait(30)
+        seen.append(loc.stats()["cam"]["completed"])
+
     loc = LiveLocator(_decoder(0.01, []), [LocateSource("cam", _frames(5, 50.0, "cam"))], "star",
-                      on_result=lambda r: seen.append(loc.stats()["cam"]["completed"]))
+                      on_result=on_result)
+    made.set()
     try:
         _wait(loc)
     finally:
