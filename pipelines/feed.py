@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
 
 from .changes import AnswerChanges, answer_key
 from .connection import Connection
-from .grabber import READER_WAIT_S, LatestFrameGrabber, PushedFrames
+from .grabber import LatestFrameGrabber, PushedFrames
 from .live import DEFAULT_MAX_INFLIGHT, ROLLING_S, LiveResult, LiveSession
 from .frame import Frame
 from .sinks import json_text
@@ -338,8 +338,8 @@ class LiveFeed:
                 self._pushed.close()
             self._locator.close(30.0 if timeout is None else timeout)
             return
-        if self._grabber is not None:  # a web viewer's Stop waited 5 s on a hung camera's read
-            self._grabber.close(READER_WAIT_S if self._connection is not None else 5.0)
+        if self._grabber is not None:
+            self._grabber.close(may_hang=self._connection is not None)
         if self._pump is not None:
             self._pump.join(10.0 if timeout is None else timeout)
         if cancel:

@@ -89,16 +89,17 @@ class LatestFrameGrabber:
                     return None
                 self._cond.wait(left)
 
-    def close(self, wait: float = 5.0) -> None:
-        """Stop reading; wait at most `wait` seconds for the reading thread to end. A network
-        source's thread may be inside an FFmpeg read or open that nothing can cut short (a hung
-        camera: until its read or open timeout): its caller waits briefly (READER_WAIT_S), its
-        Connection stopped, and the thread ends with that call, having nothing more to try."""
+    def close(self, may_hang: bool = False) -> None:
+        """Stop reading, and wait for the reading thread to end: 5 s at most, or READER_WAIT_S
+        where it `may_hang` in an FFmpeg read or open that nothing cuts short (a network source,
+        a hung camera: until its read or open timeout; a web viewer's Stop had waited 5 s on it).
+        Such a source's Connection is stopped first: its thread ends with that call, having
+        nothing more to try."""
         self._stop.set()
-        self._thread.join(wait)
+        self._thread.join(READER_WAIT_S if may_hang else 5.0)
 
 
-READER_WAIT_S = 0.5  # how long closing waits for a stopped network source's reader (see close)
+READER_WAIT_S = 0.5
 
 
 class PushedFrames:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 import numpy as np
 
 from .frame import Frame
-from .grabber import READER_WAIT_S, LatestFrameGrabber
+from .grabber import LatestFrameGrabber
 from .live import LatencyWindow
 
 if TYPE_CHECKING:
@@ -284,5 +284,5 @@ class LiveLocator:
         for s in self._states:
             if s.source.connection is not None:
                 s.source.connection.stop()
-            s.grabber.close(READER_WAIT_S if s.source.connection is not None else 5.0)
+            s.grabber.close(may_hang=s.source.connection is not None)
         self._thread.join(timeout)

@@ -21,8 +21,8 @@ from .webcam import WebcamSource, parse_webcam
 
 # The names a caller takes from here, whichever module holds them
 __all__ = ["FileSource", "Frame", "LiveSource", "Reading", "SourceError", "SourceSilent", "StreamSource",
-           "VIDEO_EXTENSIONS", "file_name", "files_under", "is_remote", "open_live", "redact", "shown_names", "takes_ranges",
-           "video_files"]
+           "VIDEO_EXTENSIONS", "file_name", "files_under", "is_remote", "open_live", "redact", "shown_names",
+           "takes_ranges", "video_files"]
 
 MIN_PASS_S = 0.2  # a network recording is played again at most this often (a snapshot URL: 5 a second)
 

@@ -226,7 +226,7 @@ def test_the_last_frame_of_a_source_that_ends_meanwhile_is_located(monkeypatch):
             self.ended = True
             return frame
 
-        def close(self, wait=5.0):
+        def close(self, may_hang=False):
             pass
 
     monkeypatch.setattr("pipelines.locator.LatestFrameGrabber", Grabber)
