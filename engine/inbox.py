@@ -110,11 +110,16 @@ class Inbox:
         with self._lock:
             self._closed = True
 
-    def forked(self, why: str) -> None:
+    def forked(self, why: str) -> list:
         """In a process forked from the engine's: no engine thread reads this inbox there. New
-        work is refused with `why` (taken, it had waited for ever), releases and cancels are moot."""
+        work is refused with `why` (taken, it had waited for ever), releases and cancels are moot.
+        Returns the requests (Sequences) posted and not yet read, which no thread will read here."""
         self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
         self._closed, self.stopped, self.closed_why = True, True, why
+        # The queue's own lock may be held too: read its deque directly (no other thread runs here).
+        unread = [m[1] for m in [*self._own, *self.queue.queue] if m[0] == "request"]
+        self.queue, self._own = queue.Queue(maxsize=self.queue.maxsize), deque()
+        return unread
 
     def fail(self, error: BaseException) -> None:
         with self._lock:

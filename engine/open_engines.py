@@ -2,7 +2,8 @@
 
 At exit, an engine left open is closed with its requests cancelled and its threads joined
 (`close_at_exit`). In a child forked after an engine started, none of the engine's threads run:
-it refuses new work with EngineClosedError naming the fork (`forked`).
+it refuses new work with EngineClosedError naming the fork, and the requests it had not finished
+end "error" there (`forked`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 import weakref
 from typing import TYPE_CHECKING
 
@@ -47,9 +49,15 @@ def forked() -> None:
     had been taken and never answered, result() waiting for ever; it is an EngineClosedError."""
     parent = os.getppid()
     for engine in list(open_engines):
-        engine._inbox.forked(f"the engine was created in process {parent}, and this process is a fork of it, "
-                             "where the engine's threads do not run: create the Engine in this process")
+        unread = engine._inbox.forked(f"the engine was created in process {parent}, and this process is a fork of "
+                                      "it, where the engine's threads do not run: create the Engine in this process")
         engine._shut = True  # nothing to join here: close() and the exit's close return at once
+        # Requests submitted before the fork and unfinished at it are never answered here: they
+        # end "error" (their result() had waited for ever), as a failed engine's do.
+        now = time.perf_counter()
+        for seq in [*(s for s in list(engine._batch.seqs.values()) if not s.finalized), *unread]:
+            seq.finalized, seq.finish_reason = True, "error"
+            seq.handle._end_in_fork(seq.output("error", now))
     open_engines.clear()
 
 

@@ -57,6 +57,13 @@ class RequestHandle:
         for fn in callbacks:
             self._call(fn, on_engine=True)
 
+    def _end_in_fork(self, output: RequestOutput) -> None:
+        """In a child forked while this request was unfinished (open_engines.forked): its locks
+        are new, the parent's threads may have held them; its done callbacks are not called (run
+        inside the fork, they may wait on locks that no thread here will release)."""
+        self._cond, self._cb_lock, self._callbacks = threading.Condition(), threading.Lock(), []
+        self._finish(output)
+
     def _call(self, fn, on_engine: bool = False) -> None:
         # A caller's callback that raises is logged, as concurrent.futures does: raised on the
         # engine thread it had been taken for a device failure, failing every request, and a

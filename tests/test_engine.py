@@ -386,6 +386,45 @@ def test_an_engine_used_in_a_forked_child_is_a_clear_error(small_folder, images)
     _assert_clean(eng)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork only")
+def test_requests_unfinished_at_a_fork_end_in_the_child(small_folder, images):
+    """A handle submitted before the fork and waited on in the child (a worker given the parent's
+    handles) had waited for ever: no engine thread there answers it. It ends "error" in the
+    child, admitted or still in the inbox; the parent's requests are answered as ever."""
+    with _engine(small_folder) as eng:
+        hold, held = threading.Event(), threading.Event()
+
+        def stall(_):  # the engine thread waits here: what follows stays unfinished at the fork
+            held.set()
+            hold.wait(30)
+
+        first = eng.submit(images[0], caption="short", params=SamplingParams(max_tokens=1))
+        running = eng.submit(images[1], caption="long", params=SamplingParams(max_tokens=200, ignore_eos=True))
+        first.add_done_callback(stall)
+        assert held.wait(30)
+        queued = eng.submit(images[2], caption="short", params=GREEDY)  # into the inbox, unread
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never back into pytest
+            try:
+                try:
+                    said = " ".join(h.result(timeout=5).finish_reason for h in (first, running, queued))
+                except BaseException as e:
+                    said = f"{type(e).__name__}: {e}"
+                os.write(write, said.encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        hold.set()
+        with os.fdopen(read, "rb") as f:
+            said = f.read().decode()
+        assert os.waitpid(pid, 0)[1] == 0
+        assert said == "length error error", said
+        assert running.result(timeout=60).finish_reason == "length"
+        assert queued.result(timeout=30).finish_reason in ("stop", "length")
+    _assert_clean(eng)
+
+
 def test_a_kv_cache_larger_than_memory_is_a_config_error(small_folder):
     """It was the allocator's RuntimeError (bench --streams 100000: 81 GB), or worse, a process
     killed while zeroing an overcommitted allocation."""
