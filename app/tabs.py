@@ -100,6 +100,9 @@ def live_tab(events: PageEvents, samples: list[str], default_source: str) -> tup
     start.click(events.live, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
                 api_name="live", trigger_mode="multiple")
     stop_btn.click(events.stop, None, counters, api_name=False, concurrency_limit=None)
+    # A source chosen (or typed) after an upload is the one to play: Start takes an upload first,
+    # and the upload left in its box had played on in place of the sample the user picked.
+    src.input(lambda: None, None, upload, queue=False, api_name=False, show_progress="hidden")
     if default_source:
         events.demo.load(events.autoplay, live_inputs, live_outputs, concurrency_limit=None, show_progress="hidden",
                          api_name=False)

@@ -334,6 +334,41 @@ def test_start_replaces_a_running_feed_and_a_bad_form_stops_it(server):
         browser.close()
 
 
+def _live_export_source(page, want: str, timeout_s: float = 60.0) -> str:
+    """The source of the newest line of the Live tab's Export, once it names `want` (or the
+    deadline passes: the last one seen)."""
+    deadline, source = time.time() + timeout_s, None
+    while time.time() < deadline:
+        lines = download(page, "#vs-export", "#vs-export-file").read_text().splitlines()
+        source = json.loads(lines[-1])["source"] if lines else None
+        if source and want in source:
+            break
+        page.wait_for_timeout(1000)
+    return source
+
+
+def test_a_source_chosen_after_an_upload_is_the_one_that_plays(server, tmp_path):
+    """Start takes the upload first: once a file was uploaded, picking a sample in the Source box
+    and pressing Start played the upload again, the chosen sample never."""
+    clip = tmp_path / "myclip.mp4"
+    shutil.copy(SAMPLES / "cuts_640x360_30fps.mp4", clip)
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        page.goto(server)
+        page.wait_for_selector("#vs-caption", timeout=120_000)
+        page.locator("#vs-tab-live input[type=file]").first.set_input_files(str(clip))
+        page.locator("#vs-tab-live a[download='myclip.mp4']").wait_for(timeout=60_000)
+        page.click("#vs-start")
+        assert _live_export_source(page, "myclip.mp4") == "myclip.mp4"
+        box = page.get_by_label("Source: a sample, a webcam index on the server, a URL or a path")
+        box.click()
+        page.get_by_role("option", name="shapes_1280x720_30fps.mp4").click()
+        page.click("#vs-start")
+        assert "shapes_1280x720_30fps.mp4" in _live_export_source(page, "shapes_1280x720_30fps.mp4")
+        browser.close()
+
+
 def test_the_webcam_tab_says_when_the_browser_withholds_the_camera(server):
     """Browsers give the camera only to secure pages (HTTPS, or localhost): opened from another
     machine over plain HTTP, the webcam tab's button failed without a word."""
