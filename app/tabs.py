@@ -198,8 +198,13 @@ def image_tab(events: PageEvents) -> None:
                 idetect = gr.Button("Detect", elem_id="vs-image-detect")
                 ipoint = gr.Button("Point", elem_id="vs-image-point")
     itext = gr.Textbox(label="Answer", elem_id="vs-image-text")
-    iplaces = gr.Image(label="Places", visible=False, interactive=False, format="png")  # crisp lines
+    iplaces = gr.Image(label="Places", visible=False, interactive=False, format="png",
+                       elem_id="vs-image-places")  # crisp lines
     itimings = gr.JSON(label="Result and timings")
+    # The places drawn belong to the Detect or Point that drew them: they had stayed beside a later
+    # caption, and beside a new image, as if found on it.
+    for stale in (irun.click, img.change):
+        stale(lambda: gr.Image(None, visible=False), None, iplaces, queue=False, api_name=False, show_progress="hidden")
     irun.click(events.image, [img, *form], [itext, itimings], api_name="caption_image", concurrency_limit=None)
     for button, task in ((idetect, "detect"), (ipoint, "point")):
         button.click(lambda rgb, what, task=task: events.locate(rgb, what, task), [img, iobject],

@@ -369,6 +369,51 @@ def test_a_source_chosen_after_an_upload_is_the_one_that_plays(server, tmp_path)
         browser.close()
 
 
+def test_the_image_tabs_places_go_with_a_caption_or_a_new_image(small_folder, tmp_path):
+    """The Detect picture (its boxes drawn) had stayed beside a later Caption's answer, and
+    beside a newly uploaded image, as if its places were found there."""
+    from app.service import Service
+    from app.settings import Settings
+    from app.ui import build
+
+    for seed, name in ((6, "one.png"), (7, "two.png")):
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (72, 128, 3), dtype=np.uint8)).save(tmp_path / name)
+    service = Service(Settings(model=str(small_folder), dtype="float32"))
+    demo = build(service)
+    port = free_port()
+    try:
+        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, ssr_mode=False)
+        with playwright_api.sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.get_by_role("tab", name="Image").click()
+            upload = page.locator("#vs-tab-image input[type=file]").first
+            places = page.locator("#vs-image-places")
+
+            def detect() -> None:
+                page.get_by_label("Object to detect or point at (Moondream 2 weights)").fill("red circle")
+                page.click("#vs-image-detect")
+                page.wait_for_function("document.querySelector('#vs-image-text textarea').value"
+                                       ".startsWith('red circle: ')", timeout=60_000)
+                places.wait_for(state="visible", timeout=30_000)
+
+            upload.set_input_files(str(tmp_path / "one.png"))
+            detect()
+            page.get_by_role("button", name="Caption", exact=True).click()
+            page.wait_for_function("(v => v && !v.startsWith('red circle: '))"
+                                   "(document.querySelector('#vs-image-text textarea').value)", timeout=60_000)
+            places.wait_for(state="hidden", timeout=30_000)
+            detect()
+            upload.set_input_files(str(tmp_path / "two.png"))
+            places.wait_for(state="hidden", timeout=30_000)
+            browser.close()
+    finally:
+        demo.close()
+        service.close()
+        service.remove_outputs()
+
+
 def test_the_webcam_tab_says_when_the_browser_withholds_the_camera(server):
     """Browsers give the camera only to secure pages (HTTPS, or localhost): opened from another
     machine over plain HTTP, the webcam tab's button failed without a word."""
