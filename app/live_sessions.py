@@ -211,6 +211,8 @@ class LiveSessions:
                     self._ended[key] = feed
                     dropped = self._keep_stopped(session)
                     feed.close()
+                elif self._cam_record.get(session) and key in self._recorders:
+                    new.on_result = self._recorders[key].add  # ticked across a reload (stop_all)
                 feed = self._feeds[key] = new
                 self._share_inflight()
             was, self._cam_record[session] = self._cam_record.get(session, False), record
@@ -302,8 +304,11 @@ class LiveSessions:
                 feed.close()
                 self._ended[key] = feed  # its session let go of the engine when it closed
                 dropped += self._keep_stopped(key[0])
-            for recorder in self._recorders.values():  # finished files stay for their downloads
-                recorder.close()
+            for (session, kind), recorder in self._recorders.items():  # finished files stay for their downloads
+                # A camera's Record box still ticked: its next frame starts a feed on the new
+                # engine, which records on into the same file (it had stopped there, box ticked).
+                if kind != "push" or not self._cam_record.get(session):
+                    recorder.close()
         _remove(dropped)
 
     def forget_recordings(self) -> None:

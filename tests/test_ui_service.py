@@ -1295,6 +1295,33 @@ def test_a_reload_tells_each_page_why_its_feed_stopped_and_keeps_its_captions(sm
         s.remove_outputs()
 
 
+def test_a_cameras_recording_goes_on_across_a_reload_while_record_is_ticked(untrained_folder):
+    """Another viewer's Settings (a new model): the camera's next frame started a feed on the new
+    engine and its captions went on, but its recording had ended there, Record still ticked."""
+    import av
+
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    s = Service(Settings(max_tokens=4))
+    try:
+        def stream(until):  # the browser's camera, Record ticked, ten frames a second until `until` holds
+            deadline = time.time() + 60
+            while not until() and time.time() < deadline:
+                s.push_frame("tab-c", rgb, make_task("short"), record=True)
+                time.sleep(0.1)
+
+        stream(lambda: ("tab-c", "push") in s.live._recorders and s.live._recorders[("tab-c", "push")].written >= 3)
+        recorder = s.live._recorders[("tab-c", "push")]
+        before = recorder.written
+        assert s.apply(Settings(model=str(untrained_folder), max_tokens=4)) == "engine reloaded"
+        stream(lambda: recorder.written >= before + 3)
+        assert recorder.written >= before + 3 and s.live._recorders[("tab-c", "push")] is recorder
+        with av.open(str(s.recording("tab-c", "push"))) as c:
+            assert sum(1 for _ in c.decode(video=0)) == recorder.written
+    finally:
+        s.close()
+        s.remove_outputs()
+
+
 def test_a_reload_lets_go_of_the_old_model_through_a_stopped_detect_feed(small_folder):
     """A detect feed kept for Export (a tab's Live view, stopped by another viewer's Settings)
     held the region decoder, and through it the old model's weights, until the tab closed."""
