@@ -254,7 +254,15 @@ class PageEvents:
     def cancel_video(self, request: gr.Request):
         self.service.jobs.cancel(request.session_hash)
 
-    def apply(self, model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky, hold=Settings.hold):
+    def apply(self, model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky, hold=Settings.hold,
+              shown: tuple | None = None):
+        """`shown`: the form as this page last showed it (`settings_form`; None from the API). A field
+        the user left as shown keeps the server's setting: another page may have applied a new one
+        meanwhile, which this page's Apply of another field had put back."""
+        if shown is not None:
+            fields = (model, device, temperature, max_tokens, pipelined, sticky, hold)
+            model, device, temperature, max_tokens, pipelined, sticky, hold = (
+                now if field == was else field for field, was, now in zip(fields, shown, self._form()))
         try:
             # A box left empty comes as None: the setting as it is (float(None) escaped as a TypeError).
             now = self.service.settings
@@ -271,6 +279,10 @@ class PageEvents:
         """The Settings form's values as the server runs now (`apply`'s fields, in its order): a page
         showed those of the server's start, and after another page's Apply its form, sent again
         to change one field, put the others back."""
+        form = self._form()
+        return *form, form  # the fields, and what the page then shows (`apply`'s `shown`)
+
+    def _form(self) -> tuple:
         s = self.service.settings
         return s.model, s.device, s.temperature, s.max_tokens, s.pipelined, s.sticky, s.hold
 

@@ -213,7 +213,7 @@ def image_tab(events: PageEvents) -> None:
 
 def settings_tab(events: PageEvents) -> list:
     """The Settings tab: the model, device and decoding every tab shares (one engine). Returns its
-    form's fields (`PageEvents.settings_form` fills them)."""
+    form's fields and the state of what they show (`PageEvents.settings_form` fills them)."""
     s = events.service.settings
     with gr.Row():
         model = gr.Textbox(s.model, label="Model: tiny or a Moondream 2 folder")
@@ -233,15 +233,16 @@ def settings_tab(events: PageEvents) -> list:
     sstatus = gr.Markdown()
     stats = gr.JSON(label="Engine")
     form = [model, device, temperature, max_tokens, pipelined, sticky, hold]
+    shown = gr.State(None)  # the form as the page last showed it (PageEvents.apply)
     # The last Apply's "settings applied" goes when Apply is pressed again: it had stayed beside a
     # refused value's error, as if that value were applied.
     sapply.click(lambda: "", None, sstatus, queue=False, api_name=False, show_progress="hidden")
     # Once applied, the form shows what now runs: a box left empty (or a number the browser could
     # not read, such as 1e400) keeps its setting, and had stayed empty beside "settings applied".
-    sapply.click(events.apply, form, sstatus, api_name="apply_settings").success(
-        events.settings_form, None, form, api_name=False, show_progress="hidden", queue=False)
+    sapply.click(events.apply, [*form, shown], sstatus, api_name="apply_settings").success(
+        events.settings_form, None, [*form, shown], api_name=False, show_progress="hidden", queue=False)
     gr.Timer(1.0).tick(events.service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
-    return form
+    return [*form, shown]
 
 
 def _read_in_one_line(preprocess: Callable) -> Callable:

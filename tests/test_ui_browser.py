@@ -940,3 +940,33 @@ def test_the_settings_form_says_what_an_apply_did(server):
         page.locator(".toast-body:has-text('max tokens must be a whole number >= 1')").first.wait_for(timeout=30_000)
         assert "settings applied" not in page.inner_text("#vs-tab-settings")
         browser.close()
+
+
+def test_an_apply_changes_only_the_fields_its_page_changed(server, client):
+    """A page whose Settings tab was open while another page applied new settings: its Apply of
+    one field (the temperature) put back every other field as its form still showed them."""
+    from app.settings import Settings
+
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page()
+        try:
+            page.goto(server)
+            page.wait_for_selector("#vs-caption", timeout=120_000)
+            page.get_by_role("tab", name="Settings").click()
+            tokens = "document.querySelector('#vs-tab-settings input[aria-label=\"Max tokens\"]').value"
+            page.wait_for_function(f"{tokens} == '{Settings.max_tokens}'", timeout=30_000)
+            client.predict("tiny", "cpu", 0.0, 40, True, 1.5, 5, api_name="/apply_settings")  # another page
+            numbers = page.locator("#vs-tab-settings input[type=number]")  # temperature, max tokens, steadiness, hold
+            numbers.nth(0).fill("0.5")
+            numbers.nth(0).press("Enter")
+            page.get_by_role("button", name="Apply").click()
+            page.wait_for_selector("#vs-tab-settings:has-text('settings applied')", timeout=30_000)
+            # Apply's refresh of the form shows what runs: the other page's values, the temperature its own
+            page.wait_for_function(f"{tokens} == '40'", timeout=30_000)
+            assert [numbers.nth(i).input_value() for i in range(numbers.count())] == ["0.5", "40", "1.5", "5"]
+        finally:
+            d = Settings()
+            client.predict(d.model, d.device, d.temperature, d.max_tokens, d.pipelined, d.sticky, d.hold,
+                           api_name="/apply_settings")
+            browser.close()
