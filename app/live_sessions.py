@@ -211,8 +211,11 @@ class LiveSessions:
                     self._ended[key] = feed
                     dropped = self._keep_stopped(session)
                     feed.close()
-                elif self._cam_record.get(session) and key in self._recorders:
-                    new.on_result = self._recorders[key].add  # ticked across a reload (stop_all)
+                else:  # the camera goes on across a reload (stop_all): its Export and a ticked recording too
+                    if key in self._ended:  # (its Export had held the new engine's answers alone)
+                        new.continue_records(self._ended[key])
+                    if self._cam_record.get(session) and key in self._recorders:
+                        new.on_result = self._recorders[key].add
                 feed = self._feeds[key] = new
                 self._share_inflight()
             was, self._cam_record[session] = self._cam_record.get(session, False), record

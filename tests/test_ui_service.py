@@ -1322,6 +1322,38 @@ def test_a_cameras_recording_goes_on_across_a_reload_while_record_is_ticked(untr
         s.remove_outputs()
 
 
+def test_a_cameras_export_goes_on_across_a_reload(untrained_folder):
+    """A reload keeps every page's captions for Export; but the camera's next frame started a
+    new feed on the new engine, and its Export then held the answers since the reload alone."""
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    s = Service(Settings(max_tokens=4))
+
+    def lines() -> int:
+        try:
+            return len(s.export_log("tab-x", "push").read_text().splitlines())
+        except UIError:  # nothing captioned yet
+            return 0
+
+    def stream(until):  # the browser's camera, ten frames a second until `until` holds
+        deadline = time.time() + 60
+        while not until() and time.time() < deadline:
+            s.push_frame("tab-x", rgb, make_task("short"))
+            time.sleep(0.1)
+
+    try:
+        stream(lambda: lines() >= 10)
+        before = lines()
+        assert s.apply(Settings(model=str(untrained_folder), max_tokens=4)) == "engine reloaded"
+        assert s.live.feed("tab-x", "push") is None
+        # the new engine's first few answers: the export holds them after the old engine's
+        stream(lambda: s.live.feed("tab-x", "push") is not None
+               and s.live.feed("tab-x", "push").snapshot().counters["completed"] >= 3)
+        assert lines() >= before + 3
+    finally:
+        s.close()
+        s.remove_outputs()
+
+
 def test_a_reload_lets_go_of_the_old_model_through_a_stopped_detect_feed(small_folder):
     """A detect feed kept for Export (a tab's Live view, stopped by another viewer's Settings)
     held the region decoder, and through it the old model's weights, until the tab closed."""
