@@ -291,9 +291,11 @@ class LiveSessions:
 
     # ---------------------------------------------------------------- the service's settings and end
     def set_params(self) -> None:
-        """Every running feed takes the service's sampling parameters from its next frame."""
+        """Every running feed takes the service's sampling parameters from its next frame, and its
+        Changes' hold from its next answer."""
         with self._lock:
             for feed in self._feeds.values():
+                feed.set_hold(self._service.settings.hold)
                 if feed.session is not None:
                     feed.session.set_params(self._service.params())
 

@@ -228,7 +228,7 @@ def settings_tab(events: PageEvents) -> list:
                              "greedy only)")
     hold = gr.Number(s.hold, step=1,  # 1..600, checked by apply()
                      label="Changes (live tabs): a new answer gets a picture once it has held this many "
-                           "frames in a row (1 = every change; from the next Start)")
+                           "frames in a row (1 = every change)")
     sapply = gr.Button("Apply", variant="primary")
     sstatus = gr.Markdown()
     stats = gr.JSON(label="Engine")

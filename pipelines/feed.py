@@ -270,6 +270,12 @@ class LiveFeed:
         if on_result:
             on_result(r)
 
+    def set_hold(self, hold: int) -> None:
+        """From the next answer on, a new answer gets a picture once it has held `hold` frames (a
+        Settings Apply: a browser's camera has no Start to take it from)."""
+        with self._lock:
+            self._changes.hold = hold
+
     def continue_records(self, older: "LiveFeed") -> None:
         """Start this feed's export with the lines of the feed it replaces (a camera's new prompt:
         the same stream goes on, and its Export had held the new prompt's answers alone)."""

@@ -1322,6 +1322,28 @@ def test_a_cameras_recording_goes_on_across_a_reload_while_record_is_ticked(untr
         s.remove_outputs()
 
 
+def test_a_hold_applied_in_settings_reaches_the_running_camera():
+    """The Changes hold applied in Settings had reached a browser's camera only at its next
+    prompt: it has no Start to take it from. It counts from the camera's next answer."""
+    frames = [np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB")), np.zeros((120, 160, 3), np.uint8)]
+    s = Service(Settings(max_tokens=12, sticky=0.0, hold=3))  # each frame's own answer
+    try:
+        def push(rgb, n):
+            s.push_frame("tab-x", rgb, make_task("short"))
+            wait_for(lambda: s.live.feed("tab-x", "push").snapshot().counters["completed"] == n)
+
+        push(frames[0], 1)
+        push(frames[1], 2)  # each answer held one frame: no picture with a hold of 3
+        assert s.live.feed("tab-x", "push").snapshot().shots == []
+        assert s.apply(Settings(max_tokens=12, sticky=0.0, hold=1)) == "settings applied"
+        push(frames[0], 3)
+        snap = s.live.feed("tab-x", "push").snapshot()
+        assert [(shot.index, shot.text) for shot in snap.shots] == [(2, snap.log[-1].text)]
+    finally:
+        s.close()
+        s.remove_outputs()
+
+
 def test_a_cameras_export_goes_on_across_a_reload(untrained_folder):
     """A reload keeps every page's captions for Export; but the camera's next frame started a
     new feed on the new engine, and its Export then held the answers since the reload alone."""
