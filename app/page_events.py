@@ -54,7 +54,9 @@ class PageEvents:
         try:
             task = make_task(kind, question, ckind, ctext, regions=True)
             # an upload's Export names it as uploaded, not by Gradio's scratch path (as a video job's JSONL)
-            feed = self.service.start_live(sid, upload or src, task, record=bool(record),
+            # "Record from Start": the sample a page plays by itself (on opening, back on Live)
+            # is not recorded with the box ticked and no Start pressed.
+            feed = self.service.start_live(sid, upload or src, task, record=bool(record) and not auto,
                                            name=Path(upload).name if upload else None)
             if auto:
                 self.autoplayed[sid] = feed

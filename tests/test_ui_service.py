@@ -1322,6 +1322,38 @@ def test_a_cameras_recording_goes_on_across_a_reload_while_record_is_ticked(untr
         s.remove_outputs()
 
 
+def test_record_ticked_without_start_records_no_autoplayed_sample():
+    """"Record from Start": ticked, no Start pressed, the page gone to another tab and back, the
+    sample it plays by itself had restarted with a recording."""
+    import types
+
+    from app import ui
+
+    service = Service(Settings(max_tokens=4))
+    try:
+        handlers = {f.name: f.fn for f in ui.build(service).fns.values()}
+        page = types.SimpleNamespace(session_hash="tab")
+        form = ("shapes_640x360_60fps.mp4", None, "short", "", "none", "")
+        updates = [handlers["autoplay"](*form, False, request=page)]  # kept open, as Gradio keeps them
+        next(updates[-1])
+        handlers["leave_live"](request=page)
+        updates.append(handlers["back_to_live"](*form, True, request=page))  # Record ticked meanwhile
+        next(updates[-1])
+        feed = service.feed("tab")
+        assert feed is not None and feed.running
+        wait_for(lambda: feed.snapshot().counters["completed"] >= 2)
+        with pytest.raises(UIError, match="nothing recorded: tick Record, then Start"):
+            service.live.recording("tab")
+        updates.append(handlers["live"](*form, True, request=page))  # a Start records
+        next(updates[-1])
+        wait_for(lambda: service.feed("tab").snapshot().counters["completed"] >= 2)
+        assert service.live.recording("tab").stat().st_size > 0
+        handlers["closed"](request=page)
+    finally:
+        service.close()
+        service.remove_outputs()
+
+
 def test_a_hold_applied_in_settings_reaches_the_running_camera():
     """The Changes hold applied in Settings had reached a browser's camera only at its next
     prompt: it has no Start to take it from. It counts from the camera's next answer."""
