@@ -240,7 +240,10 @@ class PageEvents:
         finally:
             self.service.jobs.end_turn()
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
-        note = (f"{out['frames']} frame{'' if out['frames'] == 1 else 's'} {'located' if locating else 'captioned'} "
+        # The note names its file: the results stay under the next file chosen, until its own job
+        # starts, and "10 frames captioned" had read as that file's.
+        note = (f"{_markdown_text(Path(path).name)}: "
+                f"{out['frames']} frame{'' if out['frames'] == 1 else 's'} {'located' if locating else 'captioned'} "
                 f"in {out['seconds']} s "
                 f"({out['x_real_time']}x real time)"
                 + (f", {len(out['rows'])} {'count' if locating else 'answer'}{'' if len(out['rows']) == 1 else 's'} "
@@ -342,3 +345,8 @@ def _new_shots(shots: list, shown: float | None) -> tuple[list | None, float | N
     if not shots or shots[-1].wall == shown:
         return None, shown
     return shots, shots[-1].wall
+
+
+def _markdown_text(text: str) -> str:
+    """`text` shown as written in a Markdown note (a file named like_this_*draft*.mp4)."""
+    return "".join("\\" + c if c in "\\`*_[]<>#|~" else c for c in text)

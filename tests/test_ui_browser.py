@@ -158,7 +158,7 @@ def test_api_captions_a_video_with_downloads(client, tmp_path):
     note, table, files, video = client.predict(handle_file(str(SAMPLES / "cuts_640x360_30fps.mp4")), "short", "", 30,
                                                api_name="/caption_video")
     rows = table["data"]
-    assert "frames captioned" in note and len(rows) >= 5
+    assert note.startswith(r"cuts\_640x360\_30fps.mp4: ") and "frames captioned" in note and len(rows) >= 5
     assert [r[0] for r in rows] == list(range(0, 30 * len(rows), 30)) and all(r[2] for r in rows)
     names = sorted(Path(f).name for f in files)
     assert names == ["annotated.mp4", "captions.jsonl", "captions.srt", "captions.vtt"]
@@ -673,7 +673,7 @@ def _video_job_under_way(page, timeout_ms: int = 60_000) -> None:
 def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp_path):
     import av
 
-    clip = tmp_path / "upload.mp4"
+    clip = tmp_path / "_take_2_.mp4"  # a name that is Markdown too (emphasis)
     with av.open(str(SAMPLES / "cuts_640x360_30fps.mp4")) as src, av.open(str(clip), "w") as dst:
         out = dst.add_stream("libx264", rate=30)
         out.width, out.height, out.pix_fmt = 640, 360, "yuv420p"
@@ -693,7 +693,8 @@ def test_video_tab_uploads_a_file_and_returns_captions_and_downloads(server, tmp
         page.get_by_label("Every n-th frame").fill("6")
         page.click("#vs-video-run")
         page.wait_for_selector("#vs-video-note:has-text('frames captioned')", timeout=120_000)
-        assert "10 frames captioned" in page.inner_text("#vs-video-note")
+        # the note names its file: it stays under the next file chosen until that one's job starts
+        assert page.inner_text("#vs-video-note").startswith("_take_2_.mp4: 10 frames captioned in ")
         assert page.get_attribute("#vs-video-table [role=grid]", "aria-rowcount") == "11"  # header + 10 frames
         second = page.locator('#vs-video-table [role=row][aria-rowindex="3"]').inner_text().split()
         assert second[0] == "6" and len(second) > 3  # frame 6, its time, its caption, its latency
