@@ -223,6 +223,13 @@ class StreamSource:
                 # downloads (a 25 fps clip went by at 60), and its end ends the source instead of
                 # being reopened from the start.
                 recording = is_recording(container, self.url)
+                # So does a live HLS playlist: it comes a segment (seconds of frames) at a time,
+                # decoded in a blink, and the latest-frame grabber kept only the last few of each
+                # (a 30 fps stream in 1 s segments was captioned at 3 fps, 93 % of its frames
+                # overwritten, the model idle between segments). Paced, it is at most a segment
+                # later than it came, as any HLS player shows it.
+                web = self.url.split(":", 1)[0].lower() in WEB
+                paced = self.pace and (recording or web and "hls" in container.format.name)
                 clock = None  # (wall time, frame time) that the pacing counts from
                 stream = main_video(container)
                 # A live stream faster than this machine decodes: keyframes only until caught up
@@ -265,7 +272,7 @@ class StreamSource:
                             self._behind(guard.late, catch_ups + guard.catch_ups)
                         self.catch_ups, self.late = catch_ups + guard.catch_ups, guard.late
                         self.max_late = max(self.max_late, guard.max_late)
-                    if recording and self.pace and frame.time is not None:
+                    if paced and frame.time is not None:
                         now = time.perf_counter()
                         clock = clock or (now, frame.time)
                         ahead = (frame.time - clock[1]) - (now - clock[0])

@@ -468,6 +468,28 @@ def test_hls_playlist_is_read_segment_after_segment(tmp_path):
     assert [f.index for f in frames] == list(range(480)) and frames[0].rgb.shape == (360, 640, 3)
 
 
+def test_a_live_hls_playlist_plays_at_its_own_pace(tmp_path):
+    """A live playlist (no end) comes a segment at a time; unpaced, each segment's frames were
+    decoded in a blink and the live grabber kept the last few of each (a 30 fps stream captioned
+    at 3 fps). Its frames are spread over the segments' length, as they were shot."""
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=30", "-t", "3",
+                    "-c:v", "libx264", "-g", "30", "-f", "hls", "-hls_time", "1", "-hls_list_size", "0",
+                    "-hls_flags", "omit_endlist", str(tmp_path / "index.m3u8")], check=True)
+    assert "ENDLIST" not in (tmp_path / "index.m3u8").read_text()
+    server = _serve(tmp_path)
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8")
+        frames = []
+        for f in src.frames():
+            frames.append(f)
+            if len(frames) == 75:  # into the third segment (a live playlist is joined 3 segments from its end)
+                break
+    finally:
+        src.connection.stop()
+        server.shutdown()
+    assert frames[-1].pts - frames[0].pts > 2.0  # 74 frames at 30 fps: 2.47 s; unpaced they came within 0.1 s
+
+
 def test_a_stream_given_to_the_video_command_is_a_clear_error(tmp_path, capsys):
     assert main(["video", "rtsp://admin:hunter2@127.0.0.1:9/live", "-o", str(tmp_path / "out.jsonl")]) == 2
     err = capsys.readouterr().err
