@@ -98,6 +98,8 @@ class StreamSource:
         self.reading = reading
         self._clocked = scheme in CLOCKED_SCHEMES
         self.error: str | None = None
+        # A live stream was opened (not a recording); and it has ended for good (see _frames)
+        self._was_live = self._over = False
         self.reconnects = self.damaged = self.catch_ups = 0
         self.max_late = self.late = 0.0  # seconds the decoding fell behind a live stream, at most and now (CatchUp)
         self._behind_said = -float("inf")  # when falling behind was last said (through `connection`)
@@ -178,6 +180,8 @@ class StreamSource:
     def _frames(self) -> Iterator[Frame]:
         import av
 
+        if self._over:  # played again (a live source loops): a live stream that ended has nothing more
+            return
         t0 = time.perf_counter()
         connection, index, tries = self.connection, 0, 0
         while not connection.stopped:
@@ -230,6 +234,14 @@ class StreamSource:
                 # later than it came, as any HLS player shows it.
                 web = self.url.split(":", 1)[0].lower() in WEB
                 paced = self.pace and (recording or web and "hls" in container.format.name)
+                if recording and self._was_live:
+                    # A live HLS playlist that got its end (#EXT-X-ENDLIST) is over. Reopened after
+                    # its last segment it is a finished playlist, a recording: its last minute or
+                    # so had been played again, and again (looped as a file is), for ever.
+                    self._over = True
+                    connection.say("the stream has ended (its playlist is finished)")
+                    return
+                self._was_live = self._was_live or not recording
                 clock = None  # (wall time, frame time) that the pacing counts from
                 stream = main_video(container)
                 # A live stream faster than this machine decodes: keyframes only until caught up

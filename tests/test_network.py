@@ -490,6 +490,33 @@ def test_a_live_hls_playlist_plays_at_its_own_pace(tmp_path):
     assert frames[-1].pts - frames[0].pts > 2.0  # 74 frames at 30 fps: 2.47 s; unpaced they came within 0.1 s
 
 
+def test_a_live_hls_playlist_that_ends_is_not_played_again(tmp_path):
+    """When a live playlist gets its end (#EXT-X-ENDLIST), the stream is over. Reopened, it was a
+    finished playlist, a recording: its last segments were played again and again, for ever."""
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=30", "-t", "2",
+                    "-c:v", "libx264", "-g", "30", "-bf", "0", "-f", "hls", "-hls_time", "1", "-hls_list_size", "0",
+                    "-hls_flags", "omit_endlist", str(tmp_path / "index.m3u8")], check=True)
+    server = _serve(tmp_path)
+    said = []
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", pace=False)
+        src.connection.on_event = said.append
+        frames = []
+        for f in src.frames():
+            if not frames:  # the sender stops: its playlist ends
+                with open(tmp_path / "index.m3u8", "a") as playlist:
+                    playlist.write("#EXT-X-ENDLIST\n")
+            frames.append(f)
+            if len(frames) > 60:  # its 2 s again
+                break
+        again = list(itertools.islice(src.frames(), 1))  # a live source is played again when it ends
+    finally:
+        src.connection.stop()
+        server.shutdown()
+    assert len(frames) == 60 and again == [] and src.connection.state == "ended"
+    assert said[-1] == "the stream has ended (its playlist is finished)"
+
+
 def test_a_stream_given_to_the_video_command_is_a_clear_error(tmp_path, capsys):
     assert main(["video", "rtsp://admin:hunter2@127.0.0.1:9/live", "-o", str(tmp_path / "out.jsonl")]) == 2
     err = capsys.readouterr().err
