@@ -14,6 +14,7 @@ from .catch_up import CatchUp
 from .connection import TIMED_OUT, Connection, span
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
 from .pipe import PIPE_PROBE, STDIN, PipeReader, is_named_pipe, wait_for_input
+from .replayed import Replayed
 from .url import redact, unknown_host
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
@@ -100,6 +101,7 @@ class StreamSource:
         self.error: str | None = None
         # A live stream was opened (not a recording); and it has ended for good (see _frames)
         self._was_live = self._over = False
+        self._replayed = Replayed()  # a live HLS playlist's frames, which a reopen may give again
         self.reconnects = self.damaged = self.catch_ups = 0
         self.max_late = self.late = 0.0  # seconds the decoding fell behind a live stream, at most and now (CatchUp)
         self._behind_said = -float("inf")  # when falling behind was last said (through `connection`)
@@ -242,6 +244,9 @@ class StreamSource:
                     connection.say("the stream has ended (its playlist is finished)")
                     return
                 self._was_live = self._was_live or not recording
+                live_hls = web and not recording and "hls" in container.format.name
+                if live_hls:
+                    self._replayed.reopened()
                 clock = None  # (wall time, frame time) that the pacing counts from
                 stream = main_video(container)
                 # A live stream faster than this machine decodes: keyframes only until caught up
@@ -277,6 +282,8 @@ class StreamSource:
                 # skipped, and every live HLS segment restarts MPEG-TS's continuity counters.
                 for frame in decoded(container, stream, self._damage, before, self.reading):
                     if arrived[1] is not None and arrived[0] - arrived[1] < BURST_S:
+                        continue
+                    if live_hls and self._replayed.again(frame.time):
                         continue
                     if guard is not None:
                         guard.frame(frame.time, time.perf_counter())

@@ -517,6 +517,39 @@ def test_a_live_hls_playlist_that_ends_is_not_played_again(tmp_path):
     assert said[-1] == "the stream has ended (its playlist is finished)"
 
 
+def test_a_live_hls_playlist_whose_encoder_died_is_an_outage_not_its_last_seconds_again(tmp_path):
+    """An encoder that dies leaves its live playlist as it was, with no end. Reopened, a live
+    playlist is joined 3 segments before its end: those seconds were captioned again at every
+    reopen, each taken for the stream coming back, and --max-outage never came."""
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=30", "-t", "2",
+                    "-c:v", "libx264", "-g", "30", "-bf", "0", "-f", "hls", "-hls_time", "1", "-hls_list_size", "0",
+                    "-hls_flags", "omit_endlist", str(tmp_path / "index.m3u8")], check=True)
+    server = _serve(tmp_path)
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", pace=False, max_outage=4.0)
+        frames = []
+        with pytest.raises(SourceSilent):
+            for f in src.frames():
+                frames.append(f)
+                if len(frames) > 60:  # its 2 s again
+                    break
+    finally:
+        src.connection.stop()
+        server.shutdown()
+    assert len(frames) <= 60 and src.connection.outages == 1  # (its decoder's last frames may stay in it)
+
+
+def test_replayed_frames_are_those_a_reopen_gives_again():
+    from pipelines.replayed import Replayed
+
+    seen = Replayed()
+    assert [seen.again(t) for t in (1.0, 2.0, 3.0)] == [False] * 3
+    seen.reopened()  # joined before the end of what came: those frames are left out, the new ones not
+    assert [seen.again(t) for t in (2.0, 3.0, 4.0)] == [True, True, False]
+    seen.reopened()  # an encoder restarted: its times start afresh, and its frames are new
+    assert [seen.again(t) for t in (0.5, 1.5, 2.5)] == [False] * 3
+
+
 def test_a_stream_given_to_the_video_command_is_a_clear_error(tmp_path, capsys):
     assert main(["video", "rtsp://admin:hunter2@127.0.0.1:9/live", "-o", str(tmp_path / "out.jsonl")]) == 2
     err = capsys.readouterr().err
