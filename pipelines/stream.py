@@ -249,6 +249,12 @@ class StreamSource:
                     self._replayed.reopened()
                 clock = None  # (wall time, frame time) that the pacing counts from
                 stream = main_video(container)
+                # A master playlist's other variants (and any stream not shown) are left unread: each
+                # variant's segments had been downloaded all along, all but one for nothing (a CDN's
+                # ladder of four renditions cost the bandwidth of all four)
+                for other in container.streams if web else ():
+                    if other is not stream:
+                        other.discard = av.stream.Discard.all
                 # A live stream faster than this machine decodes: keyframes only until caught up
                 guard = CatchUp(stream.codec_context) if self._clocked and not recording else None
                 # When a live stream's read times out, the MPEG-TS demuxer lets go of the packets it

@@ -550,6 +550,28 @@ def test_replayed_frames_are_those_a_reopen_gives_again():
     assert [seen.again(t) for t in (0.5, 1.5, 2.5)] == [False] * 3
 
 
+def test_only_the_variant_shown_of_a_master_playlist_is_downloaded(tmp_path):
+    """A master playlist names several variants (renditions of the same video); FFmpeg opens them
+    all, and every one's segments were downloaded all along, though one is shown."""
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=128x96:rate=30", "-t", "4",
+                    "-filter_complex", "[0:v]split=2[a][b];[b]scale=64:48[c]", "-map", "[a]", "-map", "[c]",
+                    "-c:v", "libx264", "-g", "30", "-f", "hls", "-hls_time", "1", "-hls_list_size", "0",
+                    "-var_stream_map", "v:0 v:1", str(tmp_path / "out_%v.m3u8")], check=True)
+    (tmp_path / "master.m3u8").write_text("#EXTM3U\n#EXT-X-STREAM-INF:BANDWIDTH=800000,RESOLUTION=64x48\nout_1.m3u8\n"
+                                          "#EXT-X-STREAM-INF:BANDWIDTH=2000000,RESOLUTION=128x96\nout_0.m3u8\n")
+    requests: list = []
+    server = _serve(tmp_path, requests)
+    try:
+        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/master.m3u8", reconnect=False, pace=False)
+        frames = list(src.frames())
+    finally:
+        server.shutdown()
+    shown = "0" if frames[0].rgb.shape[1] == 128 else "1"
+    segments = {v: sum(bool(re.fullmatch(rf"/out_{v}\d+\.ts", r)) for r in requests) for v in "01"}
+    assert len(frames) == 120 and segments[shown] == 4
+    assert segments["1" if shown == "0" else "0"] <= 1  # what opening it probed (all 4 before)
+
+
 def test_a_stream_given_to_the_video_command_is_a_clear_error(tmp_path, capsys):
     assert main(["video", "rtsp://admin:hunter2@127.0.0.1:9/live", "-o", str(tmp_path / "out.jsonl")]) == 2
     err = capsys.readouterr().err
