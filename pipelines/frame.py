@@ -221,12 +221,30 @@ def no_video(container, name: str) -> SourceError | None:
     return SourceError(f"{name} has no video stream" + (" (only a cover picture)" if container.streams.video else ""))
 
 
+MAX_VARIANT_PIXELS = 1920 * 1080
+
+
 def main_video(container):
     """The video stream a player would show: FFmpeg's choice (the most frames, the default
-    disposition), not the first, and never a cover picture. A Matroska file with a cover picture
+    disposition), not the first, and never a cover picture; of an HLS master playlist's
+    variants, the largest up to 1080p. A Matroska file with a cover picture
     first gave one frame of the cover and no word about the film. Call it on a container that
     has `video_streams`."""
     streams = video_streams(container)
+    # An HLS master playlist's variants are renditions of one video, and FFmpeg's choice is its
+    # first (a ladder listed from 320x180 up was captioned at 320x180): the most pixels up to
+    # 1080p, past which the model's tiling reads no more detail and decoding costs more.
+    variants = [s for s in streams if "variant_bitrate" in s.metadata]
+    if len(variants) > 1:
+        def area(s) -> int:
+            return (s.codec_context.width or 0) * (s.codec_context.height or 0)
+
+        fit = [s for s in variants if area(s) <= MAX_VARIANT_PIXELS]
+        def rate(s) -> int:  # the playlist's BANDWIDTH, as FFmpeg read it
+            text = s.metadata.get("variant_bitrate", "")
+            return int(text) if text.isdigit() else 0
+
+        return max(fit, key=lambda s: (area(s), rate(s))) if fit else min(variants, key=area)
     best = container.streams.best("video")
     return best if best in streams else streams[0]
 

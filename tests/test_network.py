@@ -550,9 +550,13 @@ def test_replayed_frames_are_those_a_reopen_gives_again():
     assert [seen.again(t) for t in (0.5, 1.5, 2.5)] == [False] * 3
 
 
-def test_only_the_variant_shown_of_a_master_playlist_is_downloaded(tmp_path):
+@pytest.mark.parametrize("largest", [True, False])
+def test_only_the_variant_shown_of_a_master_playlist_is_downloaded(tmp_path, monkeypatch, largest):
     """A master playlist names several variants (renditions of the same video); FFmpeg opens them
-    all, and every one's segments were downloaded all along, though one is shown."""
+    all, and every one's segments were downloaded all along, though one is shown. The one shown
+    is the largest up to 1080p (FFmpeg's choice, the first listed, was the smallest here)."""
+    if not largest:  # both past the limit: the smallest
+        monkeypatch.setattr("pipelines.frame.MAX_VARIANT_PIXELS", 64 * 48 - 1)
     subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=128x96:rate=30", "-t", "4",
                     "-filter_complex", "[0:v]split=2[a][b];[b]scale=64:48[c]", "-map", "[a]", "-map", "[c]",
                     "-c:v", "libx264", "-g", "30", "-f", "hls", "-hls_time", "1", "-hls_list_size", "0",
@@ -566,7 +570,8 @@ def test_only_the_variant_shown_of_a_master_playlist_is_downloaded(tmp_path):
         frames = list(src.frames())
     finally:
         server.shutdown()
-    shown = "0" if frames[0].rgb.shape[1] == 128 else "1"
+    shown = "0" if largest else "1"
+    assert frames[0].rgb.shape[1] == (128 if largest else 64)
     segments = {v: sum(bool(re.fullmatch(rf"/out_{v}\d+\.ts", r)) for r in requests) for v in "01"}
     assert len(frames) == 120 and segments[shown] == 4
     assert segments["1" if shown == "0" else "0"] <= 1  # what opening it probed (all 4 before)
