@@ -156,6 +156,8 @@ def parse_constraint(dest: str, value: str):
     text = value
     if not value.lstrip().startswith("{"):
         path = Path(value)
+        if not path.is_file() and _is_json(value):  # `[]`, `true`: JSON, but no schema object
+            raise UsageError("--json-schema must be a JSON object (a schema), not " + value.strip()[:40])
         if not path.is_file():
             what = "not a regular file" if path.exists() else "no such file"  # /dev/null, a folder
             raise UsageError(f"--json-schema: {what} {value!r} (give a file, or the schema itself as JSON)")
@@ -172,3 +174,11 @@ def parse_constraint(dest: str, value: str):
     if not isinstance(schema, dict):
         raise UsageError("--json-schema must be a JSON object (a schema)")
     return JsonSchema(schema)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True

@@ -54,6 +54,9 @@ def test_a_constraint_belongs_to_the_prompt_before_it():
     (["--regex", "(?:" * 500 + "a" + ")" * 500], "--regex: the regex is nested too deep"),
     (["--json-schema", "missing.json"], "no such file 'missing.json'"),
     (["--json-schema", "/dev/null"], "not a regular file '/dev/null'"),
+    # JSON, but no object: it said "no such file '[]'"
+    (["--json-schema", "[]"], "--json-schema must be a JSON object (a schema), not []"),
+    (["--json-schema", " true"], "--json-schema must be a JSON object (a schema), not true"),
     (["--json-schema", '{"type": '], "--json-schema is not valid JSON"),
     (["--json-schema", '{"type": "object"} [1]'], "--json-schema is not valid JSON"),
     # asked twice, a frame's two lines had one key: --resume took them for one answer
