@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
 from .timestamps import BestEffort, Continuous
 from .stream import is_recording
-from .url import redact, unknown_host
+from .url import PLAYLIST_UNREAD, is_playlist, redact, unknown_host
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
 AVFMT_NOTIMESTAMPS = 0x80  # ... of one that stores none: a raw H.264/H.265 stream (a camera's export)
@@ -93,6 +93,8 @@ class FileSource:
                 reason = (f"nothing came for {REMOTE_TIMEOUTS_S[0]:g} s" if isinstance(e, av.ExitError)
                           else unknown_host(self.url) or first_line(e).replace(text, self.name))
                 raise SourceError(f"cannot read {self.name}: {reason}") from None
+            if self.url and isinstance(e, av.InvalidDataError) and is_playlist(self.url):
+                raise SourceError(f"cannot read {self.name}: {PLAYLIST_UNREAD.format(first_line(e))}") from None
             raise SourceError(f"{self.name} is not a readable video: {first_line(e)}{_no_index(self.url, text, e)}") from None
         refuse_text(self._container, self.name)
         missing = no_video(self._container, self.name)

@@ -15,7 +15,7 @@ from .connection import TIMED_OUT, Connection, span
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
 from .pipe import PIPE_PROBE, STDIN, PipeReader, is_named_pipe, wait_for_input
 from .replayed import Replayed
-from .url import redact, unknown_host
+from .url import PLAYLIST_UNREAD, is_playlist, redact, unknown_host
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
 # Streams pushed as they are shot, with the sender's clock in their timestamps: the ones whose
@@ -213,7 +213,8 @@ class StreamSource:
                 # retried for 30 s, they were said as FFmpeg's "Input/output error" / "Invalid data".
                 hopeless = unknown_host(self.url) if index == 0 else None
                 if index == 0 and isinstance(e, av.InvalidDataError) and self.url.split(":", 1)[0].lower() in WEB:
-                    hopeless = f"not a video ({self._clean(e, 0)})"
+                    why = self._clean(e, 0)
+                    hopeless = PLAYLIST_UNREAD.format(why) if is_playlist(self.url) else f"not a video ({why})"
                 if refused or hopeless or not self.reconnect:
                     raise SourceError(f"cannot read {self.display}: {hopeless or self._clean(e, self.open_timeout)}"
                                       ) from None

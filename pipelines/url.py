@@ -1,5 +1,6 @@
 """What a source's URL says before it is opened: the name to show (`redact`: no credential in a
-message, a log or an output) and why its host cannot be reached (`unknown_host`).
+message, a log or an output) and why its host cannot be reached (`unknown_host`); and, once
+FFmpeg found no video there, whether it is an HLS playlist (`is_playlist`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,22 @@ def unknown_host(url: str) -> str | None:
     except (OSError, TypeError):
         return None
     return None
+
+
+PLAYLIST_UNREAD = "an HLS playlist whose segments cannot be read (missing on the server, or not video: {})"
+
+
+def is_playlist(url: str, timeout: float = 5.0) -> bool:
+    """Whether a web URL is an HLS playlist: where FFmpeg read no video from one, its segments
+    failed (a 404 each), and "not a video" blamed the playlist."""
+    import http.client
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"#EXTM3U")
+    except (OSError, ValueError, http.client.HTTPException):  # credentials in the URL: InvalidURL
+        return False
 
 
 def redact(url: str) -> str:

@@ -550,6 +550,26 @@ def test_replayed_frames_are_those_a_reopen_gives_again():
     assert [seen.again(t) for t in (0.5, 1.5, 2.5)] == [False] * 3
 
 
+def test_a_playlist_whose_segments_are_missing_says_so(tmp_path, capsys, small_folder):
+    """A playlist served without its segments (a 404 each): FFmpeg reads no video, and the
+    message blamed the playlist ("not a video"), in `live` and in `video` alike."""
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=30", "-t", "2",
+                    "-c:v", "libx264", "-g", "30", "-f", "hls", "-hls_time", "1", "-hls_list_size", "0",
+                    str(tmp_path / "index.m3u8")], check=True)
+    for segment in tmp_path.glob("*.ts"):
+        segment.unlink()
+    server = _serve(tmp_path)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/index.m3u8"
+        for argv in (["live", url, "--duration", "5"], ["video", url, "-o", "-"]):
+            assert main([*argv, "--model", str(small_folder)]) == 2
+            assert capsys.readouterr().err == (f"vlmstream: error: cannot read {url}: an HLS playlist whose segments "
+                                               "cannot be read (missing on the server, or not video: Invalid data "
+                                               "found when processing input)\n")
+    finally:
+        server.shutdown()
+
+
 @pytest.mark.parametrize("largest", [True, False])
 def test_only_the_variant_shown_of_a_master_playlist_is_downloaded(tmp_path, monkeypatch, largest):
     """A master playlist names several variants (renditions of the same video); FFmpeg opens them
