@@ -338,10 +338,16 @@ class Executor:
             self._stop.set()
             while drop_queued:
                 try:
-                    _, pending, _ = self._jobs.popleft()  # the worker may take one first: it runs
+                    job = self._jobs.popleft()  # the worker may take one first: it runs
                 except IndexError:
                     break
-                pending._finish(None, RuntimeError("the device worker was closed before this step ran"))
+                if job is None:
+                    # A close before this one queued the stop and its join timed out under a step
+                    # that outlasted it (the engine thread's close, then Engine.close: Moondream 2's
+                    # vision on a CPU takes 5-30 s). The stop stays first: the worker ends on it.
+                    self._jobs.appendleft(None)
+                    break
+                job[1]._finish(None, RuntimeError("the device worker was closed before this step ran"))
             self._jobs.append(None)  # after the jobs queued before it
             self._ring()
             self._thread.join(timeout)

@@ -230,3 +230,19 @@ def test_a_cuda_executor_nobody_asks_for_its_busy_time_keeps_a_bounded_number_of
         assert ex.launch(lambda: 1).wait() == 1
     assert len(ex._cuda_pending) <= device.CUDA_TIMED_KEPT
     assert ex.busy_seconds() == pytest.approx(3 * device.CUDA_TIMED_KEPT / 1000) and not ex._cuda_pending
+
+
+def test_a_second_close_while_the_first_ones_step_still_runs_waits_again_without_error():
+    """The engine thread closes the vision executor, then Engine.close does: with a step longer
+    than the first join (Moondream 2's vision on a CPU), the second close found the first one's
+    stop in the queue and raised TypeError (a traceback at a Ctrl-C of `bench`)."""
+    ex = Executor(torch.device("cpu"), name="vlmstream-test-device")
+    started, release = threading.Event(), threading.Event()
+    first = ex.launch(lambda: (started.set(), release.wait(10), "ran")[-1])
+    assert started.wait(5)
+    ex.close(timeout=0.01, drop_queued=True)  # the join gives up: the step still runs
+    assert ex._thread.is_alive()
+    ex.close(timeout=0.01, drop_queued=True)  # the step still runs: this join gives up too
+    release.set()
+    ex.close(timeout=10, drop_queued=True)
+    assert first.wait(0) == "ran" and not ex._thread.is_alive()
