@@ -53,6 +53,11 @@ def waiting(snap: FeedSnapshot | None) -> str:
     yet" and a running state for the 30 s before it was given up)."""
     health = snap.counters.get("stream", {}) if snap is not None else {}
     if health.get("state") not in ("connecting", "reconnecting"):
+        # Frames read and with the model: Moondream 2 on a CPU takes a minute to its first answers
+        # (4 frames in one batch), and "no frame yet" all that while blamed the source.
+        asked = snap.counters.get("in_flight", 0) if snap is not None else 0
+        if asked:
+            return f"the source plays; waiting for the first answer ({asked} frame{'s' * (asked != 1)} in flight)"
         return "no frame yet"
     text = f"{health['state']} ({health.get('for_s', 0):.0f} s)"
     return text + (f"; the last try: {health['reason']}" if health.get("reason") else "")

@@ -1813,3 +1813,17 @@ def test_a_viewer_of_an_ip_camera_sees_it_reboot_and_come_back(service):
             assert indices == sorted(set(indices))  # frames numbered on across the reboot, none twice
         finally:
             service.close_session("tab-ipcam")
+
+
+def test_before_the_first_answer_the_frames_place_says_the_model_is_answering_not_no_frame():
+    """A slow model (Moondream 2 on a CPU: ~60 s to the first answers) had left "no frame yet" on
+    the page for that minute while the source played, as if the source sent nothing."""
+    from pipelines.feed import FeedSnapshot
+
+    def snap(counters):
+        return FeedSnapshot(version=0, running=True, error=None, frame_rgb=None, text="", pts=0.0, index=-1,
+                            end_to_end_ms=0.0, counters=counters)
+
+    asked = frame_html(snap({"frames_in": 300, "submitted": 4, "in_flight": 4}))
+    assert "no frame yet" not in asked and "waiting for the first answer (4 frames in flight)" in asked
+    assert "no frame yet" in frame_html(snap({"frames_in": 0, "submitted": 0, "in_flight": 0}))
