@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     with _engine(args, max(4, inflight * len(opened) * len(tasks))) as engine:
         check_constraints(engine, tasks)  # before any frame is asked
         # warm-up: the first step pays one-time costs a live stream should not see
-        engine.submit(warm, params=params, **tasks[0]).result(timeout=120)
+        # As long as the engine makes progress: a fixed 120 s had ended a slow model's run (a 720p
+        # frame is 9 crops: Moondream 2 in fp32 on a CPU without bf16 takes minutes) with a traceback.
+        engine.submit(warm, params=params, **tasks[0]).wait()
         live_run.start(opened, recordings)
         t0 = start_clock(opened, args.duration)
         feeds = _feeds(args, engine, tasks, params, inflight, opened, live_run)

@@ -371,6 +371,24 @@ def test_live_cli_waits_for_its_frames_in_flight_and_counts_them(small_folder, t
     assert stats["kv_pages_in_use_after"] == 0
 
 
+def test_a_warm_up_slower_than_any_fixed_limit_still_starts_the_run(small_folder, capsys, monkeypatch):
+    """The warm-up's request had a fixed 120 s (Moondream 2 in fp32 on a CPU, a 720p frame of 9
+    crops, takes longer): the run ended in a TimeoutError traceback before its first frame. Here
+    the clock of every wait on a request is sped up 1000x (120 s: 0.12 s) and each step takes 0.1 s."""
+    from app.cli import main
+    from engine.batch import Batch
+    from engine.request import RequestHandle
+
+    commit, result = Batch.commit, RequestHandle.result
+    monkeypatch.setattr(Batch, "commit", lambda self, record: (time.sleep(0.1), commit(self, record))[1])
+    monkeypatch.setattr(RequestHandle, "result",
+                        lambda self, timeout=None: result(self, None if timeout is None else timeout / 1000))
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    assert main(["live", str(sample), "--model", str(small_folder), "--duration", "0.2", "--max-tokens", "4",
+                 "--no-draft", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["completed"] >= 1
+
+
 def test_a_sigterm_lost_during_the_end_of_run_wait_still_stops_the_run(small_folder, capsys, monkeypatch):
     """The end of a run waits for its frames in flight as long as they take. A SIGTERM whose
     KeyboardInterrupt was lost (raised inside a finalizer: Python reports and ignores it) had left
