@@ -168,3 +168,20 @@ def test_a_runs_window_starts_after_the_vision_thread_has_encoded_its_images(sma
         for depth in (2, 1):
             run = _run(engine, depth, _images(1, (120, 160)), 4)
             assert run["wall_s"] < 0.3 and run["ttft_ms_p50"] < 300
+
+
+def test_the_frame_rate_of_a_model_slower_than_any_fixed_limit_is_measured(small_folder, monkeypatch):
+    """Each frame's wait had a fixed 600 s: a slow model (Moondream 2 in fp32 on a CPU, 8 frames a
+    batch) ended the run in a TimeoutError. Here every wait on a request runs 1000x fast (600 s:
+    0.6 s) and each engine step takes 0.1 s: a frame's answer takes more steps than that."""
+    from engine import Engine, EngineConfig
+    from engine.batch import Batch
+    from engine.bench import frame_rate
+    from engine.request import RequestHandle
+
+    commit, result = Batch.commit, RequestHandle.result
+    monkeypatch.setattr(Batch, "commit", lambda self, record: (time.sleep(0.1), commit(self, record))[1])
+    monkeypatch.setattr(RequestHandle, "result",
+                        lambda self, timeout=None: result(self, None if timeout is None else timeout / 1000))
+    with Engine(EngineConfig(model=str(small_folder))) as engine:
+        assert frame_rate(engine, 4, (120, 160), inflight=4)["frames"] == 4
