@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 CONCURRENT_FILES = 4  # files captioned side by side, sharing the engine
 DOUBLE_SIGNAL_S = 1.0  # a second interrupt this soon after the first is the same one
+# After a Ctrl-C, the frames under way finish first (Moondream 2 on a CPU: a step of 5-30 s): a
+# wait longer than this is said, else the run looked hung and a second Ctrl-C lost them.
+STOP_NOTICE_S = 2.0
 
 
 class VideoRun:
@@ -87,6 +90,8 @@ class VideoRun:
 
         self.engine = engine
         paths, summaries = self.checked.paths, []
+        notice = threading.Timer(STOP_NOTICE_S, _say_stopping)
+        notice.daemon = True
         with ThreadPoolExecutor(max_workers=min(CONCURRENT_FILES, len(paths))) as pool:
             futures = [pool.submit(self.process, i, path) for i, (path, _, _) in enumerate(paths)]
             try:
@@ -99,6 +104,7 @@ class VideoRun:
             except KeyboardInterrupt:  # Ctrl-C: the workers stop at their next frame
                 self.interrupted, first = True, time.perf_counter()
                 self.stop.set()
+                notice.start()
                 while True:
                     try:
                         summaries += [f.result() for f in futures if not f.cancelled()]
@@ -113,6 +119,7 @@ class VideoRun:
                 # escaped it, and the pool's exit then waited for workers never told to stop (every
                 # file captioned to its end, then exit 130 without a summary).
                 self.stop.set()
+                notice.cancel()
         return summaries
 
     def close(self) -> None:
@@ -266,3 +273,13 @@ class _FileProgress:
                 if run.counts[self.path] and run.overall.total is not None:  # what it held, not what it announced
                     run.overall.total += self.summary.frames_decoded - run.counts[self.path]
                 run.overall.set_postfix(files_done=run.files_done)
+
+
+def _say_stopping() -> None:
+    from tqdm import tqdm
+
+    try:  # between the progress bars' redraws; a closed stderr (2>&-) is given up, as elsewhere
+        tqdm.write("vlmstream: stopping: the frames under way finish first (Ctrl-C again to quit now)",
+                   file=sys.stderr)
+    except (OSError, ValueError):
+        pass

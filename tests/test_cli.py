@@ -1599,3 +1599,30 @@ def test_a_signal_given_twice_while_torch_imports_comes_once_after_it(monkeypatc
     assert not launcher._after_torch_import(signal.SIGINT)  # imported: the signal is taken at once
     monkeypatch.delitem(sys.modules, "torch")
     assert not launcher._after_torch_import(signal.SIGINT)  # not yet importing: at once too
+
+
+def test_a_ctrl_c_that_waits_for_slow_frames_says_so(capsys, tmp_path, small_folder, monkeypatch):
+    """Moondream 2 on a CPU: after a Ctrl-C the frames under way took 8-30 s to finish with
+    nothing said, and a user who pressed it again lost them. A wait past STOP_NOTICE_S is said."""
+    import concurrent.futures
+    import time
+
+    from engine.batch import Batch
+
+    waits, wait, commit = [0], concurrent.futures.wait, Batch.commit
+
+    def interrupted_wait(*a, **k):
+        waits[0] += 1
+        if waits[0] == 2:
+            raise KeyboardInterrupt
+        return wait(*a, **k)
+
+    monkeypatch.setattr(concurrent.futures, "wait", interrupted_wait)
+    monkeypatch.setattr(Batch, "commit", lambda self, record: (time.sleep(0.3), commit(self, record))[1])
+    monkeypatch.setattr("app.video_run.STOP_NOTICE_S", 0.0)  # said at once, whatever the machine's load
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    assert main(["video", str(clip), "--every-n", "30", "--max-tokens", "4", "--model", str(small_folder),
+                 "-o", str(tmp_path / "o.jsonl")]) == 130
+    err = capsys.readouterr().err
+    assert "vlmstream: stopping: the frames under way finish first (Ctrl-C again to quit now)\n" in err, err
+    assert "(interrupted)" in err.strip().splitlines()[-1]
