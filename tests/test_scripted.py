@@ -177,6 +177,22 @@ def test_warm_up_runs_on_a_scratch_cache_once(monkeypatch, small_folder):
     assert len(calls) == 6  # once per process and model shape
 
 
+def test_the_warm_up_encodes_its_scratch_crops_with_one_encoder_layer(monkeypatch, small_folder):
+    """The warm-up ran the whole vision encoder on 15 scratch crops: 22 s of a Moondream 2 load on
+    two CPU cores. One layer profiles the loop's body; the first real encoding is no slower."""
+    real, layers = scripted.scripted(), []
+
+    def spy(fn, at):
+        return lambda *a: layers.append(a[at]) or fn(*a)
+
+    monkeypatch.setattr(scripted, "_WARM", set())
+    monkeypatch.setattr(scripted, "_SCRIPTED", scripted.Scripted(real.step, spy(real.vision, 2), spy(real.prefix, 4)))
+    loaded = load_model(small_folder)
+    assert loaded.model.vision.cfg.enc_n_layers > 1
+    Runner(loaded, n_pages=8, page_size=16, max_batch=4, executor=None, script=True)
+    assert layers == [1] * 6
+
+
 @pytest.mark.parametrize("model", ["tiny", "small", "gqa"])
 def test_a_whole_step_in_one_call_matches_the_separate_eager_forwards(model, small_folder, gqa_folder):
     """Image prefixes, the prompts on them (whose first page copies the prefix's partial last
