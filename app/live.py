@@ -25,7 +25,7 @@ from app.cli import UsageError, check_changes_args, reading_arg, realtime_dtype,
 from app.launcher import stop_requested
 from app.parser import MAX_TOKENS_FRAMES
 from app.prompt_args import check_constraints, or_default, prompt_tasks
-from app.outputs import check_not_inputs, check_writable, folder_arg
+from app.outputs import check_not_busy, check_not_inputs, check_writable, folder_arg
 
 if TYPE_CHECKING:
     from engine import Engine, EngineConfig
@@ -133,6 +133,9 @@ def _opened(args: argparse.Namespace) -> tuple[list, list[str], list[Path] | Non
     recordings = _recording_paths(args.annotate, args.sources, labels)
     check_not_inputs([*([Path(args.output)] if args.output not in (None, "-") else []), *(recordings or [])],
                      args.sources)
+    # Said now, as a busy log is: the recorder opens its file at the first frame, so a second run
+    # into the same --annotate loaded the model and logged and saved snapshots before it failed (exit 1).
+    check_not_busy(recordings or [])
     return opened, labels, recordings
 
 

@@ -76,6 +76,22 @@ def test_live_recording_mistakes_and_a_full_disk(tmp_path, capsys, monkeypatch):
     assert log.read_text().count("\n") >= 1  # the run stopped soon, its captions kept
 
 
+def test_a_recording_another_run_writes_is_refused_before_the_run(tmp_path, capsys):
+    """As a busy log is: the second run had loaded the model, logged and saved snapshots, then
+    failed at its first frame (exit 1), which a supervisor restarts for ever."""
+    import fcntl
+
+    rec, log, shots = tmp_path / "rec.mp4", tmp_path / "log.jsonl", tmp_path / "shots"
+    with open(rec, "ab") as other:  # another `live` recording there now
+        fcntl.flock(other, fcntl.LOCK_EX)
+        assert main(["live", str(CLIP), "--duration", "3", "--annotate", str(rec), "-o", str(log),
+                     "--changes", "--snapshots", str(shots)]) == 2
+    assert capsys.readouterr().err == (f"vlmstream: error: {rec} is being written by another vlmstream run: "
+                                       "wait for it to end, or write elsewhere\n")
+    assert not log.exists() or log.read_text() == ""  # nothing ran
+    assert not shots.exists() or not any(shots.iterdir())
+
+
 def test_a_full_disk_ends_a_recording_with_its_error_not_the_process(tmp_path):
     """On a real full disk (/dev/full) the MP4 writer's close muxed again after the failed write
     and the process died (SIGSEGV), the web UI with every viewer's feed; PyAV also kept the
