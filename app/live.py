@@ -201,6 +201,7 @@ def _watch(args: argparse.Namespace, feeds: list[LiveFeed], live_run: LiveRun, t
         # (With a second source beside it, a camera gone for good ended the run with 0.)
         gave_up = (not any(f.running for f in feeds) and any(isinstance(f.exception, SourceError) for f in feeds)
                    or any(isinstance(f.exception, SourceError) and f.session.frames_in for f in feeds))
+        live_run.ended_early(feeds)  # before close_feeds stops the others
         interrupted = live_run.close_feeds(feeds, cancel=interrupted) or interrupted
     return interrupted, gave_up
 

@@ -66,6 +66,14 @@ class LiveRun:
                                          self.failed_said):
             self.say(f"{label}: {error}")
 
+    def ended_early(self, feeds: list) -> None:
+        """The recording of each source that ended on its own (a file played once, a camera given
+        up) ends with its last answer, not with the run: a 2 s clip beside a 6 s one was recorded
+        6 s long, its last frame frozen for the rest (a camera gone for good: for hours)."""
+        for feed, label in zip(feeds, self.labels):
+            if not feed.running and label in self.recorders:
+                self.recorders[label].hold_to_close = False  # frames still in flight lengthen it
+
     @property
     def stopped(self) -> bool:
         """A write failed (the log, a snapshot, standard output, a recording): the run stops."""

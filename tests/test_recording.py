@@ -52,6 +52,34 @@ def test_live_recordings_of_several_sources_go_to_a_folder(tmp_path, capsys):
         assert len(_decoded(Path(s["recording"]["path"]))[0]) == s["recording"]["frames"] > 0
 
 
+def _first_seconds(path: Path, seconds: float) -> Path:
+    """The clip's first seconds, as a file of their own."""
+    with av.open(str(CLIP)) as src, av.open(str(path), "w") as out:
+        s = out.add_stream("libx264", rate=30)
+        s.width, s.height, s.pix_fmt = 640, 360, "yuv420p"
+        for f in src.decode(video=0):
+            if f.time >= seconds:
+                break
+            for p in s.encode(f.reformat(format="yuv420p")):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return path
+
+
+def test_the_recording_of_a_source_that_ended_before_the_run_ends_with_it(tmp_path, capsys):
+    """Its last frame had been held to the run's end: a 1 s clip beside a 3 s one was recorded
+    3 s long, two of them one frozen frame (a camera given up: hours of it)."""
+    short, long = _first_seconds(tmp_path / "short.mp4", 1), _first_seconds(tmp_path / "long.mp4", 3)
+    out = tmp_path / "recordings"
+    assert main(["live", str(short), str(long), "--annotate", f"{out}/", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["sources"]
+    with av.open(stats[str(short)]["recording"]["path"]) as c:
+        assert float(c.duration / av.time_base) < 1.5
+    with av.open(stats[str(long)]["recording"]["path"]) as c:  # one that played to the end: as long as it
+        assert float(c.duration / av.time_base) > 2.5
+
+
 def test_live_recording_mistakes_and_a_full_disk(tmp_path, capsys, monkeypatch):
     for args, message in [(["--annotate", str(tmp_path / "rec.avi")], "--annotate must end in .mp4"),
                           ([str(tmp_path / "x.mp4"), "--annotate", str(tmp_path / "rec.mp4")], None),
