@@ -136,6 +136,11 @@ def _opened(args: argparse.Namespace) -> tuple[list, list[str], list[Path] | Non
     # Said now, as a busy log is: the recorder opens its file at the first frame, so a second run
     # into the same --annotate loaded the model and logged and saved snapshots before it failed (exit 1).
     check_not_busy(recordings or [])
+    if recordings and folder_arg(args.annotate) is None and recordings[0].is_file() and recordings[0].stat().st_size:
+        # A restarted camera job continues its -o log, but started its OUT.mp4 afresh: the earlier
+        # run's recording was lost without a word (FOLDER/ names each run's file by its start).
+        print(f"vlmstream: warning: {recordings[0]} exists and is replaced by this run's recording "
+              "(--annotate FOLDER/ keeps each run's)", file=sys.stderr)
     return opened, labels, recordings
 
 

@@ -104,6 +104,17 @@ def test_live_recording_mistakes_and_a_full_disk(tmp_path, capsys, monkeypatch):
     assert log.read_text().count("\n") >= 1  # the run stopped soon, its captions kept
 
 
+def test_a_recording_that_replaces_an_earlier_one_says_so(tmp_path, capsys):
+    """A restarted camera job continues its -o log, and its --annotate OUT.mp4 started afresh
+    without a word: the earlier run's recording was lost unsaid."""
+    rec = tmp_path / "rec.mp4"
+    assert main(["live", str(CLIP), "--duration", "1", "--annotate", str(rec)]) == 0
+    assert "warning" not in capsys.readouterr().err  # a new file: nothing to say
+    assert main(["live", str(CLIP), "--duration", "1", "--annotate", str(rec)]) == 0
+    assert (f"vlmstream: warning: {rec} exists and is replaced by this run's recording "
+            "(--annotate FOLDER/ keeps each run's)\n") in capsys.readouterr().err
+
+
 def test_a_recording_another_run_writes_is_refused_before_the_run(tmp_path, capsys):
     """As a busy log is: the second run had loaded the model, logged and saved snapshots, then
     failed at its first frame (exit 1), which a supervisor restarts for ever."""
