@@ -216,12 +216,10 @@ def save_change_frame(folder: Path, source: str, frame) -> Path:
     order), the source's `file_names` name (with several) and the frame's index."""
     from datetime import datetime, timezone
 
-    from PIL import Image
+    from pipelines.sinks import save_jpeg
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
-    path = folder / f"{stamp}{'_' + source if source else ''}_{frame.index}.jpg"
-    Image.fromarray(frame.rgb).save(path, quality=90)
-    return path
+    return save_jpeg(folder / f"{stamp}{'_' + source if source else ''}_{frame.index}.jpg", frame.rgb)
 
 
 def file_names(sources: list[str], labels: list[str]) -> list[str]:

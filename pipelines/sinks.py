@@ -310,11 +310,20 @@ def save_snapshot(folder: Path, source: str, index: int, rgb: np.ndarray) -> Pat
     other scripts, before) had written one file, each line naming the other's picture."""
     import hashlib
 
-    from PIL import Image
-
     label = file_label(source, 80) or "video"
     if label != source:
         label += "_" + hashlib.sha1(source.encode("utf-8", "surrogateescape")).hexdigest()[:6]
-    path = folder / f"{label}_{index:07d}.jpg"
-    Image.fromarray(np.ascontiguousarray(rgb)).save(path, quality=90)
+    return save_jpeg(folder / f"{label}_{index:07d}.jpg", rgb)
+
+
+def save_jpeg(path: Path, rgb: np.ndarray) -> Path:
+    """A change's picture. One the disk had no room for is removed: a cut-off JPEG (its lower
+    half grey) was left among the pictures, named as one, though its line said no snapshot."""
+    from PIL import Image
+
+    try:
+        Image.fromarray(np.ascontiguousarray(rgb)).save(path, quality=90)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
     return path

@@ -172,6 +172,27 @@ def test_a_snapshot_that_cannot_be_written_stops_the_run_but_keeps_the_change(tm
     assert len(rows) == 1 and rows[0]["snapshot"] is None and rows[0]["previous"] is None
 
 
+def test_a_snapshot_the_disk_had_no_room_for_leaves_no_cut_off_picture(tmp_path, capsys, monkeypatch):
+    """A JPEG cut off by a full disk was left among the pictures, named as one (its lower half
+    grey), though its line said `"snapshot": null`; `video --changes` left one too."""
+    from pipelines.sinks import save_snapshot
+
+    def disk_full_midway(self, fp, *args, **kwargs):
+        Path(fp).write_bytes(b"\xff\xd8\xff\xe0" + bytes(4096))  # what fitted
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Image.Image, "save", disk_full_midway)
+    shots, log = tmp_path / "shots", tmp_path / "events.jsonl"
+    assert main(["live", str(CLIP), "--duration", "20", "--question", "How many shapes are there?", "--changes",
+                 "--snapshots", str(shots), "-o", str(log)]) == 1
+    assert f"cannot write a snapshot in {shots}: No space left on device" in capsys.readouterr().err
+    assert [json.loads(line)["snapshot"] for line in log.read_text().splitlines()] == [None]
+    assert list(shots.iterdir()) == []
+    with pytest.raises(OSError, match="No space left"):
+        save_snapshot(shots, str(CLIP), 7, np.zeros((8, 8, 3), np.uint8))
+    assert list(shots.iterdir()) == []
+
+
 def expected_changes(rows: list[dict], hold: int) -> list[tuple]:
     """What `video --changes --hold N` should keep of a full run's lines: written here afresh from
     the definition (per source and prompt, N lines in a row naming the same things in any order,
