@@ -36,10 +36,19 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
         yield got
         return
     previous = signal.signal(signal.SIGTERM, handler)
+    # A hangup (the terminal closed, an ssh session dropped) killed the process as it stood: a
+    # live recording's last second and the run's summary lost. It ends the run as SIGTERM does,
+    # unless ignored (nohup), as it stays.
+    hangup = getattr(signal, "SIGHUP", None)
+    previous_hup = signal.getsignal(hangup) if hangup is not None else None
+    if previous_hup is signal.SIG_DFL:
+        signal.signal(hangup, handler)
     try:
         yield got
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_hup is signal.SIG_DFL:
+            signal.signal(hangup, previous_hup)
         if got:
             _requested.clear()  # answered: the block is over
         _interrupts.clear()
@@ -103,8 +112,9 @@ def stop_requested(ctrl_c: bool = False) -> bool:
 
 
 def stopped_code(term: list[int]) -> int:
-    """The exit code of a run stopped by Ctrl-C (130) or SIGTERM (143), as shells report them."""
-    return 128 + (signal.SIGTERM if term else signal.SIGINT)
+    """The exit code of a run stopped by Ctrl-C (130), SIGTERM (143) or SIGHUP (129), as shells
+    report them."""
+    return 128 + (term[0] if term else signal.SIGINT)
 
 
 def entry() -> None:
@@ -122,6 +132,8 @@ def entry() -> None:
     # KeyboardInterrupt traceback from an atexit callback and exited 0.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sys.exit(code)
 
 
