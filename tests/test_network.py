@@ -972,7 +972,7 @@ def test_a_server_that_hangs_up_at_once_is_retried_with_backoff_then_given_up(mo
     against the server, and a run that neither read nor failed)."""
     from types import SimpleNamespace
 
-    stream = SimpleNamespace(codec_context=SimpleNamespace(sample_aspect_ratio=None), disposition=0)
+    stream = SimpleNamespace(codec_context=SimpleNamespace(sample_aspect_ratio=None), disposition=0, metadata={})
 
     class HungUp:
         duration = None
@@ -1642,7 +1642,8 @@ def test_network_streams_are_opened_with_their_transport_options(monkeypatch):
     # live stream has 20 frames decoded to guess a frame rate nothing uses (fpsprobesize)
     assert asked["rtsp"] == {"rtsp_flags": "prefer_tcp", "analyzeduration": "500000", "fpsprobesize": "0"}
     assert asked["udp"] == {"fifo_size": "1000000", "overrun_nonfatal": "1", "fpsprobesize": "0"}
-    assert asked["http"] == {}  # a recording's frame rate may time its frames
+    # a recording's frame rate may time its frames; a live HLS playlist is joined 2 segments from its end
+    assert asked["http"] == {"live_start_index": "-2"}
 
 
 def test_a_source_that_may_not_reconnect_fails_at_its_first_try_and_a_busy_server_is_asked_again(monkeypatch):

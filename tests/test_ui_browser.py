@@ -724,7 +724,9 @@ def test_video_tab_cancel_stops_a_job_and_keeps_its_downloads(server):
         _video_job_under_way(page)  # a frame done: a fixed 3 s wait assumed the job had begun by then
         page.click("#vs-video-cancel")
         page.wait_for_selector("#vs-video-note:has-text('cancelled')", timeout=60_000)
-        done = int(page.inner_text("#vs-video-note").split()[0])
+        note = page.inner_text("#vs-video-note")
+        assert note.startswith("cuts_640x360_30fps.mp4: ")  # the note names its file
+        done = int(note.split(": ", 1)[1].split()[0])
         assert 0 < done < 480
         links = page.locator("a[download]")
         names = {links.nth(i).get_attribute("download") or links.nth(i).inner_text() for i in range(links.count())}
