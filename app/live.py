@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     # frames a second one frame each did, at 3-4x the latency (BENCHMARKS.md).
     inflight = args.max_inflight or max(1, DEFAULT_MAX_INFLIGHT // len(opened))
     params = SamplingParams(max_tokens=or_default(args.max_tokens, MAX_TOKENS_FRAMES), sticky=sticky)
-    live_run = LiveRun(args, labels, log, snapshots, model_id(args.model))
+    live_run = LiveRun(args, labels, log, snapshots, model_id(args.model),
+                       frozenset(i for i, t in enumerate(tasks) if "constraint" in t))
     with _engine(args, max(4, inflight * len(opened) * len(tasks))) as engine:
         check_constraints(engine, tasks)  # before any frame is asked
         # warm-up: the first step pays one-time costs a live stream should not see

@@ -35,8 +35,9 @@ class LiveRun:
     (None, standard output or an open file: app.live.open_log)."""
 
     def __init__(self, args: argparse.Namespace, labels: list[str], log, snapshots: Path | None,
-                 model: str) -> None:
+                 model: str, in_order: frozenset[int] = frozenset()) -> None:
         self.args, self.labels, self.log, self.snapshots, self.model = args, labels, log, snapshots, model
+        self.in_order = in_order  # the constrained prompts' indices: --changes keeps their answers' order
         self.several = len(labels) > 1
         self.width = max(map(len, labels))  # the terminal's lines keep their columns whatever source they name
         self.write_error: list[tuple[str, OSError]] = []  # (what, error): the run stops
@@ -90,7 +91,7 @@ class LiveRun:
             if self.changes is None:
                 lines = r.text.splitlines() or [""]  # one line per prompt
             else:
-                new = self.changes[label].update(r)
+                new = self.changes[label].update(r, self.in_order)
                 if not new:
                     return
                 if snapshots is not None and not write_error:

@@ -26,7 +26,7 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
     from engine.errors import EngineClosedError
     from pipelines.batch import BatchSummary, Sampling, caption_file
     from pipelines.changes import AnswerChanges, ChangedAnswersSink
-    from pipelines.prompts import prompt_key, prompt_label
+    from pipelines.prompts import constrained, prompt_key, prompt_label
     from pipelines.annotated import AnnotatedVideoSink
     from pipelines.sinks import JsonlSink, SubtitleSink, close_all
     from pipelines.sources import FileSource
@@ -42,7 +42,8 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
              "vtt": out_dir / "captions.vtt", "mp4": out_dir / "annotated.mp4"}
     paths["jsonl"].unlink(missing_ok=True)
     jsonl = JsonlSink(paths["jsonl"])
-    sinks = [ChangedAnswersSink(jsonl) if changes else jsonl, SubtitleSink(paths["srt"], "srt", duration),
+    in_order = constrained(task if isinstance(task, list) else [task])  # --changes keeps their answers' order
+    sinks = [ChangedAnswersSink(jsonl, in_order=in_order) if changes else jsonl, SubtitleSink(paths["srt"], "srt", duration),
              SubtitleSink(paths["vtt"], "vtt", duration),
              AnnotatedVideoSink(paths["mp4"], first.rgb.shape[1], first.rgb.shape[0], frame_duration=duration)]
     rows: list[dict] = []
@@ -56,7 +57,7 @@ def run_video_job(engine, params, path: str, task: dict | list[dict], out_dir: P
         if tracker is None:
             rows.append({"index": r.index, "pts": r.pts, "text": asked + r.text.strip(),
                          "ms": round(r.timings_ms.get("total", 0.0), 1)})
-        elif (c := tracker.observe(prompt_key(r.prompt), r.text, r.pts)) is not None:
+        elif (c := tracker.observe(key := prompt_key(r.prompt), r.text, r.pts, in_order=key in in_order)) is not None:
             was = "" if c.previous is None else f"  (was: {c.previous})"
             rows.append({"index": r.index, "pts": r.pts, "text": asked + c.text + was,
                          "ms": round(r.timings_ms.get("total", 0.0), 1)})

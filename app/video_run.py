@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from app.launcher import stop_requested
 from app.outputs import Rebuilds
 from app.video_args import VideoArgs
-from pipelines.prompts import prompt_key, prompt_label
+from pipelines.prompts import constrained, prompt_key, prompt_label
 
 if TYPE_CHECKING:
     from pipelines.batch import BatchSummary
@@ -71,7 +71,7 @@ class VideoRun:
 
         if not self.args.changes:
             return sink
-        filtered = ChangedAnswersSink(sink, self.args.hold or 1, self.checked.snapshots)
+        filtered = ChangedAnswersSink(sink, self.args.hold or 1, self.checked.snapshots, constrained(self.checked.tasks))
         self.trackers.append(filtered.changes)
         return filtered
 
@@ -255,7 +255,8 @@ class _FileProgress:
                 asked = "" if c.one_prompt else f"{prompt_label(r.prompt)}: "
                 pts, text, was = r.pts, r.text.strip(), ""
                 if self.changed is not None:
-                    ch = self.changed.observe(prompt_key(r.prompt), r.text, r.pts)
+                    key = prompt_key(r.prompt)
+                    ch = self.changed.observe(key, r.text, r.pts, in_order=key in constrained(c.tasks))
                     if ch is None:
                         return
                     pts, was = ch.since_pts, "" if ch.previous is None else f"  (was: {ch.previous})"

@@ -7,7 +7,8 @@ the frames processed), so one misread frame does not make two events; it then da
 first of those frames. The first answer is a change from nothing (`previous` None). An answer
 that only names the same things in another order (or in another case, or with other end
 punctuation) is the same answer (`answer_key`): a caption that lists three objects in a new order
-is not an event, one that gives two of them each other's colours is.
+is not an event, one that gives two of them each other's colours is. A constrained answer (a
+regex, a JSON schema: a format the user chose) keeps its order: `1,2` then `2,1` is a change.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Hashable
+from typing import Collection, Hashable
 
 import numpy as np
 
@@ -28,17 +29,19 @@ from .sinks import FrameResult, JsonlSink, save_snapshot
 _PARTS = re.compile(r"[,;]|\band\b")
 
 
-def answer_key(text: str) -> tuple[tuple[str, ...], ...]:
+def answer_key(text: str, in_order: bool = False) -> tuple[tuple[str, ...], ...]:
     """What two answers must share to be the same: per line (one per prompt, when a frame has
     several), the parts between commas, semicolons and "and", lower-cased, their spacing and end
     punctuation normalised, in any order ("black and white" is "white and black"). Conservative:
     any change inside a part still differs, so swapped colours ("a red star and a blue square"
     against "a blue star and a red square") are a change. On the cuts sample, 5 of the 20
-    caption changes `video --changes` reported before were reorders."""
+    caption changes `video --changes` reported before were reorders. `in_order`: the parts in
+    the order they come (a constrained answer's)."""
     lines = []
     for line in text.lower().splitlines() or [""]:
         parts = (" ".join(p.split()).strip(" .!?'\"") for p in _PARTS.split(line))
-        lines.append(tuple(sorted(p for p in parts if p)))
+        kept = [p for p in parts if p]
+        lines.append(tuple(kept if in_order else sorted(kept)))
     return tuple(lines)
 
 
@@ -66,14 +69,16 @@ class AnswerChanges:
         self._pending: dict[Hashable, tuple[tuple, float, int, object]] = {}
         self.count = 0
 
-    def observe(self, key: Hashable, text: str, pts: float, keep: object = None) -> Change | None:
+    def observe(self, key: Hashable, text: str, pts: float, keep: object = None,
+                in_order: bool = False) -> Change | None:
         """The next answer for `key` (a prompt), from the frame at `pts`; the change it makes, if any
         (with this frame's wording of the new answer). `keep` (a frame, its picture) comes back as
         the change's `since_kept` if this frame is the first of it: the frame the answer began on,
-        `hold - 1` frames before the one that makes it a change."""
+        `hold - 1` frames before the one that makes it a change. `in_order`: a constrained
+        answer, compared in its order (`answer_key`)."""
         text = text.strip()
         current = self._current.get(key)
-        same = current[2] if current is not None and current[0] == text else answer_key(text)  # mostly a repeat
+        same = current[2] if current is not None and current[0] == text else answer_key(text, in_order)  # mostly a repeat
         if current is not None and current[2] == same:
             self._pending.pop(key, None)  # a flicker that did not hold
             return None
@@ -87,10 +92,12 @@ class AnswerChanges:
         self.count += 1
         return Change(key, text, current[0] if current else None, first, current[1] if current else None, kept)
 
-    def update(self, result: LiveResult) -> list[Change]:
+    def update(self, result: LiveResult, in_order: Collection[int] = ()) -> list[Change]:
         """A live frame's answers, in prompt order: the changes they make (keyed by prompt index),
-        each keeping the frame it began on (`since_kept`)."""
-        changes = [self.observe(i, out.text, result.frame.pts, result.frame) for i, out in enumerate(result.outputs)]
+        each keeping the frame it began on (`since_kept`). `in_order`: the indices of the
+        constrained prompts."""
+        changes = [self.observe(i, out.text, result.frame.pts, result.frame, i in in_order)
+                   for i, out in enumerate(result.outputs)]
         return [c for c in changes if c is not None]
 
     @staticmethod
@@ -110,8 +117,10 @@ class ChangedAnswersSink:
 
     holds_done = True  # never given a resumed run's answers: --changes does not resume
 
-    def __init__(self, sink: JsonlSink, hold: int = 1, snapshots: Path | None = None):
+    def __init__(self, sink: JsonlSink, hold: int = 1, snapshots: Path | None = None,
+                 in_order: Collection[tuple] = ()):
         self.sink, self.changes, self.snapshots = sink, AnswerChanges(hold), snapshots
+        self.in_order = in_order  # the prompt keys of the constrained prompts (`constrained`)
         self.needs_rgb = snapshots is not None
         self._lock = threading.Lock()
 
@@ -119,7 +128,8 @@ class ChangedAnswersSink:
         with self._lock:  # one file's frames arrive in order; the lock keeps each file's in order
             records, shots = [], {}
             for r in results:
-                c = self.changes.observe((r.source, prompt_key(r.prompt)), r.text, r.pts, (r.index, rgb))
+                key = prompt_key(r.prompt)
+                c = self.changes.observe((r.source, key), r.text, r.pts, (r.index, rgb), key in self.in_order)
                 if c is None:
                     continue
                 records.append({**r.to_dict(), "previous": c.previous, "since": round(c.since_pts, 6)})

@@ -65,12 +65,13 @@ class LogLine:
     frames: int = 1
 
 
-def extend_log(log: deque[LogLine], wall: float, pts: float, index: int, text: str, end_to_end_ms: float) -> bool:
+def extend_log(log: deque[LogLine], wall: float, pts: float, index: int, text: str, end_to_end_ms: float,
+               in_order: bool = False) -> bool:
     """Add a result to the log: the newest run grows if the answers are the same (`answer_key`:
-    the same things named, in any order; the line takes the newest wording, as the caption shown
-    does), else a run starts (True)."""
+    the same things named, in any order, or in theirs where `in_order`; the line takes the newest
+    wording, as the caption shown does), else a run starts (True)."""
     last = log[-1] if log else None
-    if last is not None and (last.text == text or answer_key(last.text) == answer_key(text)):
+    if last is not None and (last.text == text or answer_key(last.text, in_order) == answer_key(text, in_order)):
         log[-1] = LogLine(wall, pts, index, text, end_to_end_ms, last.first_wall, last.first_pts, last.frames + 1)
         return False
     log.append(LogLine(wall, pts, index, text, end_to_end_ms, wall, pts))
@@ -159,6 +160,8 @@ class LiveFeed:
             self._model = {}
         self._shots: deque[Shot] = deque(maxlen=shots)
         self._changes = AnswerChanges(hold)
+        # A constrained answer keeps its order in the log's runs and the changes (`answer_key`)
+        self._in_order = any(isinstance(t, dict) and "constraint" in t for t in (task if isinstance(task, list) else [task]))
         self._run_start: LiveResult | None = None  # the first frame of the log's newest run
         self._latency: deque[LatencyPoint] = deque()
         self.error: str | None = None  # one line for a page; `exception` is what was raised
@@ -251,11 +254,11 @@ class LiveFeed:
         now = time.time()
         with self._lock:
             self._latest = r
-            if extend_log(self._log, now, r.frame.pts, r.frame.index, r.text, r.end_to_end_ms):
+            if extend_log(self._log, now, r.frame.pts, r.frame.index, r.text, r.end_to_end_ms, self._in_order):
                 self._run_start = r
             # A change that holds dates from the first of its frames, which began the log's newest
             # run (both follow answer_key, frame by frame).
-            if self._shots.maxlen and self._changes.observe(0, r.text, r.frame.pts) is not None:
+            if self._shots.maxlen and self._changes.observe(0, r.text, r.frame.pts, in_order=self._in_order) is not None:
                 first = self._run_start.frame  # encoded once per change for every viewer: ~2 ms at
                 # 640x360, ~19 at 1080p, under the lock so that a snapshot's log and pictures agree
                 self._shots.append(Shot(self._changes.count, now, first.pts, first.index, self._run_start.text,

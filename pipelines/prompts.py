@@ -27,6 +27,12 @@ def prompt_key(prompt: dict[str, str]) -> tuple:
     return tuple(prompt.get(k) for k in PROMPT_KEYS)
 
 
+def constrained(tasks: list[dict]) -> frozenset[tuple]:
+    """The prompt keys of the prompts whose answers are constrained: `--changes` compares their
+    answers in their order (the format is the user's), not as a caption's list of things."""
+    return frozenset(prompt_key(prompt_of(t)) for t in tasks if "constraint" in t)
+
+
 def prompt_label(prompt: dict[str, str]) -> str:
     return prompt.get("question") or f"{prompt.get('caption', 'short')} caption"
 

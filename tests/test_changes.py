@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,69 @@ def test_the_same_things_named_in_another_order_are_no_change():
     assert [(i, p, t, prev, since) for i, p, t, prev, since, _ in held] == [
         (1, 0, "a dog and a cat", None, 0.0), (1, 1, "x", None, 0.0),
         (3, 0, "a bird and a dog", "a dog and a cat", 0.2)]
+
+
+def test_a_constrained_answers_order_is_its_own():
+    """A constrained answer's format is the user's (`--regex '[0-9]+,[0-9]+'`, a JSON list): `1,2`
+    then `2,1` is a change, where a caption naming the same things in another order is none."""
+    from pipelines.changes import ChangedAnswersSink
+    from pipelines.feed import extend_log
+    from pipelines.sinks import FrameResult
+
+    answers = [("a cat and a dog", "1,2"), ("a dog and a cat", "2,1"), ("a dog and a cat", "2, 1.")]
+    tracker = AnswerChanges()
+    got = [(r.frame.index, c.prompt, c.text) for r in results(answers) for c in tracker.update(r, in_order={1})]
+    assert got == [(0, 0, "a cat and a dog"), (0, 1, "1,2"), (1, 1, "2,1")]  # spacing and end punctuation aside
+    plain = AnswerChanges()
+    assert [c.prompt for r in results(answers) for c in plain.update(r)] == [0, 1]  # as captions
+
+    class Lines:
+        def __init__(self):
+            self.rows = []
+
+        def write_records(self, records):
+            self.rows += records
+
+    lines = Lines()
+    sink = ChangedAnswersSink(lines, in_order={(None, "Q")})  # video --changes: the constrained prompts' keys
+    for i, text in enumerate(["1,2", "2,1", "2,1"]):
+        sink.write_frame([FrameResult("clip.mp4", i, i / 10, text, [], "stop", {}, {"question": "Q"})])
+    assert [r["text"] for r in lines.rows] == ["1,2", "2,1"]
+    log: deque = deque()  # the web UI's log: a run of the same answers
+    assert [extend_log(log, 0.0, i, i, t, 5.0, in_order=True) for i, t in enumerate(["1,2", "2,1"])] == [True, True]
+    log.clear()
+    assert [extend_log(log, 0.0, i, i, t, 5.0) for i, t in enumerate(["1,2", "2,1"])] == [True, False]
+
+
+def test_video_changes_of_a_constrained_caption_keep_its_reorders(tmp_path, capsys):
+    """`video --changes` with a constraint: a reordered answer is an event (the clip's captions
+    name the same shapes in a new order on several frames), end to end."""
+    from pipelines.changes import answer_key
+
+    common = [str(CLIP), "--caption", "short", "--regex", "[a-z ,]+"]
+    full, events = tmp_path / "all.jsonl", tmp_path / "events.jsonl"
+    assert main(["video", *common, "-o", str(full)]) == 0
+    rows = [json.loads(line) for line in full.read_text().splitlines()]
+    exact = [r["index"] for a, r in zip([None, *rows], rows) if a is None or answer_key(a["text"], True)
+             != answer_key(r["text"], True)]
+    reorders = [r["index"] for a, r in zip(rows, rows[1:]) if answer_key(a["text"]) == answer_key(r["text"])
+                and answer_key(a["text"], True) != answer_key(r["text"], True)]
+    assert reorders  # what this test is about: without the constraint, no event
+    assert main(["video", *common, "--changes", "-o", str(events)]) == 0
+    assert [json.loads(line)["index"] for line in events.read_text().splitlines()] == exact
+    capsys.readouterr()
+
+
+def test_live_changes_follow_the_constrained_prompts_in_their_order(tmp_path, capsys, monkeypatch):
+    """`live --changes` tells its trackers which prompts are constrained (here the second)."""
+    asked = []
+    update = AnswerChanges.update
+    monkeypatch.setattr(AnswerChanges, "update", lambda self, r, in_order=(): asked.append(set(in_order))
+                        or update(self, r, in_order))
+    assert main(["live", str(CLIP), "--duration", "1", "--caption", "short", "--question", "How many shapes are there?",
+                 "--regex", "one|two|three|four", "--changes", "-o", str(tmp_path / "events.jsonl")]) == 0
+    assert asked and all(a == {1} for a in asked)
+    capsys.readouterr()
 
 
 def test_an_answers_parts_are_whole_words_and_events_carry_it_trimmed():
