@@ -15,9 +15,15 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+import threading
 
 TIMEOUT_S = 30.0  # a constraint that takes longer to compile is refused
 MEMORY_BYTES = 4 << 30  # the child's address space
+# Children compiling at once in this process; other compiles wait their turn. Every web UI page
+# and API call submits in its own thread (Gradio runs up to 40 at once): 40 slow patterns sent
+# together had been 40 children, each a core and up to MEMORY_BYTES for TIMEOUT_S.
+MAX_CHILDREN = 2
+_turns = threading.BoundedSemaphore(MAX_CHILDREN)
 _REFUSED = 3  # the child's exit status when outlines-core refuses the pattern
 
 _CHILD = f"""
@@ -47,7 +53,13 @@ class CompileError(Exception):
 
 def build(pattern: str, eos_id: int, vocabulary: dict[bytes, list[int]]) -> tuple[int, dict, set]:
     """(initial state, transitions {state: {token: state}}, final states) of outlines-core's
-    Index; CompileError says why there is none (refused, too slow, too big)."""
+    Index; CompileError says why there is none (refused, too slow, too big). At most
+    MAX_CHILDREN compile at once; a compile waits for its turn meanwhile."""
+    with _turns:
+        return _build(pattern, eos_id, vocabulary)
+
+
+def _build(pattern: str, eos_id: int, vocabulary: dict[bytes, list[int]]) -> tuple[int, dict, set]:
     try:
         # -P: the working folder is not on its import path (a pickle.py there had been imported).
         proc = subprocess.Popen([sys.executable, "-P", "-c", _CHILD, str(MEMORY_BYTES)], stdin=subprocess.PIPE,

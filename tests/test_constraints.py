@@ -688,3 +688,45 @@ def test_a_class_that_forbids_a_letter_under_ignorecase_forbids_every_case_pytho
     assert re.fullmatch(pattern, other_case) is None  # as Python reads it
     assert re.fullmatch(for_outlines(pattern), other_case) is None
     assert re.fullmatch(for_outlines(pattern), "abc")
+
+
+def test_compiles_run_at_most_max_children_at_once(monkeypatch):
+    """Each web page or API call submits in its own thread: slow patterns sent together had
+    started a compiler child each (a core and up to 4 GB apiece, for 30 s). Now the others wait."""
+    import pickle
+    import threading
+
+    import engine.index_child as index_child
+
+    lock, release = threading.Lock(), threading.Event()
+    running, peak = [0], [0]
+
+    class Child:
+        returncode = 0
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def communicate(self, input=None, timeout=None):
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            release.wait(30)
+            with lock:
+                running[0] -= 1
+            return pickle.dumps((0, {}, set())), b""
+
+    monkeypatch.setattr(index_child.subprocess, "Popen", Child)
+    done = []
+    threads = [threading.Thread(target=lambda: done.append(index_child.build("a", 0, {b"a": [1]})))
+               for _ in range(6)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 2.0  # all six at once without the limit; never with it
+    while time.monotonic() < deadline and running[0] < len(threads):
+        time.sleep(0.02)
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert len(done) == len(threads)
+    assert peak[0] == 2, f"{peak[0]} compiles at once"  # MAX_CHILDREN
