@@ -157,7 +157,9 @@ class PageEvents:
         """A button's handler: the file `make_file(session, kind)` writes (captions, a recording)."""
         def run(request: gr.Request):
             try:
-                return str(make_file(request.session_hash, kind))
+                path = make_file(request.session_hash, kind)
+                # in Gradio's own folder, among a bounded number: its copy of each stayed a day
+                return str(path if self.demo is None else self.service.jobs.hand_over(path, self.demo.GRADIO_CACHE))
             except UIError as e:
                 raise user_error(str(e)) from None
         return run

@@ -17,10 +17,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from app.errors import UIError
+
 # A video job's outputs stay on disk until this many newer jobs have run (Gradio serves its own
 # copies of them; ours only need to outlive the hand-over), and go when the server stops.
 VIDEO_JOBS_KEPT = 8
 VIDEO_SLOTS = 2  # video jobs run at once; the others wait, each its Cancel working meanwhile
+# Downloads (exports, recordings) handed to the web page that stay served, the oldest removed
+# first. Gradio kept a copy of each for a day: a client that asked for a live export in a loop
+# (each new, its feed captioning meanwhile) filled the server's disk at ~300 KB a call.
+HANDED_KEPT = 32
 
 
 class VideoJobs:
@@ -32,6 +38,7 @@ class VideoJobs:
         self._scratch: Path | None = None
         self._folders: deque[Path] = deque()
         self._writing: set[Path] = set()  # job folders a running video job still writes to
+        self._handed: deque[Path] = deque()  # the downloads handed over, oldest first (`hand_over`)
 
     # ---------------------------------------------------------------- stop flags and turns
     def stop_flag(self, session: str) -> threading.Event:
@@ -101,6 +108,22 @@ class VideoJobs:
                 self._folders.remove(old)
                 shutil.rmtree(old, ignore_errors=True)
             return job
+
+    def hand_over(self, path: Path, served: str | Path) -> Path:
+        """A copy of the download `path` in the folder `served` (Gradio's: a file there is served
+        as it is, not copied again for a day); the HANDED_KEPT newest copies stay, older ones go."""
+        copy = Path(served) / f"download-{secrets.token_hex(16)}" / path.name
+        try:
+            copy.parent.mkdir(parents=True)
+            shutil.copyfile(path, copy)
+        except OSError as e:
+            shutil.rmtree(copy.parent, ignore_errors=True)
+            raise UIError(f"cannot write {path.name} on the server: {e.strerror or e}") from None
+        with self._lock:
+            self._handed.append(copy)
+            while len(self._handed) > HANDED_KEPT:
+                shutil.rmtree(self._handed.popleft().parent, ignore_errors=True)
+        return copy
 
     @contextmanager
     def writing(self, folder: Path) -> Iterator[None]:

@@ -874,6 +874,28 @@ def test_api_records_a_live_source_for_a_download(client):
     assert len(frames) >= 8 and n >= 5
 
 
+def test_live_exports_asked_in_a_loop_stay_bounded_on_the_servers_disk(server):
+    """Gradio kept a copy of each download for a day: a client that asked for its live captions
+    in a loop, each export new while its feed ran, filled the server's disk."""
+    from gradio_client import Client
+
+    from app.video_jobs import HANDED_KEPT
+
+    client = Client(server, verbose=False, httpx_kwargs=SLOW_MACHINE, download_files=False)
+    job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", api_name="/live")
+    deadline = time.time() + 90
+    for frame_html, *_ in job:
+        if isinstance(frame_html, str) and 'id="vs-caption"' in frame_html or time.time() > deadline:
+            break
+    try:
+        handed = [client.predict(api_name="/export_live")["path"] for _ in range(2 * HANDED_KEPT)]
+    finally:
+        job.cancel()
+    served = Path(handed[-1]).parents[1]  # Gradio's folder: the server's to serve
+    assert Path(handed[-1]).is_file() and served == Path(handed[0]).parents[1]
+    assert len(list(served.glob("*/live-captions.jsonl"))) <= HANDED_KEPT
+
+
 def test_a_page_shows_the_settings_the_server_runs(server, client):
     """The settings are the server's, shared by every page: a page showed those of the server's
     start, and its Apply of one field then put back the others another page had applied."""
