@@ -7,6 +7,11 @@ import json
 
 from app.errors import UIError
 
+# Questions a form may ask about every frame (or the image): as many as one batch of the engine
+# runs (EngineConfig.max_batch_size). Every line was a request of its own: one page's 5,000 lines
+# put another page's caption 12 s behind them (67 ms alone), the engine's queue shared by all.
+MAX_QUESTIONS = 32
+
 
 def make_task(kind: str, question: str = "", constraint_kind: str = "none",
               constraint_text: str = "", regions: bool = False) -> dict | list[dict]:
@@ -27,6 +32,8 @@ def make_task(kind: str, question: str = "", constraint_kind: str = "none",
         lines = [q.strip() for q in (question or "").splitlines() if q.strip()]
         if not lines:
             raise UIError("the question is empty")
+        if len(lines) > MAX_QUESTIONS:
+            raise UIError(f"{len(lines)} questions: at most {MAX_QUESTIONS}, one a line")
         tasks = [inline_constraint(q) for q in lines]
         if len({t["question"] for t in tasks}) != len(tasks):
             raise UIError("a question is asked twice")

@@ -97,6 +97,11 @@ def test_tasks_and_constraints_from_form_fields():
     for bad in [("question", ""), ("medium", ""), ("question", "Why?\nWhy?"), ("question", "Why? [a]\nWhy? /b/")]:
         with pytest.raises(UIError):
             make_task(*bad)
+    # a frame's questions fit one batch: one page's thousands of lines had held up every other page
+    many = [f"Is there a shape number {i}?" for i in range(33)]
+    assert len(make_task("question", "\n".join(many[:32]))) == 32
+    with pytest.raises(UIError, match="33 questions: at most 32"):
+        make_task("question", "\n".join(many))
     with pytest.raises(UIError, match="not valid JSON"):
         make_constraint("json schema", "{oops")
     with pytest.raises(UIError, match="empty"):
