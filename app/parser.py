@@ -96,7 +96,9 @@ def _image_command(sub) -> None:
     _add_sampling_args(img)
     img.add_argument("--json", action="store_true",
                      help="print one JSON object: text, token_ids, finish_reason, timings_ms, asked (for a "
-                          "question: what the model was asked, {\"question\": ...} or {\"caption\": length}) "
+                          "question: what the model was asked, {\"question\": ...} or {\"caption\": length}), "
+                          "model, device, dtype, seed, load_ms, read_ms; with --detect (--point): detect (point), "
+                          "objects (points) as fractions, pixels, width, height, batch "
                           "(several images: one a line, with an 'image' field)")
     img.set_defaults(func=_lazy("app.image"))
 

@@ -46,6 +46,23 @@ def test_json_output_on_the_sample_image(capsys):
         assert parts == pytest.approx(t["total"], abs=0.003), t
 
 
+def test_image_json_help_names_every_field_it_prints(capsys, small_folder):
+    """`image --help` said the JSON held text, token_ids, finish_reason, timings_ms and asked: it
+    left out model, device, dtype, seed, load_ms and read_ms, and --detect's object, which holds
+    none of the answer's fields, was not described at all."""
+    import argparse
+
+    from app.parser import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    said = set(re.findall(r"\w+", next(a.help for a in commands["image"]._actions if "--json" in a.option_strings)))
+    printed = set(run_json(capsys, SCENE, "--question", "Is there a star?", "--max-tokens", "4"))
+    for task in ("--detect", "--point"):
+        assert main(["image", str(SCENE), "--model", str(small_folder), task, "star", "--json"]) == 0
+        printed |= set(json.loads(capsys.readouterr().out))
+    assert printed - said == set(), printed - said
+
+
 def test_a_reworded_question_says_what_the_model_was_asked(capsys):
     r = run_json(capsys, SCENE, "--question", "what colour is the circle", "--max-tokens", "4")
     assert r["asked"] == {"question": "What color is the circle?"}
