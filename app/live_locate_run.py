@@ -49,8 +49,8 @@ class LiveLocateRun:
 
     def say_failed(self, locator: LiveLocator) -> None:
         """Each source that failed while others go on, said then, once (`newly_failed`)."""
-        for label, error in newly_failed(locator.errors(), locator.going(), self.failed_said):
-            self.say(f"{label}: {error}")
+        for _, line in newly_failed(locator.errors(), locator.going(), self.failed_said):
+            self.say(line)
 
     def start(self, opened: list) -> None:
         """Once the model is warm: each stream's outages are said as they happen."""

@@ -63,9 +63,9 @@ class LiveRun:
     def say_failed(self, feeds: list) -> None:
         """Each source that failed while others go on, said then, once (`newly_failed`)."""
         errors = {label: feed.error for feed, label in zip(feeds, self.labels) if feed.error is not None}
-        for label, error in newly_failed(errors, {lb for f, lb in zip(feeds, self.labels) if f.running},
+        for _, line in newly_failed(errors, {lb for f, lb in zip(feeds, self.labels) if f.running},
                                          self.failed_said):
-            self.say(f"{label}: {error}")
+            self.say(line)
 
     def ended_early(self, feeds: list) -> None:
         """The recording of each source that ended on its own (a file played once, a camera given
@@ -277,13 +277,14 @@ def closing_error(never_read: list[BaseException]) -> BaseException:
 
 
 def newly_failed(errors: dict[str, str], going: set[str], said: set[str]) -> list[tuple[str, str]]:
-    """(label, error) of the sources that failed while another goes on (a camera given up after
+    """(label, line) of the sources that failed while another goes on (a camera given up after
     --max-outage, or after 30 s without a first frame), not yet in `said`, which they join: a run
     of hours had said them only at its end, the camera gone since long before. A source failing
     as the last one going is left to the run's end, which says it."""
     new = [(label, error) for label, error in errors.items() if label not in said and going - {label}]
     said.update(label for label, _ in new)
-    return new
+    # each line names its source once (not "cam1: gave up on cam1: ...")
+    return [(label, error if label in error else f"{label}: {error}") for label, error in new]
 
 
 def never_came(live, frames_in: int, some_came: bool) -> str | None:

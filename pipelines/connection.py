@@ -83,8 +83,12 @@ class Connection:
         timed_out = reason.startswith(TIMED_OUT)  # the reason says how long already
         limit = self.max_wait if self.last_frame is None else self.max_outage
         if limit is not None and silent > limit:
-            raise SourceSilent(f"cannot read {self.display}: {reason}"
-                               + (f" (nothing for {span(silent)})" if self.last_frame and not timed_out else ""))
+            if self.last_frame is None:
+                raise SourceSilent(f"cannot read {self.display}: {reason}")
+            # Said as given up: "cannot read X: nothing came for 4.0 s" read as a try that failed,
+            # in a run that went on with its other sources
+            raise SourceSilent(f"gave up on {self.display}: no frame for {span(silent)}, more than the "
+                               f"{span(limit)} allowed" + ("" if timed_out else f" (the last try: {reason})"))
         if self.last_frame is not None and silent >= self._still_at:
             self.say(f"still reconnecting: nothing for {span(silent)}" + ("" if timed_out else f" ({reason})"))
             self._still_at = min(2 * self._still_at, self._still_at + STILL_SAID_S[1])

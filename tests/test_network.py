@@ -262,7 +262,8 @@ def test_webcam_frames_are_rgb_and_timed_and_a_camera_plugged_in_again_is_read_a
     src = WebcamSource(0, read_timeout=0.05, max_outage=0.6)
     events, frames = [], []
     src.connection.on_event = events.append
-    with pytest.raises(SourceError, match=r"^cannot read webcam:0: it stopped sending frames \(nothing for 0\.\d s\)$"):
+    with pytest.raises(SourceError, match=r"^gave up on webcam:0: no frame for 0\.\d s, more than the 0\.6 s allowed "
+                                          r"\(the last try: it stopped sending frames\)$"):
         for f in src.frames():
             frames.append(f)
     assert len(frames) == 8 and frames[0].rgb[0, 0].tolist() == [0, 0, 255]
@@ -551,7 +552,8 @@ def test_a_live_hls_playlist_whose_encoder_died_is_an_outage_not_its_last_second
     try:
         src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", pace=False, max_outage=4.0)
         frames = []
-        with pytest.raises(SourceSilent):
+        with pytest.raises(SourceSilent, match=r"^gave up on http://127\.0\.0\.1:\d+/index\.m3u8: no frame for "
+                                               r"\d+\.\d s, more than the 4\.0 s allowed"):
             for f in src.frames():
                 frames.append(f)
                 if len(frames) > 60:  # its 2 s again
@@ -1876,7 +1878,8 @@ def test_a_camera_given_up_beside_another_is_said_while_the_other_goes_on(monkey
         for i in range(100_000):
             time.sleep(1 / 30)
             if self.display.endswith("/gone") and i == 5:
-                raise SourceError(f"cannot read {self.display}: Connection refused (nothing for 2.0 s)")
+                raise SourceError(f"gave up on {self.display}: no frame for 2.1 s, more than the 2.0 s allowed "
+                                  "(the last try: Connection refused)")
             if "Connection refused" in err.getvalue():
                 seen_while_running.append(self.display)
                 return
@@ -1889,6 +1892,8 @@ def test_a_camera_given_up_beside_another_is_said_while_the_other_goes_on(monkey
                  "--max-outage", "2", "--duration", "10"]) == 1
     assert set(seen_while_running) == {cam}
     assert err.getvalue().count("Connection refused") == 1, err.getvalue()  # not again at the end
+    # the line names the source once ("rtsp://.../gone: gave up on rtsp://.../gone: ..." before)
+    assert f"\nvlmstream: warning: gave up on {gone}: no frame for 2.1 s" in "\n" + err.getvalue(), err.getvalue()
 
 
 def test_an_rtsp_server_that_never_answers_is_said_to_send_nothing():
