@@ -1089,6 +1089,26 @@ def test_the_json_summary_of_several_sources_totals_every_counter(capsys):
     assert stats["cancelled_deadline"] == 3 and set(stats["sources"]) == {"a", "b"}
 
 
+def test_the_json_summary_of_several_sources_totals_the_frames_passed_over(capsys):
+    """`live a b --fps 10 --json`: the frames each source read but never offered (overwritten at
+    the grab, above --fps) are totalled as frames_in is, so that the top-level figures add up to
+    the frames read; a source without a grabber (none of these counters) counts none."""
+    import argparse
+    import types
+
+    from app.live_run import LiveRun
+
+    run = LiveRun.__new__(LiveRun)
+    run.args, run.labels, run.several, run.changes = argparse.Namespace(json=True, deadline_ms=None), ["a", "b", "c"], True, None
+    per_source = [{"frames_in": 31, "submitted": 31, "completed": 31, "cancelled_stale": 0, "cancelled_deadline": 0,
+                   "cancelled_closed": 0, "dropped": 0, "achieved_fps": 10.0, **extra}
+                  for extra in ({"overwritten_at_grab": 8, "above_fps": 146}, {"overwritten_at_grab": 2, "above_fps": 60},
+                                {})]
+    run.report(per_source, types.SimpleNamespace(kv_pages_in_use=0, draft_proposed=0, draft_accepted=0), 2.0)
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["frames_in"] == 93 and stats["overwritten_at_grab"] == 10 and stats["above_fps"] == 206
+
+
 def test_the_json_summary_of_sources_that_ended_apart_rates_the_run(capsys):
     """`live short.mp4 long.mp4 --json`: each source is rated over its own time, so a 2 s clip's
     60 frames (30 fps) beside a 3 s clip's 75 (25 fps) are 135 frames in the run's 3 s, 45 a
