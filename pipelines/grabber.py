@@ -46,7 +46,13 @@ class LatestFrameGrabber:
                         delay = t0 + pts - time.perf_counter()
                         if delay > 0 and self._stop.wait(delay):
                             return
-                    frame = Frame(f.source_id, seq, pts, f.rgb, convert=f.convert)
+                    # Captured when a live camera would have sent it: at its time on the wall
+                    # clock when paced, not when it was decoded. A file decoded slower than it
+                    # plays (a slow machine, a busy core) had every frame stamped late, and its
+                    # end-to-end latency left out the time its captions trailed the clip by.
+                    # Unpaced, the source's own time of capture (a stream's, a camera's).
+                    frame = Frame(f.source_id, seq, pts, f.rgb, convert=f.convert,
+                                  captured_at=t0 + pts if self.realtime else f.captured_at)
                     seq += 1
                     with self._cond:
                         if self._latest is not None and self._latest.index > self._taken_index:

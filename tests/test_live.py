@@ -892,6 +892,30 @@ def test_a_frames_stage_timings_are_those_of_its_slowest_answer():
     assert r.timings_ms["decode"] == 30.0 and r.timings_ms["total"] == 60.0 and r.timings_ms["vision"] == 5.0
 
 
+def test_a_paced_files_frames_count_their_latency_from_when_they_were_due():
+    """A file played in real time but decoded slower than it plays (200 ms a frame of a 100 fps
+    clip): each frame was captured when a camera would have sent it (start + pts), so the
+    captions' end-to-end latency grows with the backlog instead of counting from the decode."""
+    def slow():
+        for f in _frames(8):
+            time.sleep(0.2)
+            yield Frame(f.source_id, f.index, f.index / 100, f.rgb)
+
+    start = time.perf_counter()
+    g = LatestFrameGrabber(slow, realtime=True)
+    try:
+        late = []
+        while len(late) < 4:
+            f = g.get(timeout=5.0)
+            assert f is not None
+            if f.pts > 0:  # the first frame is due at once, so it is late only by its decode
+                late.append(f)
+        for f in late:  # decoded ~0.2 s a frame after it was due; stamped then, it was > 0.4 s on
+            assert f.captured_at - start < f.pts + 0.2, (f.pts, f.captured_at - start)
+    finally:
+        g.close()
+
+
 def _taken(grabber: LatestFrameGrabber, n: int, timeout: float = 5.0) -> list[Frame]:
     """The first n frames a grabber gives, each within `timeout`; the grabber closed after."""
     taken = []
