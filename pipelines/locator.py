@@ -157,6 +157,7 @@ class _State:
     above_fps: int = 0
     ended: bool = False
     ended_at: float | None = None  # perf_counter when it ended: its frame rate's time stops there
+    located_at: float = 0.0  # perf_counter of its last frame located
     error: str | None = None  # one line
     exception: BaseException | None = None
     latency: dict[str, LatencyWindow] = field(default_factory=lambda: {k: LatencyWindow()
@@ -183,6 +184,7 @@ class LiveLocator:
         self._lock = threading.Lock()
         self.exception: BaseException | None = None  # the decoder's (or on_result's): the run ended
         self._t0 = time.perf_counter()
+        self._closed_at: float | None = None
         self._states = [_State(s, LatestFrameGrabber(s.frames, realtime=s.realtime, loop=s.loop)) for s in sources]
         self._thread = threading.Thread(target=self._run, name="vlmstream-locator", daemon=True)
         self._thread.start()
@@ -256,6 +258,7 @@ class LiveLocator:
             self.on_result(r)
         with self._lock:  # counted once delivered: a count seen has its results where on_result put them
             s.completed += 1
+            s.located_at = time.perf_counter()
             s.latency["locate"].append(float(r.timings_ms.get("total", 0.0)))
             s.latency["end_to_end"].append(end_to_end)
 
@@ -269,7 +272,10 @@ class LiveLocator:
                 g = s.grabber
                 # a source that ended is rated over its own time, as live's (LiveSession.source_ended):
                 # `live short.mp4 long.mp4 --detect` rated the short one over the long one's time
-                wall = max((s.ended_at or now) - self._t0, 1e-9)
+                # Closed (--duration, a page's Stop), up to the close or the frame located after it,
+                # as LiveSession.stats: a stopped feed's rate had fallen on with the time since.
+                end = s.ended_at or (max(self._closed_at, s.located_at) if self._closed_at else now)
+                wall = max(end - self._t0, 1e-9)
                 st = {"frames_in": g.read, "completed": s.completed, "overwritten": g.overwritten,
                       "above_fps": s.above_fps, "achieved_fps": s.completed / wall,
                       "latency_ms": {k: v.percentiles() for k, v in s.latency.items() if v}}
@@ -280,6 +286,7 @@ class LiveLocator:
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the sources and the worker (a frame being located is finished first); idempotent."""
+        self._closed_at = self._closed_at or time.perf_counter()
         self._stop.set()
         for s in self._states:
             if s.source.connection is not None:

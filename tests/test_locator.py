@@ -120,6 +120,26 @@ def test_close_stops_an_endless_source_at_once():
     assert [t.name for t in threading.enumerate() if t.name in ("vlmstream-locator", "vlmstream-grabber")] == []
 
 
+def test_the_frame_rate_of_a_closed_locator_stays_what_it_was():
+    """`live --detect --duration`, a web page's Stop: a source closed before its end is rated up to
+    the close (and the frame being located then). Its time had run on after, so the figures a
+    stopped feed kept (the API's counters, a page's) fell by half with every run's length waited."""
+    def endless():
+        i = 0
+        while True:
+            yield Frame("cam", i, i / 30, np.zeros((8, 8, 3), np.uint8))
+            i += 1
+
+    loc = LiveLocator(_decoder(0.01, []), [LocateSource("cam", endless, realtime=True)], "star", task="point")
+    time.sleep(0.5)
+    loc.close()
+    before = loc.stats()["cam"]
+    time.sleep(1.0)  # twice the run: an unfrozen rate falls to a third
+    after = loc.stats()["cam"]
+    assert before["completed"] >= 3 and after["completed"] == before["completed"]
+    assert after["achieved_fps"] == pytest.approx(before["achieved_fps"], rel=0.01)
+
+
 def test_places_in_pixels_and_drawn():
     assert pixel_places([{"x": 0.5, "y": 0.25}], 200, 100, "point") == [[100, 25]]
     # a box past the edges (the model's size about a centre near one) is cut at them: -12 crops nothing
