@@ -185,3 +185,28 @@ def test_the_frame_rate_of_a_model_slower_than_any_fixed_limit_is_measured(small
                         lambda self, timeout=None: result(self, None if timeout is None else timeout / 1000))
     with Engine(EngineConfig(model=str(small_folder))) as engine:
         assert frame_rate(engine, 4, (120, 160), inflight=4)["frames"] == 4
+
+
+def test_decode_throughput_counts_requests_that_decode_in_turn_once():
+    """Two requests of 101 tokens, the second decoding after the first (admitted in turn): the
+    engine made 200 decode tokens in 2 s, 100 a second. Each request's own rate is 100 a second,
+    and their sum had said 200, as if they had decoded side by side."""
+    import types
+
+    from engine.bench import _run
+    from engine.types import RequestOutput, StageTimings
+
+    spans = iter([(0.0, 1000.0), (1000.0, 2000.0)])  # (first token, last) ms after submission
+
+    def submit(ref, **_):
+        first, last = next(spans)
+        out = RequestOutput("x", list(range(101)), "length",
+                            StageTimings(decode=last - first, total=last, first_token=first))
+        return types.SimpleNamespace(result=lambda timeout=None: out)
+
+    ref = types.SimpleNamespace(_image=types.SimpleNamespace(awaits_vision=False), release=lambda: None)
+    engine = types.SimpleNamespace(set_pipeline_depth=lambda d: None, encode_image=lambda img: ref,
+                                   reset_stats=lambda: None, submit=submit,
+                                   stats=lambda: types.SimpleNamespace(device_busy_fraction=1.0))
+    run = _run(engine, 2, [None, None], 101)
+    assert run["tokens_per_s"] == pytest.approx(100.0, rel=0.2)  # the two submissions are ms apart at most
