@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
 from .changes import AnswerChanges, answer_key
 from .connection import Connection
 from .grabber import LatestFrameGrabber, PushedFrames
-from .live import DEFAULT_MAX_INFLIGHT, ROLLING_S, LiveResult, LiveSession
+from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession, rolling_rate
 from .frame import Frame
 from .sinks import json_text
 from .locator import LiveLocator, Located, LocateSource
@@ -329,10 +329,8 @@ class LiveFeed:
         st = self._locator.stats()["live"]
         with self._lock:
             now, walls = time.time(), [p.wall for p in self._latency]
-        recent = [w for w in walls if w >= now - ROLLING_S]
         return {"completed": st["completed"], "achieved_fps": st["achieved_fps"],
-                "rolling_fps": (len(recent) - 1) / (recent[-1] - recent[0]) if len(recent) > 1 and recent[-1] > recent[0]
-                else 0.0, "cancelled_stale": st["overwritten"], "dropped": 0, "in_flight": 0,
+                "rolling_fps": rolling_rate(walls, now), "cancelled_stale": st["overwritten"], "dropped": 0, "in_flight": 0,
                 "above_fps": st["above_fps"], "latency_ms": st["latency_ms"]}
 
     def close(self, cancel: bool = True, timeout: float | None = 10.0) -> None:

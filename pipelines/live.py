@@ -306,9 +306,7 @@ class LiveSession:
         if completions:  # frames in flight at the close finish after it and count: the rate's time
             end = max(end, completions[-1])  # runs to the last (`live --duration 0.01`: "169.5 fps")
         wall = max(end - self._t0, 1e-9)  # frozen once closed and the last frame is in
-        # the last ROLLING_S seconds' completions: through an outage it said the rate before it
-        c = [t for t in completions if t >= end - ROLLING_S]
-        rolling = (len(c) - 1) / (c[-1] - c[0]) if len(c) > 1 and c[-1] > c[0] else 0.0
+        rolling = rolling_rate(completions, end)
         return {
             "frames_in": self.frames_in, "submitted": self.submitted, "completed": self.completed,
             "cancelled_stale": self.cancelled_stale, "cancelled_deadline": self.cancelled_deadline,
@@ -317,6 +315,18 @@ class LiveSession:
             "achieved_fps": self.completed / wall, "rolling_fps": rolling,
             "latency_ms": {k: v.percentiles() for k, v in self._latency.items() if v},
         }
+
+
+def rolling_rate(times: list[float], end: float) -> float:
+    """Completions a second over the ROLLING_S seconds up to `end` (the times in seconds, oldest
+    first; through an outage it had said the rate before it). A silence since the last completion
+    longer than their usual interval counts, beyond that interval: frames that stopped 1.9 s ago
+    still said the full rate of the 0.1 s before, until the window emptied and it fell to 0 at once."""
+    c = [t for t in times if t >= end - ROLLING_S]
+    if len(c) < 2 or c[-1] <= c[0]:
+        return 0.0
+    span = c[-1] - c[0]
+    return (len(c) - 1) / (span + max(0.0, end - c[-1] - span / (len(c) - 1)))
 
 
 class LatencyWindow:

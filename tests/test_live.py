@@ -634,7 +634,8 @@ def test_a_frame_is_counted_completed_only_once_its_result_is_delivered():
 
 def test_the_rolling_rate_falls_to_zero_when_frames_stop_coming(monkeypatch):
     """A camera in an outage: the page's counters said the rate of its last 120 frames, 30 fps
-    for as long as the outage lasted; the rate is now over the newest ROLLING_S seconds."""
+    for as long as the outage lasted; the rate is now over the newest ROLLING_S seconds, and the
+    silence since the last frame counts in it (it had said the full rate until the window emptied)."""
     import types
 
     import pipelines.live
@@ -652,8 +653,10 @@ def test_the_rolling_rate_falls_to_zero_when_frames_stop_coming(monkeypatch):
             engine.handles[-1].finish("a red circle")
             _wait(lambda: s.in_flight == 0)
             clock[0] += 0.02
-        assert s.stats()["rolling_fps"] > 5
-        clock[0] += 0.6  # nothing more came
+        assert s.stats()["rolling_fps"] == pytest.approx(50.0)  # 3 intervals of 20 ms
+        clock[0] += 0.3  # nothing more came: the four are in the window still, 0.32 s ago
+        assert s.stats()["rolling_fps"] == pytest.approx(3 / 0.36)  # the silence counted, not 50
+        clock[0] += 0.3
         assert s.stats()["rolling_fps"] == 0.0 and s.stats()["completed"] == 4
     finally:
         s.close()
