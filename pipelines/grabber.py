@@ -31,7 +31,11 @@ class LatestFrameGrabber:
         self._thread.start()
 
     def _run(self) -> None:
-        t0 = time.perf_counter()
+        # The wall clock's time of pts 0, set by the first frame: counted from before the source
+        # opened, its first frames came late by the opening (a file over HTTP: seconds), and were
+        # stamped captured that much before they could have been.
+        t0: float | None = None
+        started = time.perf_counter()
         offset, last_pts, step, seq = 0.0, 0.0, 1.0 / 30, 0
         try:
             while not self._stop.is_set():
@@ -42,6 +46,7 @@ class LatestFrameGrabber:
                         step = pts - last_pts
                     any_frame = True
                     last_pts = pts
+                    t0 = time.perf_counter() - pts if t0 is None else t0
                     if self.realtime:
                         delay = t0 + pts - time.perf_counter()
                         if delay > 0 and self._stop.wait(delay):
@@ -67,7 +72,7 @@ class LatestFrameGrabber:
                 # The next loop continues the clock; a source that paces itself (a recording over
                 # the network) is at least where the wall clock is: one of a single frame (a
                 # camera's snapshot URL) had its times grow by its whole clock at each pass.
-                offset = last_pts + step if self.realtime else max(last_pts + step, time.perf_counter() - t0)
+                offset = last_pts + step if self.realtime else max(last_pts + step, time.perf_counter() - started)
         except BaseException as e:  # reaches the consumer through get()
             self.error = e
         finally:
