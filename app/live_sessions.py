@@ -4,7 +4,8 @@ A tab is a session id. It owns at most one pulled feed (a file, stream or webcam
 and one pushed feed (its browser's camera), each with at most one recording; the last feed of
 each kind it stopped stays for its Export. Closing the tab stops both feeds, cancels its video
 jobs and removes its recordings, and a closed tab stays closed: a late event of its page is a
-UIError, not a new feed. Every open feed gets an equal share of the engine's frames in flight.
+UIError, not a new feed. Every open feed gets an equal share of the engine's frames in flight, but
+a camera that stopped sending (CAMERA_SILENT_S without a frame) holds none until it sends again.
 
 The feeds run on their `Service`'s engine, settings and reading, under the service's lock: a
 model reload (`Service.apply`) and a Start that opens its source meanwhile must see each other
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +41,7 @@ CLOSED_KEPT = 10_000  # closed sessions remembered, so that a late event cannot 
 # stopped dropped first: an API client without Gradio's heartbeat never unloads, and each of its
 # calls, a session, had kept its stopped feed (~5 MB) and recording until the server stopped.
 STOPPED_KEPT = 32
+CAMERA_SILENT_S = 1.5  # a browser's camera sends a frame every 0.1 s: this long without one, it has stopped
 
 
 class LiveSessions:
@@ -202,6 +205,7 @@ class LiveSessions:
         with self._lock:
             self._check_open(session)
             feed = self._feeds.get(key)
+            resumed = feed is not None and _silent(feed)
             if feed is None or feed.task != task:  # a new prompt starts a new feed
                 new = LiveFeed(service.engine(), task, service.params(), hold=service.settings.hold,
                                locate=service.region_of(task))
@@ -217,6 +221,9 @@ class LiveSessions:
                     if self._cam_record.get(session) and key in self._recorders:
                         new.on_result = self._recorders[key].add
                 feed = self._feeds[key] = new
+                self._share_inflight()
+            elif resumed:  # it takes its share back from this frame on
+                feed.pushed_at = time.monotonic()
                 self._share_inflight()
             was, self._cam_record[session] = self._cam_record.get(session, False), record
             if record and not was:
@@ -240,14 +247,23 @@ class LiveSessions:
         if session in self._closed:
             raise UIError("this page was closed: reload it")
 
+    def camera_silent(self, session: str) -> None:
+        """The session's camera stopped sending (the page's timer says so): its feed stays, for its
+        Export and its next frame, but its share of the frames in flight goes to the other feeds
+        (it had kept it until the tab closed: a viewer beside a stopped camera ran on half)."""
+        with self._lock:
+            self._share_inflight()
+
     def _share_inflight(self) -> None:
         """Every open feed gets an equal share of DEFAULT_MAX_INFLIGHT frames in flight (at least
         one): the engine's total in flight sets latency, not throughput (BENCHMARKS.md, several live
         sources), so a second viewer halves each one's share rather than doubling everyone's wait.
-        Called with the lock held."""
+        A silent camera counts for none. Called with the lock held."""
         from pipelines.live import DEFAULT_MAX_INFLIGHT
 
-        captioning = [f for f in self._feeds.values() if f.session is not None]  # a located feed is not in the engine
+        # a located feed is not in the engine
+        captioning = [f for (_, kind), f in self._feeds.items()
+                      if f.session is not None and not (kind == "push" and _silent(f))]
         share = max(1, DEFAULT_MAX_INFLIGHT // max(1, len(captioning)))
         for feed in captioning:
             feed.session.set_max_inflight(share)
@@ -322,6 +338,11 @@ class LiveSessions:
             for recorder in self._recorders.values():
                 recorder.close()
             self._recorders.clear()
+
+
+def _silent(feed) -> bool:
+    """A pushed feed's camera has sent nothing for CAMERA_SILENT_S."""
+    return time.monotonic() - feed.pushed_at >= CAMERA_SILENT_S
 
 
 def _remove(recorders: list) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from app.errors import UIError
+from app.live_sessions import CAMERA_SILENT_S
 from app.service import Service
 from app.settings import Settings
 from app.task import make_task
@@ -26,7 +27,6 @@ from pipelines.locator import places_text
 PAGE_HZ = 12.0  # frame + caption updates per second pushed to a watching page (at most)
 SLOW_HZ = 2.0  # chart, counters and log
 MIN_GAP_S = 0.02
-CAMERA_SILENT_S = 1.5  # a browser's camera sends a frame every 0.1 s: this long without one, it has stopped
 # Updates Gradio holds for a page, unread: past BACKLOG_MAX the page's updates wait (a slow link
 # gets fresh frames, not a growing delay); unread for ORPHAN_S, the feed stops. A feed started
 # through the API by a client that never read its stream ran until the server stopped, its
@@ -184,6 +184,7 @@ class PageEvents:
         feed = self.service.feed(request.session_hash, "push") if request else None
         if feed is None or feed.pushed_at == shown or time.monotonic() - feed.pushed_at < CAMERA_SILENT_S:
             return gr.skip(), shown
+        self.service.live.camera_silent(request.session_hash)  # the other feeds take its frames in flight
         snap = feed.snapshot()
         return counters_html(snap.counters, self.service.engine_stats(), False, snap.error), feed.pushed_at
 

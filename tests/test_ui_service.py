@@ -568,6 +568,27 @@ def test_browser_camera_frames_are_pushed_and_the_latest_wins(service):
     service.close_session("tab-c")
 
 
+def test_a_silent_camera_gives_its_share_of_the_frames_in_flight_back(service):
+    """A browser camera that stopped sending (its Stop, the page back on Live) had kept its share
+    of the frames in flight until its tab closed: the viewer beside it ran on 2 of the 4."""
+    from app.live_sessions import CAMERA_SILENT_S
+    from pipelines.live import DEFAULT_MAX_INFLIGHT
+
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    a = service.start_live("tab-share", "shapes_640x360_60fps.mp4", make_task("short"))
+    try:
+        cam = service.push_frame("tab-cam", rgb, make_task("short"))
+        assert [f.snapshot().counters["max_inflight"] for f in (a, cam)] == [DEFAULT_MAX_INFLIGHT // 2] * 2
+        cam.pushed_at -= 2 * CAMERA_SILENT_S  # as if its last frame came that long ago
+        service.live.camera_silent("tab-cam")  # what the page's timer calls once it says so
+        assert a.snapshot().counters["max_inflight"] == DEFAULT_MAX_INFLIGHT
+        assert service.push_frame("tab-cam", rgb, make_task("short")) is cam  # it streams again
+        assert [f.snapshot().counters["max_inflight"] for f in (a, cam)] == [DEFAULT_MAX_INFLIGHT // 2] * 2
+    finally:
+        service.close_session("tab-cam")
+        service.close_session("tab-share")
+
+
 def test_a_cameras_export_goes_on_across_a_new_prompt(service):
     """The camera's stream goes on when its prompt changes, but its Export held the new prompt's
     answers alone: the earlier ones were gone from the page's one download."""
