@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         live_run.start(opened, recordings)
         t0 = start_clock(opened, args.duration)
         feeds = _feeds(args, engine, tasks, params, inflight, opened, live_run)
-        interrupted, gave_up = _watch(args, feeds, live_run, t0)
+        interrupted, gave_up = _watch(args, feeds, live_run, t0, engine.config.max_batch_size // len(tasks))
         per_source = live_run.sources_ended(feeds, opened, interrupted)
     failed = live_run.close_log()
     if failed is not None:
@@ -186,16 +186,21 @@ def _feeds(args: argparse.Namespace, engine: Engine, tasks: list[dict], params: 
             for live, label in zip(opened, live_run.labels)]
 
 
-def _watch(args: argparse.Namespace, feeds: list[LiveFeed], live_run: LiveRun, t0: float) -> tuple[bool, bool]:
+def _watch(args: argparse.Namespace, feeds: list[LiveFeed], live_run: LiveRun, t0: float,
+           frames_room: int) -> tuple[bool, bool]:
     """The feeds' loop, until they end, --duration is up, a write fails, or a Ctrl-C or SIGTERM
-    comes; then the feeds closed (live_run.close_feeds). (interrupted, gave up: a source failed)."""
+    comes; then the feeds closed (live_run.close_feeds). (interrupted, gave up: a source failed).
+    frames_room: the frames of all sources the engine's batch holds at once."""
     from pipelines.sources import SourceError
 
-    interrupted = False
+    interrupted, running = False, len(feeds)
     try:
         while (any(f.running for f in feeds) and not live_run.stopped
                and (args.duration is None or time.perf_counter() - t0 < args.duration)):
             time.sleep(0.05)
+            if args.max_inflight is None and (now := sum(f.running for f in feeds)) < running:
+                running = now
+                _share_out([f for f in feeds if f.running], frames_room)
             live_run.say_failed(feeds)
             if stop_requested():  # a SIGTERM whose KeyboardInterrupt was lost (in a finalizer)
                 raise KeyboardInterrupt
@@ -210,6 +215,20 @@ def _watch(args: argparse.Namespace, feeds: list[LiveFeed], live_run: LiveRun, t
         live_run.ended_early(feeds)  # before close_feeds stops the others
         interrupted = live_run.close_feeds(feeds, cancel=interrupted) or interrupted
     return interrupted, gave_up
+
+
+def _share_out(feeds: list[LiveFeed], frames_room: int) -> None:
+    """The default frames in flight shared out again among the sources still running, as the web
+    UI does when a viewer leaves: a clip that ended (played once) or a camera given up had kept its
+    share, and the source left alone ran on 2 of the 4 (frames dropped at intake on a loaded machine).
+    Within the engine's batch, which was sized for the first sharing."""
+    from pipelines.live import DEFAULT_MAX_INFLIGHT
+
+    if feeds:
+        share = max(1, min(DEFAULT_MAX_INFLIGHT // len(feeds), frames_room // len(feeds)))
+        for feed in feeds:
+            if feed.session is not None:
+                feed.session.set_max_inflight(share)
 
 
 def save_change_frame(folder: Path, source: str, frame) -> Path:

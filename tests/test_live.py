@@ -493,6 +493,23 @@ def test_live_cli_watches_several_sources_with_one_engine(small_folder, tmp_path
     assert copy.read_bytes() == Path(a).read_bytes()
 
 
+def test_a_source_that_ends_leaves_its_frames_in_flight_to_the_others(small_folder, tmp_path, capsys):
+    """Two clips played once: the longer one, alone after the shorter ended, had run on with 2 of
+    the default 4 frames in flight (the web UI shares again when a viewer leaves)."""
+    from app.cli import main
+    from test_pipelines import write_video
+
+    short, long = write_video(tmp_path / "short.mp4", "mpeg4", n=5), write_video(tmp_path / "long.mp4", "mpeg4", n=25)
+    assert main(["live", str(short), str(long), "--model", str(small_folder), "--max-tokens", "3", "--json"]) == 0
+    sources = json.loads(capsys.readouterr().out)["sources"]
+    assert [sources[str(p)]["max_inflight"] for p in (short, long)] == [2, 4]
+    # one given by --max-inflight is the user's: kept
+    assert main(["live", str(short), str(long), "--model", str(small_folder), "--max-tokens", "3", "--json",
+                 "--max-inflight", "2"]) == 0
+    sources = json.loads(capsys.readouterr().out)["sources"]
+    assert [sources[str(p)]["max_inflight"] for p in (short, long)] == [2, 2]
+
+
 def test_several_prompts_per_live_frame_give_each_prompts_own_answer(small_folder):
     from PIL import Image
 
