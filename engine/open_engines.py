@@ -54,8 +54,11 @@ def forked() -> None:
         engine._shut = True  # nothing to join here: close() and the exit's close return at once
         # Requests submitted before the fork and unfinished at it are never answered here: they
         # end "error" (their result() had waited for ever), as a failed engine's do.
+        # By its handle, not `finalized`: the engine thread marks a request finalized before it
+        # makes its output and finishes the handle (Batch.finalize), and a fork in between left
+        # that one waiting for ever.
         now = time.perf_counter()
-        for seq in [*(s for s in list(engine._batch.seqs.values()) if not s.finalized), *unread]:
+        for seq in [*(s for s in list(engine._batch.seqs.values()) if not s.handle.done()), *unread]:
             seq.finalized, seq.finish_reason = True, "error"
             seq.handle._end_in_fork(seq.output("error", now))
     open_engines.clear()

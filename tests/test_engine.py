@@ -1543,3 +1543,31 @@ def test_the_smallest_kv_pools_that_serve(small_folder, images):
         hs = [eng.submit(images[0], caption="short", params=GREEDY) for _ in range(3)]
         assert all(h.result(timeout=30).token_ids for h in hs)
     _assert_clean(eng)
+
+
+def test_a_request_finalized_but_not_finished_at_a_fork_ends_in_the_child(monkeypatch):
+    """Batch.finalize marks a request finalized, then makes its output and finishes its handle:
+    a fork in between had left that handle unfinished in the child, its result() waiting for ever."""
+    import types
+    import weakref
+
+    from engine import open_engines
+    from engine.inbox import Inbox
+    from engine.request import RequestHandle
+
+    class Seq:
+        def __init__(self, handle):
+            self.handle, self.finalized, self.finish_reason = handle, True, "stop"  # finalized, not yet finished
+
+        def output(self, reason, now):
+            return types.SimpleNamespace(finish_reason=reason)
+
+    class FakeEngine:  # a WeakSet member
+        pass
+
+    eng = FakeEngine()
+    handle = RequestHandle(eng, 1)
+    eng._inbox, eng._batch, eng._shut = Inbox(8), types.SimpleNamespace(seqs={1: Seq(handle)}), False
+    monkeypatch.setattr(open_engines, "open_engines", weakref.WeakSet([eng]))
+    open_engines.forked()
+    assert handle.result(timeout=1).finish_reason == "error"
