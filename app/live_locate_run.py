@@ -107,6 +107,13 @@ class LiveLocateRun:
         failed = [label for label, e in locator.exceptions().items() if isinstance(e, SourceError)]
         read = {label: st["frames_in"] for label, st in locator.stats().items()}
         gave_up = bool(failed) and (not locator.running or any(read.get(label) for label in failed))
+        # As live's (LiveRun.ended_early), before the close ends the others: the recording of a
+        # source that ended on its own ends with its last frame located, not with the run (a 1 s
+        # clip beside a 2 s one had been recorded 2 s long, its last frame frozen for the rest).
+        going = locator.going()
+        for label, rec in self.recorders.items():
+            if label not in going:
+                rec.hold_to_close = False
         locator.close()
         for rec in self.recorders.values():
             rec.close()

@@ -758,3 +758,21 @@ def test_a_prompt_that_leaves_no_room_for_one_object_is_refused_not_none_found(l
     for room in range(per_object):
         with pytest.raises(RequestError, match="does not fit"):
             decoder.locate(rgb_image, what_with_room(room), task)
+
+
+def test_live_detect_the_recording_of_a_source_that_ended_before_the_run_ends_with_it(capsys, small_folder,
+                                                                                   tmp_path, monkeypatch):
+    """As live's captions: `live short.mp4 long.mp4 --detect --annotate DIR/` had recorded the 1 s
+    clip 2 s long, its last frame held to the run's end."""
+    import av
+
+    _fake_locate(monkeypatch)
+    short, long = _clip(tmp_path / "short.mp4", 20, 20), _clip(tmp_path / "long.mp4", 40, 20)
+    out = tmp_path / "recordings"
+    assert main(["live", str(short), str(long), "--detect", "star", "--annotate", f"{out}/", "--json",
+                 "--model", str(small_folder), "--dtype", "float32"]) == 0
+    stats = json.loads(capsys.readouterr().out)["sources"]
+    with av.open(stats[str(short)]["recording"]["path"]) as c:
+        assert float(c.duration / av.time_base) < 1.5
+    with av.open(stats[str(long)]["recording"]["path"]) as c:  # one that played to the end: as long as it
+        assert float(c.duration / av.time_base) > 1.5
