@@ -12,6 +12,7 @@ constraint (compiled once per engine and kept).
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -24,6 +25,18 @@ MEMORY_BYTES = 4 << 30  # the child's address space
 # together had been 40 children, each a core and up to MEMORY_BYTES for TIMEOUT_S.
 MAX_CHILDREN = 2
 _turns = threading.BoundedSemaphore(MAX_CHILDREN)
+
+
+def _forked() -> None:
+    # In a child forked while compiles ran: their threads did not come along to give their turns
+    # back, and an Engine made there (as a fork's EngineClosedError asks) waited for ever on one.
+    global _turns
+    _turns = threading.BoundedSemaphore(MAX_CHILDREN)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
 _REFUSED = 3  # the child's exit status when outlines-core refuses the pattern
 
 _CHILD = f"""

@@ -730,3 +730,29 @@ def test_compiles_run_at_most_max_children_at_once(monkeypatch):
         t.join(30)
     assert len(done) == len(threads)
     assert peak[0] == 2, f"{peak[0]} compiles at once"  # MAX_CHILDREN
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork only")
+def test_a_fork_while_constraints_compile_leaves_the_child_its_turns():
+    """The parent's compiles held both turns at the fork: their threads do not run in the child,
+    which had waited for ever on its first compile (an Engine made there, as a fork is told to)."""
+    from engine import index_child
+
+    for _ in range(index_child.MAX_CHILDREN):  # as compiles under way in other threads would
+        index_child._turns.acquire()
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never back into pytest
+            try:
+                os.write(write, b"1" if index_child._turns.acquire(timeout=2) else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as f:
+            said = f.read()
+        os.waitpid(pid, 0)
+        assert said == b"1"
+    finally:
+        for _ in range(index_child.MAX_CHILDREN):
+            index_child._turns.release()
