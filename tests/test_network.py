@@ -478,9 +478,11 @@ def test_a_live_hls_playlist_plays_at_its_own_pace(tmp_path):
                     "-hls_flags", "omit_endlist", str(tmp_path / "index.m3u8")], check=True)
     assert "ENDLIST" not in (tmp_path / "index.m3u8").read_text()
     server = _serve(tmp_path)
+    # A live playlist that never gets more segments is waited on for ever: were fewer than 45
+    # frames to come (a later join point), the loop below had hung; it is given up after 20 s instead.
+    src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", max_outage=20.0)
+    frames = []
     try:
-        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8")
-        frames = []
         for f in src.frames():
             frames.append(f)
             if len(frames) == 45:  # into the second segment (a live playlist is joined 2 segments from its end)
@@ -488,6 +490,7 @@ def test_a_live_hls_playlist_plays_at_its_own_pace(tmp_path):
     finally:
         src.connection.stop()
         server.shutdown()
+        server.server_close()
     assert frames[-1].pts - frames[0].pts > 1.2  # 44 frames at 30 fps: 1.47 s; unpaced they came within 0.1 s
 
 
@@ -522,8 +525,9 @@ def test_a_live_hls_playlist_that_ends_is_not_played_again(tmp_path):
                     "-hls_flags", "omit_endlist", str(tmp_path / "index.m3u8")], check=True)
     server = _serve(tmp_path)
     said = []
+    # max_outage: a playlist whose end went unseen is waited on for ever (the test had hung); given up after 20 s
+    src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", pace=False, max_outage=20.0)
     try:
-        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", pace=False)
         src.connection.on_event = said.append
         frames = []
         for f in src.frames():
@@ -537,6 +541,7 @@ def test_a_live_hls_playlist_that_ends_is_not_played_again(tmp_path):
     finally:
         src.connection.stop()
         server.shutdown()
+        server.server_close()
     assert len(frames) == 60 and again == [] and src.connection.state == "ended"
     assert said[-1] == "the stream has ended (its playlist is finished)"
 
