@@ -507,13 +507,23 @@ def test_a_live_hls_playlist_is_joined_two_segments_from_its_end(tmp_path):
     reader = threading.Thread(target=lambda: frames.extend(src.frames()), daemon=True)
     try:
         reader.start()
-        count = -1
-        while count != len(frames):  # until the playlist has no more (it waits for a next segment)
-            count = len(frames)
-            time.sleep(1.5)
+        # until the playlist has no more (it waits for a next segment): no new frame for 3 s once
+        # the first came. A fixed 1.5 s poll had ended the wait before the first frame on a loaded
+        # machine (opening and probing the playlist took longer), counting 0.
+        deadline = time.monotonic() + 60
+        while not frames and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert frames, "no frame from the live playlist in 60 s"
+        count, quiet_since = len(frames), time.monotonic()
+        while time.monotonic() - quiet_since < 3.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            if len(frames) != count:
+                count, quiet_since = len(frames), time.monotonic()
     finally:
         src.connection.stop()
         server.shutdown()
+        server.server_close()
+    reader.join(30)  # the stop is seen at its next reopen (a read times out in 3 s)
     assert 55 <= count <= 60  # the last two 1 s segments (the decoder may hold a last frame or two)
 
 
