@@ -662,12 +662,15 @@ def test_a_hangup_ends_a_live_run_as_sigterm_does_unless_it_is_ignored(tmp_path,
         pytest.skip("the console script is not installed")
     clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
 
+    started: list = []
+
     def start(name: str, **kw):
         log, video = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.mp4"
         p = subprocess.Popen([str(exe), "live", str(clip), "--duration", "60", "--model", str(small_folder),
                               "--max-tokens", "3", "-o", str(log), "--annotate", str(video), "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "OMP_NUM_THREADS": "1"}, **kw)
+        started.append(p)
         return p, log, video
 
     def logged(log: Path, p, n: int) -> int:  # waits until the log holds n lines
@@ -677,23 +680,29 @@ def test_a_hangup_ends_a_live_run_as_sigterm_does_unless_it_is_ignored(tmp_path,
             time.sleep(0.05)
         return log.read_text().count("\n") if log.exists() else 0
 
-    p, log, video = start("hup", preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    assert logged(log, p, 20) >= 20 and p.poll() is None
-    p.send_signal(signal.SIGHUP)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 129 and "Traceback" not in err, err
-    stats = json.loads(out)  # the run's figures, its outputs closed whole
-    with av.open(str(video)) as c:
-        recorded = sum(1 for _ in c.decode(video=0))
-    assert recorded == stats["recording"]["frames"] and logged(log, p, 0) == stats["completed"] >= 20
+    try:
+        p, log, video = start("hup", preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+        assert logged(log, p, 20) >= 20 and p.poll() is None
+        p.send_signal(signal.SIGHUP)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 129 and "Traceback" not in err, err
+        stats = json.loads(out)  # the run's figures, its outputs closed whole
+        with av.open(str(video)) as c:
+            recorded = sum(1 for _ in c.decode(video=0))
+        assert recorded == stats["recording"]["frames"] and logged(log, p, 0) == stats["completed"] >= 20
 
-    p, log, _ = start("nohup", preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    assert logged(log, p, 20) >= 20
-    p.send_signal(signal.SIGHUP)
-    assert logged(log, p, 40) >= 40 and p.poll() is None  # ignored, as nohup asked
-    p.send_signal(signal.SIGTERM)
-    p.communicate(timeout=60)
-    assert p.returncode == 143
+        p, log, _ = start("nohup", preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+        assert logged(log, p, 20) >= 20
+        p.send_signal(signal.SIGHUP)
+        assert logged(log, p, 40) >= 40 and p.poll() is None  # ignored, as nohup asked
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+        assert p.returncode == 143
+    finally:  # a failed check left a 60 s `live` run (a core of CI's two) behind it
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.communicate(timeout=30)
 
 
 def test_realtime_commands_pick_bf16_only_on_cpus_that_compute_it_natively(monkeypatch):
