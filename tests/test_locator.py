@@ -130,11 +130,18 @@ def test_the_frame_rate_of_a_closed_locator_stays_what_it_was():
             yield Frame("cam", i, i / 30, np.zeros((8, 8, 3), np.uint8))
             i += 1
 
+    started = time.monotonic()
     loc = LiveLocator(_decoder(0.01, []), [LocateSource("cam", endless, realtime=True)], "star", task="point")
-    time.sleep(0.5)
-    loc.close()
+    try:
+        # at least 0.5 s and 3 frames located (a fixed 0.5 s sleep had too few on a loaded machine)
+        deadline = started + 30
+        while time.monotonic() < deadline and (time.monotonic() - started < 0.5
+                                                or loc.stats()["cam"]["completed"] < 3):
+            time.sleep(0.02)
+    finally:
+        loc.close()
     before = loc.stats()["cam"]
-    time.sleep(1.0)  # twice the run: an unfrozen rate falls to a third
+    time.sleep(max(1.0, 2 * (time.monotonic() - started)))  # twice the run: an unfrozen rate falls to a third
     after = loc.stats()["cam"]
     assert before["completed"] >= 3 and after["completed"] == before["completed"]
     assert after["achieved_fps"] == pytest.approx(before["achieved_fps"], rel=0.01)
