@@ -883,11 +883,15 @@ def test_live_exports_asked_in_a_loop_stay_bounded_on_the_servers_disk(server):
 
     client = Client(server, verbose=False, httpx_kwargs=SLOW_MACHINE, download_files=False)
     job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", api_name="/live")
-    deadline = time.time() + 90
-    for frame_html, *_ in job:
-        if isinstance(frame_html, str) and 'id="vs-caption"' in frame_html or time.time() > deadline:
-            break
     try:
+        # until the feed shows a caption, for 90 s at most: iterating the job itself waits for its
+        # next update with no limit (Gradio's Job.__next__ spins until one comes or it finishes)
+        deadline = time.time() + 90
+        while time.time() < deadline and not job.done():
+            if any(isinstance(o, (list, tuple)) and isinstance(o[0], str) and 'id="vs-caption"' in o[0]
+                   for o in job.outputs()):
+                break
+            time.sleep(0.2)
         handed = [client.predict(api_name="/export_live")["path"] for _ in range(2 * HANDED_KEPT)]
     finally:
         job.cancel()
