@@ -722,6 +722,11 @@ def test_compiles_run_at_most_max_children_at_once(monkeypatch):
                for _ in range(6)]
     for t in threads:
         t.start()
+    # the limit's two running first (a loaded machine may start the threads slowly: a fixed 2 s
+    # from here could see only one, and fail "1 compiles at once"), then 2 s more for others
+    started = time.monotonic() + 30
+    while time.monotonic() < started and running[0] < 2:
+        time.sleep(0.02)
     deadline = time.monotonic() + 2.0  # all six at once without the limit; never with it
     while time.monotonic() < deadline and running[0] < len(threads):
         time.sleep(0.02)
