@@ -564,9 +564,9 @@ def test_a_live_hls_playlist_whose_encoder_died_is_an_outage_not_its_last_second
                     "-c:v", "libx264", "-g", "30", "-bf", "0", "-f", "hls", "-hls_time", "1", "-hls_list_size", "0",
                     "-hls_flags", "omit_endlist", str(tmp_path / "index.m3u8")], check=True)
     server = _serve(tmp_path)
+    src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", pace=False, max_outage=4.0)
+    frames = []
     try:
-        src = StreamSource(f"http://127.0.0.1:{server.server_address[1]}/index.m3u8", pace=False, max_outage=4.0)
-        frames = []
         with pytest.raises(SourceSilent, match=r"^gave up on http://127\.0\.0\.1:\d+/index\.m3u8: no frame for "
                                                r"\d+\.\d s, more than the 4\.0 s allowed"):
             for f in src.frames():
@@ -576,6 +576,7 @@ def test_a_live_hls_playlist_whose_encoder_died_is_an_outage_not_its_last_second
     finally:
         src.connection.stop()
         server.shutdown()
+        server.server_close()
     assert len(frames) <= 60 and src.connection.outages == 1  # (its decoder's last frames may stay in it)
 
 
@@ -608,6 +609,7 @@ def test_a_playlist_whose_segments_are_missing_says_so(tmp_path, capsys, small_f
                                                "found when processing input)\n")
     finally:
         server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.parametrize("largest", [True, False])
@@ -630,6 +632,7 @@ def test_only_the_variant_shown_of_a_master_playlist_is_downloaded(tmp_path, mon
         frames = list(src.frames())
     finally:
         server.shutdown()
+        server.server_close()
     shown = "0" if largest else "1"
     assert frames[0].rgb.shape[1] == (128 if largest else 64)
     segments = {v: sum(bool(re.fullmatch(rf"/out_{v}\d+\.ts", r)) for r in requests) for v in "01"}
