@@ -288,8 +288,9 @@ def newly_failed(errors: dict[str, str], going: set[str], said: set[str]) -> lis
     as the last one going is left to the run's end, which says it."""
     new = [(label, error) for label, error in errors.items() if label not in said and going - {label}]
     said.update(label for label, _ in new)
-    # each line names its source once (not "cam1: gave up on cam1: ...")
-    return [(label, error if label in error else f"{label}: {error}") for label, error in new]
+    # each line names its source once (not "cam1: gave up on cam1: ..."), as it names it: after a
+    # space and before a colon (webcam 1's label is in "nothing for 10 s" too)
+    return [(label, error if f" {label}:" in f" {error}" else f"{label}: {error}") for label, error in new]
 
 
 def never_came(live, frames_in: int, some_came: bool) -> str | None:

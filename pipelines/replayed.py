@@ -13,6 +13,10 @@ from __future__ import annotations
 from collections import deque
 
 KEEP = 4096  # frame times remembered: over a minute at 60 fps, more than the 3 segments replayed
+# A reopen is joined at most a few segments before the end of what came: a first frame further
+# back is no replay but an encoder that restarted, whose MPEG-TS times begin where its last run's
+# did (1.4 s): taken for a replay, its frames were left out up to the old run's last time.
+REPLAY_WINDOW_S = 30.0
 
 
 class Replayed:
@@ -28,8 +32,8 @@ class Replayed:
         """Whether the frame at this stream time came before (to be left out)."""
         if time is None:
             return False
-        if self._skipping is None:  # the first frame after a reopen: one seen already begins a replay
-            self._skipping = time in self._times
+        if self._skipping is None:  # the first frame after a reopen: one seen lately begins a replay
+            self._skipping = time in self._times and self._times[-1] - time <= REPLAY_WINDOW_S
         if self._skipping and time <= self._times[-1]:
             return True
         self._skipping = False

@@ -1284,3 +1284,16 @@ def test_a_looped_clip_of_one_frame_keeps_its_pace():
     got = [f.pts for f in _taken(g, 4)]
     gaps = np.diff(got)
     assert gaps == pytest.approx([gaps[0]] * 3), got
+
+
+def test_a_failed_sources_line_names_it_once():
+    """Said while others go on: the error names its source already ("cannot read cam1: ..."), or
+    is prefixed with it; a label found elsewhere in the text (a camera called `10`, in "nothing
+    for 10 s") is not taken for the name."""
+    from app.live_run import newly_failed
+
+    said: set = set()
+    errors = {"rtsp://cam1": "cannot read rtsp://cam1: 404 Not Found", "10": "it stopped sending frames (nothing for 10 s)"}
+    assert newly_failed(errors, {"rtsp://cam1", "10", "other"}, said) == [
+        ("rtsp://cam1", "cannot read rtsp://cam1: 404 Not Found"), ("10", "10: it stopped sending frames (nothing for 10 s)")]
+    assert newly_failed(errors, {"other"}, said) == []  # said once

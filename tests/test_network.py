@@ -589,6 +589,15 @@ def test_replayed_frames_are_those_a_reopen_gives_again():
     assert [seen.again(t) for t in (2.0, 3.0, 4.0)] == [True, True, False]
     seen.reopened()  # an encoder restarted: its times start afresh, and its frames are new
     assert [seen.again(t) for t in (0.5, 1.5, 2.5)] == [False] * 3
+    # ... where its last run's began too (MPEG-TS from 1.4 s): a run longer than a replay reaches
+    # back is no replay (all 240 of its new frames had been left out)
+    again = Replayed()
+    times = [1.4 + i / 30 for i in range(1200)]  # 40 s
+    assert not any(again.again(t) for t in times)
+    again.reopened()
+    assert not any(again.again(t) for t in times[60:300])
+    again.reopened()  # and a real replay still is one: joined 2 s before the end of what came
+    assert all(again.again(t) for t in times[240:300]) and not again.again(times[300])
 
 
 def test_a_playlist_whose_segments_are_missing_says_so(tmp_path, capsys, small_folder):
