@@ -62,6 +62,7 @@ class RequestHandle:
         are new, the parent's threads may have held them; its done callbacks are not called (run
         inside the fork, they may wait on locks that no thread here will release)."""
         self._cond, self._cb_lock, self._callbacks = threading.Condition(), threading.Lock(), []
+        self._done = threading.Event()  # its own lock too (no thread waits on it here)
         self._finish(output)
 
     def _call(self, fn, on_engine: bool = False) -> None:
