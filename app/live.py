@@ -248,8 +248,9 @@ def file_names(sources: list[str], labels: list[str]) -> list[str]:
     whole path (_work_clips_door.mp4) where its recording said door."""
     from pipelines.sinks import file_label
 
-    names = [file_label(Path(source).stem if Path(source).is_file() else label) or "source"
-             for source, label in zip(sources, labels)]
+    # standard input is "stdin": its recordings and snapshots were STAMP_-.mp4 and ..._-_0.jpg
+    names = [file_label("stdin" if source == "-" else Path(source).stem if Path(source).is_file() else label)
+             or "source" for source, label in zip(sources, labels)]
     # A name no other source has is kept; the others get the first free _1, _2...: door_2.mp4
     # beside a/door.mp4 and b/door.mp4 stays door_2, they become door_1 and door_3
     taken = {n for n in names if names.count(n) == 1}

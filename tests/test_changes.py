@@ -362,7 +362,8 @@ def test_sources_keep_their_own_file_names_where_they_can(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     for sources, want in [(["a/door.mp4", "b/door.mp4", "door_2.mp4"], ["door_1", "door_3", "door_2"]),
                           (["door_2.mp4", "a/door.mp4", "b/door.mp4"], ["door_2", "door_1", "door_3"]),
-                          (["a/door.mp4", "b/door.mp4"], ["door_1", "door_2"])]:
+                          (["a/door.mp4", "b/door.mp4"], ["door_1", "door_2"]),
+                          (["-", "door_2.mp4"], ["stdin", "door_2"])]:  # standard input: not "-"
         assert file_names(sources, sources) == want
 
 
