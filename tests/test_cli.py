@@ -1216,40 +1216,9 @@ def test_resume_with_another_model_is_refused(capsys, tmp_path, small_folder):
         assert written.read_text() == before
 
 
-def test_an_interrupt_that_comes_twice_at_once_still_gives_the_summary(capsys, tmp_path, small_folder, monkeypatch):
-    """GNU timeout -s INT signals the command and its process group: the second KeyboardInterrupt
-    came while the files' results were being collected, and the run's summary was lost."""
+def _ctrl_c_at_the_second_wait(monkeypatch) -> None:
+    """A Ctrl-C as `video` waits on its files the second time (the first wait has them under way)."""
     import concurrent.futures
-
-    waits, results = [0], [0]
-    wait, result = concurrent.futures.wait, concurrent.futures.Future.result
-
-    def interrupted_wait(*a, **k):
-        waits[0] += 1
-        if waits[0] == 2:
-            raise KeyboardInterrupt
-        return wait(*a, **k)
-
-    def interrupted_again(self, *a, **k):
-        results[0] += 1
-        if results[0] == 1:
-            raise KeyboardInterrupt
-        return result(self, *a, **k)
-
-    monkeypatch.setattr(concurrent.futures, "wait", interrupted_wait)
-    monkeypatch.setattr(concurrent.futures.Future, "result", interrupted_again)
-    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
-    assert main(["video", str(clip), "--every-n", "30", "--max-tokens", "2", "--model", str(small_folder),
-                 "-o", str(tmp_path / "o.jsonl")]) == 130
-    assert "(interrupted)" in capsys.readouterr().err.strip().splitlines()[-1]
-
-
-def test_files_whose_turn_had_not_come_at_ctrl_c_are_not_started(capsys, tmp_path, small_folder, monkeypatch):
-    """More files than run side by side, Ctrl-C while the first ones run: the others are not
-    opened afterwards (each left an empty JSONL behind, and counted as a file done)."""
-    import concurrent.futures
-
-    from app.video_run import CONCURRENT_FILES
 
     waits, wait = [0], concurrent.futures.wait
 
@@ -1260,6 +1229,35 @@ def test_files_whose_turn_had_not_come_at_ctrl_c_are_not_started(capsys, tmp_pat
         return wait(*a, **k)
 
     monkeypatch.setattr(concurrent.futures, "wait", interrupted_wait)
+
+
+def test_an_interrupt_that_comes_twice_at_once_still_gives_the_summary(capsys, tmp_path, small_folder, monkeypatch):
+    """GNU timeout -s INT signals the command and its process group: the second KeyboardInterrupt
+    came while the files' results were being collected, and the run's summary was lost."""
+    import concurrent.futures
+
+    results, result = [0], concurrent.futures.Future.result
+    _ctrl_c_at_the_second_wait(monkeypatch)
+
+    def interrupted_again(self, *a, **k):
+        results[0] += 1
+        if results[0] == 1:
+            raise KeyboardInterrupt
+        return result(self, *a, **k)
+
+    monkeypatch.setattr(concurrent.futures.Future, "result", interrupted_again)
+    clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"
+    assert main(["video", str(clip), "--every-n", "30", "--max-tokens", "2", "--model", str(small_folder),
+                 "-o", str(tmp_path / "o.jsonl")]) == 130
+    assert "(interrupted)" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_files_whose_turn_had_not_come_at_ctrl_c_are_not_started(capsys, tmp_path, small_folder, monkeypatch):
+    """More files than run side by side, Ctrl-C while the first ones run: the others are not
+    opened afterwards (each left an empty JSONL behind, and counted as a file done)."""
+    from app.video_run import CONCURRENT_FILES
+
+    _ctrl_c_at_the_second_wait(monkeypatch)
     clips = tmp_path / "clips"
     clips.mkdir()
     data = (ROOT / "sample_videos" / "cuts_640x360_30fps.mp4").read_bytes()
@@ -1677,20 +1675,12 @@ def test_a_signal_given_twice_while_torch_imports_comes_once_after_it(monkeypatc
 def test_a_ctrl_c_that_waits_for_slow_frames_says_so(capsys, tmp_path, small_folder, monkeypatch):
     """Moondream 2 on a CPU: after a Ctrl-C the frames under way took 8-30 s to finish with
     nothing said, and a user who pressed it again lost them. A wait past STOP_NOTICE_S is said."""
-    import concurrent.futures
     import time
 
     from engine.batch import Batch
 
-    waits, wait, commit = [0], concurrent.futures.wait, Batch.commit
-
-    def interrupted_wait(*a, **k):
-        waits[0] += 1
-        if waits[0] == 2:
-            raise KeyboardInterrupt
-        return wait(*a, **k)
-
-    monkeypatch.setattr(concurrent.futures, "wait", interrupted_wait)
+    commit = Batch.commit
+    _ctrl_c_at_the_second_wait(monkeypatch)
     monkeypatch.setattr(Batch, "commit", lambda self, record: (time.sleep(0.3), commit(self, record))[1])
     monkeypatch.setattr("app.video_run.STOP_NOTICE_S", 0.0)  # said at once, whatever the machine's load
     clip = ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"

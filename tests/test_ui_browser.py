@@ -900,11 +900,18 @@ def test_live_exports_asked_in_a_loop_stay_bounded_on_the_servers_disk(server):
     assert len(list(served.glob("*/live-captions.jsonl"))) <= HANDED_KEPT
 
 
+def _apply_default_settings(client) -> None:
+    """The server's settings back to the defaults, for the tests after (they share one server)."""
+    from app.settings import Settings
+
+    d = Settings()
+    client.predict(d.model, d.device, d.temperature, d.max_tokens, d.pipelined, d.sticky, d.hold,
+                   api_name="/apply_settings")
+
+
 def test_a_page_shows_the_settings_the_server_runs(server, client):
     """The settings are the server's, shared by every page: a page showed those of the server's
     start, and its Apply of one field then put back the others another page had applied."""
-    from app.settings import Settings
-
     with playwright_api.sync_playwright() as p:
         browser = launch(p)
         before = browser.new_page()  # open while the settings change
@@ -922,9 +929,7 @@ def test_a_page_shows_the_settings_the_server_runs(server, client):
                 numbers = page.locator("#vs-tab-settings input[type=number]")
                 assert [numbers.nth(i).input_value() for i in range(numbers.count())] == ["0", "40", "1.5", "5"]
         finally:
-            d = Settings()
-            client.predict(d.model, d.device, d.temperature, d.max_tokens, d.pipelined, d.sticky, d.hold,
-                           api_name="/apply_settings")
+            _apply_default_settings(client)
             browser.close()
 
 
@@ -995,7 +1000,5 @@ def test_an_apply_changes_only_the_fields_its_page_changed(server, client):
             page.wait_for_function(f"{tokens} == '40'", timeout=30_000)
             assert [numbers.nth(i).input_value() for i in range(numbers.count())] == ["0.5", "40", "1.5", "5"]
         finally:
-            d = Settings()
-            client.predict(d.model, d.device, d.temperature, d.max_tokens, d.pipelined, d.sticky, d.hold,
-                           api_name="/apply_settings")
+            _apply_default_settings(client)
             browser.close()
