@@ -230,6 +230,7 @@ class _FileProgress:
         self.shown = 0
         self.on_terminal = c.out is None and not c.out_dir and not c.to_stdout
         self.changed = AnswerChanges(run.args.hold or 1) if run.args.changes and self.on_terminal else None
+        self.in_order = constrained(run.checked.tasks)  # the prompts --changes follows in their answers' order
         if self.changed:
             run.trackers.append(self.changed)
         self.written_last = -1
@@ -256,7 +257,7 @@ class _FileProgress:
                 pts, text, was = r.pts, r.text.strip(), ""
                 if self.changed is not None:
                     key = prompt_key(r.prompt)
-                    ch = self.changed.observe(key, r.text, r.pts, in_order=key in constrained(c.tasks))
+                    ch = self.changed.observe(key, r.text, r.pts, in_order=key in self.in_order)
                     if ch is None:
                         return
                     pts, was = ch.since_pts, "" if ch.previous is None else f"  (was: {ch.previous})"
