@@ -39,7 +39,7 @@ WAIT_NOTICE_S = 2.0  # at the end of a run, a wait for the frames in flight is s
 
 def run(args: argparse.Namespace) -> int:
     from engine.types import SamplingParams
-    from pipelines.live import DEFAULT_MAX_INFLIGHT
+    from pipelines.live import DEFAULT_MAX_INFLIGHT, SLOW_ANSWER_S
 
     sticky, snapshots, tasks, region = _checked(args)
     opened, labels, recordings = _opened(args)
@@ -64,10 +64,15 @@ def run(args: argparse.Namespace) -> int:
         # warm-up: the first step pays one-time costs a live stream should not see
         # As long as the engine makes progress: a fixed 120 s had ended a slow model's run (a 720p
         # frame is 9 crops: Moondream 2 in fp32 on a CPU without bf16 takes minutes) with a traceback.
+        began = time.perf_counter()
         engine.submit(warm, params=params, **tasks[0]).wait()
+        answer_s = time.perf_counter() - began
+        if args.max_inflight is None and answer_s > SLOW_ANSWER_S:
+            print(f"vlmstream: an answer took {answer_s:.1f} s: frames are asked one at a time while answers "
+                  "take over a second (--max-inflight N sets how many)", file=sys.stderr)
         live_run.start(opened, recordings)
         t0 = start_clock(opened, args.duration)
-        feeds = _feeds(args, engine, tasks, params, inflight, opened, live_run)
+        feeds = _feeds(args, engine, tasks, params, inflight, opened, live_run, answer_s)
         interrupted, gave_up = _watch(args, feeds, live_run, t0, engine.config.max_batch_size // len(tasks))
         per_source = live_run.sources_ended(feeds, opened, interrupted)
     failed = live_run.close_log()
@@ -172,8 +177,9 @@ def _config(args: argparse.Namespace, max_batch_size: int) -> EngineConfig:
 
 
 def _feeds(args: argparse.Namespace, engine: Engine, tasks: list[dict], params: SamplingParams, inflight: int,
-           opened: list, live_run: LiveRun) -> list[LiveFeed]:
-    """A feed per source, each completed frame shown by live_run."""
+           opened: list, live_run: LiveRun, answer_s: float) -> list[LiveFeed]:
+    """A feed per source, each completed frame shown by live_run; answer_s: the warm-up's (an
+    explicit --max-inflight is kept however slow answers are)."""
     from pipelines.feed import LiveFeed
 
     # One engine for every source: their frames share its batches (continuous batching).
@@ -182,7 +188,7 @@ def _feeds(args: argparse.Namespace, engine: Engine, tasks: list[dict], params: 
                      max_inflight=inflight, deadline_ms=args.deadline_ms,
                      record_size=0, shots=0,  # the page's keepsakes: -o and --snapshots write them here
                      on_result=lambda r, label=label: live_run.show(label, r),
-                     connection=live.connection)
+                     connection=live.connection, adapt=args.max_inflight is None, answer_s=answer_s)
             for live, label in zip(opened, live_run.labels)]
 
 

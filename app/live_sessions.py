@@ -107,7 +107,8 @@ class LiveSessions:
         try:
             feed = LiveFeed(engine, task, service.params(), live.frames, realtime=live.paced, loop=live.loops,
                             fps=LIVE_FPS, hold=service.settings.hold, on_result=recorder.add if recorder else None,
-                            connection=live.connection, locate=service.region_of(task))
+                            connection=live.connection, locate=service.region_of(task),
+                            answer_s=self._answer_s(engine))
         except BaseException:
             if recorder is not None:
                 recorder.close()
@@ -207,8 +208,9 @@ class LiveSessions:
             feed = self._feeds.get(key)
             resumed = feed is not None and _silent(feed)
             if feed is None or feed.task != task:  # a new prompt starts a new feed
-                new = LiveFeed(service.engine(), task, service.params(), hold=service.settings.hold,
-                               locate=service.region_of(task))
+                engine = service.engine()
+                new = LiveFeed(engine, task, service.params(), hold=service.settings.hold,
+                               locate=service.region_of(task), answer_s=self._answer_s(engine))
                 if feed is not None:
                     new.on_result = feed.on_result  # a recording goes on across the change
                     new.continue_records(feed)  # and so does the camera's Export
@@ -253,6 +255,15 @@ class LiveSessions:
         (it had kept it until the tab closed: a viewer beside a stopped camera ran on half)."""
         with self._lock:
             self._share_inflight()
+
+    def _answer_s(self, engine) -> float | None:
+        """How long the latest answer of the open feeds on this engine took (the longest of
+        theirs), None before any: a new feed of a slow model starts one frame at a time
+        (LiveSession's answer_s) instead of waiting ~4x as long for its first answer."""
+        with self._lock:
+            times = [f.session.last_answer_s for f in self._feeds.values()
+                     if f.session is not None and f.session.engine is engine and f.session.last_answer_s is not None]
+        return max(times, default=None)
 
     def _share_inflight(self) -> None:
         """Every open feed gets an equal share of DEFAULT_MAX_INFLIGHT frames in flight (at least

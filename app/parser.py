@@ -173,7 +173,8 @@ def _live_command(sub) -> None:
                            "that never sent a frame is given 30 s)")
     live.add_argument("--max-inflight", type=int, default=None, metavar="N",
                       help="frames of a source in the engine at once (default 4, shared out among several "
-                           "sources: as many frames a second as more would give on 2 cores, with less latency)")
+                           "sources: as many frames a second as more would give on 2 cores, with less latency; "
+                           "one while answers take over a second)")
     live.add_argument("--deadline-ms", type=float, default=None, metavar="D", help="cancel a frame after D ms")
     live.add_argument("--max-tokens", type=int, default=None, metavar="N",
                       help=f"answer length limit (default {MAX_TOKENS_FRAMES}: the tiny model's long captions take up "

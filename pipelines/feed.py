@@ -135,12 +135,14 @@ class LiveFeed:
                  fps: float = 60.0, max_inflight: int = DEFAULT_MAX_INFLIGHT, deadline_ms: float | None = None,
                  window_s: float = 30.0, log_size: int = 200, record_size: int = EXPORT_LINES,
                  shots: int = SHOTS, hold: int = 1, on_result: Callable[[LiveResult], None] | None = None,
-                 connection: Connection | None = None, locate: Callable[[np.ndarray], dict] | None = None):
+                 connection: Connection | None = None, locate: Callable[[np.ndarray], dict] | None = None,
+                 adapt: bool = True, answer_s: float | None = None):
         """hold: a new answer gets a picture once it has come this many frames in a row (as
         `live --changes --hold`): a one-frame misreading is a line of the log, not a change.
         connection: a stream's or a camera's (LiveSource.connection): its health is the counters'
         "stream", and close stops it, so that a source in an outage stops retrying.
-        locate: rgb -> the region decoder's result, for a region task."""
+        locate: rgb -> the region decoder's result, for a region task.
+        adapt, answer_s: the session's (LiveSession): one frame in flight while answers are slow."""
         if not 0 < fps < float("inf"):  # NaN too
             raise ValueError(f"fps must be a finite number > 0, got {fps}")
         self.task, self.fps, self.window_s, self.on_result = task, fps, window_s, on_result
@@ -186,7 +188,8 @@ class LiveFeed:
             self._locator = LiveLocator(locate, [LocateSource("live", frames, realtime, loop)], what, region[0],
                                         fps, on_result=lambda r: self._on_result(r.drawn()))
             return
-        self.session = LiveSession(engine, task, params, max_inflight, deadline_ms, on_result=self._on_result)
+        self.session = LiveSession(engine, task, params, max_inflight, deadline_ms, on_result=self._on_result,
+                                   adapt=adapt, answer_s=answer_s)
         if frames is not None:
             self._grabber = LatestFrameGrabber(frames, realtime=realtime, loop=loop)
             self._pump = threading.Thread(target=self._run_pump, name="vlmstream-feed", daemon=True)

@@ -1,7 +1,7 @@
 """A live session: one stream's frames in, one caption per frame out, latest frame wins.
 
 Policies: at most `max_inflight` frames in the engine (a frame offered beyond that is dropped
-at intake); when a frame's result completes, every older frame still in flight is stale and is
+at intake), one while answers take over SLOW_ANSWER_S (`adapt`); when a frame's result completes, every older frame still in flight is stale and is
 cancelled (the engine releases it through its reference counts); a request older than
 `deadline_ms` is cancelled, and one that finishes past it is not reported. Results reach `on_result` in completion order, which is frame order
 for the frames that complete (older ones are cancelled when a newer one wins).
@@ -34,6 +34,16 @@ LATENCY_WINDOW = 36_000  # ten minutes at 60 fps
 # on two AVX2 cores with half the latency (p50 ~60 against ~120 ms, BENCHMARKS.md); more in
 # flight only queue longer, fewer lose frames.
 DEFAULT_MAX_INFLIGHT = 4
+# An answer slower than this makes an adapting session take one frame at a time. Frames in flight
+# together are nearly the same instant (4 frames: 67 ms of a 60 fps stream), so answering them
+# together gains a viewer nothing where an answer takes seconds, and on a CPU they share the
+# machine: Moondream 2 on two cores gave its first live answer after ~50 s with 4 in flight
+# against ~12 s alone, and every later one as late (BENCHMARKS.md).
+SLOW_ANSWER_S = 1.0
+# ... and one alone faster than this takes it back to max_inflight (a warm-up slowed by one-time
+# costs, a machine no longer busy). A quarter: frames sharing a CPU take up to ~4x as long as one
+# alone, so a model between the two stays one at a time rather than switching at every answer.
+FAST_ANSWER_S = SLOW_ANSWER_S / DEFAULT_MAX_INFLIGHT
 ROLLING_S = 2.0  # the frames a second a page shows count over this much of the newest past
 # Logit margin by which a live frame's answer keeps the previous one (SamplingParams.sticky). On
 # the 60 fps sample at 2, captions changed 25 times in 720 frames instead of 173 and named 93 %
@@ -91,11 +101,16 @@ class LiveResult:
 class LiveSession:
     """task: one prompt ({"caption": "short"} or {"question": "..."}, plus any `Engine.submit`
     keyword such as a constraint) or several, all asked about every frame on one image prefix
-    (a frame completes when all its answers are in)."""
+    (a frame completes when all its answers are in).
+
+    adapt: take one frame at a time from an answer that took over SLOW_ANSWER_S until one takes
+    under FAST_ANSWER_S (`one_at_a_time`); answer_s: how long an answer took alone before the
+    session (a warm-up), where known: over SLOW_ANSWER_S, an adapting session starts one at a time."""
 
     def __init__(self, engine: Engine, task: dict | list[dict], params: SamplingParams = SamplingParams(max_tokens=32),
                  max_inflight: int = 2, deadline_ms: float | None = None,
-                 on_result: Callable[[LiveResult], None] | None = None):
+                 on_result: Callable[[LiveResult], None] | None = None, adapt: bool = True,
+                 answer_s: float | None = None):
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
         if deadline_ms is not None and not 0 < deadline_ms < float("inf"):  # NaN too
@@ -105,6 +120,9 @@ class LiveSession:
             raise ValueError("a live session needs at least one prompt")
         self.engine, self.params = engine, params
         self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
+        self.adapt = adapt
+        self.one_at_a_time = adapt and answer_s is not None and answer_s > SLOW_ANSWER_S
+        self.last_answer_s: float | None = None  # the engine's time for the latest frame answered
         self._last_answers: list[list[int] | None] = [None] * len(self.tasks)  # per prompt, the latest frame's
         self._answers_of = -1  # the index of the frame those answers are for
         self._draft_from = 0  # answers of frames before this one (a scene cut) are not drafts
@@ -135,7 +153,7 @@ class LiveSession:
         with self._lock:
             if self._stop.is_set():
                 return False
-            if len(self._inflight) >= self.max_inflight:
+            if len(self._inflight) >= (1 if self.one_at_a_time else self.max_inflight):
                 self.frames_in += 1
                 self.dropped += 1
                 return False
@@ -203,6 +221,10 @@ class LiveSession:
                     continue
                 stale = []
                 answered = all(o.finish_reason in ("stop", "length") for o in outs)
+                if answered:  # late or not: how long answers take now
+                    self.last_answer_s = took_s = max(o.timings_ms.get("total", 0.0) for o in outs) / 1000.0
+                    if self.adapt and (took_s > SLOW_ANSWER_S or took_s < FAST_ANSWER_S):
+                        self.one_at_a_time = took_s > SLOW_ANSWER_S
                 if answered and self._late(offered, time.perf_counter()):
                     # finished in time for the engine but handled too late here (this thread was
                     # held, or results queued up), or the frame _expire let run on: past the
@@ -311,7 +333,7 @@ class LiveSession:
             "frames_in": self.frames_in, "submitted": self.submitted, "completed": self.completed,
             "cancelled_stale": self.cancelled_stale, "cancelled_deadline": self.cancelled_deadline,
             "cancelled_closed": self.cancelled_closed,
-            "dropped": self.dropped, "max_inflight": self.max_inflight,
+            "dropped": self.dropped, "max_inflight": self.max_inflight, "one_at_a_time": self.one_at_a_time,
             "achieved_fps": self.completed / wall, "rolling_fps": rolling,
             "latency_ms": {k: v.percentiles() for k, v in self._latency.items() if v},
         }

@@ -14,7 +14,7 @@ import pytest
 import engine.engine as engine_module
 from engine import Engine, EngineConfig, SamplingParams
 from engine.runner import StepResult
-from engine.types import RequestOutput
+from engine.types import RequestOutput, StageTimings
 from pipelines.grabber import LatestFrameGrabber
 from pipelines.live import LIVE_STICKY, LiveSession
 from pipelines.sources import Frame
@@ -107,8 +107,8 @@ class _HeldHandle:
     def cancel(self):
         pass  # too late: it has finished, as a real handle would have
 
-    def finish(self, text):
-        self.out = RequestOutput(text, [1], "stop")
+    def finish(self, text, total_ms=0.0):
+        self.out = RequestOutput(text, [1], "stop", StageTimings(total=total_ms))
         for fn in self.callbacks:
             fn(self)
 
@@ -191,6 +191,53 @@ def test_with_nothing_to_draft_from_the_oldest_frame_runs_past_its_deadline_for_
     finally:
         s.close()
     assert reported == [2]
+
+
+def test_a_session_takes_one_frame_at_a_time_while_answers_are_slow():
+    """Moondream 2 on two CPU cores: 4 frames admitted together shared the machine, the first
+    answer came after ~50 s instead of ~12, and each later one as late, for frames of nearly the
+    same instant. An answer over a second makes the session take one frame at a time, until one
+    alone is fast again (a warm-up's one-time costs, a machine no longer busy)."""
+    engine = _HeldEngine()
+    s = LiveSession(engine, {"caption": "short"}, max_inflight=4)
+    try:
+        frames = _frames(12)
+        assert all(s.offer(f) for f in frames[:4]) and not s.offer(frames[4])
+        for h in engine.handles[:4]:  # 4 answers together, each 5 s
+            h.finish("slow", total_ms=5000.0)
+        _wait(lambda: s.in_flight == 0)
+        assert s.one_at_a_time and s.stats()["one_at_a_time"]
+        assert s.offer(frames[5]) and not s.offer(frames[6]) and s.dropped == 2
+        engine.handles[4].finish("alone, not fast", total_ms=600.0)  # between the two: stays one at a time
+        _wait(lambda: s.in_flight == 0)
+        assert s.offer(frames[7]) and not s.offer(frames[8])
+        engine.handles[5].finish("fast again", total_ms=50.0)
+        _wait(lambda: s.in_flight == 0)
+        assert not s.one_at_a_time and all(s.offer(f) for f in frames[9:12])
+        for h in engine.handles[6:]:
+            h.finish("fast", total_ms=50.0)
+        _wait(lambda: s.in_flight == 0)
+    finally:
+        s.close()
+    assert s.completed == 9 and s.last_answer_s == 0.05
+
+
+def test_a_session_told_of_a_slow_warm_up_starts_one_at_a_time_unless_it_may_not_adapt():
+    engine = _HeldEngine()
+    slow = LiveSession(engine, {"caption": "short"}, max_inflight=4, answer_s=12.0)
+    fixed = LiveSession(engine, {"caption": "short"}, max_inflight=4, answer_s=12.0, adapt=False)
+    fast = LiveSession(engine, {"caption": "short"}, max_inflight=4, answer_s=0.2)
+    try:
+        frames = _frames(4)
+        assert slow.offer(frames[0]) and not slow.offer(frames[1])
+        assert all(fixed.offer(f) for f in frames) and all(fast.offer(f) for f in frames)
+        for h in engine.handles:
+            h.finish("slow", total_ms=5000.0)
+        _wait(lambda: not (slow.in_flight or fixed.in_flight or fast.in_flight))
+        assert slow.one_at_a_time and fast.one_at_a_time and not fixed.one_at_a_time
+    finally:
+        for s in (slow, fixed, fast):
+            s.close()
 
 
 class _SlowSubmitEngine(_HeldEngine):
@@ -361,8 +408,9 @@ def test_live_cli_waits_for_its_frames_in_flight_and_counts_them(small_folder, t
     monkeypatch.setattr("app.live.WAIT_NOTICE_S", 0.0)  # said at once, whatever the machine's load
     sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
     log, video = tmp_path / "log.jsonl", tmp_path / "annotated.mp4"
+    # 4 in flight as given: by default a model this slow is asked one frame at a time
     assert main(["live", str(sample), "--model", str(small_folder), "--duration", "0.5", "--max-tokens", "3",
-                 "--no-draft", "-o", str(log), "--annotate", str(video), "--json"]) == 0
+                 "--no-draft", "-o", str(log), "--annotate", str(video), "--json", "--max-inflight", "4"]) == 0
     out, err = capsys.readouterr()
     stats = json.loads(out)
     assert re.fullmatch(r"vlmstream: waiting for the \d+ frames? in flight \(Ctrl-C cancels them\)\n", err), err
@@ -387,6 +435,27 @@ def test_a_warm_up_slower_than_any_fixed_limit_still_starts_the_run(small_folder
     assert main(["live", str(sample), "--model", str(small_folder), "--duration", "0.2", "--max-tokens", "4",
                  "--no-draft", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["completed"] >= 1
+
+
+def test_live_cli_asks_one_frame_at_a_time_after_a_slow_warm_up_unless_told_how_many(small_folder, capsys,
+                                                                                      monkeypatch):
+    """Every answer counts as slow here (the threshold at 0): the run says so after its warm-up
+    and keeps one frame in flight; an explicit --max-inflight is kept as given."""
+    import pipelines.live
+    from app.cli import main
+
+    monkeypatch.setattr(pipelines.live, "SLOW_ANSWER_S", 0.0)
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "cuts_640x360_30fps.mp4"
+    run = ["live", str(sample), "--model", str(small_folder), "--duration", "1", "--max-tokens", "4", "--json"]
+    assert main(run) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"an answer took \d+\.\d s: frames are asked one at a time while answers take over a second "
+                     r"\(--max-inflight N sets how many\)", err), err
+    stats = json.loads(out)
+    assert stats["one_at_a_time"] and stats["completed"] >= 1
+    assert main(run + ["--max-inflight", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert "one at a time" not in err and not json.loads(out)["one_at_a_time"]
 
 
 def test_a_sigterm_lost_during_the_end_of_run_wait_still_stops_the_run(small_folder, capsys, monkeypatch):

@@ -589,6 +589,23 @@ def test_a_silent_camera_gives_its_share_of_the_frames_in_flight_back(service):
         service.close_session("tab-share")
 
 
+def test_a_new_feed_of_a_slow_model_starts_one_frame_at_a_time(service):
+    """A viewer's feed learns that answers are slow from its first one, which came ~4x late (4
+    frames sharing the machine); a feed opened beside it starts one at a time from the answer time
+    the open feeds saw."""
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    try:
+        a = service.push_frame("tab-slow", rgb, make_task("short"))  # one frame: then no answer comes
+        assert not a.session.one_at_a_time
+        wait_for(lambda: a.session.last_answer_s is not None)
+        assert not service.push_frame("tab-slow-cam", rgb, make_task("short")).session.one_at_a_time
+        a.session.last_answer_s = 12.0  # as Moondream 2 on two CPU cores answers
+        assert service.push_frame("tab-slow-cam2", rgb, make_task("short")).session.one_at_a_time
+    finally:
+        for tab in ("tab-slow-cam", "tab-slow-cam2", "tab-slow"):
+            service.close_session(tab)
+
+
 def test_a_cameras_export_goes_on_across_a_new_prompt(service):
     """The camera's stream goes on when its prompt changes, but its Export held the new prompt's
     answers alone: the earlier ones were gone from the page's one download."""
