@@ -38,6 +38,7 @@ from .request import ImageRef, RequestHandle, as_rgb
 from .runner import Runner
 from .sequence import Image, Sequence
 from .vision_stage import VisionStage, vision_thread_mode
+from .timeouts import seconds
 from .types import EngineStats, SamplingParams
 
 
@@ -223,11 +224,13 @@ class Engine:
         """Restart the counters behind tokens/s and the busy fraction (for benchmarks)."""
         self._post(("reset_stats", None))
 
-    def close(self, cancel: bool = False, timeout: float = 600.0) -> None:
+    def close(self, cancel: bool = False, timeout: float | None = 600.0) -> None:
         """Finish (or with cancel=True, cancel) all requests, free every page, join the threads.
         After a TimeoutError, a second call waits again (it had returned at once, the engine still
         running). From a done callback, which runs on the engine thread, it starts the closing and
-        returns: the engine ends once the callback returns and the requests are done."""
+        returns: the engine ends once the callback returns and the requests are done.
+        timeout None (or math.inf): no limit."""
+        timeout = seconds(timeout)  # before anything closes: a bad one leaves the engine as it was
         self._inbox.close()
         if self._shut:  # closed and joined already (by a with block, then by hand, then at exit)
             return

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from .errors import ImageError, RequestError
+from .timeouts import seconds
 from .types import RequestOutput
 
 if TYPE_CHECKING:
@@ -92,7 +93,8 @@ class RequestHandle:
         return self._done.is_set()
 
     def result(self, timeout: float | None = None) -> RequestOutput:
-        if not self._done.wait(timeout):
+        """The output, waited for at most `timeout` seconds (None or math.inf: no limit)."""
+        if not self._done.wait(seconds(timeout)):
             raise TimeoutError(f"request {self.id} not finished after {timeout} s")
         assert self._output is not None
         return self._output
@@ -103,11 +105,12 @@ class RequestHandle:
         limit (Moondream 2 on a CPU with 32 frames queued: 15 s a step, each with another
         frame's image, and 64 of them to the oldest frame's answer), where result(timeout=600)
         had failed a healthy run."""
+        limit = seconds(stall, "stall")
         engine = self._engine  # None once finished: result() returns at once then
         steps = engine.stats().steps if engine is not None else None
         while True:
             try:
-                return self.result(timeout=stall)
+                return self.result(timeout=limit)
             except TimeoutError:
                 now = engine.stats().steps if engine is not None else None
                 if now is None or now == steps:
@@ -120,10 +123,10 @@ class RequestHandle:
         Each call streams from the first word: a second reader, or a call after the request
         finished, gets the whole text. timeout: the longest wait for the next word.
         """
-        i = 0
+        limit, i = seconds(timeout), 0
         while True:
             with self._cond:
-                if not self._cond.wait_for(lambda: i < len(self._deltas) or self._ended, timeout):
+                if not self._cond.wait_for(lambda: i < len(self._deltas) or self._ended, limit):
                     raise TimeoutError(f"no text from request {self.id} for {timeout} s")
                 words, ended = self._deltas[i:], self._ended
             i += len(words)

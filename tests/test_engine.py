@@ -1571,3 +1571,17 @@ def test_a_request_finalized_but_not_finished_at_a_fork_ends_in_the_child(monkey
     monkeypatch.setattr(open_engines, "open_engines", weakref.WeakSet([eng]))
     open_engines.forked()
     assert handle.result(timeout=1).finish_reason == "error"
+
+
+def test_close_takes_infinity_for_no_limit_and_refuses_a_bad_timeout_before_closing(small_folder, images):
+    """close(timeout=math.inf) was an OverflowError from Thread.join, NaN a ValueError, "5" a
+    TypeError, each after the engine had started closing: it then took no more work."""
+    import math
+
+    eng = _engine(small_folder)
+    for bad in ("5", float("nan")):
+        with pytest.raises(RequestError, match="timeout must be a number of seconds or None"):
+            eng.close(timeout=bad)
+    assert eng.submit(images[0], caption="short", params=GREEDY).result(timeout=30).finish_reason in ("stop", "length")
+    eng.close(timeout=math.inf)
+    _assert_clean(eng)

@@ -44,3 +44,27 @@ def test_a_release_during_a_submit_is_posted_after_its_request_by_the_last_submi
     plain.release()
     plain.release()
     assert eng.posted == [("release", img)]  # once
+
+
+def test_waits_take_infinity_for_no_limit_and_refuse_what_is_not_a_number_of_seconds():
+    """math.inf (the usual "for ever", and asyncio.to_thread(h.result, timeout)'s) was an
+    OverflowError from inside threading, "5" a TypeError from its comparisons, NaN no wait."""
+    import math
+    import threading
+
+    import pytest
+
+    from engine.errors import RequestError
+
+    h = RequestHandle(_Engine(), 1)
+    threading.Timer(0.2, h._finish, (RequestOutput("a star", [3], "stop"),)).start()
+    assert h.result(math.inf).text == "a star"
+    assert h.result(10**20).text == "a star" and list(h.stream(math.inf)) == []
+    for bad in ("5", float("nan"), True, [1]):
+        with pytest.raises(RequestError, match="timeout must be a number of seconds or None"):
+            h.result(bad)
+        with pytest.raises(RequestError, match="timeout must be a number of seconds or None"):
+            next(h.stream(bad))
+        with pytest.raises(RequestError, match="stall must be a number of seconds or None"):
+            h.wait(bad)
+
