@@ -82,6 +82,8 @@ class RequestHandle:
         """Call fn(handle) once the request has finished (at once if it already has). It runs on
         the engine thread: it must be quick and must not wait on the engine. An exception it
         raises is logged (logger "vlmstream"), not raised."""
+        if not callable(fn):  # checked here: called later, on the engine thread, it was only logged
+            raise RequestError(f"a done callback must be callable, got {type(fn).__name__}")
         with self._cb_lock:
             if not self._done.is_set():
                 self._callbacks.append(fn)

@@ -68,3 +68,16 @@ def test_waits_take_infinity_for_no_limit_and_refuse_what_is_not_a_number_of_sec
         with pytest.raises(RequestError, match="stall must be a number of seconds or None"):
             h.wait(bad)
 
+
+def test_a_done_callback_that_cannot_be_called_is_refused_at_once():
+    """Taken, then called on the engine thread, a non-callable was only logged there."""
+    import pytest
+
+    from engine.errors import RequestError
+
+    h = RequestHandle(_Engine(), 1)
+    with pytest.raises(RequestError, match="a done callback must be callable, got NoneType"):
+        h.add_done_callback(None)
+    h._finish(RequestOutput("", [], "stop"))
+    with pytest.raises(RequestError, match="got str"):
+        h.add_done_callback("print")
