@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
     from engine import Engine
 
 from .cuts import CutDetector
-from .prompts import ask, prompt_key, prompt_of
+from .prompts import ask, prompt_key, prompt_of, tasks_of
 from .resume import answered, resumed_frames
 from .sinks import FrameResult, source_key
 from .frame import Frame
@@ -121,7 +121,7 @@ def caption_file(engine: Engine, source: FileSource, sinks: list, task: dict | l
     """task: one prompt ({"caption": "short"} or {"question": "..."}) or several, all asked about
     every processed frame (on one shared image prefix). Sinks get each frame's answers together,
     in prompt order; `on_frame` gets every answer."""
-    tasks = [task] if isinstance(task, dict) else list(task)
+    tasks = tasks_of(task)
     return _FileRun(engine, source, sinks, tasks, params, sampling, done, max_inflight, on_frame,
                     summary or BatchSummary(), stop).run()
 

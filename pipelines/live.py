@@ -10,6 +10,7 @@ for the frames that complete (older ones are cancelled when a newer one wins).
 from __future__ import annotations
 
 import logging
+import numbers
 import queue
 import threading
 import time
@@ -19,13 +20,15 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from engine.errors import RequestError
+from engine.timeouts import seconds
 from engine.types import RequestOutput, SamplingParams
 
 if TYPE_CHECKING:  # not at run time: the command line answers --help without importing torch
     from engine import Engine
 
 from .cuts import CutDetector
-from .prompts import INTERACTIVE, answers_text, ask, prompt_of
+from .prompts import INTERACTIVE, answers_text, ask, prompt_of, tasks_of
 from .sinks import FrameResult
 from .frame import Frame
 
@@ -111,13 +114,13 @@ class LiveSession:
                  max_inflight: int = 2, deadline_ms: float | None = None,
                  on_result: Callable[[LiveResult], None] | None = None, adapt: bool = True,
                  answer_s: float | None = None):
-        if max_inflight < 1:
-            raise ValueError("max_inflight must be >= 1")
-        if deadline_ms is not None and not 0 < deadline_ms < float("inf"):  # NaN too
-            raise ValueError(f"deadline_ms must be a finite number > 0 or None, got {deadline_ms}")
-        self.tasks = [task] if isinstance(task, dict) else list(task)
-        if not self.tasks:
-            raise ValueError("a live session needs at least one prompt")
+        _check_inflight(max_inflight)
+        if deadline_ms is not None and (not isinstance(deadline_ms, numbers.Real) or isinstance(deadline_ms, bool)
+                                        or not 0 < deadline_ms < float("inf")):  # NaN too
+            raise RequestError(f"deadline_ms must be a finite number > 0 or None, got {deadline_ms!r}")
+        if not isinstance(params, SamplingParams):  # a dict had been an AttributeError here, "sticky"
+            raise RequestError("params must be a SamplingParams")
+        self.tasks = tasks_of(task)  # its shape: not a TypeError from inside Engine.submit at the first offer
         self.engine, self.params = engine, params
         self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
         self.adapt = adapt
@@ -191,8 +194,7 @@ class LiveSession:
 
     def set_max_inflight(self, n: int) -> None:
         """Change the intake limit of a running session (frames already in flight stay)."""
-        if n < 1:
-            raise ValueError("max_inflight must be >= 1")
+        _check_inflight(n)
         with self._lock:
             self.max_inflight = n
 
@@ -306,9 +308,10 @@ class LiveSession:
         with self._lock:  # an offer either comes before (and is waited for) or is refused
             self._stop.set()
             self._closed_at = self._closed_at or time.perf_counter()
+        limit = seconds(timeout)  # math.inf: no limit (it had been an OverflowError from join)
         if threading.current_thread() is self._thread:
             return
-        self._thread.join(timeout)
+        self._thread.join(limit)
         if self._thread.is_alive():
             raise TimeoutError(f"the live session's thread still runs after {timeout:g} s")
 
@@ -337,6 +340,11 @@ class LiveSession:
             "achieved_fps": self.completed / wall, "rolling_fps": rolling,
             "latency_ms": {k: v.percentiles() for k, v in self._latency.items() if v},
         }
+
+
+def _check_inflight(n: object) -> None:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:  # "2" had been a TypeError, 1.5 taken
+        raise RequestError(f"max_inflight must be an integer >= 1, got {n!r}")
 
 
 def rolling_rate(times: list[float], end: float) -> float:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.errors import RequestError
 from engine.request import ImageRef
 from engine.types import SamplingParams
 
@@ -16,6 +17,30 @@ if TYPE_CHECKING:  # not at run time: the command line answers --help without im
     from engine import Engine
 
 PROMPT_KEYS = ("caption", "question")
+
+
+TASK_KEYS = PROMPT_KEYS + ("constraint",)  # Engine.submit's keywords that `ask` leaves to a task
+
+
+def tasks_of(task: dict | list[dict]) -> list[dict]:
+    """One task or several, as a list, each checked for its shape before any frame is asked: a
+    string ("short"), an unknown key ({"caption": "short", "params": ...}) or two prompts in one
+    had been a TypeError from inside Engine.submit at the first frame (a live session's offer)."""
+    if isinstance(task, (str, bytes)) or not isinstance(task, (dict, list, tuple)):
+        raise RequestError(f"a task is a dict such as {{'caption': 'short'}} or {{'question': '...'}} "
+                           f"(or a list of them), got {type(task).__name__}")
+    tasks = [task] if isinstance(task, dict) else list(task)
+    if not tasks:
+        raise RequestError("at least one prompt is needed")
+    for t in tasks:
+        if not isinstance(t, dict):
+            raise RequestError(f"a task is a dict such as {{'caption': 'short'}}, got {type(t).__name__}")
+        unknown = sorted(map(str, set(t) - set(TASK_KEYS)))
+        if unknown:
+            raise RequestError(f"unknown task key {unknown[0]!r}: a task takes caption or question, and constraint")
+        if sum(k in t for k in PROMPT_KEYS) != 1:
+            raise RequestError("a task takes exactly one of caption (short|normal|long) or question")
+    return tasks
 
 
 def prompt_of(task: dict) -> dict[str, str]:

@@ -1366,3 +1366,36 @@ def test_a_failed_sources_line_names_it_once():
     assert newly_failed(errors, {"rtsp://cam1", "10", "other"}, said) == [
         ("rtsp://cam1", "cannot read rtsp://cam1: 404 Not Found"), ("10", "10: it stopped sending frames (nothing for 10 s)")]
     assert newly_failed(errors, {"other"}, said) == []  # said once
+
+
+def test_a_session_refuses_a_malformed_task_or_setting_when_made_not_at_its_first_frame():
+    """A task given as "short", with an unknown key or with `params` in it, and params as a dict,
+    had been taken, then a TypeError (AttributeError) from inside Engine.submit at the first offer;
+    max_inflight "2" or deadline_ms "5" a TypeError from a comparison, 1.5 taken; close(math.inf)
+    an OverflowError from Thread.join."""
+    import math
+
+    from engine import RequestError
+
+    bad = [({"task": "short"}, "a task is a dict such as"),
+           ({"task": [{"caption": "short"}, "long"]}, "a task is a dict such as"),
+           ({"task": {"caption": "short", "params": SamplingParams()}}, "unknown task key 'params'"),
+           ({"task": {"caption": "short", "question": "Why?"}}, "exactly one of caption"),
+           ({"task": []}, "at least one prompt"),
+           ({"params": {"max_tokens": 5}}, "params must be a SamplingParams"),
+           ({"max_inflight": "2"}, "max_inflight must be an integer >= 1"),
+           ({"max_inflight": 1.5}, "max_inflight must be an integer >= 1"),
+           ({"deadline_ms": "5"}, "deadline_ms must be a finite number > 0")]
+    for kw, message in bad:
+        kw = {"task": {"caption": "short"}, **kw}
+        with pytest.raises(RequestError, match=message):
+            LiveSession(_HeldEngine(), **kw)
+    engine = _HeldEngine()
+    s = LiveSession(engine, [{"question": "Is it open?", "constraint": None}], max_inflight=2)
+    with pytest.raises(RequestError, match="max_inflight must be an integer"):
+        s.set_max_inflight("3")
+    assert s.offer(_frames(1)[0])
+    engine.handles[0].finish("yes")
+    _wait(lambda: s.completed == 1)
+    s.close(timeout=math.inf)
+    assert not s._thread.is_alive()

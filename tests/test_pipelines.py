@@ -1583,3 +1583,15 @@ def test_of_two_video_streams_the_film_is_read_whichever_comes_first(tmp_path, f
     with FileSource(path) as s:
         frames = list(s.frames())
     assert len(frames) == 12 and {f.rgb.shape for f in frames} == {(48, 64, 3)}
+
+
+def test_caption_file_refuses_a_malformed_task_before_reading_a_frame():
+    """A task given as "short" had been a TypeError from inside Engine.submit at the first frame
+    picked, after the file was opened and decoded up to it."""
+    from engine import RequestError
+    from pipelines.batch import Sampling, caption_file
+
+    with pytest.raises(RequestError, match="a task is a dict such as"):
+        caption_file(None, None, [], "short", SamplingParams(), Sampling(fps=1))
+    with pytest.raises(RequestError, match="unknown task key 'draft'"):
+        caption_file(None, None, [], [{"caption": "short", "draft": [1]}], SamplingParams(), Sampling(fps=1))
