@@ -18,7 +18,7 @@ import itertools
 import numbers
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence as Seq
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from .sequence import Image, Sequence
 from .vision_stage import VisionStage, vision_thread_mode
 from .timeouts import seconds
 from .types import EngineStats, SamplingParams
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 
 class Engine:
@@ -108,8 +111,9 @@ class Engine:
 
     # ------------------------------------------------------------------ public API (any thread)
 
-    def encode_image(self, rgb: np.ndarray, priority: int = 0) -> ImageRef:
-        """Preprocess an image (in the calling thread) and queue its prefix for encoding."""
+    def encode_image(self, rgb: np.ndarray | PILImage, priority: int = 0) -> ImageRef:
+        """Preprocess an image (in the calling thread) and queue its prefix for encoding. rgb: a
+        uint8 array, RGB (H, W, 3), RGBA, grey or grey with alpha, or a Pillow image (engine.request.as_rgb)."""
         self._inbox.check_open()
         image = self._image(rgb, _priority(priority))
         self._post(("image", image))
@@ -125,9 +129,9 @@ class Engine:
         image.timings.preprocess = (time.perf_counter() - t0) * 1000.0
         return image
 
-    def submit(self, image: np.ndarray | ImageRef, caption: str | None = None, question: str | None = None,
+    def submit(self, image: np.ndarray | PILImage | ImageRef, caption: str | None = None, question: str | None = None,
                params: SamplingParams = SamplingParams(), constraint: Any = None,
-               draft: list[int] | None = None, priority: int = 0) -> RequestHandle:
+               draft: Seq[int] | None = None, priority: int = 0) -> RequestHandle:
         """draft: token ids the answer will likely repeat, e.g. the previous video frame's answer to
         the same prompt. A greedy request without constraint verifies them several per step and
         gets exactly the answer it would get without (others ignore the draft), unless

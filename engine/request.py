@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class RequestHandle:
                 raise
             logging.getLogger("vlmstream").exception("a done callback of request %d raised", self.id)
 
-    def add_done_callback(self, fn) -> None:
+    def add_done_callback(self, fn: Callable[["RequestHandle"], object]) -> None:
         """Call fn(handle) once the request has finished (at once if it already has). It runs on
         the engine thread: it must be quick and must not wait on the engine. An exception it
         raises is logged (logger "vlmstream"), not raised."""
