@@ -235,6 +235,8 @@ class Engine:
         returns: the engine ends once the callback returns and the requests are done.
         timeout None (or math.inf): no limit."""
         timeout = seconds(timeout)  # before anything closes: a bad one leaves the engine as it was
+        if not isinstance(cancel, (bool, np.bool_)):  # "no" or "false" from a setting had cancelled every request
+            raise RequestError(f"cancel must be True or False, got {cancel!r}")
         self._inbox.close()
         if self._shut:  # closed and joined already (by a with block, then by hand, then at exit)
             return

@@ -1573,7 +1573,7 @@ def test_a_request_finalized_but_not_finished_at_a_fork_ends_in_the_child(monkey
     assert handle.result(timeout=1).finish_reason == "error"
 
 
-def test_close_takes_infinity_for_no_limit_and_refuses_a_bad_timeout_before_closing(small_folder, images):
+def test_close_takes_infinity_for_no_limit_and_refuses_a_bad_timeout_or_cancel_before_closing(small_folder, images):
     """close(timeout=math.inf) was an OverflowError from Thread.join, NaN a ValueError, "5" a
     TypeError, each after the engine had started closing: it then took no more work."""
     import math
@@ -1582,6 +1582,8 @@ def test_close_takes_infinity_for_no_limit_and_refuses_a_bad_timeout_before_clos
     for bad in ("5", float("nan")):
         with pytest.raises(RequestError, match="timeout must be a number of seconds or None"):
             eng.close(timeout=bad)
+    with pytest.raises(RequestError, match="cancel must be True or False, got 'no'"):
+        eng.close(cancel="no")  # had cancelled every request, and closed
     assert eng.submit(images[0], caption="short", params=GREEDY).result(timeout=30).finish_reason in ("stop", "length")
     eng.close(timeout=math.inf)
     _assert_clean(eng)
