@@ -66,7 +66,7 @@ def live_tab(events: PageEvents, samples: list[str], default_source: str) -> tup
                           label="Source: a sample, a webcam index on the server, a URL or a path")
         upload = gr.File(label="...or a video file to play live", file_types=video_file_types(), type="filepath",
                          scale=2)
-    with gr.Row(elem_classes="vs-prompt-row"):  # stacked on a narrow window (view.CSS)
+    with gr.Row(elem_classes="vs-prompt-row"):  # stacked on a narrow window (page_head.CSS)
         kind, question, ckind, ctext = _prompt_form(PLACE_PROMPTS, OBJECT_QUESTION_LABEL,
                                                     placeholder="How many shapes are there? [one, two, three, four]")
     with gr.Row():
@@ -74,7 +74,7 @@ def live_tab(events: PageEvents, samples: list[str], default_source: str) -> tup
         stop_btn = gr.Button("Stop", elem_id="vs-stop")
         record = gr.Checkbox(False, label=f"Record from Start (MP4 with the captions drawn, the first "
                                           f"{RECORD_MAX_S / 60:g} minutes)", elem_id="vs-record")
-    # On a narrow window (a phone) the frame comes first, above the controls (view.CSS)
+    # On a narrow window (a phone) the frame comes first, above the controls (page_head.CSS)
     with gr.Row(elem_id="vs-frame-row"):
         with gr.Column(scale=3, elem_id="vs-frame-col"):
             frame = gr.HTML(frame_html(None), elem_id="vs-frame-box")
@@ -122,7 +122,7 @@ def webcam_tab(events: PageEvents) -> None:
         with gr.Column():
             cam_frame = gr.HTML(frame_html(None, "start your camera"), elem_id="vs-cam-frame")
             cam_counters = gr.HTML()
-    with gr.Row(elem_classes="vs-prompt-row"):  # stacked on a narrow window (view.CSS)
+    with gr.Row(elem_classes="vs-prompt-row"):  # stacked on a narrow window (page_head.CSS)
         form = _prompt_form(PLACE_PROMPTS, OBJECT_QUESTION_LABEL, "vs-cam")
     _download_row("Export captions (JSONL)", f"Captions of your camera (the last {EXPORT_LINES:,}, with timings)",
                   None, events.download(service.export_log, "push"), False)

@@ -90,7 +90,7 @@ def _value_in_one_line(preprocess: Callable, label: str) -> Callable:
 def run(args: argparse.Namespace) -> int:
     from app.cli import UsageError, reading_arg, realtime_dtype
     from app.listen import check_port, loopback, read_auth, tls_arguments
-    from app.view import CSS, HEAD_JS
+    from app.page_head import CSS, HEAD_JS
     from pipelines.pipe import is_named_pipe
 
     if not 0 < args.port < 65536:
