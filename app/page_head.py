@@ -47,18 +47,23 @@ document.addEventListener("click", (e) => { if (vsOwn(e)) e.stopImmediatePropaga
 </script>"""
 
 CSS = """
+/* Our own text colours, readable (4.5:1 or more) on Gradio's light and dark themes (Gradio puts
+   .dark on the body when the browser prefers dark): fixed greys were 3.4:1 (#666) on the dark one,
+   #888 3.5:1 on the light one, and Gradio's own "subdued" text colour is 1.9:1 on white. */
+body { --vs-muted: #595959; --vs-error: #b00020; --vs-line: #d4d4d8; }
+body.dark { --vs-muted: #b4b4bb; --vs-error: #ff8a80; --vs-line: #52525b; }
 /* the page's own buttons (HEAD_JS clicks them): no one else's */
 #vs-page-hidden, #vs-page-shown { display: none !important; }
 /* a download box holds one file link: no drop area */
 .vs-download .empty { min-height: 48px !important; height: 48px; }
 #vs-counters { display: flex; flex-wrap: wrap; gap: 6px; }
-.vs-counter { border: 1px solid #ddd; border-radius: 6px; padding: 4px 8px; min-width: 90px; }
+.vs-counter { border: 1px solid var(--vs-line); border-radius: 6px; padding: 4px 8px; min-width: 90px; }
 .vs-counter b { display: block; font-size: 1.15em; }
-.vs-counter span { color: #666; font-size: 0.8em; }
-.vs-error { color: #b00020; font-weight: bold; margin-top: 6px; }
+.vs-counter span { color: var(--vs-muted); font-size: 0.8em; }
+.vs-error { color: var(--vs-error); font-weight: bold; margin-top: 6px; }
 #vs-caption { font-size: 1.2em; margin-top: 4px; white-space: pre-line; }
-.vs-info { color: #666; font-size: 0.85em; }
-.vs-empty { color: #888; padding: 40px; border: 1px dashed #ccc; text-align: center; }
+.vs-info { color: var(--vs-muted); font-size: 0.85em; }
+.vs-empty { color: var(--vs-muted); padding: 40px; border: 1px dashed var(--vs-line); text-align: center; }
 #vs-shots { display: flex; flex-wrap: wrap; gap: 8px; }
 .vs-shot { margin: 0; width: 200px; }
 .vs-shot img { width: 100%; display: block; border-radius: 4px; }

@@ -96,11 +96,13 @@ def shots_html(shots: list[Shot]) -> str:
 
 
 def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, height: int = 220) -> str:
-    """Stacked stage latency per frame over the last window_s seconds, end to end as a line."""
+    """Stacked stage latency per frame over the last window_s seconds, end to end as a line. Its
+    text and grid in the page's text colour (currentColor): fixed greys (#333 to #888) were ~1.5:1
+    on Gradio's dark theme, which a browser set to dark gets, and #888 3.5:1 on the light one."""
     m_left, m_bottom, m_top = 44, 22, 18
     if not points:
         return (f'<svg id="vs-chart" data-bars="0" {_fit(width, height)}>'
-                f'<text x="{m_left}" y="{height // 2}" fill="#888">no latency data yet</text></svg>')
+                f'<text x="{m_left}" y="{height // 2}" fill="currentColor">no latency data yet</text></svg>')
     if len(points) > MAX_BARS:  # keep every k-th point: the chart stays light at 60 fps
         k = -(-len(points) // MAX_BARS)
         points = points[::-1][::k][::-1]
@@ -112,8 +114,9 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
              f'xmlns="http://www.w3.org/2000/svg" font-size="11" font-family="sans-serif">']
     for frac in (0.0, 0.5, 1.0):
         y = m_top + plot_h * (1 - frac)
-        parts.append(f'<line x1="{m_left}" x2="{width - 8}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{m_left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#555">{top * frac:.0f}</text>')
+        parts.append(f'<line x1="{m_left}" x2="{width - 8}" y1="{y:.1f}" y2="{y:.1f}" stroke="currentColor" '
+                     f'stroke-opacity="0.2"/><text x="{m_left - 4}" y="{y + 4:.1f}" text-anchor="end" '
+                     f'fill="currentColor">{top * frac:.0f}</text>')
     for i, p in enumerate(points):
         x, base = m_left + i * bar_w, 0.0
         for stage in CHART_STAGES:
@@ -128,13 +131,13 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
                     for i, p in enumerate(points))
     parts.append(f'<polyline points="{line}" fill="none" stroke="#e45756" stroke-width="1.5"/>')
     span = points[-1].wall - points[0].wall
-    parts.append(f'<text x="{m_left}" y="{height - 6}" fill="#555">ms per frame, last {min(span, window_s):.0f} s '
-                 f'({len(points)} frames shown)</text>')
+    parts.append(f'<text x="{m_left}" y="{height - 6}" fill="currentColor">ms per frame, '
+                 f'last {min(span, window_s):.0f} s ({len(points)} frames shown)</text>')
     x = width - 8
     for name, color in [("end to end", "#e45756")] + [(s, STAGE_COLORS[s]) for s in reversed(CHART_STAGES)]:
         x -= 22 + 6 * len(name)
         parts.append(f'<rect x="{x}" y="4" width="9" height="9" fill="{color}"/>'
-                     f'<text x="{x + 12}" y="12" fill="#333">{name}</text>')
+                     f'<text x="{x + 12}" y="12" fill="currentColor">{name}</text>')
     parts.append("</svg>")
     return "".join(parts)
 

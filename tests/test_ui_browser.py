@@ -835,6 +835,58 @@ def test_the_video_table_fits_a_phone(server):
         browser.close()
 
 
+# WCAG's contrast ratio of each shown element's text to the first opaque background behind it
+CONTRAST_JS = """(selector) => {
+  const lum = (c) => {
+    const [r, g, b] = c.match(/[\\d.]+/g).slice(0, 3).map((v) => {
+      v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const behind = (e) => {
+    for (; e; e = e.parentElement) {
+      const c = getComputedStyle(e).backgroundColor;
+      if (c !== 'transparent' && !/, 0\\)$/.test(c)) return c;
+    }
+    return 'rgb(255, 255, 255)';
+  };
+  return [...document.querySelectorAll(selector)].filter((e) => e.getClientRects().length).map((e) => {
+    const s = getComputedStyle(e);
+    const [a, b] = [lum(e instanceof SVGElement ? s.fill : s.color), lum(behind(e.parentElement))]
+      .sort((x, y) => y - x);
+    return [e.className.baseVal ?? e.className, e.textContent.trim().slice(0, 30), (a + 0.05) / (b + 0.05)];
+  });
+}"""
+
+
+def test_our_text_reads_on_the_light_and_the_dark_theme(server):
+    """Gradio follows the browser's dark preference; our own colours did not: the chart's legend
+    and scale (#333, #555) were ~1.5:1 on its dark background, the counters' names and the frame's
+    line (#666) 3.4:1, and "no frame yet" (#888) 3.5:1 on the light one. Each is 4.5:1 or more on
+    both (WCAG AA for small text)."""
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        for scheme in ("light", "dark"):
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}, color_scheme=scheme).new_page()
+            page.goto(server)
+            page.wait_for_selector("#vs-chart[data-bars]:not([data-bars='0'])", timeout=120_000)
+            page.wait_for_selector("#vs-counters .vs-counter", timeout=60_000)
+            assert page.evaluate("document.body.classList.contains('dark')") is (scheme == "dark")
+            # a message and an error as the page shows them (an empty feed, a bad source), measured at once:
+            # the next update replaces them
+            measured = page.evaluate("""(contrast) => {
+                const box = document.querySelector('#vs-counters').parentElement;
+                box.insertAdjacentHTML('beforeend', '<div class="vs-empty">no frame yet</div>'
+                                       + '<div class="vs-error">could not open the source</div>');
+                return eval(contrast)('#vs-chart text, .vs-counter span, .vs-info, .vs-empty, .vs-error');
+            }""", CONTRAST_JS)
+            assert {"vs-info", "vs-empty", "vs-error"} <= {cls for cls, _, _ in measured}, measured
+            assert sum(1 for cls, _, _ in measured if cls == "") >= 10, measured  # the counters' names, chart text
+            low = [m for m in measured if m[2] < 4.5]
+            assert not low, (scheme, low)
+            page.context.close()
+        browser.close()
+
+
 def test_api_follows_a_live_source(client):
     job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", api_name="/live")
     frames, counters = set(), ""
