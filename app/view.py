@@ -101,8 +101,10 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
     on Gradio's dark theme, which a browser set to dark gets, and #888 3.5:1 on the light one."""
     m_left, m_bottom, m_top = 44, 22, 18
     if not points:
-        return (f'<svg id="vs-chart" data-bars="0" {_fit(width, height)}>'
+        return (f'<svg id="vs-chart" data-bars="0" {_fit(width, height)} role="img" '
+                f'aria-label="latency per frame: no latency data yet">'
                 f'<text x="{m_left}" y="{height // 2}" fill="currentColor">no latency data yet</text></svg>')
+    summary = _chart_summary(points, window_s)
     if len(points) > MAX_BARS:  # keep every k-th point: the chart stays light at 60 fps
         k = -(-len(points) // MAX_BARS)
         points = points[::-1][::k][::-1]
@@ -110,7 +112,8 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
     top = _nice(top)
     plot_w, plot_h = width - m_left - 8, height - m_bottom - m_top
     bar_w = plot_w / len(points)
-    parts = [f'<svg id="vs-chart" data-bars="{len(points)}" {_fit(width, height)} '
+    parts = [f'<svg id="vs-chart" data-bars="{len(points)}" {_fit(width, height)} role="img" '
+             f'aria-label="{html.escape(summary)}" '
              f'xmlns="http://www.w3.org/2000/svg" font-size="11" font-family="sans-serif">']
     for frac in (0.0, 0.5, 1.0):
         y = m_top + plot_h * (1 - frac)
@@ -140,6 +143,17 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
                      f'<text x="{x + 12}" y="12" fill="currentColor">{name}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _chart_summary(points: list[LatencyPoint], window_s: float) -> str:
+    """The chart in words, its accessible name (role="img"): a screen reader read the SVG as its
+    loose labels, "250 125 0 queue vision prefill decode end to end", with no latency in them."""
+    e2e = sorted(p.end_to_end_ms for p in points)
+    span = min(points[-1].wall - points[0].wall, window_s)
+    stages = ", ".join(f"{s} {points[-1].stages_ms.get(s, 0.0):.0f}" for s in CHART_STAGES)
+    return (f"latency per frame, the last {span:.0f} s ({len(points)} frames): end to end "
+            f"{points[-1].end_to_end_ms:.0f} ms for the newest ({stages}), median {e2e[len(e2e) // 2]:.0f} ms, "
+            f"highest {e2e[-1]:.0f} ms")
 
 
 def _fit(width: int, height: int) -> str:

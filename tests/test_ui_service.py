@@ -987,6 +987,12 @@ def test_views_render_what_the_snapshot_holds():
     assert 60 <= bars <= 120 and svg.count('class="vs-bar"') == 4 * bars  # thinned, every stage stacked
     assert "last 30 s" in svg
     assert 'data-bars="0"' in chart_svg([], 30.0)
+    # a screen reader reads the chart as a picture with its numbers in words, not as its loose labels
+    label = re.search(r'<svg [^>]*role="img" [^>]*aria-label="([^"]*)"', svg).group(1)
+    assert label == ("latency per frame, the last 30 s (300 frames): end to end 329 ms for the newest "
+                     "(queue 1, vision 5, prefill 3, decode 319), median 180 ms, highest 329 ms"), label
+    assert re.search(r'<svg [^>]*role="img" [^>]*aria-label="latency per frame: no latency data yet"',
+                     chart_svg([], 30.0))
     assert frame_html(None, "error: no such file").count("error: no such file") == 1
     html = counters_html({"completed": 7, "in_flight": 2, "cancelled_stale": 3, "dropped": 1, "rolling_fps": 59.5},
                          {"batch": 4, "tokens_per_s": 800.0, "device_busy_pct": 91.0, "vision_busy_pct": 47.5,
