@@ -67,7 +67,8 @@ body.dark { --vs-muted: #b4b4bb; --vs-error: #ff8a80; --vs-line: #52525b; }
 #vs-shots { display: flex; flex-wrap: wrap; gap: 8px; }
 .vs-shot { margin: 0; width: 200px; }
 .vs-shot img { width: 100%; display: block; border-radius: 4px; }
-.vs-save { cursor: pointer; }
+.vs-save { cursor: pointer; display: block; }  /* block: the focus ring goes round the picture */
+.vs-save:focus-visible { outline: 3px solid #2563eb; outline-offset: 2px; }
 .vs-shot figcaption { font-size: 0.85em; white-space: pre-line; }
 #vs-cam-insecure { display: none; }
 /* !important: Gradio scopes the rule above under its container, which outranks this one */

@@ -87,7 +87,10 @@ def shots_html(shots: list[Shot]) -> str:
         clock = time.strftime("%H:%M:%S", time.localtime(shot.wall))
         text = html.escape(shot.text)
         figures.append(f'<figure class="vs-shot" data-number="{shot.number}" data-index="{shot.index}">'
-                       f'<a class="vs-save" download="frame_{shot.index}.jpg" title="save this frame">'
+                       # href: a link without one is no stop of the Tab key, and keyboard users had no
+                       # way to save a picture (HEAD_JS replaces it with the picture's own when clicked)
+                       f'<a class="vs-save" href="#" download="frame_{shot.index}.jpg" title="save this frame" '
+                       f'aria-label="save frame #{shot.index}: {text}">'
                        f'<img src="{uri}" alt="{text}"/></a>'
                        f'<figcaption>{text}<br/><span class="vs-info">{clock}  t={shot.pts:.2f}s  '
                        f'#{shot.index}</span></figcaption></figure>')

@@ -887,6 +887,31 @@ def test_our_text_reads_on_the_light_and_the_dark_theme(server):
         browser.close()
 
 
+def test_a_change_picture_is_saved_from_the_keyboard(server):
+    """A change picture's link had no href: the Tab key passed it by (Record, then the ZIP's
+    button), and a keyboard had no way to save one. Tab reaches the newest, Enter saves it."""
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(server)
+        page.wait_for_selector("#vs-shots figure.vs-shot", timeout=120_000)
+        page.click("#vs-stop")  # the gallery stays as it is (an update replaces the focused link)
+        page.wait_for_function("document.querySelector('#vs-counters').innerText.includes('stopped')",
+                               timeout=30_000)
+        index = page.get_attribute("#vs-shots figure.vs-shot:first-child", "data-index")
+        page.locator("#vs-record input").focus()
+        page.keyboard.press("Tab")
+        focused = page.evaluate("[document.activeElement.className, document.activeElement.getAttribute('aria-label'),"
+                                " getComputedStyle(document.activeElement).outlineStyle]")
+        assert focused[0] == "vs-save" and focused[1].startswith(f"save frame #{index}: "), focused
+        assert focused[2] != "none", focused  # where the focus is shows
+        with page.expect_download() as got:
+            page.keyboard.press("Enter")
+        assert got.value.suggested_filename == f"frame_{index}.jpg"
+        assert Path(got.value.path()).read_bytes()[:2] == b"\xff\xd8"
+        browser.close()
+
+
 def test_api_follows_a_live_source(client):
     job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", api_name="/live")
     frames, counters = set(), ""
