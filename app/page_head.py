@@ -44,6 +44,31 @@ document.addEventListener("click", (e) => { if (!vsOwn(e)) vsSayWhere(); }, true
 // menu of tabs (a narrow window) takes any click for one outside it and closes: it shut 200 ms
 // after it opened, on Live.
 document.addEventListener("click", (e) => { if (vsOwn(e)) e.stopImmediatePropagation(); });
+// Screen readers: each new caption of the feed in view, or its error, is said once, by a live
+// region of the page's own. The caption under the frame is text, but rebuilt with every frame (15
+// a second), so a live region inside it would be new each time: said never, or for every frame.
+let vsSaid = "";
+function vsAnnounce() {
+  let region = document.getElementById("vs-announce");
+  if (!region) {
+    if (!document.body) return;
+    region = document.createElement("div");
+    region.id = "vs-announce";
+    // hidden from sight only; inline, as Gradio scopes our CSS to its own container
+    region.style.cssText = "position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);"
+                           + "white-space:nowrap";
+    region.setAttribute("role", "status");
+    region.setAttribute("aria-live", "polite");
+    document.body.appendChild(region);
+  }
+  const shown = (sel) => [...document.querySelectorAll(sel)].find((e) => e.offsetParent !== null);
+  const said = shown(".vs-error") || shown("#vs-caption");
+  const text = said ? said.textContent.trim() : "";
+  if (text && text !== vsSaid) { vsSaid = text; region.textContent = text; }
+}
+// characterData too: Gradio may update a caption's text node in place
+new MutationObserver(vsAnnounce).observe(document.documentElement,
+                                         {childList: true, subtree: true, characterData: true});
 </script>"""
 
 CSS = """

@@ -912,6 +912,44 @@ def test_a_change_picture_is_saved_from_the_keyboard(server):
         browser.close()
 
 
+def test_a_screen_reader_hears_each_new_caption_once(server):
+    """The caption under the frame is text, but nothing said it: a screen reader user heard of no
+    caption unless they went and read it again. A live region of the page's own says each new one
+    once (not the 15 frames a second that repeat it), and a feed's error."""
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(server)
+        page.wait_for_function("(() => { const r = document.querySelector('#vs-announce[role=status]');"
+                               " return r && r.textContent; })()", timeout=120_000)
+        page.evaluate("""() => {
+            const region = document.querySelector('#vs-announce');
+            window.vsHeard = {said: [region.textContent], captions: [], frames: 0};
+            new MutationObserver(() => window.vsHeard.said.push(region.textContent))
+                .observe(region, {childList: true, characterData: true, subtree: true});
+            new MutationObserver(() => {
+                const c = document.querySelector('#vs-caption');
+                window.vsHeard.frames++;
+                if (c) window.vsHeard.captions.push(c.textContent.trim());
+            }).observe(document.querySelector('#vs-frame-box'),
+                       {childList: true, subtree: true, characterData: true, attributes: true});
+        }""")
+        page.wait_for_function("window.vsHeard.said.length >= 3", timeout=90_000)  # the scene moves: new captions
+        heard = page.evaluate("window.vsHeard")
+        said, captions = heard["said"], heard["captions"]
+        assert all(a != b for a, b in zip(said, said[1:])), said  # each once
+        assert set(said[1:]) <= set(captions), (said, set(captions))
+        assert heard["frames"] > 2 * len(said), heard["frames"]  # not once a frame
+        # an error: said too
+        box = page.get_by_label("Source: a sample, a webcam index on the server, a URL or a path")
+        box.fill("gopher://nowhere/x")
+        box.press("Enter")
+        page.click("#vs-start")
+        page.wait_for_function("document.querySelector('#vs-announce').textContent.includes('gopher')",
+                               timeout=30_000)
+        browser.close()
+
+
 def test_api_follows_a_live_source(client):
     job = client.submit("cuts_640x360_30fps.mp4", None, "short", "", "none", "", api_name="/live")
     frames, counters = set(), ""
