@@ -47,6 +47,9 @@ document.addEventListener("click", (e) => { if (vsOwn(e)) e.stopImmediatePropaga
 // Screen readers: each new caption of the feed in view, or its error, is said once, by a live
 // region of the page's own. The caption under the frame is text, but rebuilt with every frame (15
 // a second), so a live region inside it would be new each time: said never, or for every frame.
+// The other tabs' results too (a video job's note, an image's answer, Settings' Apply): Gradio
+// says only its own error messages.
+const VS_SAID = ["#vs-caption", "#vs-video-note", "#vs-image-text textarea", "#vs-settings-status"];
 let vsSaid = "";
 function vsAnnounce() {
   let region = document.getElementById("vs-announce");
@@ -62,9 +65,11 @@ function vsAnnounce() {
     document.body.appendChild(region);
   }
   const shown = (sel) => [...document.querySelectorAll(sel)].find((e) => e.offsetParent !== null);
-  const said = shown(".vs-error") || shown("#vs-caption");
-  const text = said ? said.textContent.trim() : "";
-  if (text && text !== vsSaid) { vsSaid = text; region.textContent = text; }
+  const words = (e) => (e ? e.value ?? e.textContent : "").trim();  // a textarea's is its value
+  const text = words(shown(".vs-error")) || VS_SAID.map((sel) => words(shown(sel))).find((t) => t) || "";
+  // Nothing to say (another tab, a result cleared for the next) forgets the last: the same answer
+  // again is news, as Apply's "settings applied" twice
+  if (text !== vsSaid) { vsSaid = text; if (text) region.textContent = text; }
 }
 // characterData too: Gradio may update a caption's text node in place
 new MutationObserver(vsAnnounce).observe(document.documentElement,

@@ -230,7 +230,7 @@ def settings_tab(events: PageEvents) -> list:
                      label="Changes (live tabs): a new answer gets a picture once it has held this many "
                            "frames in a row (1 = every change)")
     sapply = gr.Button("Apply", variant="primary")
-    sstatus = gr.Markdown()
+    sstatus = gr.Markdown(elem_id="vs-settings-status")  # said to a screen reader (page_head.HEAD_JS)
     stats = gr.JSON(label="Engine")
     form = [model, device, temperature, max_tokens, pipelined, sticky, hold]
     shown = gr.State(None)  # the form as the page last showed it (PageEvents.apply)
