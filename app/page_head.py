@@ -52,6 +52,10 @@ document.addEventListener("click", (e) => { if (vsOwn(e)) e.stopImmediatePropaga
 const VS_SAID = ["#vs-caption", "#vs-video-note", "#vs-image-text textarea", "#vs-settings-status"];
 let vsSaid = "";
 function vsAnnounce() {
+  // The caption log, an output, is a disabled textarea in Gradio: no stop of the Tab key, so a
+  // keyboard could not scroll past its first 14 lines. Read-only instead: focusable, unchanged.
+  const log = document.querySelector("#vs-log textarea");
+  if (log && log.disabled) { log.disabled = false; log.readOnly = true; }
   let region = document.getElementById("vs-announce");
   if (!region) {
     if (!document.body) return;

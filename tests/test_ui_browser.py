@@ -887,19 +887,32 @@ def test_our_text_reads_on_the_light_and_the_dark_theme(server):
         browser.close()
 
 
-def test_a_change_picture_is_saved_from_the_keyboard(server):
+def test_the_log_and_a_change_picture_are_reached_from_the_keyboard(server):
     """A change picture's link had no href: the Tab key passed it by (Record, then the ZIP's
-    button), and a keyboard had no way to save one. Tab reaches the newest, Enter saves it."""
+    button), and a keyboard had no way to save one. Tab reaches the newest, Enter saves it. The
+    caption log before it was a disabled textarea, passed by too: its lines past the 14th could
+    not be scrolled to without a mouse."""
     with playwright_api.sync_playwright() as p:
         browser = launch(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(server)
         page.wait_for_selector("#vs-shots figure.vs-shot", timeout=120_000)
+        page.wait_for_function("(e => e.scrollHeight > e.clientHeight)(document.querySelector('#vs-log textarea'))",
+                               timeout=90_000)  # the log runs past its 14 lines
         page.click("#vs-stop")  # the gallery stays as it is (an update replaces the focused link)
         page.wait_for_function("document.querySelector('#vs-counters').innerText.includes('stopped')",
                                timeout=30_000)
         index = page.get_attribute("#vs-shots figure.vs-shot:first-child", "data-index")
         page.locator("#vs-record input").focus()
+        page.keyboard.press("Tab")
+        # the caption log on the way: a keyboard scrolls it, and cannot change it
+        log = page.locator("#vs-log textarea")
+        assert log.evaluate("e => e === document.activeElement && e.readOnly"), page.evaluate(
+            "document.activeElement.outerHTML.slice(0, 200)")
+        before = log.input_value()
+        page.keyboard.press("End")
+        page.keyboard.press("x")
+        assert log.evaluate("e => e.scrollTop") > 0 and log.input_value() == before
         page.keyboard.press("Tab")
         focused = page.evaluate("[document.activeElement.className, document.activeElement.getAttribute('aria-label'),"
                                 " getComputedStyle(document.activeElement).outlineStyle]")
