@@ -123,9 +123,13 @@ class RequestHandle:
         """Text deltas (whole words) as they are committed; ends when the request finishes.
 
         Each call streams from the first word: a second reader, or a call after the request
-        finished, gets the whole text. timeout: the longest wait for the next word.
+        finished, gets the whole text. timeout: the longest wait for the next word (checked
+        here, not at the first word: a generator's body runs only then).
         """
-        limit, i = seconds(timeout), 0
+        return self._words(seconds(timeout), timeout)
+
+    def _words(self, limit: float | None, timeout: float | None) -> Iterator[str]:
+        i = 0
         while True:
             with self._cond:
                 if not self._cond.wait_for(lambda: i < len(self._deltas) or self._ended, limit):

@@ -64,7 +64,7 @@ def test_waits_take_infinity_for_no_limit_and_refuse_what_is_not_a_number_of_sec
         with pytest.raises(RequestError, match="timeout must be a number of seconds or None"):
             h.result(bad)
         with pytest.raises(RequestError, match="timeout must be a number of seconds or None"):
-            next(h.stream(bad))
+            h.stream(bad)  # when called: as a generator it had raised only at the first next()
         with pytest.raises(RequestError, match="stall must be a number of seconds or None"):
             h.wait(bad)
 
