@@ -26,7 +26,7 @@ from .scheduler import Budget, StepPlan, own_pages, plan
 from .sequence import Image, Sequence
 
 if TYPE_CHECKING:  # bookkeeping, no torch: the device half lives in runner.py
-    from .device import Pending
+    from .executor import Pending
     from .runner import Runner, StepResult, _Slot
 
 
@@ -168,7 +168,7 @@ class Batch:
 
     def commit(self, record: InFlight) -> None:
         # With another step in flight behind this one, the worker has work while this thread
-        # notices the end of this one: it may look for it rather than be woken (device.py).
+        # notices the end of this one: it may look for it rather than be woken (executor.py).
         result: StepResult = record.pending.wait(timeout=600.0, poll=bool(self.inflight))
         record.slot.busy = False
         step = record.plan

@@ -25,7 +25,8 @@ import numpy as np
 from .batch import Batch
 from .engine_config import EngineConfig
 from .constraint_cache import ConstraintCache
-from .device import Executor, graph_mode, script_mode, use_triton_kernels
+from .device import graph_mode, script_mode, use_triton_kernels
+from .executor import Executor
 from .errors import ConfigError, RequestError
 from .inbox import Inbox
 from .kv_cache import PagePool

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .device import Executor, Pending
+from .executor import Executor, Pending
 from .models.loader import LoadedModel
 from .models.text import attention
 from .models.tiling import crops_to_tensor, normalize_crops, stage_crops
@@ -194,7 +194,7 @@ class Runner:
             raise AssertionError("ping-pong slot reused before its step was committed")
         slot.busy = True
         step = step_inputs(self, plan)
-        # Steps of the same rows take about as long (the engine's wait uses it, device.py).
+        # Steps of the same rows take about as long (the engine's wait uses it, executor.py).
         key = (len(plan.images), sum(img.n_crops for img in plan.images if img.embeds is None),
                sum(ch.length + len(ch.draft) for ch in plan.prefills), len(plan.decodes) + sum(map(len, plan.drafts)))
         return self.executor.launch(lambda: self._run(step, slot), key=key), slot

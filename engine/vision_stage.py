@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from .device import Executor, Pending
+from .executor import Executor, Pending
 from .sequence import Image
 
 

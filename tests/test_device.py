@@ -8,7 +8,7 @@ from collections import deque
 import pytest
 import torch
 
-from engine.device import POLL_WINDOW_S, Executor
+from engine.executor import POLL_WINDOW_S, Executor
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_a_waiter_that_looks_for_a_short_step_is_not_asleep_through_it(executor,
     # Expected times go by kind of step: a short decode step after long image steps is not
     # slept through as if it were one of them (the worker would idle, the answer wait). The
     # naps the waiter takes are recorded rather than timed: a 1 ms step took 11 ms on a busy CI.
-    import engine.device
+    import engine.executor
 
     for _ in range(2):  # under WATCH_MAX_S: a step the waiter would sleep through
         executor.launch(_step(0.045, "image", []), key="image").wait(10)
@@ -100,7 +100,7 @@ def test_a_waiter_that_looks_for_a_short_step_is_not_asleep_through_it(executor,
             naps.append(s)
             time.sleep(s)
 
-    monkeypatch.setattr(engine.device, "time", Clock)
+    monkeypatch.setattr(engine.executor, "time", Clock)
     assert short.wait(10, poll=True) == "decode"
     monkeypatch.undo()
     assert short._expect == decode.busy_s and short._expect != second.busy_s
@@ -194,7 +194,7 @@ def test_a_step_that_raises_a_base_exception_fails_its_wait_not_the_worker(execu
 def test_a_cuda_executor_nobody_asks_for_its_busy_time_keeps_a_bounded_number_of_step_events(monkeypatch):
     import contextlib
 
-    import engine.device as device
+    import engine.executor as device
 
     class Event:  # a CUDA event: each step's finished at once, 1 ms long
         def __init__(self, enable_timing: bool = False):

@@ -217,7 +217,7 @@ def test_a_cancel_the_engine_could_not_take_is_sent_again(small_folder, images, 
 def test_the_device_busy_time_is_counted_once_from_several_threads():
     """On CUDA the busy time comes from finished steps' events, read by stats() on any thread:
     two readers at once counted a step twice (6 s for 3), and a launch could be lost."""
-    from engine.device import Executor
+    from engine.executor import Executor
 
     class Event:
         def query(self):
