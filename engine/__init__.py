@@ -13,10 +13,10 @@ import importlib
 
 _HOMES = {
     "EngineConfig": "engine_config", "ModelConfig": "config",
-    "Choice": "constraints", "ConstraintError": "constraints", "JsonSchema": "constraints", "Regex": "constraints",
+    "Choice": "constraints", "JsonSchema": "constraints", "Regex": "constraints",
     "Engine": "engine",
     "RegionDecoder": "region_decoder",
-    "ConfigError": "errors", "DeviceError": "errors", "EngineClosedError": "errors", "ImageError": "errors",
+    "ConfigError": "errors", "ConstraintError": "errors", "DeviceError": "errors", "EngineClosedError": "errors", "ImageError": "errors",
     "ModelLoadError": "errors", "RequestError": "errors", "VlmstreamError": "errors",
     "ImageRef": "request", "RequestHandle": "request",
     "EngineStats": "types", "RequestOutput": "types", "SamplingParams": "types",

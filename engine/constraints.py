@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import dataclass
-from re import _constants, _parser
 from typing import Any
 
 import torch
 
 from . import char_dfa, index_child, json_schema
-from .errors import RequestError
+from .errors import ConstraintError
+from .pattern import check_read_alike, longest_match, matches_empty, unanchored
 from .regex_text import for_outlines
 
 DENSE_LIMIT = 1 << 24  # states x vocabulary entries kept as a dense table
@@ -33,10 +32,6 @@ MAX_STATES = 16384
 # library builds beside the anchored one, where it doubles with each round of a repeat:
 # `A.{0,14}\.` has 31 states anchored and 24578 searching (0.5 s to compile).
 MAX_SEARCH_STATES = 16384
-
-
-class ConstraintError(RequestError):
-    """A constraint that cannot be compiled (bad regex or schema, or no token can satisfy it)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +87,7 @@ def to_regex(constraint: Constraint) -> str:
     schema, a JSON parser) accepts too (engine/regex_text.py, engine/json_schema.py)."""
     if isinstance(constraint, Regex):
         try:
-            pattern, tree = _unanchored(constraint.pattern)
+            pattern, tree = unanchored(constraint.pattern)
             return for_outlines(pattern, tree=tree)
         except ConstraintError:  # names the regex already ("the regex '[': the regex '[' is not...")
             raise
@@ -129,7 +124,7 @@ def to_regex(constraint: Constraint) -> str:
         except Exception as e:  # outlines-core raises ValueError / its own errors
             raise ConstraintError(f"cannot compile the JSON schema: {_first_line(e)}") from None
         check_read_alike(pattern)  # a pattern Python could not parse is in it as written
-        if _matches_empty(pattern):  # e.g. an empty enum: no JSON value is valid
+        if matches_empty(pattern):  # e.g. an empty enum: no JSON value is valid
             raise ConstraintError("no JSON value is valid against that schema")
         return pattern
     raise ConstraintError(f"unknown constraint {constraint!r} (use Regex, Choice or JsonSchema)")
@@ -185,7 +180,7 @@ def compile_constraint(constraint: Constraint, tokenizer: Any, vocab_size: int, 
     """Compile with outlines-core (in a child process: engine/index_child.py); a ConstraintError
     says why it cannot be done."""
     pattern = to_regex(constraint)
-    longest = _longest_match(pattern)
+    longest = longest_match(pattern)
     if longest is not None and longest > MAX_MATCH:
         # The automaton grows with it: a{20000} took 4 s and 0.5 GB, a{1000000} never ended.
         raise ConstraintError(f"the constraint allows answers of {longest} characters; at most {MAX_MATCH} "
@@ -261,100 +256,3 @@ def _bytes_to_unicode() -> dict[int, str]:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-
-
-def check_read_alike(pattern: str) -> None:
-    """A ConstraintError where Python's `re` (which checks answers, here and for users) would read
-    the pattern otherwise than outlines-core: a `[` inside a set (`[[:alpha:]]`, a class to
-    outlines-core, a `[` and letters to Python), or `&&`, `--`, `~~`, `||` there."""
-    _parsed(pattern)
-
-
-def _parsed(pattern: str) -> _parser.SubPattern | None:
-    """Python's parse of the pattern; None where Python cannot parse it (outlines-core's own
-    syntax beyond Python's: its compiler decides). Python only warns of the ambiguities above (a
-    FutureWarning, printed to the user with our source lines): here they are a ConstraintError."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
-        try:
-            return _parser.parse(pattern)  # not re.compile: a pattern in its cache would not warn again
-        except FutureWarning as w:
-            raise ConstraintError(f"the regex {pattern!r} is ambiguous ({str(w).lower()}): inside [...], escape "
-                                  "a [ or a doubled &, -, ~, | (\\[, \\&) and spell classes out ([a-zA-Z], "
-                                  "not [[:alpha:]])") from None
-        except re.error:
-            return None
-        except RecursionError:  # groups a few hundred deep: Python's parser recursed (a traceback, exit 1)
-            raise ConstraintError("the regex is nested too deep (groups inside groups, hundreds of levels)") from None
-
-
-def _unanchored(pattern: str) -> tuple[str, _parser.SubPattern]:
-    """The pattern, and Python's parse of it, without a `^` (or `\\A`) in front and a `$` (or
-    `\\Z`) at its end: the answer
-    matches the whole pattern anyway, and outlines-core refuses anchors ("Index failed since
-    anchored universal start state doesn't exist", for `^[0-9]+$`). Anchors elsewhere are a
-    ConstraintError that says so, as is an ambiguity `check_read_alike` refuses."""
-    for start in ("^", "\\A"):
-        if pattern.startswith(start):
-            pattern = pattern[len(start):]
-            break
-    for end in ("$", "\\Z"):
-        head = pattern[:-len(end)]
-        # `\$` is a dollar, `\\Z` a backslash and a Z: the end is an anchor only where unescaped
-        if pattern.endswith(end) and (len(head) - len(head.rstrip("\\"))) % 2 == 0:
-            pattern = head
-            break
-    tree = _parsed(pattern)
-    if tree is None:  # outlines-core's own syntax (`\p{L}`, `\z`, `(?<name>...)`): no answer could be checked
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise ConstraintError(f"the regex {pattern!r} is not in Python's syntax ({e}): answers are checked "
-                                  "with Python's re") from None
-    if _has_anchor(tree):
-        raise ConstraintError(f"the regex {pattern!r} has an anchor (^, $, \\b, \\A, \\Z) inside it: the answer "
-                              "matches the whole pattern anyway (^ at its start and $ at its end are fine)")
-    return pattern, tree
-
-
-def _has_anchor(node) -> bool:
-    """Whether a parsed pattern holds an AT (^, $, \\b, ...) anywhere, in groups, branches, repeats."""
-    if isinstance(node, _parser.SubPattern):
-        return any(op is _constants.AT or _has_anchor(av) for op, av in node)
-    return isinstance(node, (list, tuple)) and any(map(_has_anchor, node))
-
-
-def _matches_empty(pattern: str) -> bool:
-    try:
-        return re.fullmatch(pattern, "") is not None
-    except re.error:
-        return False
-
-
-def _longest_match(pattern: str) -> int | None:
-    """The longest string the pattern matches, an open-ended repeat counted once (None where
-    Python cannot parse it)."""
-    tree = char_dfa.parse(pattern)
-    return None if tree is None else _longest(tree)
-
-
-def _longest(items) -> int:
-    from re._constants import MAXREPEAT
-
-    total = 0
-    for op, av in items:
-        name = str(op)
-        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-            low, high, sub = av
-            total += _longest(sub) * (max(low, 1) if high is MAXREPEAT else high)
-        elif name == "SUBPATTERN":
-            total += _longest(av[-1])
-        elif name == "BRANCH":
-            total += max((_longest(b) for b in av[1]), default=0)
-        elif name == "ATOMIC_GROUP":
-            total += _longest(av)
-        elif name == "GROUPREF_EXISTS":
-            total += max(_longest(av[1]), _longest(av[2]) if av[2] is not None else 0)
-        elif name not in ("AT", "ASSERT", "ASSERT_NOT"):
-            total += 1  # one character: a literal, a class, any
-    return total

@@ -26,6 +26,10 @@ class RequestError(VlmstreamError, ValueError):
     """A request is invalid: bad sampling parameters, empty question, prompt too long."""
 
 
+class ConstraintError(RequestError):
+    """A constraint that cannot be compiled (bad regex or schema, or no token can satisfy it)."""
+
+
 class DeviceError(VlmstreamError):
     """The requested device is not available on this machine."""
 
