@@ -283,7 +283,11 @@ def pil_to_rgb(img: Any) -> np.ndarray:
     mode = img.mode
     if mode in _WIDE_INT_MODES:
         wide = np.asarray(img).astype(np.int64)
-        gray = ((np.clip(wide, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8)
+        # "I" is 32-bit: a 16-bit file's (older Pillow), or an 8-bit picture's after convert("I"),
+        # which read as 16-bit came out black (200 -> 1). Told by the values: no 16-bit picture
+        # worth seeing has them all under 256 (at most 0.4 % of full brightness).
+        full = 255 if mode == "I" and wide.max(initial=0) <= 255 else 65535
+        gray = ((np.clip(wide, 0, full) * 255 + full // 2) // full).astype(np.uint8)
         if isinstance(img.info.get("transparency"), int):  # a PNG's transparent grey level
             gray[wide == img.info["transparency"]] = BEHIND_ALPHA
         return np.repeat(gray[:, :, None], 3, axis=2)

@@ -81,3 +81,19 @@ def test_a_done_callback_that_cannot_be_called_is_refused_at_once():
     h._finish(RequestOutput("", [], "stop"))
     with pytest.raises(RequestError, match="got str"):
         h.add_done_callback("print")
+
+
+def test_a_32_bit_grey_picture_of_8_bit_values_reads_as_the_8_bit_one():
+    """Pillow's convert("I") of an 8-bit picture (a caller's own pipeline) was read as 16-bit:
+    nearly black (200 -> 1). A 16-bit picture keeps its scale, however dark."""
+    import numpy as np
+    from PIL import Image
+
+    from engine.request import pil_to_rgb
+
+    grey = Image.fromarray(np.arange(256, dtype=np.uint8).reshape(16, 16))
+    assert np.array_equal(pil_to_rgb(grey.convert("I")), pil_to_rgb(grey))
+    wide = Image.fromarray(np.array([[0, 65535]], np.int32), "I")  # values past 255: a 16-bit range
+    assert pil_to_rgb(wide)[0, :, 0].tolist() == [0, 255]
+    dark16 = Image.fromarray(np.full((2, 2), 200, np.uint16))  # "I;16": stays as dark as it is
+    assert dark16.mode == "I;16" and pil_to_rgb(dark16).max() == 1
