@@ -1,8 +1,8 @@
 """The files of one `vlmstream video` run, captioned on one engine: `VideoRun`.
 
-Up to CONCURRENT_FILES files run side by side, each in a worker thread of its own and with its own
-outputs (a JSONL, subtitles, an annotated MP4, as its `Outputs` plan says) besides the one JSONL
-all of them share (-o OUT.jsonl, -o -). A file's failure is its summary's (an error, counted as
+Up to CONCURRENT_FILES files (more, short ones at a low --fps: `files_side_by_side`) run side by
+side, each in a worker thread of its own and with its own outputs (a JSONL, subtitles, an
+annotated MP4, as its `Outputs` plan says) besides the one JSONL all of them share (-o OUT.jsonl, -o -). A file's failure is its summary's (an error, counted as
 incomplete), never the others'. Ctrl-C (or SIGTERM) sets the stop flag: every worker ends at its
 next frame and its summary still counts what was written; a second Ctrl-C later than
 DOUBLE_SIGNAL_S after the first leaves at once. A reader of -o - that has had enough stops the run
@@ -26,10 +26,34 @@ if TYPE_CHECKING:
     from pipelines.batch import BatchSummary
 
 CONCURRENT_FILES = 4  # files captioned side by side, sharing the engine
+# With sticky answers at a low --fps a file keeps few frames in flight (--fps 1: a group of one
+# frame, asked while the next is staged), and the first frame of each file is asked without a
+# draft, a token a step: four short clips side by side left the engine's batches a quarter full
+# (100 clips of 2 s at --fps 1: 6 tokens a step against 30 for four long files). More files then
+# run side by side, as many as keep the frames in flight of four files at 30 fps (32 groups'
+# worth), at most MAX_FILES_SIDE_BY_SIDE, and only where the files are short (SHORT_FILE_FRAMES
+# on average, as announced): each holds a decoder (16 720p files: 990 MB against 610 for four, no
+# faster on files of 15 s).
+MAX_FILES_SIDE_BY_SIDE = 16
+SHORT_FILE_FRAMES = 300
 DOUBLE_SIGNAL_S = 1.0  # a second interrupt this soon after the first is the same one
 # After a Ctrl-C, the frames under way finish first (Moondream 2 on a CPU: a step of 5-30 s): a
 # wait longer than this is said, else the run looked hung and a second Ctrl-C lost them.
 STOP_NOTICE_S = 2.0
+
+
+def files_side_by_side(sampling, params, counts: list[int | None]) -> int:
+    """How many files run side by side: CONCURRENT_FILES, more where they are short (`counts`: the
+    frames each announces) and each holds fewer frames in flight whatever its frame rate (sticky
+    answers at a low --fps)."""
+    from pipelines.batch import Sampling, sticky_group
+
+    known = [n for n in counts if n]
+    if not params.sticky or not sampling.fps or not known or sum(known) > SHORT_FILE_FRAMES * len(known):
+        return CONCURRENT_FILES  # every frame, every Nth: the file's own rate says how many
+    usual = CONCURRENT_FILES * sticky_group(Sampling(), 30.0, 32)  # every frame of four 30 fps files
+    most = sticky_group(sampling, None, 32)  # frames a file of any rate asks together at this --fps
+    return max(CONCURRENT_FILES, min(MAX_FILES_SIDE_BY_SIDE, usual // most))
 
 
 class VideoRun:
@@ -92,7 +116,8 @@ class VideoRun:
         paths, summaries = self.checked.paths, []
         notice = threading.Timer(STOP_NOTICE_S, _say_stopping)
         notice.daemon = True
-        with ThreadPoolExecutor(max_workers=min(CONCURRENT_FILES, len(paths))) as pool:
+        side_by_side = files_side_by_side(self.sampling, self.params, list(self.counts.values()))
+        with ThreadPoolExecutor(max_workers=min(side_by_side, len(paths))) as pool:
             futures = [pool.submit(self.process, i, path) for i, (path, _, _) in enumerate(paths)]
             try:
                 # Poll: a SIGINT the kernel hands to a worker thread is only noticed by the main

@@ -1001,6 +1001,60 @@ def test_more_files_than_run_at_once_share_one_bar(tmp_path, small_folder, capsy
     assert sorted((Path(r["source"]).name, r["index"]) for r in rows) == [(f"v{i}.mp4", j) for i in range(n) for j in range(3)]
 
 
+def test_short_files_at_a_low_fps_run_more_side_by_side():
+    """Sticky answers at a low --fps: a short file holds a frame or two in flight, and four of them
+    left the engine's batches a quarter full; long files, every frame or --sticky 0 keep four."""
+    from app.video_run import CONCURRENT_FILES, MAX_FILES_SIDE_BY_SIDE, files_side_by_side
+
+    short, long_ = [60, 90, None], [60, 9000]
+    assert files_side_by_side(Sampling(fps=1), SamplingParams(sticky=2), short) == MAX_FILES_SIDE_BY_SIDE
+    assert CONCURRENT_FILES < files_side_by_side(Sampling(fps=15), SamplingParams(sticky=2), short) < MAX_FILES_SIDE_BY_SIDE
+    for sampling, sticky, counts in ((Sampling(fps=1), 2, long_), (Sampling(fps=1), 0, short), (Sampling(), 2, short),
+                                     (Sampling(every_n=30), 2, short), (Sampling(fps=30), 2, short),
+                                     (Sampling(fps=1), 2, [None])):
+        assert files_side_by_side(sampling, SamplingParams(sticky=sticky), counts) == CONCURRENT_FILES
+
+
+def test_short_files_at_a_low_fps_are_captioned_side_by_side(tmp_path, small_folder, monkeypatch):
+    """More than CONCURRENT_FILES short clips at --fps 1 all run at once, with the answers of one
+    file at a time."""
+    import threading
+
+    from app.video_run import CONCURRENT_FILES, VideoRun
+
+    n = CONCURRENT_FILES + 2
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    for i in range(n):
+        write_video(clips / f"v{i}.mp4", "libx264", n=12, fps=10)
+    for i in range(n):
+        assert main(["video", str(clips / f"v{i}.mp4"), "--model", str(small_folder), "--fps", "1",
+                     "--max-tokens", "4", "-o", str(tmp_path / f"{i}.jsonl")]) == 0
+    together = threading.Barrier(n, timeout=20)
+    met: list[bool] = []
+    process = VideoRun.process
+
+    def meeting(self, i, path):
+        try:
+            together.wait()
+            met.append(True)
+        except threading.BrokenBarrierError:  # fewer workers than files: the first ones waited alone
+            met.append(False)
+        return process(self, i, path)
+
+    monkeypatch.setattr(VideoRun, "process", meeting)
+    out = tmp_path / "o.jsonl"
+    assert main(["video", str(clips), "--model", str(small_folder), "--fps", "1", "--max-tokens", "4",
+                 "-o", str(out)]) == 0
+    assert met == [True] * n
+
+    def answers(path):
+        return sorted((Path(r["source"]).name, r["index"], r["token_ids"])
+                      for r in map(json.loads, path.read_text().splitlines()))
+
+    assert answers(out) == sorted(a for i in range(n) for a in answers(tmp_path / f"{i}.jsonl"))
+
+
 def _frames_in(path: Path) -> int:
     import av
 
