@@ -110,7 +110,7 @@ class VideoRun:
     def caption(self, engine) -> list[BatchSummary]:
         """Every file's BatchSummary (those of files stopped before their turn too); `interrupted`
         says whether Ctrl-C (or SIGTERM) stopped them. A second Ctrl-C in a hurry raises."""
-        from concurrent.futures import ThreadPoolExecutor, wait
+        from concurrent.futures import ThreadPoolExecutor
 
         self.engine = engine
         paths, summaries = self.checked.paths, []
@@ -119,10 +119,13 @@ class VideoRun:
         side_by_side = files_side_by_side(self.sampling, self.params, list(self.counts.values()))
         with ThreadPoolExecutor(max_workers=min(side_by_side, len(paths))) as pool:
             futures = [pool.submit(self.process, i, path) for i, (path, _, _) in enumerate(paths)]
+            all_done = _AllDone(futures)
             try:
                 # Poll: a SIGINT the kernel hands to a worker thread is only noticed by the main
-                # thread when it next wakes, so it must never block without a timeout.
-                while wait(futures, timeout=0.1).not_done:
+                # thread when it next wakes, so it must never block without a timeout. On one event,
+                # not wait(futures): that put a waiter on every file's future 10 times a second
+                # (10,000 files: 14 ms a poll, a seventh of a core, under the futures' locks).
+                while not all_done.wait(timeout=0.1):
                     if stop_requested():  # a SIGTERM whose KeyboardInterrupt was lost (in a finalizer)
                         raise KeyboardInterrupt
                 summaries += [f.result() for f in futures]
@@ -237,6 +240,24 @@ class VideoRun:
                 summary.errors.append(f"{path}: cannot put its rebuilt outputs in place: {e.strerror or e}")
             src.close()
         return summary
+
+
+class _AllDone(threading.Event):
+    """Set once every one of the futures is done (finished, failed or cancelled)."""
+
+    def __init__(self, futures: list) -> None:
+        super().__init__()
+        self._left, self._lock = len(futures), threading.Lock()
+        if not futures:
+            self.set()
+        for f in futures:
+            f.add_done_callback(self._one_done)
+
+    def _one_done(self, _future) -> None:
+        with self._lock:
+            self._left -= 1
+            if not self._left:
+                self.set()
 
 
 class _FileProgress:

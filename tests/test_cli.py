@@ -1218,17 +1218,17 @@ def test_resume_with_another_model_is_refused(capsys, tmp_path, small_folder):
 
 def _ctrl_c_at_the_second_wait(monkeypatch) -> None:
     """A Ctrl-C as `video` waits on its files the second time (the first wait has them under way)."""
-    import concurrent.futures
+    from app.video_run import _AllDone
 
-    waits, wait = [0], concurrent.futures.wait
+    waits, wait = [0], _AllDone.wait
 
-    def interrupted_wait(*a, **k):
+    def interrupted_wait(self, *a, **k):
         waits[0] += 1
         if waits[0] == 2:
             raise KeyboardInterrupt
-        return wait(*a, **k)
+        return wait(self, *a, **k)
 
-    monkeypatch.setattr(concurrent.futures, "wait", interrupted_wait)
+    monkeypatch.setattr(_AllDone, "wait", interrupted_wait)
 
 
 def test_an_interrupt_that_comes_twice_at_once_still_gives_the_summary(capsys, tmp_path, small_folder, monkeypatch):

@@ -1015,6 +1015,22 @@ def test_short_files_at_a_low_fps_run_more_side_by_side():
         assert files_side_by_side(sampling, SamplingParams(sticky=sticky), counts) == CONCURRENT_FILES
 
 
+def test_a_run_waits_for_its_files_on_one_event():
+    """The main thread's poll: set once every file's future is done, however it ended."""
+    from concurrent.futures import Future
+
+    from app.video_run import _AllDone
+
+    assert _AllDone([]).is_set()
+    futures = [Future() for _ in range(3)]
+    done = _AllDone(futures)
+    futures[0].set_result(1)
+    futures[1].set_exception(ValueError("broken"))
+    assert not done.wait(timeout=0)
+    assert futures[2].cancel()
+    assert done.wait(timeout=0)
+
+
 def test_short_files_at_a_low_fps_are_captioned_side_by_side(tmp_path, small_folder, monkeypatch):
     """More than CONCURRENT_FILES short clips at --fps 1 all run at once, with the answers of one
     file at a time."""
