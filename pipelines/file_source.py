@@ -5,54 +5,33 @@ rates keep their real timestamps), as a player shows them (frame.py). Every fail
 `SourceError` with a one-line message; a file that breaks off mid-way yields what decodes and
 records the problem in `source.error` instead of raising, so batch jobs keep what they got. A
 resumed read (`frames(resume=)`) seeks near where it starts and finds its frame by its time.
+What a file says of its length is in file_length.py, why one cannot be read in file_check.py, and
+what marks a file on a web server in remote_file.py.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable, Iterator
 
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
+from .file_check import check_file, no_index
+from .file_length import AVFMT_NOTIMESTAMPS, announced_frames, cut_short, stated_rate
+from .remote_file import REMOTE_OPTIONS, REMOTE_TIMEOUTS_S, is_remote, takes_ranges
 from .timestamps import BestEffort, Continuous
 from .stream import is_recording
 from .url import PLAYLIST_UNREAD, is_playlist, redact, unknown_host
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump
-AVFMT_NOTIMESTAMPS = 0x80  # ... of one that stores none: a raw H.264/H.265 stream (a camera's export)
 DISCONTINUITY_S = 10.0  # a packet this far from where the one before ended: a jump (as ffmpeg)
 EPSILON_S = 1e-3
 SEEK_MARGIN_S = 1.0  # `frames(resume=)` seeks this long before the frame it starts at
 MATCH_S = 1e-5  # ... and finds it by its time, as recorded (to the microsecond)
-MAX_RATE = 1000  # frames a second past which a stream's stated rate is taken for nonsense
-
-REMOTE_SCHEMES = ("http", "https")  # a file on a web server: `video` reads it as a file
-REMOTE_TIMEOUTS_S = (15.0, 30.0)  # to open, and for a read, before a remote file is given up
-# FFmpeg's http client reopens a connection dropped mid-file at the byte it had reached (a Range
-# request: a file cut in half by a reset came whole, 480 frames against 178). Not on a failed
-# connect ("reconnect_on_network_error"): a server that is down is said at once, not in 15 s.
-REMOTE_OPTIONS = {"reconnect": "1", "reconnect_delay_max": "30"}
 
 
 class _NotThere(Exception):
     """The frame a resumed read starts at is not where the seek led."""
 
-
-def _no_index(url: str | None, path: str, error: Exception) -> str:
-    """Why an MP4 or MOV file that FFmpeg cannot read may be so: one that begins as an MP4 does
-    ("ftyp") but has no index (its "moov", written last), a recording still going on or cut off
-    before its end. FFmpeg says only "Invalid data found when processing input"."""
-    import av
-
-    if url or not isinstance(error, av.InvalidDataError):
-        return ""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError:
-        return ""
-    return (" (an MP4 without its index: a recording still being written, or one cut off before its end)"
-            if head[4:8] == b"ftyp" else "")
 
 class FileSource:
     """A video file read with PyAV: whatever FFmpeg decodes. A file on a web server (an http or
@@ -82,7 +61,7 @@ class FileSource:
         if self.url is None:
             if "://" in text and not self.path.exists():  # Path() would print it as "rtsp:/host/..."
                 raise SourceError(f"{redact(text)} is a stream, not a file: `vlmstream live` reads streams")
-            self._check_file()
+            check_file(self.path)
         try:
             if self.url:
                 self._container = av.open(self.url, timeout=REMOTE_TIMEOUTS_S, options=REMOTE_OPTIONS)
@@ -95,7 +74,7 @@ class FileSource:
                 raise SourceError(f"cannot read {self.name}: {reason}") from None
             if self.url and isinstance(e, av.InvalidDataError) and is_playlist(self.url):
                 raise SourceError(f"cannot read {self.name}: {PLAYLIST_UNREAD.format(first_line(e))}") from None
-            raise SourceError(f"{self.name} is not a readable video: {first_line(e)}{_no_index(self.url, text, e)}") from None
+            raise SourceError(f"{self.name} is not a readable video: {first_line(e)}{no_index(self.url, text, e)}") from None
         refuse_text(self._container, self.name)
         missing = no_video(self._container, self.name)
         if missing:
@@ -122,21 +101,6 @@ class FileSource:
 
         return self._container.metadata.get("comment") == ANNOTATED_COMMENT
 
-    def _check_file(self) -> None:
-        path = self.path
-        if not path.exists():
-            raise SourceError(f"video not found: {path}")
-        if path.is_dir():
-            raise SourceError(f"{path} is a folder, not a video")
-        if path.is_char_device() or path.is_block_device():
-            raise SourceError(f"{path} is a device, not a video file (a camera is webcam:N or /dev/videoN, "
-                              "read by `vlmstream live`)")
-        if path.is_fifo():  # opening it would wait for a writer with no time limit
-            raise SourceError(f"{path} is a named pipe, not a video file: `vlmstream live {path}` reads "
-                              "a stream from it")
-        if path.stat().st_size == 0:
-            raise SourceError(f"{path} is empty (0 bytes)")
-
     @property
     def _open_stream(self):
         # PyAV 19 refuses to read a closed container's stream (AssertionError); 18 answered. Refusing
@@ -147,45 +111,13 @@ class FileSource:
 
     @property
     def fps(self) -> float | None:
-        stream = self._open_stream
-        if self._container.format.flags & AVFMT_NOTIMESTAMPS:
-            # A raw stream's "average" is the demuxer's default of 25; the rate the stream itself
-            # states (its SPS) is the decoder's. A 15 fps camera's export ran 1.67x fast, its
-            # frames' times (index / fps: it has no others) too early, --fps picked other frames.
-            stated = stream.codec_context.framerate
-            # A stream may state nonsense (90000 fps: every frame at 0 s); then FFmpeg's guess.
-            rate = stated if stated and 0.5 <= stated <= MAX_RATE else stream.guessed_rate or stream.average_rate
-        else:
-            rate = stream.average_rate or stream.guessed_rate
-            if rate and rate > MAX_RATE and stream.guessed_rate:
-                # A raw DV file's (a camcorder tape's capture) "average" is its time base, 60000
-                # fps for 25: a bar to 120000 frames, its subtitles and annotated video cut short.
-                rate = stream.guessed_rate
-        return float(rate) if rate else None
+        return stated_rate(self._container, self._open_stream)
 
     @property
     def frame_count(self) -> int | None:
         """Frames the container announces (may be 0/None for streams that do not say)."""
-        if self._open_stream.frames:
-            stream = self._stream
-            seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else None
-            if seconds and self.fps:
-                # An edit list hides frames its file keeps: a clip cut with `ffmpeg -ss -c copy` or
-                # trimmed on a phone holds the frames back to the keyframe before its start, which
-                # are never shown. Counted, they made a false "truncated file?" warning.
-                return min(int(stream.frames), math.ceil(seconds * self.fps - 1e-6))
-            return int(stream.frames)
-        if self._container.duration and self.fps:
-            # The container's duration runs from its earliest stream's start: an MKV or TS recording's
-            # video begins at its first keyframe, after its sound. A second late, a bar to 90 frames
-            # ended at 60 (a folder's total, too).
-            stream, micros = self._stream, self._container.duration  # in microseconds, as FFmpeg's are
-            if stream.start_time is not None and stream.time_base:
-                late = round(stream.start_time * stream.time_base * 1_000_000) - (self._container.start_time or 0)
-                micros -= max(0, late)
-            # (to the microsecond: 30 frames of NTSC, 1.001 s at 30000/1001 fps, came to 29.999999)
-            return int(micros / 1_000_000 * self.fps + 1e-6) if micros > 0 else None
-        return None
+        return announced_frames(self._container, self._open_stream, self.fps)
+
 
     def frames(self, pick: Callable[[int, float], bool] | None = None,
                need_rgb: Callable[[int], bool] | None = None, lazy: bool = False,
@@ -311,7 +243,8 @@ class FileSource:
         # A jump leaves the container's duration meaningless. A packet after lost data is decoded,
         # and one that is rejected counted as damaged (a truncated file's last one is either, as
         # decoded in one thread: `live`'s): the file may still be cut short.
-        short = (self._cut_short(index, end, damaged=bool(self.damaged))
+        short = (cut_short(self._container, self._stream, self.frame_count, self.fps,
+                           index, end, self.end, damaged=bool(self.damaged))
                  if self.error is None and not (clock and clock.jumps) else None)
         if short:  # FFmpeg ends a cut-off file quietly: a copy still downloading, a recording killed
             self.error = f"{self.name}: decoding ended {short} its container announces (a truncated or damaged file?)"
@@ -352,31 +285,6 @@ class FileSource:
             return False
         return True
 
-    def _cut_short(self, index: int, end: float | None, damaged: bool = False) -> str | None:
-        """Where decoding ended well before the container's own frame count (MP4, MOV), or before
-        its duration where the video is its only stream (MKV, WebM: an audio track may run longer
-        than the video). By time there, not by the duration's worth of frames at the average rate:
-        a variable-rate file has no such count, nor one whose video starts late (7 s in), and
-        complete ones of both kinds were said to be cut. `end`: the last frame's end, in the
-        file's own time. None when nothing is missing. `damaged`: packets were rejected on the
-        way, their frames missing wherever they were, so that only a last frame well before the
-        video's own end (by its stream's duration) says the file was cut short."""
-        stream, by_time = self._stream, None  # (where decoding ended, the video's length), in seconds
-        if damaged and stream.frames:
-            if self.end is not None and stream.duration and stream.time_base:  # from the file's start
-                by_time = self.end, float(stream.duration * stream.time_base)
-        elif stream.frames:
-            announced = self.frame_count
-            if announced and index < announced * 0.9 and announced - index >= 3:
-                return f"after {index} of the {announced} frames"
-        elif len(self._container.streams) == 1 and self._container.duration and end is not None:
-            by_time = end, self._container.duration / 1_000_000
-        if by_time is not None:
-            done, total = by_time
-            if done < total * 0.9 and total - done >= 3 / (self.fps or 30.0):
-                return f"at {done:.1f} s of the {total:.1f} s"
-        return None
-
     def close(self) -> None:
         self._closed = True
         self._container.close()
@@ -386,21 +294,3 @@ class FileSource:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def is_remote(name: str | Path) -> bool:
-    """Whether a name is an http(s) URL: a file on a web server."""
-    text = str(name)
-    return "://" in text and text.split("://", 1)[0].lower() in REMOTE_SCHEMES
-
-
-def takes_ranges(url: str, timeout: float = 5.0) -> bool | None:
-    """Whether a web server answers a request for a byte range with that range (206), None
-    when it cannot be asked (no answer, an error, credentials in the URL)."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=0-0"}), timeout=timeout) as r:
-            return r.status == 206  # the body of a whole-file answer is not read
-    except (OSError, ValueError):
-        return None

@@ -1,6 +1,6 @@
 """Frame sources by name: `open_live` opens any source for watching live (a file, `webcam:N`, a
 stream URL or `-`), and the video files of a folder. The sources themselves: files in
-file_source.py (`FileSource`), streams and pipes in stream.py, cameras in webcam.py; every failure
+file_source.py (`FileSource`; one on a web server: remote_file.py), streams and pipes in stream.py, cameras in webcam.py; every failure
 to open one is a `SourceError` with a one-line message. Their names are importable from here.
 """
 
@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .connection import Connection
-from .file_source import FileSource, is_remote, takes_ranges
+from .file_source import FileSource
+from .remote_file import is_remote, takes_ranges
 from .frame import AS_SHOWN, Frame, Reading, SourceError, SourceSilent
 from .pipe import STDIN, is_named_pipe
 from .stream import StreamSource
