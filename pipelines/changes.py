@@ -21,7 +21,7 @@ from typing import Collection, Hashable
 
 import numpy as np
 
-from .live import LiveResult
+from .live_result import LiveResult
 from .prompts import prompt_key
 from .sinks import FrameResult, JsonlSink, save_snapshot
 

@@ -34,7 +34,9 @@ if TYPE_CHECKING:  # not at run time: the command line checks its arguments befo
 from .changes import AnswerChanges, answer_key
 from .connection import Connection
 from .grabber import LatestFrameGrabber, PushedFrames
-from .live import DEFAULT_MAX_INFLIGHT, LiveResult, LiveSession, rolling_rate
+from .live import DEFAULT_MAX_INFLIGHT, LiveSession
+from .live_result import LiveResult
+from .window import rolling_rate
 from .frame import Frame
 from .sinks import json_text
 from .locator import LiveLocator, Located, LocateSource

@@ -4,7 +4,8 @@ Policies: at most `max_inflight` frames in the engine (a frame offered beyond th
 at intake), one while answers take over SLOW_ANSWER_S (`adapt`); when a frame's result completes, every older frame still in flight is stale and is
 cancelled (the engine releases it through its reference counts); a request older than
 `deadline_ms` is cancelled, and one that finishes past it is not reported. Results reach `on_result` in completion order, which is frame order
-for the frames that complete (older ones are cancelled when a newer one wins).
+for the frames that complete (older ones are cancelled when a newer one wins). What a result is
+lives in live_result.py (`LiveResult`), its latency and rate windows in window.py.
 """
 
 from __future__ import annotations
@@ -15,24 +16,21 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
-
-import numpy as np
 
 from engine.errors import RequestError
 from engine.timeouts import seconds
-from engine.types import RequestOutput, SamplingParams
+from engine.types import SamplingParams
 
 if TYPE_CHECKING:  # not at run time: the command line answers --help without importing torch
     from engine import Engine
 
 from .cuts import CutDetector
-from .prompts import INTERACTIVE, answers_text, ask, prompt_of, tasks_of
-from .sinks import FrameResult
+from .prompts import INTERACTIVE, ask, prompt_of, tasks_of
 from .frame import Frame
+from .live_result import LiveResult  # also imported from here (tests)
+from .window import LatencyWindow, rolling_rate
 
-LATENCY_WINDOW = 36_000  # ten minutes at 60 fps
 # Frames in flight for a live stream (CLI, web UI): with drafts, 4 sustain the frame rate 6 did
 # on two AVX2 cores with half the latency (p50 ~60 against ~120 ms, BENCHMARKS.md); more in
 # flight only queue longer, fewer lose frames.
@@ -47,58 +45,12 @@ SLOW_ANSWER_S = 1.0
 # costs, a machine no longer busy). A quarter: frames sharing a CPU take up to ~4x as long as one
 # alone, so a model between the two stays one at a time rather than switching at every answer.
 FAST_ANSWER_S = SLOW_ANSWER_S / DEFAULT_MAX_INFLIGHT
-ROLLING_S = 2.0  # the frames a second a page shows count over this much of the newest past
 # Logit margin by which a live frame's answer keeps the previous one (SamplingParams.sticky). On
 # the 60 fps sample at 2, captions changed 25 times in 720 frames instead of 173 and named 93 %
 # of the objects instead of 81 % (EVAL.md, sticky captions): a reading the model gave once is
 # kept through the frames where it wavers, and a new scene still wins by far more than 2.
 LIVE_STICKY = 2.0
 STAGES = ("queue", "preprocess", "vision", "prefill", "first_token", "decode", "total", "end_to_end")
-
-
-@dataclass
-class LiveResult:
-    """A frame's answers: one per prompt of the session, in its order (most sessions have one)."""
-
-    frame: Frame
-    outputs: list[RequestOutput]
-    end_to_end_ms: float  # from the frame's capture to its last answer
-    prompts: list[dict] = field(default_factory=list)  # {"caption": kind} or {"question": text} each
-
-    @property
-    def output(self) -> RequestOutput:
-        return self.outputs[0]
-
-    @property
-    def text(self) -> str:
-        """The answer, or one line per prompt ("question: answer"), as it is shown (a page, a
-        terminal line, a recording's band): an answer max_tokens cut short ends in "…" ('al' for
-        [alpha, beta] at 2 tokens read as an answer). The log's lines (`records`) keep it as it
-        came, with its finish_reason."""
-        return answers_text(self.prompts, [o.text.rstrip() + "…" if o.finish_reason == "length" else o.text
-                                           for o in self.outputs])
-
-    @property
-    def timings_ms(self) -> dict[str, float]:
-        """Per stage, the slowest answer's: the frame waits for all of them."""
-        merged: dict[str, float] = {}
-        for out in self.outputs:
-            for k, v in out.timings_ms.items():
-                merged[k] = max(v, merged.get(k, v))
-        return merged
-
-    def records(self) -> list[dict]:
-        """Lines of a live log (`live -o`, the web UI's export), one per prompt: the fields of
-        `video`'s JSONL, the UTC time of the result (taken now: call it when the result arrives),
-        and the frame's end-to-end latency among the timings."""
-        from datetime import datetime, timezone
-
-        now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-        f = self.frame
-        return [{**FrameResult(f.source_id, f.index, round(f.pts, 6), out.text, out.token_ids, out.finish_reason,
-                               {**out.timings_ms, "end_to_end": round(self.end_to_end_ms, 3)}, dict(prompt)).to_dict(),
-                 "time": now}
-                for prompt, out in zip(self.prompts or [{}] * len(self.outputs), self.outputs)]
 
 
 class LiveSession:
@@ -345,44 +297,3 @@ class LiveSession:
 def _check_inflight(n: object) -> None:
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:  # "2" had been a TypeError, 1.5 taken
         raise RequestError(f"max_inflight must be an integer >= 1, got {n!r}")
-
-
-def rolling_rate(times: list[float], end: float) -> float:
-    """Completions a second over the ROLLING_S seconds up to `end` (the times in seconds, oldest
-    first; through an outage it had said the rate before it). A silence since the last completion
-    longer than their usual interval counts, beyond that interval: frames that stopped 1.9 s ago
-    still said the full rate of the 0.1 s before, until the window emptied and it fell to 0 at once."""
-    c = [t for t in times if t >= end - ROLLING_S]
-    if len(c) < 2 or c[-1] <= c[0]:
-        return 0.0
-    span = c[-1] - c[0]
-    return (len(c) - 1) / (span + max(0.0, end - c[-1] - span / (len(c) - 1)))
-
-
-class LatencyWindow:
-    """One stage's last `size` latencies (ms), in an array made once. Deques of floats had taken
-    ~300 bytes a result (9.5 MB a source once full: RSS grew for ten minutes of a live run) and
-    their percentiles 13 ms a call, which a web page makes twice a second. Appended on one thread,
-    read on others."""
-
-    def __init__(self, size: int = LATENCY_WINDOW):
-        self._values = np.empty(size)  # pages are taken as they are written
-        self._n = 0  # values appended in all
-
-    def append(self, value: float) -> None:
-        self._values[self._n % len(self._values)] = value
-        self._n += 1  # after the value: a reader never counts a slot not yet written
-
-    def clear(self) -> None:
-        self._n = 0
-
-    def __len__(self) -> int:
-        return min(self._n, len(self._values))
-
-    def percentiles(self) -> dict[str, float]:
-        """p50, p90 and p99 (ms), and the number of latencies they are taken over (`samples`): a
-        p99 of 5 frames is their largest two interpolated, not a 1-in-100 tail, and a reader of the
-        figures alone (`live --json` of a short run) could not tell."""
-        n = len(self)
-        p50, p90, p99 = np.percentile(self._values[:n], [50, 90, 99])
-        return {"p50": round(float(p50), 3), "p90": round(float(p90), 3), "p99": round(float(p99), 3), "samples": n}

@@ -21,7 +21,7 @@ import numpy as np
 
 from .frame import Frame
 from .grabber import LatestFrameGrabber
-from .live import LatencyWindow
+from .window import LatencyWindow
 
 if TYPE_CHECKING:
     from .connection import Connection

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from .live import LiveResult
+from .live_result import LiveResult
 from .annotated import AnnotatedVideoSink
 
 QUEUE_FRAMES = 120  # two seconds at 60 fps

@@ -725,12 +725,13 @@ def test_the_rolling_rate_falls_to_zero_when_frames_stop_coming(monkeypatch):
     import types
 
     import pipelines.live
+    import pipelines.window
 
     # the session's clock moved by the test, as in the test of the rolling rate below: on the wall
     # clock, a busy machine's pause of 0.5 s among the four frames left them out of the window
     clock = [100.0]
     monkeypatch.setattr(pipelines.live, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(pipelines.live, "ROLLING_S", 0.5)
+    monkeypatch.setattr(pipelines.window, "ROLLING_S", 0.5)
     engine = _HeldEngine()
     s = LiveSession(engine, {"caption": "short"}, max_inflight=1)
     try:
@@ -790,7 +791,7 @@ def test_a_latency_window_keeps_the_newest_values_in_memory_made_once():
 
     import numpy as np
 
-    from pipelines.live import LatencyWindow
+    from pipelines.window import LatencyWindow
 
     w = LatencyWindow(size=5)
     assert not w
