@@ -7,7 +7,7 @@ the latency figures, counted from when a frame was decoded, look fine. `CatchUp`
 each decoded frame comes against the stream's own clock and, once one is more than `CATCH_UP_S`
 late, has the decoder skip all but keyframes (it then only parses) until the stream's edge is
 reached. Frames are lost either way; this way the frames decoded are recent ones. Only streams
-pushed with their sender's clock are watched (stream.CLOCKED_SCHEMES: RTSP, RTMP, UDP...).
+pushed with their sender's clock are watched (schemes.CLOCKED_SCHEMES: RTSP, RTMP, UDP...).
 
 How late a frame is: wall time minus its stream time, against the least such offset seen (the
 stream's edge). The least offset may creep up by `DRIFT` a second, so a camera's clock that runs

@@ -19,7 +19,7 @@ from .file_check import check_file, no_index
 from .file_length import AVFMT_NOTIMESTAMPS, announced_frames, cut_short, stated_rate
 from .remote_file import REMOTE_OPTIONS, REMOTE_TIMEOUTS_S, is_remote, takes_ranges
 from .timestamps import BestEffort, Continuous
-from .stream import is_recording
+from .schemes import is_recording
 from .url import PLAYLIST_UNREAD, is_playlist, redact, unknown_host
 
 AVFMT_TS_DISCONT = 0x200  # FFmpeg's flag of a format whose timestamps may jump

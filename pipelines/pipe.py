@@ -27,6 +27,19 @@ def is_named_pipe(source: str) -> bool:
         return False
 
 
+def open_pipe(path: str, display: str) -> int:
+    """A named pipe's descriptor, opened without waiting for a writer (a plain open would, out of
+    reach of every timeout and of Ctrl-C's clean stop)."""
+    import os
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise SourceError(f"cannot read {display}: {e.strerror}") from None
+    os.set_blocking(fd, True)  # reads come after select() says there is data
+    return fd
+
+
 def readable_within(fd: int, timeout: float, stopped: Callable[[], bool]) -> bool:
     """Whether `fd` has data (or its end) within `timeout` seconds; looked at every POLL_S, and
     False at once when `stopped()`."""

@@ -2,7 +2,8 @@
 
 Opening and reading are bounded by timeouts; a broken stream is reopened with backoff; a live
 stream decoded slower than it comes catches up to its edge (`catch_up.py`); credentials never
-appear in messages.
+appear in messages. What a URL's scheme says (the schemes read, the FFmpeg options, whether it is
+a recording) is in schemes.py, why a failed open is given up at once in refusal.py.
 """
 
 from __future__ import annotations
@@ -13,35 +14,15 @@ from typing import Iterator
 from .catch_up import CatchUp
 from .connection import TIMED_OUT, Connection, span
 from .frame import AS_SHOWN, Frame, Reading, SourceError, decoded, first_line, main_video, no_video, pixels, refuse_text
-from .pipe import PIPE_PROBE, STDIN, PipeReader, is_named_pipe, wait_for_input
+from .pipe import PIPE_PROBE, STDIN, PipeReader, is_named_pipe, open_pipe, wait_for_input
+from .refusal import refusal
 from .replayed import Replayed
-from .url import PLAYLIST_UNREAD, is_playlist, redact, unknown_host
-
-STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "udp", "rtp", "tcp", "srt", "http", "https")
-# Streams pushed as they are shot, with the sender's clock in their timestamps: the ones whose
-# lateness says whether decoding keeps up (CatchUp). Not HTTP (HLS comes a segment of seconds at a
-# time, each frame of it "late" by up to its length) nor a pipe (raw H.264 carries no clock, and
-# a pipe that is not read holds its writer back).
-CLOCKED_SCHEMES = tuple(s for s in STREAM_SCHEMES if not s.startswith("http"))
-WEB = ("http", "https")
-
-
-def is_recording(container, url: str) -> bool:
-    """Whether an opened network source is a recording: one that says how long it lasts (a file
-    over HTTP, a finished HLS playlist), or a file whose web server gave its size though not a
-    way to seek to its end, where its length is (an MPEG-TS file from a server without ranges,
-    Python's http.server among them, was taken for a live stream: reopened ~20 times a second,
-    its frames read as fast as they came). A live stream does neither."""
-    if container.duration:
-        return True
-    web = url.split(":", 1)[0].lower() in WEB
-    return web and (container.size or 0) > 0 and "hls" not in container.format.name  # a live playlist's size is its text's
-
+from .schemes import CLOCKED_SCHEMES, WEB, check_url, is_recording, stream_options
+from .url import redact
 
 STALE_AFTER, BURST_S = 0.9, 0.05  # a silence this share of the read timeout; the burst it ends (see _frames)
 STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error
 BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
-LIVE_START_INDEX = -2  # the segment of a live HLS playlist it is joined at, from its end
 UNDECODABLE_S = 10.0  # a stream that gave frames and then only packets the decoder rejects, this long: reopened
 
 
@@ -81,16 +62,8 @@ class StreamSource:
             # FFmpeg's name for standard input, in the messages that _clean rewrites
             self.url, self.display = ("pipe:0", "standard input") if url == STDIN else (url, url)
             scheme, reconnect, open_timeout, read_timeout = "pipe", False, STREAM_MAX_WAIT_S, STREAM_MAX_WAIT_S
-        elif scheme not in STREAM_SCHEMES:
-            raise SourceError(f"unsupported URL scheme {scheme!r} in {self.display} "
-                              f"(use one of {', '.join(STREAM_SCHEMES)})")
         else:
-            from urllib.parse import urlsplit
-
-            try:  # udp://host:99999 waited as for a quiet stream, then said "nothing came"
-                urlsplit(url).port
-            except ValueError as e:
-                raise SourceError(f"{self.display}: {e}") from None
+            check_url(url, scheme, self.display)
         self.source_id = source_id or self.display
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.reconnect, self.pace = reconnect, pace
@@ -106,29 +79,7 @@ class StreamSource:
         self.reconnects = self.damaged = self.catch_ups = 0
         self.max_late = self.late = 0.0  # seconds the decoding fell behind a live stream, at most and now (CatchUp)
         self._behind_said = -float("inf")  # when falling behind was last said (through `connection`)
-        self._options = {"fifo_size": "1000000", "overrun_nonfatal": "1"} if scheme == "udp" else {}
-        if scheme.startswith("rtsp"):
-            # RTP over the RTSP connection (over UDP, a camera behind NAT or on a lossy Wi-Fi link
-            # gave grey, smeared frames), and over UDP where a camera plays it no other way (forced
-            # TCP, such a camera was "Protocol not supported" for its 30 s, then given up)
-            self._options["rtsp_flags"] = "prefer_tcp"
-        if scheme in CLOCKED_SCHEMES:
-            # FFmpeg decodes 20 frames to guess a frame rate that nothing here uses (a live stream's
-            # frames are timed as they come): an RTSP camera's MJPEG opened in 1.4 s instead of
-            # 0.07, a 30 fps MPEG-TS stream over UDP in 0.75 s instead of 0.3
-            self._options["fpsprobesize"] = "0"
-        if scheme.startswith(("rtsp", "rtmp")):
-            # FLV may add streams at any time, so FFmpeg probes it for its whole analyzeduration (5 s)
-            # before the first frame; the video's parameters come in its first tag. RTSP's are in
-            # its first key frame (or the SDP), yet FFmpeg read on 2 s past it: an IP camera's first
-            # frame came 2.9 s after the open instead of 0.8 s, and as long after each reconnection
-            self._options["analyzeduration"] = "500000"
-        if scheme in WEB:
-            # A live HLS playlist is joined two segments from its end, not three (FFmpeg's and the
-            # HLS spec's default): paced, its frames are a segment less behind the encoder (2 s
-            # segments: 6.0 s instead of 8.0), one segment still in hand. From its last segment
-            # the next was often not there yet: 15 % of the frames came in bursts, 1.1 s stalls.
-            self._options["live_start_index"] = str(LIVE_START_INDEX)
+        self._options = stream_options(scheme)
 
     def _open(self, started: float | None = None):
         import av
@@ -158,18 +109,11 @@ class StreamSource:
             raise
 
     def _open_pipe(self) -> int:
-        """Standard input's descriptor, or the named pipe's, opened without waiting for a writer
-        (a plain open would, out of reach of every timeout and of Ctrl-C's clean stop)."""
-        import os
-
+        """Standard input's descriptor, or the named pipe's (`open_pipe`), opened once."""
         if self._pipe == STDIN:
             return 0
         if self._pipe_fd is None:
-            try:
-                self._pipe_fd = os.open(self._pipe, os.O_RDONLY | os.O_NONBLOCK)
-            except OSError as e:
-                raise SourceError(f"cannot read {self.display}: {e.strerror}") from None
-            os.set_blocking(self._pipe_fd, True)  # reads come after select() says there is data
+            self._pipe_fd = open_pipe(self._pipe, self.display)
         return self._pipe_fd
 
     def frames(self) -> Iterator[Frame]:
@@ -206,24 +150,9 @@ class StreamSource:
                 # the pipe's (a network source's try says why it had not opened yet: retry, below).
                 if connection.stopped and self._pipe is not None:
                     return
-                # A client error (404, 401, 403...) from a stream that never sent a frame is a wrong
-                # URL or password, not an outage: said at once, not after max_wait of retries (the
-                # live CLI's --duration often ended first, and the reason was never shown).
-                refused = (index == 0 and isinstance(e, av.HTTPClientError)  # 429 is "later", not "no"
-                           and not isinstance(e, getattr(av, "HTTPTooManyRequestsError", ())))
-                if isinstance(e, av.ProtocolNotFoundError):  # srt:// with PyAV's own FFmpeg (built without libsrt)
-                    scheme = self.url.split(":", 1)[0]
-                    raise SourceError(f"cannot read {self.display}: the FFmpeg inside PyAV reads no {scheme}:// "
-                                      f"streams; pipe it in with an ffmpeg that does: ffmpeg -i '{self.display}' "
-                                      "-c copy -f mpegts - | vlmstream live -") from None
-                # So is a host with no address, or a web server's answer that is no video (a page):
-                # retried for 30 s, they were said as FFmpeg's "Input/output error" / "Invalid data".
-                hopeless = unknown_host(self.url) if index == 0 else None
-                if index == 0 and isinstance(e, av.InvalidDataError) and self.url.split(":", 1)[0].lower() in WEB:
-                    why = self._clean(e, 0)
-                    hopeless = PLAYLIST_UNREAD.format(why) if is_playlist(self.url) else f"not a video ({why})"
-                if refused or hopeless or not self.reconnect:
-                    raise SourceError(f"cannot read {self.display}: {hopeless or self._clean(e, self.open_timeout)}"
+                given_up = refusal(e, self.url, self.display, index == 0, self.open_timeout, self._clean)
+                if given_up or not self.reconnect:
+                    raise SourceError(f"cannot read {self.display}: {given_up or self._clean(e, self.open_timeout)}"
                                       ) from None
                 if not connection.retry(self._clean(e, time.perf_counter() - (connection.last_frame or t0)), t0):
                     return

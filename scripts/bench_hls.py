@@ -31,6 +31,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
+import pipelines.schemes as schemes  # noqa: E402
 import pipelines.stream as stream  # noqa: E402
 
 SEGMENT_S, WARM_S = 2, 12  # segment length; the encoder's lead before a read starts
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--frames", type=int, default=600)
     args = ap.parse_args()
-    joins = {"vlmstream": stream.LIVE_START_INDEX, "ffmpeg_default": -3, "last_segment": -1}
+    joins = {"vlmstream": schemes.LIVE_START_INDEX, "ffmpeg_default": -3, "last_segment": -1}
     runs: dict[str, list[dict]] = {k: [] for k in joins}
     with tqdm(total=args.repeats * len(joins), desc="hls reads", file=sys.stderr) as bar:
         for _ in range(args.repeats):  # alternated: the machine's noise falls on each alike
