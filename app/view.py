@@ -15,7 +15,9 @@ import time
 
 import numpy as np
 
-from pipelines.feed import CHART_STAGES, FeedSnapshot, LatencyPoint, LogLine, Shot, jpeg_bytes
+from pipelines.caption_log import LogLine
+from pipelines.feed_snapshot import CHART_STAGES, FeedSnapshot, LatencyPoint
+from pipelines.shot import Shot, jpeg_bytes
 from pipelines.annotated import annotate
 
 STAGE_COLORS = {"queue": "#9aa5b1", "vision": "#4c78a8", "prefill": "#f58518", "decode": "#54a24b"}

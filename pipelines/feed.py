@@ -12,8 +12,9 @@ like; a new answer counts once it has held `hold` frames).
 A region task ({"detect": OBJECT} or {"point": OBJECT}, with `locate`: Moondream 2's region
 protocol, one frame at a time) runs through a `LiveLocator` instead of the session, its frames
 with the places drawn and its answer the count found ("person: 2 found"), for the same viewer.
-`snapshot()` copies all but the records for a viewer that polls; `version` grows with every
-result so a viewer can skip redraws when nothing changed.
+`snapshot()` copies all but the records for a viewer that polls (a `FeedSnapshot`,
+feed_snapshot.py); `version` grows with every result so a viewer can skip redraws when nothing
+changed. The log's lines are in caption_log.py, the pictures of the changes in shot.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
@@ -31,104 +31,25 @@ from engine.types import SamplingParams
 if TYPE_CHECKING:  # not at run time: the command line checks its arguments before torch loads
     from engine import Engine
 
-from .changes import AnswerChanges, answer_key
+from .caption_log import LogLine, extend_log
+from .changes import AnswerChanges
 from .connection import Connection
 from .grabber import LatestFrameGrabber, PushedFrames
 from .live import DEFAULT_MAX_INFLIGHT, LiveSession
 from .live_result import LiveResult
 from .window import rolling_rate
 from .frame import Frame
+from .feed_snapshot import FeedSnapshot, LatencyPoint
+from .shot import SHOT_QUALITY, SHOT_WIDTH, Shot, jpeg_bytes
 from .sinks import json_text
 from .locator import LiveLocator, Located, LocateSource
 
-CHART_STAGES = ("queue", "vision", "prefill", "decode")
 REGION_TASKS = ("detect", "point")
 # Answers a feed keeps for an export: ~5 minutes at 35 captions a second, ~4 MB of JSON.
 EXPORT_LINES = 10_000
 # Pictures of the frames where the answers changed: a page's gallery of them stays ~200 KB; the
 # full-size ones (for a download) ~1-6 MB a feed, 640x360 to 1080p.
 SHOTS = 16
-SHOT_WIDTH = 320
-SHOT_QUALITY = 90  # the full-size picture's: what `live --snapshots` saves
-
-
-@dataclass(frozen=True)
-class LogLine:
-    """A run of frames that got the same answers (a line of the caption log): the log of a 60 fps
-    stream says what changed and when, not the same caption sixty times a second."""
-
-    wall: float  # time.time() when the run's last result arrived
-    pts: float  # the run's last frame
-    index: int
-    text: str
-    end_to_end_ms: float  # the last frame's
-    first_wall: float = 0.0  # when the run began (its first result)
-    first_pts: float = 0.0
-    frames: int = 1
-
-
-def extend_log(log: deque[LogLine], wall: float, pts: float, index: int, text: str, end_to_end_ms: float,
-               in_order: bool = False) -> bool:
-    """Add a result to the log: the newest run grows if the answers are the same (`answer_key`:
-    the same things named, in any order, or in theirs where `in_order`; the line takes the newest
-    wording, as the caption shown does), else a run starts (True)."""
-    last = log[-1] if log else None
-    if last is not None and (last.text == text or answer_key(last.text, in_order) == answer_key(text, in_order)):
-        log[-1] = LogLine(wall, pts, index, text, end_to_end_ms, last.first_wall, last.first_pts, last.frames + 1)
-        return False
-    log.append(LogLine(wall, pts, index, text, end_to_end_ms, wall, pts))
-    return True
-
-
-@dataclass(frozen=True)
-class Shot:
-    """The frame where a run of identical answers began, as a JPEG at most SHOT_WIDTH wide (for
-    the page) and at its own size (for a download)."""
-
-    number: int  # 1 for the feed's first answer, counting the changes on
-    wall: float
-    pts: float
-    index: int
-    text: str
-    jpeg: bytes
-    full: bytes = b""
-
-
-def jpeg_bytes(rgb: np.ndarray, width: int | None, quality: int = 80) -> bytes:
-    """An RGB frame as a JPEG, scaled down to `width` if it is wider (None: as it is)."""
-    import cv2
-
-    h, w = rgb.shape[:2]
-    if width is not None and w > width:
-        rgb = cv2.resize(rgb, (width, max(1, round(h * width / w))), interpolation=cv2.INTER_AREA)
-    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(rgb[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise ValueError("cannot encode a frame as JPEG")
-    return buf.tobytes()
-
-
-@dataclass(frozen=True)
-class LatencyPoint:
-    wall: float
-    index: int
-    stages_ms: dict[str, float]  # CHART_STAGES, each >= 0
-    end_to_end_ms: float
-
-
-@dataclass
-class FeedSnapshot:
-    version: int
-    running: bool
-    error: str | None
-    frame_rgb: np.ndarray | None  # the frame the newest caption describes
-    text: str
-    pts: float
-    index: int
-    end_to_end_ms: float
-    log: list[LogLine] = field(default_factory=list)  # newest last
-    latency: list[LatencyPoint] = field(default_factory=list)  # oldest first, last window_s seconds
-    counters: dict = field(default_factory=dict)
-    shots: list[Shot] = field(default_factory=list)  # newest last, the last SHOTS changes
 
 
 class LiveFeed:

@@ -82,7 +82,7 @@ def test_a_constrained_answers_order_is_its_own():
     """A constrained answer's format is the user's (`--regex '[0-9]+,[0-9]+'`, a JSON list): `1,2`
     then `2,1` is a change, where a caption naming the same things in another order is none."""
     from pipelines.changes import ChangedAnswersSink
-    from pipelines.feed import extend_log
+    from pipelines.caption_log import extend_log
     from pipelines.sinks import FrameResult
 
     answers = [("a cat and a dog", "1,2"), ("a dog and a cat", "2,1"), ("a dog and a cat", "2, 1.")]

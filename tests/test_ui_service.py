@@ -28,7 +28,10 @@ def threads_named(*names: str) -> set:
 from app.view import chart_svg, counters_html, frame_html, log_text, shots_html
 from engine import Choice, JsonSchema, Regex, SamplingParams, VlmstreamError
 from pipelines.changes import answer_key
-from pipelines.feed import SHOT_WIDTH, LatencyPoint, LiveFeed, Shot, extend_log
+from pipelines.caption_log import extend_log
+from pipelines.feed import LiveFeed
+from pipelines.feed_snapshot import LatencyPoint
+from pipelines.shot import SHOT_WIDTH, Shot
 
 
 @pytest.fixture(scope="module")
@@ -1867,7 +1870,7 @@ def test_a_viewer_of_an_ip_camera_sees_it_reboot_and_come_back(service):
 def test_before_the_first_answer_the_frames_place_says_the_model_is_answering_not_no_frame():
     """A slow model (Moondream 2 on a CPU: ~60 s to the first answers) had left "no frame yet" on
     the page for that minute while the source played, as if the source sent nothing."""
-    from pipelines.feed import FeedSnapshot
+    from pipelines.feed_snapshot import FeedSnapshot
 
     def snap(counters):
         return FeedSnapshot(version=0, running=True, error=None, frame_rgb=None, text="", pts=0.0, index=-1,
