@@ -1,6 +1,7 @@
 """`vlmstream`'s argument parser: every command with its flags and their help (what `--help`
 prints). Each command's `func` runs it from its own module, imported only when that command runs.
 argparse's own mistakes are one line and exit code 2, as every other user mistake (`app.cli`).
+The flag groups several commands share (model, sticky, --changes, reading) are in app/flags.py.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import argparse
 import re
 from typing import NoReturn
 
+from app.flags import (NATIVE_BF16, Once, add_changes_args, add_model_args, add_reading_args, add_sticky_arg,
+                       add_vision_thread_arg, lazy)
 from app.prompt_args import add_constraint_args, add_prompt_args
-from pipelines.live import LIVE_STICKY
 
 EXIT_USAGE = 2
 # Answer options whose parser default is None (see prompt_args.region_task): their defaults
@@ -29,18 +31,6 @@ class _Parser(argparse.ArgumentParser):
         command = self.prog.partition(" ")[2]
         help_cmd = f"vlmstream {command} --help" if command else "vlmstream --help"
         self.exit(EXIT_USAGE, f"vlmstream: error: {message} (see {help_cmd})\n")
-
-
-class _Once(argparse.Action):
-    """Stores like `store`, but a second value is a mistake: argparse kept the last one, so
-    `image --question A --question B` answered B alone, without a word (a second --choices was
-    already refused; `video` and `live` ask every --question)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if getattr(namespace, self.dest, None) is not None:
-            more = " (video and live ask several --question)" if self.dest in ("caption", "question") else ""
-            raise argparse.ArgumentError(self, f"given twice; it takes one{more}")
-        setattr(namespace, self.dest, values)
 
 
 _SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
@@ -83,15 +73,15 @@ def _image_command(sub) -> None:
                           "the one piped into standard input), or "
                           "folders: every image under them; one image "
                           "prints its answer as it comes, several a line each (\"IMAGE: answer\")")
-    _add_model_args(img, "float32 on cpu for a folder not stored in bf16 (the tiny model, train-tiny's), "
-                         "else " + _NATIVE_BF16)
+    add_model_args(img, "float32 on cpu for a folder not stored in bf16 (the tiny model, train-tiny's), "
+                        "else " + NATIVE_BF16)
     task = img.add_mutually_exclusive_group()
-    task.add_argument("--caption", choices=["short", "normal", "long"], action=_Once,
+    task.add_argument("--caption", choices=["short", "normal", "long"], action=Once,
                       help="caption length (default: normal, unless --question is given)")
-    task.add_argument("--question", metavar="TEXT", action=_Once, help="a question about the image")
-    task.add_argument("--detect", metavar="OBJECT", action=_Once,
+    task.add_argument("--question", metavar="TEXT", action=Once, help="a question about the image")
+    task.add_argument("--detect", metavar="OBJECT", action=Once,
                       help="boxes around every OBJECT (Moondream 2 weights: the tiny model's region head is untrained)")
-    task.add_argument("--point", metavar="OBJECT", action=_Once, help="the centre of every OBJECT (as --detect)")
+    task.add_argument("--point", metavar="OBJECT", action=Once, help="the centre of every OBJECT (as --detect)")
     add_constraint_args(img)
     _add_sampling_args(img)
     img.add_argument("--json", action="store_true",
@@ -100,7 +90,7 @@ def _image_command(sub) -> None:
                           "model, device, dtype, seed, load_ms, read_ms; with --detect (--point): detect (point), "
                           "objects (points) as fractions, pixels, width, height, batch "
                           "(several images: one a line, with an 'image' field)")
-    img.set_defaults(func=_lazy("app.image"))
+    img.set_defaults(func=lazy("app.image"))
 
 
 def _video_command(sub) -> None:
@@ -112,11 +102,11 @@ def _video_command(sub) -> None:
                           "there are skipped with a warning)")
     add_prompt_args(vid)
     region = vid.add_mutually_exclusive_group()
-    region.add_argument("--detect", metavar="OBJECT", action=_Once,
+    region.add_argument("--detect", metavar="OBJECT", action=Once,
                         help="boxes around every OBJECT in each processed frame, as JSON lines (or terminal lines), "
                              "the number found in subtitles, drawn by --annotate (Moondream 2 weights: the tiny "
                              "model's region head is untrained)")
-    region.add_argument("--point", metavar="OBJECT", action=_Once, help="the centre of every OBJECT (as --detect)")
+    region.add_argument("--point", metavar="OBJECT", action=Once, help="the centre of every OBJECT (as --detect)")
     vid.add_argument("--batch", type=int, default=None, metavar="N",
                      help=f"with --detect/--point: frames located together, one forward a step for all (default "
                           f"{LOCATE_BATCH}; each holds a KV buffer of the model's context: ~0.8 GB for Moondream 2 "
@@ -133,20 +123,20 @@ def _video_command(sub) -> None:
                      help="with -o FOLDER/: jsonl, srt, vtt, or several separated by commas (default jsonl)")
     vid.add_argument("--annotate", metavar="OUT.mp4",
                      help="write an MP4 with captions and latency drawn; a FOLDER/: one per video")
-    _add_changes_args(vid, "JSON lines (or terminal lines) only for answers that differ from the last one of "
-                           "their video and prompt, with the answer replaced (previous) and when it began (since); with "
-                           "--detect/--point, when the number found changes",
+    add_changes_args(vid, "JSON lines (or terminal lines) only for answers that differ from the last one of "
+                          "their video and prompt, with the answer replaced (previous) and when it began (since); with "
+                          "--detect/--point, when the number found changes",
                       "processed frames", "JSON line")
-    _add_sticky_arg(vid, "the answer of the frames a quarter second earlier")
+    add_sticky_arg(vid, "the answer of the frames a quarter second earlier")
     vid.add_argument("--resume", action="store_true",
                      help="skip frames already in the JSONL output (other outputs are rebuilt from it); "
                           "without it, outputs are written afresh")
-    _add_model_args(vid, _NATIVE_BF16)
+    add_model_args(vid, NATIVE_BF16)
     vid.add_argument("--max-tokens", type=int, default=None, metavar="N",
                      help=f"answer length limit (default {MAX_TOKENS_FRAMES})")
-    _add_vision_thread_arg(vid, "frames", "same answers, for comparison")
-    _add_reading_args(vid)
-    vid.set_defaults(func=_lazy('app.video'))
+    add_vision_thread_arg(vid, "frames", "same answers, for comparison")
+    add_reading_args(vid)
+    vid.set_defaults(func=lazy('app.video'))
 
 
 def _live_command(sub) -> None:
@@ -160,11 +150,11 @@ def _live_command(sub) -> None:
                            "vlmstream live -); several sources share one engine")
     add_prompt_args(live, " (a frame completes with all its answers)")
     region = live.add_mutually_exclusive_group()
-    region.add_argument("--detect", metavar="OBJECT", action=_Once,
+    region.add_argument("--detect", metavar="OBJECT", action=Once,
                         help="boxes around every OBJECT in each newest frame, at the region decoder's pace "
                              "(frames that come while it works are passed over), drawn by --annotate "
                              "(Moondream 2 weights: the tiny model's region head is untrained)")
-    region.add_argument("--point", metavar="OBJECT", action=_Once, help="the centre of every OBJECT (as --detect)")
+    region.add_argument("--point", metavar="OBJECT", action=Once, help="the centre of every OBJECT (as --detect)")
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     live.add_argument("--max-outage", type=float, default=None, metavar="S",
@@ -179,23 +169,23 @@ def _live_command(sub) -> None:
     live.add_argument("--max-tokens", type=int, default=None, metavar="N",
                       help=f"answer length limit (default {MAX_TOKENS_FRAMES}: the tiny model's long captions take up "
                            "to 44)")
-    _add_sticky_arg(live, "the previous frame's answer")
+    add_sticky_arg(live, "the previous frame's answer")
     live.add_argument("--no-draft", action="store_true",
                       help="decode every frame's answer token by token, without the previous answer as a draft "
                            "(same answers, for comparison)")
-    _add_vision_thread_arg(live, "frames", "same answers, for comparison")
-    _add_model_args(live, _NATIVE_BF16)
+    add_vision_thread_arg(live, "frames", "same answers, for comparison")
+    add_model_args(live, NATIVE_BF16)
     live.add_argument("--json", action="store_true", help="print one final JSON object with the session's figures")
-    _add_changes_args(live, "print (and log) an answer only when it changes, with the answer it replaced: "
-                            "events instead of every frame (--detect/--point: when the number found changes)", "frames", "log")
+    add_changes_args(live, "print (and log) an answer only when it changes, with the answer it replaced: "
+                           "events instead of every frame (--detect/--point: when the number found changes)", "frames", "log")
     live.add_argument("--annotate", metavar="OUT.mp4",
                       help="record the completed frames with their answers and latency drawn, at the times they "
                            "were captured; a FOLDER/: one file per source, named by start time and source")
     live.add_argument("-o", "--output", metavar="OUT.jsonl",
                       help="append one JSON line per captioned frame (source, index, pts, UTC time, text, "
                            "token ids, timings); '-' writes them to standard output instead of the captions")
-    _add_reading_args(live)
-    live.set_defaults(func=_lazy('app.live'))
+    add_reading_args(live)
+    live.set_defaults(func=lazy('app.live'))
 
 
 def _ui_command(sub) -> None:
@@ -204,7 +194,7 @@ def _ui_command(sub) -> None:
     ui.add_argument("--source", default=None, metavar="SOURCE",
                     help="what the Live tab plays when a page opens: a sample name, a file, webcam:N or a "
                          "URL (default: the 60 fps sample)")
-    _add_reading_args(ui)
+    add_reading_args(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     ui.add_argument("--ssl-certfile", metavar="FILE",
@@ -217,14 +207,14 @@ def _ui_command(sub) -> None:
     ui.add_argument("--auth-file", metavar="FILE",
                     help="ask for a user name and password: FILE has one 'user:password' a line (the page can "
                          "play any file or URL the server reaches, so share it on a network only with this)")
-    _add_model_args(ui, _NATIVE_BF16)
-    ui.set_defaults(func=_lazy('app.ui'))
+    add_model_args(ui, NATIVE_BF16)
+    ui.set_defaults(func=lazy('app.ui'))
 
 
 def _bench_command(sub) -> None:
     bench = sub.add_parser("bench", help="decode throughput: pipelined vs blocking",
                            description="Throughput of pipelined vs blocking decoding at several concurrencies.")
-    _add_model_args(bench, random=True)
+    add_model_args(bench, random=True)
     bench.add_argument("--streams", default="1,8,32", metavar="N,N,...",
                        help="concurrent requests per run, each 1 to 1024 (default 1,8,32)")
     bench.add_argument("--tokens", type=int, default=64, metavar="N",
@@ -238,9 +228,9 @@ def _bench_command(sub) -> None:
                        help="also caption N distinct 640x360 frames and report frames/s (0 skips; default 240)")
     bench.add_argument("--no-script", action="store_true",
                        help="CPU: decode eagerly instead of through TorchScript (for comparison)")
-    _add_vision_thread_arg(bench, "images", "for comparison")
+    add_vision_thread_arg(bench, "images", "for comparison")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    bench.set_defaults(func=_lazy("app.bench"))
+    bench.set_defaults(func=lazy("app.bench"))
 
 
 def _train_command(sub) -> None:
@@ -276,81 +266,19 @@ def _train_command(sub) -> None:
     tr.add_argument("--freeze-vision", action="store_true",
                     help="train the decoder and region head alone, the vision encoder as in --init "
                          "(with --vision-share 0)")
-    tr.set_defaults(func=_lazy("app.train_tiny"))
+    tr.set_defaults(func=lazy("app.train_tiny"))
 
 
 def _eval_command(sub) -> None:
     ev = sub.add_parser("eval-tiny", help="accuracy on held-out generated scenes",
                         description="Caption and question accuracy on scenes from a seed range never used in training.")
-    _add_model_args(ev)
+    add_model_args(ev)
     ev.add_argument("--n", type=int, default=1000, help="held-out scenes (default 1000)")
     ev.add_argument("--renderer", default="world", choices=["world", "second"],
                     help="draw the scenes with the world's renderer (training's; the default) or a second, "
                          "independent one")
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    ev.set_defaults(func=_lazy("app.eval_tiny"))
-
-
-def _lazy(module: str):
-    """A command implemented in its own module, imported only when that command runs."""
-
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        return importlib.import_module(module).run(args)
-
-    return run
-
-
-def _add_changes_args(p: argparse.ArgumentParser, what: str, frames: str, where: str) -> None:
-    """--changes, --hold and --snapshots of `video` and `live` (checked by `check_changes_args`)."""
-    p.add_argument("--changes", action="store_true",
-                   help=what + " (the same things named in another order are the same answer)")
-    p.add_argument("--hold", type=int, default=None, metavar="N",
-                   help=f"with --changes, a new answer counts once N {frames} in a row gave it (default 1)")
-    p.add_argument("--snapshots", metavar="FOLDER",
-                   help=f"with --changes, save the frame of each change there as a JPEG (its path in the {where})")
-
-
-def _add_sticky_arg(p: argparse.ArgumentParser, kept: str) -> None:
-    p.add_argument("--sticky", type=float, default=None, metavar="M",
-                   help=f"keep {kept}, token by token, unless the model rates another token more than M logits "
-                        f"higher (default {LIVE_STICKY:g}: captions change when the frame does, not frame to frame; "
-                        "0: each frame's plain greedy answer; after a scene cut a frame is asked afresh)")
-
-
-def _add_vision_thread_arg(p: argparse.ArgumentParser, what: str, why: str) -> None:
-    p.add_argument("--no-vision-thread", action="store_true",
-                   help=f"CPU: encode {what} in the device thread's steps instead of a thread of their own ({why})")
-
-
-def _add_reading_args(p: argparse.ArgumentParser) -> None:
-    """--no-deinterlace and --no-tonemap (read by `reading_arg`): frames as stored, not as shown."""
-    p.add_argument("--no-deinterlace", action="store_true",
-                   help="read frames flagged interlaced as stored, their two fields woven (default: made whole, "
-                        "as a player shows them); for progressive video flagged interlaced (PsF masters)")
-    p.add_argument("--no-tonemap", action="store_true",
-                   help="read HDR video (HLG, PQ) as if SDR (default: tone-mapped to SDR BT.709, as a player "
-                        "shows it); for SDR video tagged HDR by mistake, which tone-mapping makes dim and flat")
-
-
-_NATIVE_BF16 = "bfloat16 on cuda and on CPUs with bf16 matrix instructions (AVX512-BF16, AMX), else float32"
-
-
-def _add_model_args(p: argparse.ArgumentParser, default: str = "float32 on cpu, bfloat16 on cuda",
-                    random: bool = False) -> None:
-    """--model, --device, and --dtype with `default` as the help's account of what no --dtype means.
-    random: the model may also be a layout with random weights (bench)."""
-    if random:
-        p.add_argument("--model", default="tiny", metavar="tiny|DIR|random:LAYOUT",
-                       help="'tiny', a local Moondream 2 folder, or random:moondream2 / random:tiny (that "
-                            "layout with random weights; default: tiny)")
-    else:
-        p.add_argument("--model", default="tiny", metavar="tiny|DIR",
-                       help="'tiny' (embedded default) or a local Moondream 2 folder (default: tiny)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help=f"weights and activations (default: {default})")
+    ev.set_defaults(func=lazy("app.eval_tiny"))
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
