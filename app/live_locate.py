@@ -58,7 +58,8 @@ def run(args: argparse.Namespace, opened: list, labels: list[str], recordings: l
     from engine.region_decoder import RegionDecoder
 
     from app.cli import realtime_dtype
-    from app.live import no_frames_line, open_log, start_clock, warm_frame
+    from app.live import no_frames_line, start_clock, warm_frame
+    from app.live_files import open_log
     from app.live_locate_run import LiveLocateRun
 
     loaded = load_model(args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype))

@@ -21,13 +21,14 @@ from pipelines.sinks import json_text
 from pipelines.sources import SourceError
 
 from app.console import StandardOutputError
-from app.live import log_name, p50_text
+from app.live import p50_text
+from app.live_files import log_name
 from app.live_run import closing_error, never_came, newly_failed, run_rate
 
 
 class LiveLocateRun:
     """A run's outputs and the state they share; `labels` name its sources, `log` is the -o log
-    (None, standard output or an open file: app.live.open_log), `task` "detect" or "point" and
+    (None, standard output or an open file: app.live_files.open_log), `task` "detect" or "point" and
     `what` the object. The recordings begin when it is made."""
 
     def __init__(self, args: argparse.Namespace, labels: list[str], log, recordings: list[Path] | None,
@@ -79,7 +80,7 @@ class LiveLocateRun:
             first = (change.pop("kept") if change else None) or r  # where the new count began (--hold N: N-1 back)
             try:
                 if snapshots is not None:
-                    from app.live import save_change_frame  # looked up when used: a test stands a full disk in for it
+                    from app.live_files import save_change_frame  # looked up when used: a test stands a full disk in for it
 
                     try:
                         change["snapshot"] = str(save_change_frame(snapshots, r.label if self.several else "",

@@ -22,7 +22,8 @@ from pipelines.sinks import json_text
 from pipelines.sources import SourceError, SourceSilent
 
 from app.launcher import stop_requested
-from app.live import file_names, log_name, p50_text
+from app.live import p50_text
+from app.live_files import file_names, log_name
 
 # With several sources, the JSON's totals (each source's own figures, percentiles included, are
 # under "sources"; achieved_fps is the run's, run_rate: the rates' sum when every source ran to the end).
@@ -36,7 +37,7 @@ _GRABBED = ("overwritten_at_grab", "above_fps")
 
 class LiveRun:
     """A run's outputs and the state they share; `labels` name its sources, `log` is the -o log
-    (None, standard output or an open file: app.live.open_log)."""
+    (None, standard output or an open file: app.live_files.open_log)."""
 
     def __init__(self, args: argparse.Namespace, labels: list[str], log, snapshots: Path | None,
                  model: str, in_order: frozenset[int] = frozenset()) -> None:
@@ -99,7 +100,7 @@ class LiveRun:
                 if not new:
                     return
                 if snapshots is not None and not write_error:
-                    from app.live import save_change_frame  # looked up here: a test stands a full disk in for it
+                    from app.live_files import save_change_frame  # looked up here: a test stands a full disk in for it
 
                     try:  # the frame each answer began on (--hold N: N-1 frames back), once a frame
                         saved: dict = {}

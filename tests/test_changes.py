@@ -221,12 +221,12 @@ def test_several_sources_name_their_snapshots_as_their_recordings(tmp_path, caps
 
 
 def test_a_snapshot_that_cannot_be_written_stops_the_run_but_keeps_the_change(tmp_path, capsys, monkeypatch):
-    import app.live
+    import app.live_files
 
     def disk_full(folder, label, r):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(app.live, "save_change_frame", disk_full)
+    monkeypatch.setattr(app.live_files, "save_change_frame", disk_full)
     log = tmp_path / "events.jsonl"
     assert main(["live", str(CLIP), "--duration", "20", "--question", "How many shapes are there?", "--changes",
                  "--snapshots", str(tmp_path / "shots"), "-o", str(log)]) == 1
@@ -354,7 +354,7 @@ def test_video_changes_on_the_terminal_and_its_mistakes(tmp_path, capsys):
 def test_sources_keep_their_own_file_names_where_they_can(tmp_path, monkeypatch):
     """door_2.mp4 beside a/door.mp4 and b/door.mp4: b's recording and snapshots had been named
     door_2, and door_2.mp4's door_2_3."""
-    from app.live import file_names
+    from app.live_files import file_names
 
     for name in ("door_2.mp4", "a/door.mp4", "b/door.mp4"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
