@@ -4,10 +4,9 @@
 feed its opening autoplayed, and whether it is away from Live. Handlers take Gradio's values and
 return its updates; a user's mistake is raised as a one-line `gr.Error` (`user_error`). A live
 feed's page is sent updates at most PAGE_HZ a second, and a page that reads none of them stops its
-feed after ORPHAN_S.
+feed after ORPHAN_S. How a page's values are read and its errors said: app/page_values.py.
 """
 
-import math
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import gradio as gr
 
 from app.errors import UIError
 from app.live_sessions import CAMERA_SILENT_S
+from app.page_values import markdown_text, new_shots, number, unread, upload_named, user_error
 from app.service import Service
 from app.settings import Settings
 from app.task import make_task
@@ -93,7 +93,7 @@ class PageEvents:
                             gr.skip(), gr.skip(), gr.skip()
                     return
                 now = time.monotonic()
-                backlog = _unread(self.demo, sid)
+                backlog = unread(self.demo, sid)
                 if backlog is not None and backlog >= BACKLOG_MAX:
                     if stuck is None or backlog < stuck[0]:  # read from since: not stuck
                         stuck = (backlog, now)
@@ -110,7 +110,7 @@ class PageEvents:
                 version = snap.version
                 if full:
                     slow_at = now + 1.0 / SLOW_HZ
-                    shots, shown = _new_shots(snap.shots, shown)
+                    shots, shown = new_shots(snap.shots, shown)
                     yield (frame, counters_html(snap.counters, self.service.engine_stats(), snap.running, snap.error),
                            chart_svg(snap.latency, feed.window_s), log_text(snap.log),
                            gr.skip() if shots is None else shots_html(shots))
@@ -173,7 +173,7 @@ class PageEvents:
         except (UIError, VlmstreamError) as e:
             return frame_html(None, f"error: {e}"), gr.skip(), gr.skip(), shown
         snap = feed.snapshot()
-        shots, shown = _new_shots(snap.shots, shown)
+        shots, shown = new_shots(snap.shots, shown)
         return (frame_html(snap), counters_html(snap.counters, self.service.engine_stats(), True, snap.error),
                 gr.skip() if shots is None else shots_html(shots), shown)
 
@@ -215,7 +215,7 @@ class PageEvents:
             raise user_error("upload a video first")
         try:  # before the job's stop flag: a job that never starts must not leave one behind
             task = make_task(kind, question, ckind, ctext, regions=True)
-            every = _number(every_n, 1, "every n-th frame")
+            every = number(every_n, 1, "every n-th frame")
         except UIError as e:
             raise user_error(str(e)) from None
         stop = self.service.jobs.stop_flag(request.session_hash if request else "api")
@@ -245,7 +245,7 @@ class PageEvents:
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
         # The note names its file: the results stay under the next file chosen, until its own job
         # starts, and "10 frames captioned" had read as that file's.
-        note = (f"{_markdown_text(Path(path).name)}: "
+        note = (f"{markdown_text(Path(path).name)}: "
                 f"{out['frames']} frame{'' if out['frames'] == 1 else 's'} {'located' if locating else 'captioned'} "
                 f"in {out['seconds']} s "
                 f"({out['x_real_time']}x real time)"
@@ -275,10 +275,10 @@ class PageEvents:
             # A box left empty comes as None: the setting as it is (float(None) escaped as a TypeError).
             now = self.service.settings
             msg = self.service.apply(Settings(model=(model or "tiny").strip(), device=device, dtype=now.dtype,
-                                         temperature=_number(temperature, now.temperature, "temperature"),
-                                         max_tokens=_number(max_tokens, now.max_tokens, "max tokens"),
-                                         pipelined=bool(pipelined), sticky=_number(sticky, now.sticky, "steadiness"),
-                                         hold=_number(hold, now.hold, "frames a change holds")))
+                                         temperature=number(temperature, now.temperature, "temperature"),
+                                         max_tokens=number(max_tokens, now.max_tokens, "max tokens"),
+                                         pipelined=bool(pipelined), sticky=number(sticky, now.sticky, "steadiness"),
+                                         hold=number(hold, now.hold, "frames a change holds")))
         except (UIError, VlmstreamError, OSError) as e:
             raise user_error(str(e)) from None
         return msg
@@ -299,57 +299,3 @@ class PageEvents:
         self.paused.discard(request.session_hash)
         self.away.discard(request.session_hash)
         self.service.close_session(request.session_hash)
-
-
-def _unread(demo, session: str) -> int | None:
-    """The updates Gradio holds for a page that its stream has not read yet (None where this
-    Gradio keeps them elsewhere: its queue's internals, read defensively)."""
-    try:
-        pending = demo._queue.pending_messages_per_session.get(session)
-        return None if pending is None else int(pending.qsize())
-    except Exception:  # another Gradio: no backpressure, as before
-        return None
-
-
-def upload_named(e: Exception, path: str | None) -> Exception:
-    """The error with an uploaded file named by its name, not by Gradio's scratch path
-    (/tmp/gradio/be5207.../clip.mp4 is not a readable video...)."""
-    if not path or path not in str(e):
-        return e
-    return UIError(str(e).replace(path, Path(path).name))
-
-
-def user_error(message: str) -> Exception:
-    """A mistake of the page's user: said on the page in one line, and not logged with a traceback
-    in the server's console (Gradio printed one for every such error)."""
-    import gradio as gr
-
-    return gr.Error(message, print_exception=False)
-
-
-def _number(value, default: int | float, what: str) -> int | float:
-    """A number box's value: empty (None) keeps `default`; else a finite number, whole where
-    `default` is (a whole one that is not is left for the check that says so)."""
-    if value is None or value == "":
-        return default
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise UIError(f"{what} must be a number, got {value!r}") from None
-    if not math.isfinite(x):
-        raise UIError(f"{what} must be a finite number, got {value!r}")
-    return int(x) if isinstance(default, int) and x == int(x) else x
-
-
-def _new_shots(shots: list, shown: float | None) -> tuple[list | None, float | None]:
-    """(the feed's change pictures if the page lacks some, else None; what the page then shows):
-    pictures go to a page only when there are new ones. `shown` is the newest picture's time
-    (unique across the feeds a page may follow, whose change numbers each start at 1)."""
-    if not shots or shots[-1].wall == shown:
-        return None, shown
-    return shots, shots[-1].wall
-
-
-def _markdown_text(text: str) -> str:
-    """`text` shown as written in a Markdown note (a file named like_this_*draft*.mp4)."""
-    return "".join("\\" + c if c in "\\`*_[]<>#|~" else c for c in text)

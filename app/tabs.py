@@ -8,7 +8,8 @@ from typing import Callable
 import gradio as gr
 
 from app.live_sessions import RECORD_MAX_S
-from app.page_events import PageEvents, upload_named, user_error
+from app.page_events import PageEvents
+from app.page_values import upload_named, user_error
 from app.view import chart_svg, frame_html, shots_html
 from pipelines.feed import EXPORT_LINES, SHOTS
 
@@ -140,7 +141,7 @@ def webcam_tab(events: PageEvents) -> None:
     cam_shots = gr.HTML(shots_html([]), elem_id="vs-cam-shots-box")
     _download_row(SHOTS_BUTTON, SHOTS_FILE_LABEL, "vs-cam-shots-zip", events.download(service.export_shots, "push"),
                   False)
-    cam_shown = gr.State(None)  # the newest change picture the page shows (page_events._new_shots)
+    cam_shown = gr.State(None)  # the newest change picture the page shows (page_values.new_shots)
     cam.stream(events.webcam, [cam, *form, cam_record, cam_shown], [cam_frame, cam_counters, cam_shots, cam_shown],
                stream_every=0.1, concurrency_limit=None, show_progress="hidden", api_name=False)
     cam_silence = gr.State(None)

@@ -74,7 +74,7 @@ def _value_in_one_line(preprocess: Callable, label: str) -> Callable:
     TypeError's paragraph of its internals for a value of the wrong type)."""
     import gradio as gr
 
-    from app.page_events import user_error
+    from app.page_values import user_error
 
     def read(payload):
         try:

@@ -1019,13 +1019,13 @@ def test_views_render_what_the_snapshot_holds():
     assert 'data-count="0"' in shots_html([])
     # a page gets the pictures only when it lacks some, across the feeds it follows (a new prompt
     # on the webcam tab starts a new feed, whose changes count from 1 again)
-    from app.page_events import _new_shots
+    from app.page_values import new_shots
 
-    sent, shown = _new_shots(shots, None)
+    sent, shown = new_shots(shots, None)
     assert sent == shots and shown == 1006.0
-    assert _new_shots(shots, shown) == (None, shown) and _new_shots([], shown) == (None, shown)
+    assert new_shots(shots, shown) == (None, shown) and new_shots([], shown) == (None, shown)
     other = [Shot(6, 2000.0, 0.2, 6, "two stars", b"jpeg")]  # the same number in another feed
-    assert _new_shots(other, shown) == (other, 2000.0)
+    assert new_shots(other, shown) == (other, 2000.0)
 
 
 
