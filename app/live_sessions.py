@@ -5,7 +5,8 @@ and one pushed feed (its browser's camera), each with at most one recording; the
 each kind it stopped stays for its Export. Closing the tab stops both feeds, cancels its video
 jobs and removes its recordings, and a closed tab stays closed: a late event of its page is a
 UIError, not a new feed. Every open feed gets an equal share of the engine's frames in flight, but
-a camera that stopped sending (CAMERA_SILENT_S without a frame) holds none until it sends again.
+a camera that stopped sending (CAMERA_SILENT_S without a frame) holds none until it sends again
+(app/inflight_share.py).
 
 The feeds run on their `Service`'s engine, settings and reading, under the service's lock: a
 model reload (`Service.apply`) and a Start that opens its source meanwhile must see each other
@@ -26,6 +27,7 @@ import numpy as np
 
 from app import live_exports
 from app.errors import UIError
+from app.inflight_share import latest_answer_s, share_inflight, silent
 from app.samples import SAMPLES_DIR, sample_videos
 
 if TYPE_CHECKING:
@@ -41,7 +43,6 @@ CLOSED_KEPT = 10_000  # closed sessions remembered, so that a late event cannot 
 # stopped dropped first: an API client without Gradio's heartbeat never unloads, and each of its
 # calls, a session, had kept its stopped feed (~5 MB) and recording until the server stopped.
 STOPPED_KEPT = 32
-CAMERA_SILENT_S = 1.5  # a browser's camera sends a frame every 0.1 s: this long without one, it has stopped
 
 
 class LiveSessions:
@@ -123,7 +124,7 @@ class LiveSessions:
                     self._recorders[(session, "pull")] = recorder
                 if feed.session is not None:  # an apply() meanwhile that needed no reload
                     feed.session.set_params(service.params())
-                self._share_inflight()
+                share_inflight(self._feeds)
         if stale:
             feed.close()
             if recorder is not None:
@@ -169,7 +170,7 @@ class LiveSessions:
             if feed is not None:
                 self._ended[(session, kind)] = feed
                 dropped = self._keep_stopped(session)
-            self._share_inflight()
+            share_inflight(self._feeds)
             recorder = self._recorders.get((session, kind))
         if feed is not None:
             feed.close()
@@ -206,7 +207,7 @@ class LiveSessions:
         with self._lock:
             self._check_open(session)
             feed = self._feeds.get(key)
-            resumed = feed is not None and _silent(feed)
+            resumed = feed is not None and silent(feed)
             if feed is None or feed.task != task:  # a new prompt starts a new feed
                 engine = service.engine()
                 new = LiveFeed(engine, task, service.params(), hold=service.settings.hold,
@@ -223,10 +224,10 @@ class LiveSessions:
                     if self._cam_record.get(session) and key in self._recorders:
                         new.on_result = self._recorders[key].add
                 feed = self._feeds[key] = new
-                self._share_inflight()
+                share_inflight(self._feeds)
             elif resumed:  # it takes its share back from this frame on
                 feed.pushed_at = time.monotonic()
-                self._share_inflight()
+                share_inflight(self._feeds)
             was, self._cam_record[session] = self._cam_record.get(session, False), record
             if record and not was:
                 self._drop_recording(session, "push")  # the last one (finished: unticked or downloaded)
@@ -254,30 +255,11 @@ class LiveSessions:
         Export and its next frame, but its share of the frames in flight goes to the other feeds
         (it had kept it until the tab closed: a viewer beside a stopped camera ran on half)."""
         with self._lock:
-            self._share_inflight()
+            share_inflight(self._feeds)
 
     def _answer_s(self, engine) -> float | None:
-        """How long the latest answer of the open feeds on this engine took (the longest of
-        theirs), None before any: a new feed of a slow model starts one frame at a time
-        (LiveSession's answer_s) instead of waiting ~4x as long for its first answer."""
         with self._lock:
-            times = [f.session.last_answer_s for f in self._feeds.values()
-                     if f.session is not None and f.session.engine is engine and f.session.last_answer_s is not None]
-        return max(times, default=None)
-
-    def _share_inflight(self) -> None:
-        """Every open feed gets an equal share of DEFAULT_MAX_INFLIGHT frames in flight (at least
-        one): the engine's total in flight sets latency, not throughput (BENCHMARKS.md, several live
-        sources), so a second viewer halves each one's share rather than doubling everyone's wait.
-        A silent camera counts for none. Called with the lock held."""
-        from pipelines.live import DEFAULT_MAX_INFLIGHT
-
-        # a located feed is not in the engine
-        captioning = [f for (_, kind), f in self._feeds.items()
-                      if f.session is not None and not (kind == "push" and _silent(f))]
-        share = max(1, DEFAULT_MAX_INFLIGHT // max(1, len(captioning)))
-        for feed in captioning:
-            feed.session.set_max_inflight(share)
+            return latest_answer_s(self._feeds, engine)
 
     def _feeds_to_export(self, session: str, kind: str) -> list:
         """The session's running feed of that kind, then the last one it stopped (either may be absent)."""
@@ -349,11 +331,6 @@ class LiveSessions:
             for recorder in self._recorders.values():
                 recorder.close()
             self._recorders.clear()
-
-
-def _silent(feed) -> bool:
-    """A pushed feed's camera has sent nothing for CAMERA_SILENT_S."""
-    return time.monotonic() - feed.pushed_at >= CAMERA_SILENT_S
 
 
 def _remove(recorders: list) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import gradio as gr
 
 from app.errors import UIError
-from app.live_sessions import CAMERA_SILENT_S
+from app.inflight_share import CAMERA_SILENT_S
 from app.page_values import markdown_text, new_shots, number, unread, upload_named, user_error
 from app.service import Service
 from app.settings import Settings

@@ -574,7 +574,7 @@ def test_browser_camera_frames_are_pushed_and_the_latest_wins(service):
 def test_a_silent_camera_gives_its_share_of_the_frames_in_flight_back(service):
     """A browser camera that stopped sending (its Stop, the page back on Live) had kept its share
     of the frames in flight until its tab closed: the viewer beside it ran on 2 of the 4."""
-    from app.live_sessions import CAMERA_SILENT_S
+    from app.inflight_share import CAMERA_SILENT_S
     from pipelines.live import DEFAULT_MAX_INFLIGHT
 
     rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))

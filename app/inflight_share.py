@@ -1,0 +1,43 @@
+"""How the web UI's open live feeds share the engine's frames in flight (app/live_sessions.py).
+
+`feeds` maps (session, "pull" | "push") to a LiveFeed, read under its owner's lock. Each open feed
+gets an equal share (`share_inflight`); a browser's camera that sent nothing for CAMERA_SILENT_S
+(`silent`) holds none; a new feed starts from how long the engine's latest answer took
+(`latest_answer_s`).
+"""
+
+from __future__ import annotations
+
+import time
+
+CAMERA_SILENT_S = 1.5  # a browser's camera sends a frame every 0.1 s: this long without one, it has stopped
+
+
+def share_inflight(feeds: dict) -> None:
+    """Every open feed gets an equal share of DEFAULT_MAX_INFLIGHT frames in flight (at least
+    one): the engine's total in flight sets latency, not throughput (BENCHMARKS.md, several live
+    sources), so a second viewer halves each one's share rather than doubling everyone's wait.
+    A silent camera counts for none. Called with the lock held."""
+    from pipelines.live import DEFAULT_MAX_INFLIGHT
+
+    # a located feed is not in the engine
+    captioning = [f for (_, kind), f in feeds.items()
+                  if f.session is not None and not (kind == "push" and silent(f))]
+    share = max(1, DEFAULT_MAX_INFLIGHT // max(1, len(captioning)))
+    for feed in captioning:
+        feed.session.set_max_inflight(share)
+
+
+def latest_answer_s(feeds: dict, engine) -> float | None:
+    """How long the latest answer of the open feeds on this engine took (the longest of
+    theirs), None before any: a new feed of a slow model starts one frame at a time
+    (LiveSession's answer_s) instead of waiting ~4x as long for its first answer. Called with
+    their lock held."""
+    times = [f.session.last_answer_s for f in feeds.values()
+             if f.session is not None and f.session.engine is engine and f.session.last_answer_s is not None]
+    return max(times, default=None)
+
+
+def silent(feed) -> bool:
+    """A pushed feed's camera has sent nothing for CAMERA_SILENT_S."""
+    return time.monotonic() - feed.pushed_at >= CAMERA_SILENT_S
