@@ -28,14 +28,16 @@ def share_inflight(feeds: dict) -> None:
         feed.session.set_max_inflight(share)
 
 
-def latest_answer_s(feeds: dict, engine) -> float | None:
+def latest_answer_s(feeds: dict, engine) -> float:
     """How long the latest answer of the open feeds on this engine took (the longest of
-    theirs), None before any: a new feed of a slow model starts one frame at a time
-    (LiveSession's answer_s) instead of waiting ~4x as long for its first answer. Called with
-    their lock held."""
+    theirs): a new feed of a slow model starts one frame at a time (LiveSession's answer_s)
+    instead of waiting ~4x as long for its first answer. Before any answer, infinity: the first
+    feed of a server asks one frame until its first answer says how long they take (the tiny
+    model's ~10 ms on a CPU cost its feed a frame or two; Moondream 2's first answer there came
+    after ~16 s instead of ~56). Called with their lock held."""
     times = [f.session.last_answer_s for f in feeds.values()
              if f.session is not None and f.session.engine is engine and f.session.last_answer_s is not None]
-    return max(times, default=None)
+    return max(times, default=float("inf"))
 
 
 def silent(feed) -> bool:
