@@ -386,8 +386,10 @@ def live(device: torch.device) -> dict:
     rng = np.random.default_rng(3)
     frames = [rng.integers(0, 255, (360, 640, 3), dtype=np.uint8) for _ in range(16)]
     with Engine(EngineConfig(model=FULL, device=str(device))) as engine:
+        # 6 in flight whatever an answer takes (as `live --max-inflight 6`): the first steps'
+        # compiles must not make this run one frame at a time
         session = LiveSession(engine, {"caption": "short"}, SamplingParams(temperature=0.0, max_tokens=32),
-                              max_inflight=6)
+                              max_inflight=6, adapt=False)
         t0 = time.perf_counter()
         i = 0
         watch = _SyncWatch(device)
