@@ -449,8 +449,8 @@ def test_live_cli_asks_one_frame_at_a_time_after_a_slow_warm_up_unless_told_how_
     run = ["live", str(sample), "--model", str(small_folder), "--duration", "1", "--max-tokens", "4", "--json"]
     assert main(run) == 0
     out, err = capsys.readouterr()
-    assert re.search(r"an answer took \d+\.\d s: frames are asked one at a time while answers take over a second "
-                     r"\(--max-inflight N sets how many\)", err), err
+    assert re.search(r"the warm-up's answer took \d+\.\d s: frames are asked one at a time until an answer takes "
+                     r"under 0.25 s \(--max-inflight N keeps N in flight\)", err), err
     stats = json.loads(out)
     assert stats["one_at_a_time"] and stats["completed"] >= 1
     assert main(run + ["--max-inflight", "4"]) == 0
