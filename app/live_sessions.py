@@ -257,7 +257,7 @@ class LiveSessions:
         with self._lock:
             share_inflight(self._feeds)
 
-    def _answer_s(self, engine) -> float | None:
+    def _answer_s(self, engine) -> float:
         with self._lock:
             return latest_answer_s(self._feeds, engine)
 

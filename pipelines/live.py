@@ -11,6 +11,7 @@ lives in live_result.py (`LiveResult`), its latency and rate windows in window.p
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 import queue
 import threading
@@ -59,8 +60,10 @@ class LiveSession:
     (a frame completes when all its answers are in).
 
     adapt: take one frame at a time from an answer that took over SLOW_ANSWER_S until one takes
-    under FAST_ANSWER_S (`one_at_a_time`); answer_s: how long an answer took alone before the
-    session (a warm-up), where known: over SLOW_ANSWER_S, an adapting session starts one at a time."""
+    under FAST_ANSWER_S (`one_at_a_time`); answer_s: how long an answer took before the session,
+    where known (`live`'s warm-up, the web UI's open feeds): over SLOW_ANSWER_S, an adapting
+    session starts one at a time. Infinity: not known yet (a server's first feed): it starts one
+    at a time and its first answer, taken alone, decides as a warm-up's would."""
 
     def __init__(self, engine: Engine, task: dict | list[dict], params: SamplingParams = SamplingParams(max_tokens=32),
                  max_inflight: int = 2, deadline_ms: float | None = None,
@@ -77,6 +80,10 @@ class LiveSession:
         self.max_inflight, self.deadline_ms, self.on_result = max_inflight, deadline_ms, on_result
         self.adapt = adapt
         self.one_at_a_time = adapt and answer_s is not None and answer_s > SLOW_ANSWER_S
+        # No answer time known: the first answer, alone, says it. Between FAST_ANSWER_S and
+        # SLOW_ANSWER_S it had kept the session one at a time for good (the band keeps a state,
+        # it does not choose one), where `live` after a warm-up that fast takes all its frames.
+        self._first_decides = self.one_at_a_time and answer_s == math.inf
         self.last_answer_s: float | None = None  # the engine's time for the latest frame answered
         self._last_answers: list[list[int] | None] = [None] * len(self.tasks)  # per prompt, the latest frame's
         self._answers_of = -1  # the index of the frame those answers are for
@@ -177,8 +184,9 @@ class LiveSession:
                 answered = all(o.finish_reason in ("stop", "length") for o in outs)
                 if answered:  # late or not: how long answers take now
                     self.last_answer_s = took_s = max(o.timings_ms.get("total", 0.0) for o in outs) / 1000.0
-                    if self.adapt and (took_s > SLOW_ANSWER_S or took_s < FAST_ANSWER_S):
+                    if self.adapt and (took_s > SLOW_ANSWER_S or took_s < FAST_ANSWER_S or self._first_decides):
                         self.one_at_a_time = took_s > SLOW_ANSWER_S
+                    self._first_decides = False
                 if answered and self._late(offered, time.perf_counter()):
                     # finished in time for the engine but handled too late here (this thread was
                     # held, or results queued up), or the frame _expire let run on: past the

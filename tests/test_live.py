@@ -240,6 +240,31 @@ def test_a_session_told_of_a_slow_warm_up_starts_one_at_a_time_unless_it_may_not
             s.close()
 
 
+def test_a_session_that_knows_no_answer_time_lets_its_first_answer_decide():
+    """The web UI's first feed of a server starts one frame at a time (answer_s infinity: no answer
+    time known) "until its own first answer" (README). An answer alone between FAST_ANSWER_S and
+    SLOW_ANSWER_S had kept it at one for good, where a feed told that answer time (`live`'s
+    warm-up) takes all its frames; one over SLOW_ANSWER_S keeps it one at a time."""
+    import math
+
+    for took_ms, alone in ((600.0, False), (5000.0, True)):
+        engine = _HeldEngine()
+        s = LiveSession(engine, {"caption": "short"}, max_inflight=4, answer_s=math.inf)
+        try:
+            frames = _frames(5)
+            assert s.one_at_a_time and s.offer(frames[0]) and not s.offer(frames[1])
+            engine.handles[0].finish("first", total_ms=took_ms)
+            _wait(lambda: s.in_flight == 0)
+            assert s.one_at_a_time is alone
+            assert [s.offer(f) for f in frames[2:]] == [True, not alone, not alone]
+            for h in engine.handles[1:]:  # a later answer in between changes nothing (hysteresis)
+                h.finish("later", total_ms=600.0)
+            _wait(lambda: s.in_flight == 0)
+            assert s.one_at_a_time is alone
+        finally:
+            s.close()
+
+
 class _SlowSubmitEngine(_HeldEngine):
     """Its submit takes `slow` seconds (a big frame's preprocessing, done inside submit)."""
 

@@ -594,20 +594,30 @@ def test_a_silent_camera_gives_its_share_of_the_frames_in_flight_back(service):
 
 def test_a_new_feed_of_a_slow_model_starts_one_frame_at_a_time(service, monkeypatch):
     """With 4 frames in flight a slow model's first answer came ~4x late (they shared the
-    machine). The server's first feed asks one frame until an answer says how long they take; a
-    feed opened beside others starts from the answer time they saw."""
+    machine). The server's first feed asks one frame until its first answer says how long they
+    take (the tiny model's: fast, its frames back at once); a feed opened beside others starts
+    from the answer time they saw."""
     import pipelines.live
 
-    monkeypatch.setattr(pipelines.live, "FAST_ANSWER_S", 0.0)  # no answer here takes a feed back to 4
+    started = []  # each session's one_at_a_time when made, before its first frame is offered
+    made = pipelines.live.LiveSession.__init__
+
+    def init(self, *a, **k):
+        made(self, *a, **k)
+        started.append(self.one_at_a_time)
+
+    monkeypatch.setattr(pipelines.live.LiveSession, "__init__", init)
     rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
     try:
         a = service.push_frame("tab-slow", rgb, make_task("short"))  # one frame: then no answer comes
         wait_for(lambda: a.session.last_answer_s is not None)
-        assert a.session.one_at_a_time  # from its start: no answer time was known
+        assert started == [True]  # from its start: no answer time was known
+        assert not a.session.one_at_a_time  # its first answer was fast
         b = service.push_frame("tab-slow-cam", rgb, make_task("short"))
-        assert not b.session.one_at_a_time  # a's answer was fast
+        assert started[-1] is False and not b.session.one_at_a_time  # a's answer was fast
         a.session.last_answer_s = 12.0  # as Moondream 2 on two CPU cores answers
-        assert service.push_frame("tab-slow-cam2", rgb, make_task("short")).session.one_at_a_time
+        service.push_frame("tab-slow-cam2", rgb, make_task("short"))
+        assert started == [True, False, True]  # (its own fast answer may have given its frames back since)
     finally:
         for tab in ("tab-slow-cam", "tab-slow-cam2", "tab-slow"):
             service.close_session(tab)
