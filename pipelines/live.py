@@ -265,10 +265,12 @@ class LiveSession:
         """Let in-flight frames finish (or be cancelled), then stop the session's thread; a
         TimeoutError if it is still running after `timeout` (an on_result that hangs). From
         on_result, which runs on that thread, it starts the closing and returns."""
+        # math.inf: no limit (it had been an OverflowError from join). Checked before anything
+        # stops, as Engine.close does: a bad timeout had left the session closed, offers refused.
+        limit = seconds(timeout)
         with self._lock:  # an offer either comes before (and is waited for) or is refused
             self._stop.set()
             self._closed_at = self._closed_at or time.perf_counter()
-        limit = seconds(timeout)  # math.inf: no limit (it had been an OverflowError from join)
         if threading.current_thread() is self._thread:
             return
         self._thread.join(limit)

@@ -1423,5 +1423,10 @@ def test_a_session_refuses_a_malformed_task_or_setting_when_made_not_at_its_firs
     assert s.offer(_frames(1)[0])
     engine.handles[0].finish("yes")
     _wait(lambda: s.completed == 1)
+    with pytest.raises(RequestError, match="timeout must be a number of seconds or None"):
+        s.close(timeout="5")
+    assert s.offer(_frames(2)[1])  # a refused close left the session open, as Engine.close does
+    engine.handles[1].finish("no")
+    _wait(lambda: s.completed == 2)
     s.close(timeout=math.inf)
     assert not s._thread.is_alive()
