@@ -17,7 +17,12 @@ def seconds(value: object, name: str = "timeout") -> float | None:
     (~292 years), infinity included, it is no limit; below 0, no wait, as threading reads it."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RequestError(f"{name} must be a number of seconds or None, got {value!r}")
-    value = float(value)
-    return None if value > threading.TIMEOUT_MAX else value
+    try:
+        limit = float(value)
+    except OverflowError:  # an int past a float's range (10**400): it had been an OverflowError here
+        return None if value > 0 else 0.0
+    if math.isnan(limit):
+        raise RequestError(f"{name} must be a number of seconds or None, got {value!r}")
+    return None if limit > threading.TIMEOUT_MAX else limit

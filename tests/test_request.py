@@ -60,6 +60,7 @@ def test_waits_take_infinity_for_no_limit_and_refuse_what_is_not_a_number_of_sec
     threading.Timer(0.2, h._finish, (RequestOutput("a star", [3], "stop"),)).start()
     assert h.result(math.inf).text == "a star"
     assert h.result(10**20).text == "a star" and list(h.stream(math.inf)) == []
+    assert h.result(10**400).text == "a star" and h.result(-10**400).text == "a star"  # past a float's range
     for bad in ("5", float("nan"), True, [1]):
         with pytest.raises(RequestError, match="timeout must be a number of seconds or None"):
             h.result(bad)
