@@ -2,8 +2,8 @@
 
 Up to CONCURRENT_FILES files (more, short ones at a low --fps: `files_side_by_side`) run side by
 side, each in a worker thread of its own and with its own outputs (a JSONL, subtitles, an
-annotated MP4, as its `Outputs` plan says) besides the one JSONL all of them share (-o OUT.jsonl, -o -). A file's failure is its summary's (an error, counted as
-incomplete), never the others'. Ctrl-C (or SIGTERM) sets the stop flag: every worker ends at its
+annotated MP4, as its `Outputs` plan says) besides the one JSONL all of them share (-o OUT.jsonl,
+-o -). A file's failure is its summary's (an error, counted as incomplete), never the others'. Ctrl-C (or SIGTERM) sets the stop flag: every worker ends at its
 next frame and its summary still counts what was written; a second Ctrl-C later than
 DOUBLE_SIGNAL_S after the first leaves at once. A reader of -o - that has had enough stops the run
 quietly (`pipe_closed`); an output that cannot be written fails its file (`write_failed`).

@@ -1,11 +1,13 @@
 """A live session: one stream's frames in, one caption per frame out, latest frame wins.
 
 Policies: at most `max_inflight` frames in the engine (a frame offered beyond that is dropped
-at intake), one while answers take over SLOW_ANSWER_S (`adapt`); when a frame's result completes, every older frame still in flight is stale and is
-cancelled (the engine releases it through its reference counts); a request older than
-`deadline_ms` is cancelled, and one that finishes past it is not reported. Results reach `on_result` in completion order, which is frame order
-for the frames that complete (older ones are cancelled when a newer one wins). What a result is
-lives in live_result.py (`LiveResult`), its latency and rate windows in window.py.
+at intake), only one while answers take over SLOW_ANSWER_S (`adapt`, until one alone takes under
+FAST_ANSWER_S); when a frame's result completes, every older frame still in flight is stale and
+is cancelled (the engine releases it through its reference counts); a request older than
+`deadline_ms` is cancelled, and one that finishes past it is not reported. Results reach
+`on_result` in completion order, which is frame order for the frames that complete (older ones
+are cancelled when a newer one wins). What a result is lives in live_result.py (`LiveResult`),
+its latency and rate windows in window.py.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class LiveSession:
         self._stop = threading.Event()
         self.frames_in = self.submitted = self.completed = 0
         self.cancelled_stale = self.cancelled_deadline = self.cancelled_closed = self.dropped = 0
-        # Percentiles cover the last LATENCY_WINDOW results: a session that runs for days must not grow.
+        # Percentiles cover the last LATENCY_WINDOW results (window.py): a session that runs for days must not grow.
         self._latency: dict[str, LatencyWindow] = {s: LatencyWindow() for s in STAGES}
         self._completions: deque[float] = deque(maxlen=120)
         self._t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """What a stream's URL says of it, before and after it is opened.
 
-STREAM_SCHEMES: those `live` reads as streams (`check_url` refuses any other, and a bad port); CLOCKED_SCHEMES: those whose timestamps carry the
-sender's clock (CatchUp watches them); `stream_options`: the FFmpeg options a stream of a scheme
+STREAM_SCHEMES: those `live` reads as streams (`check_url` refuses any other, and a bad port);
+CLOCKED_SCHEMES: those whose timestamps carry the sender's clock (CatchUp watches them); `stream_options`: the FFmpeg options a stream of a scheme
 is opened with; `is_recording`: whether an opened network source says how long it lasts.
 """
 
