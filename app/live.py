@@ -240,6 +240,14 @@ def _share_out(feeds: list[LiveFeed], frames_room: int) -> None:
                 feed.session.set_max_inflight(share)
 
 
+def rate_text(fps: float) -> str:
+    """The closing line's frames a second. Below 0.1, with a figure that is not 0 and the time
+    between answers: Moondream 2 on a CPU answers every ~27 s, and "0.0 fps" read as nothing done."""
+    if fps <= 0 or fps >= 0.1:
+        return f"{fps:.1f} fps"
+    return f"{fps:.2g} fps (an answer every {1 / fps:.0f} s)"
+
+
 def p50_text(s: dict) -> str:
     """The closing line's median latency; none where no frame completed (it said "p50 0.0 ms")."""
     p50 = s["latency_ms"].get("end_to_end", {}).get("p50")

@@ -21,7 +21,7 @@ from pipelines.sinks import json_text
 from pipelines.sources import SourceError
 
 from app.console import StandardOutputError
-from app.live import p50_text
+from app.live import p50_text, rate_text
 from app.live_files import log_name
 from app.live_run import closing_error, never_came, newly_failed, run_rate
 
@@ -177,5 +177,5 @@ class LiveLocateRun:
         else:
             for label, s in stats.items():
                 print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames "
-                      f"located, {s['achieved_fps']:.1f} fps, {s['overwritten']} passed over" + p50_text(s)
+                      f"located, {rate_text(s['achieved_fps'])}, {s['overwritten']} passed over" + p50_text(s)
                       + (f", {s['changes']} changes" if "changes" in s else ""), file=sys.stderr)

@@ -22,7 +22,7 @@ from pipelines.sinks import json_text
 from pipelines.sources import SourceError, SourceSilent
 
 from app.launcher import stop_requested
-from app.live import p50_text
+from app.live import p50_text, rate_text
 from app.live_files import file_names, log_name
 
 # With several sources, the JSON's totals (each source's own figures, percentiles included, are
@@ -240,8 +240,11 @@ class LiveRun:
         else:
             for label, s in zip(labels, per_source):
                 print(f"vlmstream: {label + ': ' if several else ''}{s['completed']} of {s['frames_in']} frames captioned, "
-                      f"{s['achieved_fps']:.1f} fps, {s['cancelled_stale']} stale cancelled, "
+                      f"{rate_text(s['achieved_fps'])}, {s['cancelled_stale']} stale cancelled, "
                       + (f"{s['cancelled_deadline']} past the deadline, " if args.deadline_ms else "")
+                      # the frames a Ctrl-C cancelled in flight: without them the figures fell
+                      # short of the frames in ("1 of 2121 captioned, 2119 dropped")
+                      + (f"{s['cancelled_closed']} cancelled at the stop, " if s.get("cancelled_closed") else "")
                       + f"{s['dropped']} dropped" + p50_text(s), file=sys.stderr)
 
 

@@ -1430,3 +1430,26 @@ def test_a_session_refuses_a_malformed_task_or_setting_when_made_not_at_its_firs
     _wait(lambda: s.completed == 2)
     s.close(timeout=math.inf)
     assert not s._thread.is_alive()
+
+
+def test_the_closing_line_of_a_slow_model_gives_its_rate_and_the_frames_a_stop_cancelled(capsys):
+    """Moondream 2 on a CPU, one answer every ~27 s, stopped by Ctrl-C during an answer: the line
+    said "1 of 2121 frames captioned, 0.0 fps, 0 stale cancelled, 2119 dropped" (nothing done,
+    it read, and one frame missing from the figures)."""
+    import argparse
+    import types
+
+    from app.live_run import LiveRun
+
+    run = LiveRun.__new__(LiveRun)
+    run.args, run.labels, run.several, run.changes = argparse.Namespace(json=False, deadline_ms=None), ["a"], False, None
+    s = {"frames_in": 2121, "submitted": 2, "completed": 1, "cancelled_stale": 0, "cancelled_deadline": 0,
+         "cancelled_closed": 1, "dropped": 2119, "achieved_fps": 1 / 27.3, "latency_ms": {}}
+    run.report([s], types.SimpleNamespace(kv_pages_in_use=0, draft_proposed=0, draft_accepted=0), 2.0)
+    line = capsys.readouterr().err.strip()
+    assert line == ("vlmstream: 1 of 2121 frames captioned, 0.037 fps (an answer every 27 s), 0 stale cancelled, "
+                    "1 cancelled at the stop, 2119 dropped"), line
+    run.report([{**s, "cancelled_closed": 0, "achieved_fps": 12.34}],
+               types.SimpleNamespace(kv_pages_in_use=0, draft_proposed=0, draft_accepted=0), 2.0)
+    assert ", 12.3 fps, 0 stale cancelled, 2119 dropped" in capsys.readouterr().err  # as before
+
