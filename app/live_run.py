@@ -148,7 +148,7 @@ class LiveRun:
         def notice() -> None:
             with self.print_lock:
                 print(f"vlmstream: waiting for the {waiting} frame{'s' * (waiting != 1)} in flight "
-                      "(Ctrl-C cancels them)", file=sys.stderr, flush=True)
+                      f"(Ctrl-C cancels {'them' if waiting != 1 else 'it'})", file=sys.stderr, flush=True)
 
         timer = threading.Timer(WAIT_NOTICE_S, notice)
         timer.daemon = True
@@ -156,17 +156,28 @@ class LiveRun:
             timer.start()
         try:
             if cancel:
+                self._cancelling(waiting)
                 for feed in feeds:
                     feed.close(cancel=True, timeout=30.0)
             else:
                 _wait_closed(feeds)
             return False
         except KeyboardInterrupt:
+            timer.cancel()  # not said after the line below
+            self._cancelling(sum(f.session.in_flight for f in feeds))
             for feed in feeds:
                 feed.close(cancel=True, timeout=30.0)
             return True
         finally:
             timer.cancel()
+
+    def _cancelling(self, n: int) -> None:
+        """Said at once on Ctrl-C: the step under way ends before the run does (Moondream 2 on a
+        CPU: ~7 s of silence after the Ctrl-C, and a user presses it again, or kills the run)."""
+        if n:
+            with self.print_lock:
+                print(f"vlmstream: interrupted: cancelling the {n} frame{'s' * (n != 1)} in flight "
+                      "(the model's step under way ends first)", file=sys.stderr, flush=True)
 
     def sources_ended(self, feeds: list, opened: list, interrupted: bool) -> list[dict]:
         """Once the feeds are closed: each source's figures, what went wrong with it said, and its
