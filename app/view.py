@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from pipelines.caption_log import LogLine
+from pipelines.feed import MIN_CHART_BARS
 from pipelines.feed_snapshot import CHART_STAGES, FeedSnapshot, LatencyPoint
 from pipelines.shot import Shot, jpeg_bytes
 from pipelines.annotated import annotate
@@ -140,7 +141,7 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
     parts.append(f'<polyline points="{line}" fill="none" stroke="#e45756" stroke-width="1.5"/>')
     span = points[-1].wall - points[0].wall
     parts.append(f'<text x="{m_left}" y="{height - 6}" fill="currentColor">ms per frame, '
-                 f'last {min(span, window_s):.0f} s ({len(points)} frames shown)</text>')
+                 f'last {_span(points, window_s):.0f} s ({_frames(len(points))} shown)</text>')
     x = width - 8
     for name, color in [("end to end", "#e45756")] + [(s, STAGE_COLORS[s]) for s in reversed(CHART_STAGES)]:
         x -= 22 + 6 * len(name)
@@ -154,11 +155,22 @@ def _chart_summary(points: list[LatencyPoint], window_s: float) -> str:
     """The chart in words, its accessible name (role="img"): a screen reader read the SVG as its
     loose labels, "250 125 0 queue vision prefill decode end to end", with no latency in them."""
     e2e = sorted(p.end_to_end_ms for p in points)
-    span = min(points[-1].wall - points[0].wall, window_s)
+    span = _span(points, window_s)
     stages = ", ".join(f"{s} {points[-1].stages_ms.get(s, 0.0):.0f}" for s in CHART_STAGES)
-    return (f"latency per frame, the last {span:.0f} s ({len(points)} frames): end to end "
+    return (f"latency per frame, the last {span:.0f} s ({_frames(len(points))}): end to end "
             f"{points[-1].end_to_end_ms:.0f} ms for the newest ({stages}), median {e2e[len(e2e) // 2]:.0f} ms, "
             f"highest {e2e[-1]:.0f} ms")
+
+
+def _span(points: list[LatencyPoint], window_s: float) -> float:
+    """The time the chart's points cover: at most its window, except where a slow model's feed
+    keeps its last few answers from longer ago (pipelines.feed.MIN_CHART_BARS), which it says."""
+    span = points[-1].wall - points[0].wall
+    return span if len(points) <= MIN_CHART_BARS else min(span, window_s)
+
+
+def _frames(n: int) -> str:
+    return f"{n} frame{'s' * (n != 1)}"
 
 
 def _fit(width: int, height: int) -> str:

@@ -50,6 +50,9 @@ EXPORT_LINES = 10_000
 # Pictures of the frames where the answers changed: a page's gallery of them stays ~200 KB; the
 # full-size ones (for a download) ~1-6 MB a feed, 640x360 to 1080p.
 SHOTS = 16
+# Latency points the chart keeps however old, beyond its window: Moondream 2 on a CPU answers
+# every ~30 s, and a 30 s window had held one bar, each answer's replacing the one before.
+MIN_CHART_BARS = 10
 
 
 class LiveFeed:
@@ -192,7 +195,7 @@ class LiveFeed:
             self._records.extend(records)
             self._latency.append(LatencyPoint(now, r.frame.index, {k: max(0.0, float(v)) for k, v in stages.items()},
                                               r.end_to_end_ms))
-            while self._latency and self._latency[0].wall < now - self.window_s:
+            while len(self._latency) > MIN_CHART_BARS and self._latency[0].wall < now - self.window_s:
                 self._latency.popleft()
             self.version += 1
         on_result = self.on_result  # read once: the UI's Record off sets it to None from another thread

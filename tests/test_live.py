@@ -1089,11 +1089,14 @@ def test_a_looped_source_that_gives_no_frame_ends():
         g.close()
 
 
-def test_a_feeds_latency_history_holds_its_last_window_only():
+def test_a_feeds_latency_history_holds_its_last_window_only(monkeypatch):
     """The web UI's latency chart covers the feed's last `window_s` seconds: older points go (a feed
-    runs for days; kept, they grew its memory and the page's chart without end)."""
+    runs for days; kept, they grew its memory and the page's chart without end), beyond the few
+    kept for a slow model (none here)."""
+    import pipelines.feed
     from pipelines.feed import LiveFeed
 
+    monkeypatch.setattr(pipelines.feed, "MIN_CHART_BARS", 1)
     engine = _HeldEngine()
     feed = LiveFeed(engine, {"caption": "short"}, SamplingParams(), window_s=0.3, max_inflight=1)
     try:
@@ -1479,3 +1482,28 @@ def test_a_ctrl_c_with_frames_in_flight_says_at_once_that_it_cancels_them(small_
                         r"\(the model's step under way ends first\)", lines[-2]), lines
     n = int(re.search(r"the (\d+) frame", lines[-2]).group(1))
     assert f"{n} cancelled at the stop" in lines[-1] and "frames captioned" in lines[-1], lines
+
+
+def test_a_slow_feeds_chart_keeps_its_last_answers_beyond_the_window():
+    """Moondream 2 on a CPU answers every ~30 s: the web UI's 30 s chart held one bar, each
+    answer's replacing the one before. Its last few stay however old, and the chart says the
+    time they cover (one frame, not "1 frames")."""
+    from app.view import chart_svg
+    from pipelines.feed import LiveFeed
+
+    engine = _HeldEngine()
+    feed = LiveFeed(engine, {"caption": "short"}, SamplingParams(), window_s=0.05, max_inflight=1)
+    try:
+        for i in range(3):
+            assert feed.push(np.zeros((48, 64, 3), np.uint8))
+            engine.handles[-1].finish("a red circle")
+            _wait(lambda i=i: feed.snapshot().counters["completed"] == i + 1)
+            time.sleep(0.1)  # past the window before the next answer
+        points = feed.snapshot().latency
+        assert [p.index for p in points] == [0, 1, 2]
+    finally:
+        feed.close()
+    span = points[-1].wall - points[0].wall
+    svg = chart_svg(points, 0.05)
+    assert f"last {span:.0f} s (3 frames shown)" in svg and 'data-bars="3"' in svg
+    assert "(1 frame shown)" in chart_svg(points[:1], 30.0) and "(1 frame):" in chart_svg(points[:1], 30.0)
