@@ -59,8 +59,10 @@ def waiting(snap: FeedSnapshot | None) -> str:
         # Frames read and with the model: Moondream 2 on a CPU takes a minute to its first answers
         # (4 frames in one batch), and "no frame yet" all that while blamed the source.
         asked = snap.counters.get("in_flight", 0) if snap is not None else 0
-        if asked:
-            return f"the source plays; waiting for the first answer ({asked} frame{'s' * (asked != 1)} in flight)"
+        if asked:  # and for how long: Moondream 2 on a CPU, ~30 s with nothing moving but this
+            waited = snap.running_s
+            return (f"the source plays; waiting for the first answer ({asked} frame{'s' * (asked != 1)} in flight)"
+                    + (f": {waited:.0f} s so far" if waited is not None else ""))
         return "no frame yet"
     text = f"{health['state']} ({health.get('for_s', 0):.0f} s)"
     return text + (f"; the last try: {health['reason']}" if health.get("reason") else "")

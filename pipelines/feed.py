@@ -250,7 +250,7 @@ class LiveFeed:
                 pts=0.0 if r is None else r.frame.pts, index=-1 if r is None else r.frame.index,
                 end_to_end_ms=0.0 if r is None else r.end_to_end_ms,
                 log=list(self._log) if full else [], latency=list(self._latency) if full else [], counters=stats,
-                shots=list(self._shots) if full else [])
+                shots=list(self._shots) if full else [], running_s=time.perf_counter() - self._t0)
 
     def _located_stats(self) -> dict:
         """A located feed's counters under the names a caption feed's have: frames that came while

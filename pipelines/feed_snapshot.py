@@ -39,3 +39,4 @@ class FeedSnapshot:
     latency: list[LatencyPoint] = field(default_factory=list)  # oldest first, last window_s seconds
     counters: dict = field(default_factory=dict)
     shots: list[Shot] = field(default_factory=list)  # newest last, the last SHOTS changes
+    running_s: float | None = None  # how long the feed has run (a page's wait for a first answer)

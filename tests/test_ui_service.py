@@ -1893,3 +1893,29 @@ def test_before_the_first_answer_the_frames_place_says_the_model_is_answering_no
     asked = frame_html(snap({"frames_in": 300, "submitted": 4, "in_flight": 4}))
     assert "no frame yet" not in asked and "waiting for the first answer (4 frames in flight)" in asked
     assert "no frame yet" in frame_html(snap({"frames_in": 0, "submitted": 0, "in_flight": 0}))
+
+
+def test_the_wait_for_a_first_answer_says_how_long_it_has_lasted():
+    """Moondream 2 on a CPU: the page said "waiting for the first answer (1 frame in flight)" for
+    ~30 s, the same words every second, as a page that hung does. A feed's counters carry how
+    long it has run, and the wait says it."""
+    import types
+
+    from pipelines.feed_snapshot import FeedSnapshot
+
+    class Held:  # an engine whose answers never come
+        def submit(self, *a, **k):
+            h = types.SimpleNamespace(add_done_callback=lambda fn: None, cancel=lambda: None)
+            return h
+
+    feed = LiveFeed(Held(), {"caption": "short"}, SamplingParams(), max_inflight=1)
+    try:
+        assert feed.push(np.zeros((48, 64, 3), np.uint8))
+        snap = feed.snapshot()
+    finally:
+        feed.close(timeout=1.0)
+    assert snap.counters["in_flight"] == 1 and snap.running_s >= 0
+    assert "no frame yet" not in frame_html(snap)
+    snap = FeedSnapshot(version=0, running=True, error=None, frame_rgb=None, text="", pts=0.0, index=-1,
+                        end_to_end_ms=0.0, counters=snap.counters, running_s=21.4)
+    assert "waiting for the first answer (1 frame in flight): 21 s so far" in frame_html(snap)
