@@ -141,7 +141,6 @@ def chart_svg(points: list[LatencyPoint], window_s: float, width: int = 720, hei
     line = " ".join(f"{m_left + (i + 0.5) * bar_w:.1f},{m_top + plot_h * (1 - p.end_to_end_ms / top):.1f}"
                     for i, p in enumerate(points))
     parts.append(f'<polyline points="{line}" fill="none" stroke="#e45756" stroke-width="1.5"/>')
-    span = points[-1].wall - points[0].wall
     parts.append(f'<text x="{m_left}" y="{height - 6}" fill="currentColor">ms per frame, '
                  f'last {_span(points, window_s):.0f} s ({_frames(len(points))} shown)</text>')
     x = width - 8
