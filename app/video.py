@@ -90,7 +90,7 @@ def _report(args: argparse.Namespace, c: VideoArgs, work: VideoRun, summary, mad
     print(f"vlmstream: {summary.frames_captioned} frames captioned, {summary.frames_skipped} skipped (resume), "
           f"{summary.files} file(s)" + (f", {len(c.skipped)} unreadable skipped" if c.skipped else "")
           + (f", {sum(t.count for t in work.trackers)} changes" if args.changes else "")
-          + f", {speed:.1f}x real time" + (f", outputs in {c.out_dir}" if c.out_dir else "")
+          + f", {speed_text(speed)}x real time" + (f", outputs in {c.out_dir}" if c.out_dir else "")
           + (" (interrupted)" if interrupted else ""),
           file=sys.stderr)
     if work.pipe_closed.is_set():
@@ -104,3 +104,13 @@ def _report(args: argparse.Namespace, c: VideoArgs, work: VideoRun, summary, mad
     # rest is whole: 1, so that a script (`vlmstream video dir/ && upload`) sees it. With 0, a
     # folder with a broken clip looked done. Damaged packets skipped on the way are a warning.
     return 1 if summary.incomplete or c.skipped else 0
+
+
+def speed_text(speed: float) -> str:
+    """The summary's "x real time": below 1, to two significant figures (Moondream 2 on a CPU
+    at --fps 0.5 ran at 0.066x, said "0.1x"; 0.04 would have been "0.0x"), never an exponent."""
+    import math
+
+    if not 0 < speed < 1:
+        return f"{speed:.1f}"
+    return f"{speed:.{min(6, 1 - math.floor(math.log10(speed)))}f}"

@@ -1665,3 +1665,11 @@ def test_caption_file_refuses_a_malformed_task_before_reading_a_frame():
         caption_file(None, None, [], "short", SamplingParams(), Sampling(fps=1))
     with pytest.raises(RequestError, match="unknown task key 'draft'"):
         caption_file(None, None, [], [{"caption": "short", "draft": [1]}], SamplingParams(), Sampling(fps=1))
+
+
+def test_the_video_summary_gives_a_slow_runs_speed_to_two_figures():
+    """Moondream 2 on a CPU at --fps 0.5 ran at 0.066x real time, said "0.1x"; 0.04x was "0.0x"."""
+    from app.video import speed_text
+
+    assert [speed_text(s) for s in (0.066, 0.04, 0.5, 0.000123, 1.0, 12.34, 0.0)] == [
+        "0.066", "0.040", "0.50", "0.00012", "1.0", "12.3", "0.0"]
