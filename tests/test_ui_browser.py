@@ -899,9 +899,25 @@ def test_the_log_and_a_change_picture_are_reached_from_the_keyboard(server):
         page.wait_for_selector("#vs-shots figure.vs-shot", timeout=120_000)
         page.wait_for_function("(e => e.scrollHeight > e.clientHeight)(document.querySelector('#vs-log textarea'))",
                                timeout=90_000)  # the log runs past its 14 lines
-        page.click("#vs-stop")  # the gallery stays as it is (an update replaces the focused link)
-        page.wait_for_function("document.querySelector('#vs-counters').innerText.includes('stopped')",
-                               timeout=30_000)
+        # Stop's own answer says "stopped", but the feed's stream may have a full update (new log
+        # lines, a new change picture) on its way from just before: the page is read once it has
+        # been still for a second, so the gallery and the log stay as they are (an update would
+        # replace the focused link)
+        page.evaluate("""() => {
+            window.vsLastChange = performance.now();
+            const changed = () => { window.vsLastChange = performance.now(); };
+            for (const id of ['#vs-frame-box', '#vs-counters-box', '#vs-shots-box'])
+                new MutationObserver(changed).observe(document.querySelector(id),
+                                                      {childList: true, subtree: true, characterData: true});
+            window.vsStill = () => {  // the log's text is its value, which no observer sees
+                const log = document.querySelector('#vs-log textarea').value;
+                if (log !== window.vsLog) { window.vsLog = log; changed(); }
+                return document.querySelector('#vs-counters').innerText.includes('stopped')
+                    && performance.now() - window.vsLastChange > 1000;
+            };
+        }""")
+        page.click("#vs-stop")
+        page.wait_for_function("window.vsStill()", timeout=30_000, polling=100)
         index = page.get_attribute("#vs-shots figure.vs-shot:first-child", "data-index")
         page.locator("#vs-record input").focus()
         page.keyboard.press("Tab")
