@@ -41,8 +41,8 @@ DEFAULT_MAX_INFLIGHT = 4
 # An answer slower than this makes an adapting session take one frame at a time. Frames in flight
 # together are nearly the same instant (4 frames: 67 ms of a 60 fps stream), so answering them
 # together gains a viewer nothing where an answer takes seconds, and on a CPU they share the
-# machine: Moondream 2 on two cores gave its first live answer after ~50 s with 4 in flight
-# against ~12 s alone, and every later one as late (BENCHMARKS.md).
+# machine: Moondream 2's layout on two cores gave its first live answer after 55.9 s with 4 in
+# flight against 15.6 s alone, and later ones as late (p50 48.8 against 15.8 s, BENCHMARKS.md).
 SLOW_ANSWER_S = 1.0
 # ... and one alone faster than this takes it back to max_inflight (a warm-up slowed by one-time
 # costs, a machine no longer busy). A quarter: frames sharing a CPU take up to ~4x as long as one

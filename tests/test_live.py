@@ -195,7 +195,7 @@ def test_with_nothing_to_draft_from_the_oldest_frame_runs_past_its_deadline_for_
 
 def test_a_session_takes_one_frame_at_a_time_while_answers_are_slow():
     """Moondream 2 on two CPU cores: 4 frames admitted together shared the machine, the first
-    answer came after ~50 s instead of ~12, and each later one as late, for frames of nearly the
+    answer came after 56 s instead of 16, and each later one as late, for frames of nearly the
     same instant. An answer over a second makes the session take one frame at a time, until one
     alone is fast again (a warm-up's one-time costs, a machine no longer busy)."""
     engine = _HeldEngine()
