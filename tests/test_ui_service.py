@@ -271,23 +271,25 @@ def test_a_feed_keeps_only_its_last_change_pictures(service):
 
 
 def test_closing_a_tab_cancels_its_requests_and_leaves_other_tabs_running(service):
+    # tabs of its own: a closed session stays closed for the shared service (the first live test
+    # uses "tab-a", and run after this one it had found its page closed)
     from pipelines.live import DEFAULT_MAX_INFLIGHT
 
-    a = service.start_live("tab-a", "shapes_640x360_60fps.mp4", make_task("long"))
+    a = service.start_live("tab-closing-a", "shapes_640x360_60fps.mp4", make_task("long"))
     assert a.snapshot().counters["max_inflight"] == DEFAULT_MAX_INFLIGHT
-    b = service.start_live("tab-b", "cuts_640x360_30fps.mp4", make_task("short"))
+    b = service.start_live("tab-closing-b", "cuts_640x360_30fps.mp4", make_task("short"))
     try:
         # two viewers share the frames in flight one had: the same frames a second, no longer waits
         assert [f.snapshot().counters["max_inflight"] for f in (a, b)] == [DEFAULT_MAX_INFLIGHT // 2] * 2
         wait_for(lambda: a.snapshot().counters["completed"] >= 2 and b.snapshot().counters["completed"] >= 2)
-        service.close_session("tab-a")
+        service.close_session("tab-closing-a")
         assert not a.running and b.running
         assert b.snapshot().counters["max_inflight"] == DEFAULT_MAX_INFLIGHT
         done = b.snapshot().counters["completed"]
         wait_for(lambda: b.snapshot().counters["completed"] > done + 3)
         assert a.session.in_flight == 0
     finally:
-        service.close_session("tab-b")
+        service.close_session("tab-closing-b")
     wait_for(lambda: service.engine().stats().kv_pages_in_use == 0)
 
 
