@@ -1089,6 +1089,14 @@ def test_a_looped_source_that_gives_no_frame_ends():
         g.close()
 
 
+def _push_answered(feed, engine: _HeldEngine, i: int) -> None:
+    """Push a blank frame to a feed on a _HeldEngine, answer it, and wait until it is the i-th
+    (from 0) completed."""
+    assert feed.push(np.zeros((48, 64, 3), np.uint8))
+    engine.handles[-1].finish("a red circle")
+    _wait(lambda: feed.snapshot().counters["completed"] == i + 1)
+
+
 def test_a_feeds_latency_history_holds_its_last_window_only(monkeypatch):
     """The web UI's latency chart covers the feed's last `window_s` seconds: older points go (a feed
     runs for days; kept, they grew its memory and the page's chart without end), beyond the few
@@ -1101,9 +1109,7 @@ def test_a_feeds_latency_history_holds_its_last_window_only(monkeypatch):
     feed = LiveFeed(engine, {"caption": "short"}, SamplingParams(), window_s=0.3, max_inflight=1)
     try:
         for i in range(2):
-            assert feed.push(np.zeros((48, 64, 3), np.uint8))
-            engine.handles[-1].finish("a red circle")
-            _wait(lambda i=i: feed.snapshot().counters["completed"] == i + 1)
+            _push_answered(feed, engine, i)
             if i == 0:
                 time.sleep(0.5)
         assert [p.index for p in feed.snapshot().latency] == [1]
@@ -1495,9 +1501,7 @@ def test_a_slow_feeds_chart_keeps_its_last_answers_beyond_the_window():
     feed = LiveFeed(engine, {"caption": "short"}, SamplingParams(), window_s=0.05, max_inflight=1)
     try:
         for i in range(3):
-            assert feed.push(np.zeros((48, 64, 3), np.uint8))
-            engine.handles[-1].finish("a red circle")
-            _wait(lambda i=i: feed.snapshot().counters["completed"] == i + 1)
+            _push_answered(feed, engine, i)
             time.sleep(0.1)  # past the window before the next answer
         points = feed.snapshot().latency
         assert [p.index for p in points] == [0, 1, 2]
