@@ -202,11 +202,19 @@ def stream_state(health: dict) -> str:
     return text + (f", {n} outage{'s' if n != 1 else ''}" if n and state != "reconnecting" else "")
 
 
+def _fps_cell(fps: float) -> tuple[str, str, str]:
+    """The fps counter: a slow model's rate in two figures, its label the time between answers
+    (Moondream 2 on a CPU answers every ~15 s: "0.0" read as nothing coming)."""
+    if fps <= 0 or fps >= 0.1:
+        return "fps", f"{fps:.1f}", "fps"
+    return "fps", f"{fps:.2g}", f"fps: an answer every {1 / fps:.0f} s"
+
+
 def counters_html(counters: dict, engine: dict, running: bool, error: str | None = None) -> str:
     lat = counters.get("latency_ms", {}).get("end_to_end", {})
     cells = [
         ("state", "running" if running else "stopped"),
-        ("fps", f"{counters.get('rolling_fps', 0.0):.1f}"),
+        _fps_cell(counters.get("rolling_fps", 0.0)),
         ("captioned", counters.get("completed", 0)),
         ("in flight", counters.get("in_flight", 0)),
         ("cancelled as stale", counters.get("cancelled_stale", 0)),
@@ -221,7 +229,7 @@ def counters_html(counters: dict, engine: dict, running: bool, error: str | None
     ]
     if "stream" in counters:  # a network source or a camera: an outage or a backlog shows here while it lasts
         cells.insert(1, ("connection", stream_state(counters["stream"])))
-    body = "".join(f'<div class="vs-counter" data-name="{html.escape(k)}"><b>{html.escape(str(v))}</b>'
-                   f'<span>{html.escape(k)}</span></div>' for k, v in cells)
+    body = "".join(f'<div class="vs-counter" data-name="{html.escape(c[0])}"><b>{html.escape(str(c[1]))}</b>'
+                   f'<span>{html.escape(c[2] if len(c) > 2 else c[0])}</span></div>' for c in cells)
     err = f'<div class="vs-error">{html.escape(error)}</div>' if error else ""
     return f'<div id="vs-counters">{body}</div>{err}'

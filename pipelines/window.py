@@ -1,7 +1,8 @@
 """A live session's figures over a recent window, bounded however long it runs.
 
 `LatencyWindow`: one stage's last LATENCY_WINDOW latencies and their percentiles. `rolling_rate`:
-completions a second over the newest ROLLING_S seconds, a silence since the last one counted.
+completions a second over the newest ROLLING_S seconds (longer for answers further apart), a
+silence since the last one counted.
 """
 
 from __future__ import annotations
@@ -10,14 +11,23 @@ import numpy as np
 
 LATENCY_WINDOW = 36_000  # ten minutes at 60 fps
 ROLLING_S = 2.0  # the frames a second a page shows count over this much of the newest past
+# A slow model's answers (Moondream 2 on a CPU: one every ~15 s) fall further apart than ROLLING_S:
+# the page said "0.0" fps while they came. The window then spans this many of their intervals,
+# up to ROLLING_MAX_S, so that it holds a few of them and still empties once they stop.
+ROLLING_INTERVALS = 4
+ROLLING_MAX_S = 120.0
 
 
 def rolling_rate(times: list[float], end: float) -> float:
-    """Completions a second over the ROLLING_S seconds up to `end` (the times in seconds, oldest
-    first; through an outage it had said the rate before it). A silence since the last completion
+    """Completions a second over the ROLLING_S seconds up to `end`, or ROLLING_INTERVALS times the
+    newest interval where that is longer (the times in seconds, oldest first; through an outage
+    it had said the rate before it). A silence since the last completion
     longer than their usual interval counts, beyond that interval: frames that stopped 1.9 s ago
     still said the full rate of the 0.1 s before, until the window emptied and it fell to 0 at once."""
-    c = [t for t in times if t >= end - ROLLING_S]
+    window = ROLLING_S
+    if len(times) >= 2:  # the newest interval, however old: a 60 fps stream keeps its 2 s
+        window = min(max(window, ROLLING_INTERVALS * (times[-1] - times[-2])), ROLLING_MAX_S)
+    c = [t for t in times if t >= end - window]
     if len(c) < 2 or c[-1] <= c[0]:
         return 0.0
     span = c[-1] - c[0]

@@ -743,6 +743,22 @@ def test_a_frame_is_counted_completed_only_once_its_result_is_delivered():
     assert seen == [(0, 0), (1, 1)]  # each delivered while the count still said the ones before
 
 
+def test_the_rolling_rate_of_a_slow_model_spans_its_answers():
+    """Moondream 2 on a CPU answers every ~15 s: over the 2 s window the page said 0.0 fps while
+    its answers came. The window spans a few of the newest intervals, and still empties when they stop."""
+    from pipelines.window import ROLLING_INTERVALS, rolling_rate
+
+    answers = [100.0 + 15 * i for i in range(6)]
+    assert rolling_rate(answers, answers[-1]) == pytest.approx(1 / 15)
+    assert rolling_rate(answers, answers[-1] + 10) == pytest.approx(1 / 15)  # waiting on the next one
+    assert rolling_rate(answers, answers[-1] + 30) == pytest.approx(2 / 45)  # 3 in the 60 s, silence counted
+    assert rolling_rate(answers, answers[-1] + ROLLING_INTERVALS * 15 + 1) == 0.0  # they stopped
+    assert rolling_rate(answers[:2], answers[1] + 1) == pytest.approx(1 / 15)  # from the second answer on
+    fast = [100 + i / 60 for i in range(120)]  # a 60 fps stream: its 2 s as before
+    assert rolling_rate(fast, fast[-1]) == pytest.approx(60)
+    assert rolling_rate(fast, fast[-1] + 2.1) == 0.0
+
+
 def test_the_rolling_rate_falls_to_zero_when_frames_stop_coming(monkeypatch):
     """A camera in an outage: the page's counters said the rate of its last 120 frames, 30 fps
     for as long as the outage lasted; the rate is now over the newest ROLLING_S seconds, and the

@@ -1024,6 +1024,10 @@ def test_views_render_what_the_snapshot_holds():
     for shown in ("59.5", ">7<", ">3<", "91.0 %", "47.5 %", "10 / 700", "pipelined"):
         assert shown in html
     assert 'data-name="connection"' not in html  # a file: no connection to report on
+    # a slow model (Moondream 2 on a CPU, an answer every ~15 s): its rate, not "0.0"
+    slow = counters_html({"completed": 4, "rolling_fps": 1 / 15}, {}, True)
+    assert '<div class="vs-counter" data-name="fps"><b>0.067</b><span>fps: an answer every 15 s</span>' in slow
+    assert 'data-name="fps"><b>0.0</b><span>fps</span>' in counters_html({"rolling_fps": 0.0}, {}, True)
     for health, shown in [({"state": "live", "late_s": 0.1, "outages": 0}, "live"),
                           ({"state": "live", "late_s": 1.34, "outages": 1}, "1.3 s behind, 1 outage"),
                           ({"state": "reconnecting", "for_s": 7.2, "outages": 2}, "reconnecting (7 s)"),
