@@ -3,7 +3,8 @@
 `feeds` maps (session, "pull" | "push") to a LiveFeed, read under its owner's lock. Each open feed
 gets an equal share (`share_inflight`); a browser's camera that sent nothing for CAMERA_SILENT_S
 (`silent`) holds none; a new feed starts from how long the engine's latest answer took
-(`latest_answer_s`).
+(`latest_answer_s`). A server plays at most its `max_feeds` at once, a silent camera not counted
+(`over_limit`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from __future__ import annotations
 import time
 
 CAMERA_SILENT_S = 1.5  # a browser's camera sends a frame every 0.1 s: this long without one, it has stopped
+# Each feed plays its source on threads of its own (a 640x360 file's decode is ~15 % of a core at
+# 60 fps) and takes at least one frame in flight: without a bound, every page or API client that
+# pressed Start slowed every viewer, until none was live. `vlmstream ui --max-feeds N` sets it.
+MAX_FEEDS = 16
 
 
 def share_inflight(feeds: dict) -> None:
@@ -26,6 +31,17 @@ def share_inflight(feeds: dict) -> None:
     share = max(1, DEFAULT_MAX_INFLIGHT // max(1, len(captioning)))
     for feed in captioning:
         feed.session.set_max_inflight(share)
+
+
+def over_limit(feeds: dict, key: tuple[str, str], max_feeds: int) -> str | None:
+    """Why a new feed at `key` may not start (None: it may): the server plays `max_feeds` already.
+    The feed it replaces (a new Start of the same page) and silent cameras do not count. Called
+    with the lock held."""
+    playing = [k for k, f in feeds.items() if k != key and not (k[1] == "push" and silent(f))]
+    if len(playing) < max_feeds:
+        return None
+    return (f"this server plays {len(playing)} live feeds, its limit (vlmstream ui --max-feeds {max_feeds}): "
+            "try again when one stops")
 
 
 def latest_answer_s(feeds: dict, engine) -> float:

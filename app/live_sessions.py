@@ -6,7 +6,7 @@ each kind it stopped stays for its Export. Closing the tab stops both feeds, can
 jobs and removes its recordings, and a closed tab stays closed: a late event of its page is a
 UIError, not a new feed. Every open feed gets an equal share of the engine's frames in flight, but
 a camera that stopped sending (CAMERA_SILENT_S without a frame) holds none until it sends again
-(app/inflight_share.py).
+(app/inflight_share.py). A new feed beyond the server's max_feeds is a UIError.
 
 The feeds run on their `Service`'s engine, settings and reading, under the service's lock: a
 model reload (`Service.apply`) and a Start that opens its source meanwhile must see each other
@@ -27,7 +27,7 @@ import numpy as np
 
 from app import live_exports
 from app.errors import UIError
-from app.inflight_share import latest_answer_s, share_inflight, silent
+from app.inflight_share import MAX_FEEDS, latest_answer_s, over_limit, share_inflight, silent
 from app.samples import SAMPLES_DIR, sample_videos
 
 if TYPE_CHECKING:
@@ -46,10 +46,11 @@ STOPPED_KEPT = 32
 
 
 class LiveSessions:
-    def __init__(self, service: Service, lock: threading.RLock):
+    def __init__(self, service: Service, lock: threading.RLock, max_feeds: int = MAX_FEEDS):
         """lock: the service's own, held by its engine's reload too (see the module's docstring)."""
         self._service = service
         self._lock = lock
+        self._max_feeds = max_feeds
         self._feeds: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> LiveFeed
         self._ended: dict[tuple[str, str], object] = {}  # the last stopped feed of each, for an export
         self._recorders: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> its feed's Recorder
@@ -88,6 +89,7 @@ class LiveSessions:
 
         service = self._service
         self.stop_live(session)
+        self._check_room((session, "pull"))  # before the source is opened: a refusal costs nothing
         if source in sample_videos():
             source = str(SAMPLES_DIR / source)
         try:
@@ -118,19 +120,20 @@ class LiveSessions:
             # Settings may have reloaded the model since engine() above: apply() closed every feed
             # it found, not this one, and the engine it was built on
             stale = service.current_engine() is not engine
-            if not stale:
+            full = over_limit(self._feeds, (session, "pull"), self._max_feeds)  # others started meanwhile
+            if not stale and not full:
                 self._feeds[(session, "pull")] = feed
                 if recorder is not None:
                     self._recorders[(session, "pull")] = recorder
                 if feed.session is not None:  # an apply() meanwhile that needed no reload
                     feed.session.set_params(service.params())
                 share_inflight(self._feeds)
-        if stale:
+        if stale or full:
             feed.close()
             if recorder is not None:
                 recorder.close()
                 recorder.path.unlink(missing_ok=True)
-            raise UIError("the engine was reloaded (Settings) while this Start opened its source: Start again")
+            raise UIError(full or "the engine was reloaded (Settings) while this Start opened its source: Start again")
         return feed
 
     def recording(self, session: str, kind: str = "pull") -> Path:
@@ -209,6 +212,8 @@ class LiveSessions:
             feed = self._feeds.get(key)
             resumed = feed is not None and silent(feed)
             if feed is None or feed.task != task:  # a new prompt starts a new feed
+                if feed is None or silent(feed):
+                    self._check_room(key)
                 engine = service.engine()
                 new = LiveFeed(engine, task, service.params(), hold=service.settings.hold,
                                locate=service.region_of(task), answer_s=self._answer_s(engine))
@@ -226,6 +231,7 @@ class LiveSessions:
                 feed = self._feeds[key] = new
                 share_inflight(self._feeds)
             elif resumed:  # it takes its share back from this frame on
+                self._check_room(key)
                 feed.pushed_at = time.monotonic()
                 share_inflight(self._feeds)
             was, self._cam_record[session] = self._cam_record.get(session, False), record
@@ -243,6 +249,12 @@ class LiveSessions:
         _remove(dropped)
         feed.push(rgb, source_id="browser camera")
         return feed
+
+    def _check_room(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            full = over_limit(self._feeds, key, self._max_feeds)
+        if full:
+            raise UIError(full)
 
     def _check_open(self, session: str) -> None:
         """A session's page is gone once closed: a camera frame that arrives after its unload

@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from app.flags import (NATIVE_BF16, Once, add_changes_args, add_model_args, add_reading_args, add_sticky_arg,
                        add_vision_thread_arg, lazy)
+from app.inflight_share import MAX_FEEDS
 from app.prompt_args import add_constraint_args, add_prompt_args
 
 EXIT_USAGE = 2
@@ -42,6 +43,16 @@ def upload_size(text: str) -> int:
     if not m or int(m[1]) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is no size: write a whole number and a unit, e.g. 500mb or 4gb")
     return int(m[1]) * _SIZE_UNITS[m[2]]
+
+
+def _feeds_limit(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a whole number of feeds >= 1")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,6 +215,9 @@ def _ui_command(sub) -> None:
     ui.add_argument("--max-upload", type=upload_size, default=upload_size("4gb"), metavar="SIZE",
                     help="largest file a page may upload, e.g. 500mb or 8gb (default 4gb): a bigger one is "
                          "refused before it fills this server's disk")
+    ui.add_argument("--max-feeds", type=_feeds_limit, default=MAX_FEEDS, metavar="N",
+                    help=f"live feeds played at once, pages' and API clients' together (a browser camera "
+                         f"that stopped sending not counted); a Start beyond them is refused (default {MAX_FEEDS})")
     ui.add_argument("--auth-file", metavar="FILE",
                     help="ask for a user name and password: FILE has one 'user:password' a line (the page can "
                          "play any file or URL the server reaches, so share it on a network only with this)")

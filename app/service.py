@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from app.errors import UIError
+from app.inflight_share import MAX_FEEDS
 from app.live_sessions import RECORD_MAX_S, LiveSessions
 from app.samples import SAMPLES_DIR, sample_videos, samples_dir
 from app.settings import Settings, checked
@@ -35,9 +36,10 @@ RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about
 
 
 class Service:
-    def __init__(self, settings: Settings = Settings(), reading: Reading = AS_SHOWN):
+    def __init__(self, settings: Settings = Settings(), reading: Reading = AS_SHOWN, max_feeds: int = MAX_FEEDS):
         """reading: how every source of this server is read (`pipelines.frame.Reading`; default
-        as a player shows it); fixed for the server (`ui --no-deinterlace / --no-tonemap`)."""
+        as a player shows it); fixed for the server (`ui --no-deinterlace / --no-tonemap`).
+        max_feeds: live feeds played at once, beyond which a Start is refused (`ui --max-feeds`)."""
         self.settings = settings
         self.reading = reading
         self._lock = threading.RLock()
@@ -45,7 +47,7 @@ class Service:
         self._history: deque = deque(maxlen=4096)  # engine stats snapshots behind the current rates
         self.jobs = VideoJobs()  # video jobs' turns and stop flags; the folder of every output
         self._region: tuple | None = None  # (engine, its RegionDecoder, a lock: one call at a time)
-        self.live = LiveSessions(self, self._lock)  # each browser tab's live feeds, recordings and exports
+        self.live = LiveSessions(self, self._lock, max_feeds)  # each browser tab's live feeds, recordings and exports
 
     # ---------------------------------------------------------------- engine and settings
     def engine(self):

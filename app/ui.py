@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
         open_live(args.source)  # a missing file or camera, a bad URL scheme: SourceError, exit 2
     dtype = realtime_dtype(args.device, args.dtype)
-    service = Service(Settings(model=args.model, device=args.device, dtype=dtype), reading_arg(args))
+    service = Service(Settings(model=args.model, device=args.device, dtype=dtype), reading_arg(args), args.max_feeds)
     # Gradio's copies of uploads and results in this server's own folder, removed with it when the
     # server stops (in /tmp/gradio they stayed: exports, recordings, every video job's files).
     # Unset again at the end: a second server in this process (tests) must not inherit a removed folder.

@@ -594,6 +594,41 @@ def test_a_silent_camera_gives_its_share_of_the_frames_in_flight_back(service):
         service.close_session("tab-share")
 
 
+def test_a_server_plays_at_most_its_max_feeds_at_once():
+    """Every page or API client that pressed Start opened its source on threads of its own and
+    took frames in flight from every viewer: without a bound, enough of them left none live. Past
+    `max_feeds` a Start (or a camera's first frame) is refused in one line; a page's new Start
+    replaces its own feed, and a camera that stopped sending holds no place."""
+    from app.inflight_share import CAMERA_SILENT_S
+
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    s = Service(Settings(max_tokens=4), max_feeds=2)
+    try:
+        a = s.start_live("tab-1", "shapes_640x360_60fps.mp4", make_task("short"))
+        cam = s.push_frame("tab-cam", rgb, make_task("short"))
+        with pytest.raises(UIError, match=r"^this server plays 2 live feeds, its limit \(vlmstream ui "
+                                          r"--max-feeds 2\): try again when one stops$"):
+            s.start_live("tab-2", "cuts_640x360_30fps.mp4", make_task("short"))
+        assert s.feed("tab-2") is None and a.running
+        with pytest.raises(UIError, match="--max-feeds 2"):
+            s.push_frame("tab-cam2", rgb, make_task("short"))
+        again = s.start_live("tab-1", "cuts_640x360_30fps.mp4", make_task("short"))  # its own, replaced
+        assert again is not a and not a.running and again.running
+        assert s.push_frame("tab-cam", rgb, make_task("normal")) is not cam  # a new prompt: replaced too
+        s.feed("tab-cam", "push").pushed_at -= 2 * CAMERA_SILENT_S  # the camera stopped sending
+        b = s.start_live("tab-2", "cuts_640x360_30fps.mp4", make_task("short"))
+        assert b.running
+        with pytest.raises(UIError, match="--max-feeds 2"):  # it sends again: no room for it now
+            s.push_frame("tab-cam", rgb, make_task("normal"))
+        s.stop_live("tab-2")
+        assert s.push_frame("tab-cam", rgb, make_task("normal")).running
+    finally:
+        for sid in ("tab-1", "tab-2", "tab-cam", "tab-cam2"):
+            s.close_session(sid)
+        s.close()
+        s.remove_outputs()
+
+
 def test_a_new_feed_of_a_slow_model_starts_one_frame_at_a_time(service, monkeypatch):
     """With 4 frames in flight a slow model's first answer came ~4x late (they shared the
     machine). The server's first feed asks one frame until its first answer says how long they
