@@ -78,3 +78,17 @@ def check_port(host: str, port: int) -> None:
             s.bind(addr)
         except OSError as e:
             raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e} (choose another --port)") from None
+
+
+def settings_users(names: str | None, auth: list[tuple[str, str]] | None) -> frozenset[str] | None:
+    """The users of `ui --settings-by` (comma-separated), each one of the --auth-file's: without
+    a password a page has no user name to check. None: every user may apply Settings."""
+    if names is None:
+        return None
+    if auth is None:
+        raise UsageError("--settings-by needs --auth-file: a page without a login has no user name")
+    users = {n.strip() for n in names.split(",") if n.strip()}
+    unknown = sorted(users - {u for u, _ in auth})
+    if not users or unknown:
+        raise UsageError(f"--settings-by: {', '.join(unknown) or repr(names)} is no user of the --auth-file")
+    return frozenset(users)

@@ -37,8 +37,10 @@ VIDEO_TABLE_ROWS = 5000  # a page holds this many; the downloads hold every answ
 
 
 class PageEvents:
-    def __init__(self, service: Service):
+    def __init__(self, service: Service, settings_by: frozenset[str] | None = None):
+        """settings_by: the users who may apply Settings (`ui --settings-by`); None: every user."""
         self.service = service
+        self.settings_by = settings_by
         self.demo = None  # the Blocks, once built: its queue tells how far behind a page reads
         # The sample a page plays on opening stops while the page is on another tab that works
         # (Browser webcam, Video file, Image), or hidden in the browser, and starts over back on
@@ -263,10 +265,14 @@ class PageEvents:
         self.service.jobs.cancel(request.session_hash)
 
     def apply(self, model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky, hold=Settings.hold,
-              shown: tuple | None = None):
+              shown: tuple | None = None, request: gr.Request = None):
         """`shown`: the form as this page last showed it (`settings_form`; None from the API). A field
         the user left as shown keeps the server's setting: another page may have applied a new one
-        meanwhile, which this page's Apply of another field had put back."""
+        meanwhile, which this page's Apply of another field had put back. With `settings_by`, only
+        those users may: a new model stops every viewer's feeds and video jobs."""
+        if self.settings_by is not None and getattr(request, "username", None) not in self.settings_by:
+            raise user_error(f"only {', '.join(sorted(self.settings_by))} may change this server's settings "
+                             "(vlmstream ui --settings-by)")
         if shown is not None:
             fields = (model, device, temperature, max_tokens, pipelined, sticky, hold)
             model, device, temperature, max_tokens, pipelined, sticky, hold = (

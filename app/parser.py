@@ -221,6 +221,9 @@ def _ui_command(sub) -> None:
     ui.add_argument("--auth-file", metavar="FILE",
                     help="ask for a user name and password: FILE has one 'user:password' a line (the page can "
                          "play any file or URL the server reaches, so share it on a network only with this)")
+    ui.add_argument("--settings-by", metavar="USER[,USER]",
+                    help="only these users of the --auth-file may apply Settings (a new model stops every "
+                         "viewer's feeds and jobs); default: every user")
     add_model_args(ui, NATIVE_BF16)
     ui.set_defaults(func=lazy('app.ui'))
 

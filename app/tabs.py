@@ -230,6 +230,8 @@ def settings_tab(events: PageEvents) -> list:
     hold = gr.Number(s.hold, step=1,  # 1..600, checked by apply()
                      label="Changes (live tabs): a new answer gets a picture once it has held this many "
                            "frames in a row (1 = every change)")
+    if events.settings_by is not None:  # the others see who may, before they try
+        gr.Markdown(f"Applied by {', '.join(sorted(events.settings_by))} only (this server's --settings-by).")
     sapply = gr.Button("Apply", variant="primary")
     sstatus = gr.Markdown(elem_id="vs-settings-status")  # said to a screen reader (page_head.HEAD_JS)
     stats = gr.JSON(label="Engine")

@@ -21,13 +21,14 @@ from app.settings import Settings
 DEFAULT_SAMPLE = "shapes_640x360_60fps.mp4"
 
 
-def build(service: Service, source: str | None = None):
+def build(service: Service, source: str | None = None, settings_by: frozenset[str] | None = None):
+    """settings_by: the users (of the server's auth) who may apply Settings; None: everyone."""
     import gradio as gr
 
     from app import tabs
     from app.page_events import PageEvents
 
-    events = PageEvents(service)
+    events = PageEvents(service, settings_by)
     samples = sample_videos()
     default_source = source or (DEFAULT_SAMPLE if DEFAULT_SAMPLE in samples else (samples[0] if samples else ""))
     # Gradio keeps its own copies of uploads and results; hourly, those older than a day go, and all
@@ -89,7 +90,7 @@ def _value_in_one_line(preprocess: Callable, label: str) -> Callable:
 
 def run(args: argparse.Namespace) -> int:
     from app.cli import UsageError, reading_arg, realtime_dtype
-    from app.listen import check_port, loopback, read_auth, tls_arguments
+    from app.listen import check_port, loopback, read_auth, settings_users, tls_arguments
     from app.page_head import CSS, HEAD_JS
     from pipelines.pipe import is_named_pipe
 
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     check_port(args.host, args.port)  # a port in use is one line, before the model loads
     tls = tls_arguments(args.ssl_certfile, args.ssl_keyfile)
     auth = read_auth(args.auth_file) if args.auth_file else None
+    settings_by = settings_users(args.settings_by, auth)
     if auth is None and not loopback(args.host):
         print(f"vlmstream: warning: the UI on {args.host} asks no password, and its page plays any file or URL "
               "this server reaches (--auth-file)", file=sys.stderr)
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     demo = None
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
-        demo = build(service, args.source)
+        demo = build(service, args.source, settings_by)
         # ssl_verify=False: Gradio's own request to the new server must accept a self-signed
         # certificate (the usual one on a LAN); browsers make their own choice.
         demo.launch(server_name=args.host, server_port=args.port, css=CSS, head=HEAD_JS, ssr_mode=False,

@@ -231,6 +231,16 @@ def test_ui_auth_file_mistakes_and_the_warning_for_a_ui_on_the_network(capsys, t
     # Notepad's UTF-8 (a byte-order mark) and spaces around the colon: each user can still log in
     (tmp_path / "notepad.txt").write_bytes("alice:wonder\r\ndave : x\r\n".encode("utf-8-sig"))
     assert listen.read_auth(str(tmp_path / "notepad.txt")) == [("alice", "wonder"), ("dave", "x")]
+    # --settings-by names users of the --auth-file: one line for a name it lacks, or without one
+    for args, needle in [(["--settings-by", "alice"], "--settings-by needs --auth-file"),
+                         (["--auth-file", str(tmp_path / "users.txt"), "--settings-by", "alice, carol"],
+                          "--settings-by: carol is no user of the --auth-file"),
+                         (["--auth-file", str(tmp_path / "users.txt"), "--settings-by", " , "],
+                          "--settings-by: ' , ' is no user")]:
+        assert main(["ui", "--port", port, *args, "--model", "/no/such/model"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"vlmstream: error: {needle}") and err.count("\n") == 1, err
+    assert listen.settings_users(" bob,alice ", listen.read_auth(str(tmp_path / "users.txt"))) == {"alice", "bob"}
     assert listen.loopback("127.0.0.1") and listen.loopback("localhost") and listen.loopback("::1")
     assert not listen.loopback("0.0.0.0") and not listen.loopback("no.such.host.invalid")
     # Listening beyond this machine without a password: said, before anything loads.

@@ -446,19 +446,24 @@ def test_ui_serves_https_and_asks_a_password(tmp_path, client_downloads):
     cert, key, users = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "users.txt"
     subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
                     "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
-    users.write_text("# who may watch\nalice:wonder land\n")
+    users.write_text("# who may watch\nalice:wonder land\nbob:builder\n")
     tmp = tmp_path / "tmp"  # the server's temporary folder, to see what it leaves there
     tmp.mkdir()
     # --max-upload: the scene (57 KB) is taken, a clip (106 KB) refused before it is written
     assert (SAMPLES / "scene.png").stat().st_size < 80 << 10 < (SAMPLES / "cuts_640x360_30fps.mp4").stat().st_size
     with running_ui("--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--auth-file", str(users),
-                    "--max-upload", "80kb", scheme="https", log_name="ui_server_https.log",
+                    "--max-upload", "80kb", "--settings-by", "alice", scheme="https", log_name="ui_server_https.log",
                     env={"TMPDIR": str(tmp)}) as url:
         with pytest.raises(Exception, match="login|credentials"):
             Client(url, verbose=False, ssl_verify=False, httpx_kwargs=SLOW_MACHINE)
         client = Client(url, auth=("alice", "wonder land"), verbose=False, ssl_verify=False,
                         httpx_kwargs=SLOW_MACHINE, download_files=client_downloads)
         assert client.predict(api_name="/engine_stats")["kv_pages_total"] > 0
+        # --settings-by alice: bob watches, but a new model (every viewer's feeds stopped) is hers to apply
+        bob = Client(url, auth=("bob", "builder"), verbose=False, ssl_verify=False, httpx_kwargs=SLOW_MACHINE)
+        with pytest.raises(Exception, match=r"only alice may change this server's settings \(vlmstream ui --settings-by\)"):
+            bob.predict("tiny", "cpu", 0.0, 40, True, 2.0, 3, api_name="/apply_settings")
+        assert client.predict("tiny", "cpu", 0.0, 40, True, 2.0, 3, api_name="/apply_settings") == "settings applied"
         # Gradio's copy of an upload lies in this server's own folder (in /tmp/gradio it outlived
         # the server, as did every export and video job's files)
         client.predict(handle_file(str(SAMPLES / "scene.png")), "short", "", "none", "", api_name="/caption_image")
