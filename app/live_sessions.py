@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app import live_exports
+from app.activity import feed_text, log, source_text, task_text, who
 from app.errors import UIError
 from app.inflight_share import MAX_FEEDS, latest_answer_s, over_limit, share_inflight, silent
 from app.samples import SAMPLES_DIR, sample_videos
@@ -88,7 +89,7 @@ class LiveSessions:
         from pipelines.webcam import parse_webcam
 
         service = self._service
-        self.stop_live(session)
+        self.stop_live(session, why="a new Start")
         self._check_room((session, "pull"))  # before the source is opened: a refusal costs nothing
         if source in sample_videos():
             source = str(SAMPLES_DIR / source)
@@ -134,6 +135,8 @@ class LiveSessions:
                 recorder.close()
                 recorder.path.unlink(missing_ok=True)
             raise UIError(full or "the engine was reloaded (Settings) while this Start opened its source: Start again")
+        log.info("%s started a live feed: %s, %s%s", who(session), source_text(name or source), task_text(task),
+                 ", recorded" if record else "")
         return feed
 
     def recording(self, session: str, kind: str = "pull") -> Path:
@@ -166,7 +169,8 @@ class LiveSessions:
         with self._lock:
             return self._feeds.get((session, kind))
 
-    def stop_live(self, session: str, kind: str = "pull") -> None:
+    def stop_live(self, session: str, kind: str = "pull", why: str = "stopped") -> None:
+        """why: what the activity log says ended it (the feed's own error is added)."""
         dropped = []
         with self._lock:
             feed = self._feeds.pop((session, kind), None)
@@ -177,6 +181,7 @@ class LiveSessions:
             recorder = self._recorders.get((session, kind))
         if feed is not None:
             feed.close()
+            _log_stop(session, kind, feed, why)
         if recorder is not None:  # the file is finished, kept for a download
             recorder.close()
         _remove(dropped)
@@ -214,6 +219,8 @@ class LiveSessions:
             if feed is None or feed.task != task:  # a new prompt starts a new feed
                 if feed is None or silent(feed):
                     self._check_room(key)
+                log.info("%s %s the browser camera: %s", who(session), "started" if feed is None else "asks",
+                         task_text(task))
                 engine = service.engine()
                 new = LiveFeed(engine, task, service.params(), hold=service.settings.hold,
                                locate=service.region_of(task), answer_s=self._answer_s(engine))
@@ -254,6 +261,7 @@ class LiveSessions:
         with self._lock:
             full = over_limit(self._feeds, key, self._max_feeds)
         if full:
+            log.info("%s: %s refused: %s", who(key[0]), "Start" if key[1] == "pull" else "camera", full)
             raise UIError(full)
 
     def _check_open(self, session: str) -> None:
@@ -299,7 +307,7 @@ class LiveSessions:
             starting = self._starting.get(session) or contextlib.nullcontext()
         with starting:
             for kind in ("pull", "push"):
-                self.stop_live(session, kind)
+                self.stop_live(session, kind, "the tab closed")
                 with self._lock:
                     self._ended.pop((session, kind), None)
         for kind in ("pull", "push"):
@@ -320,14 +328,15 @@ class LiveSessions:
                 if feed.session is not None:
                     feed.session.set_params(self._service.params())
 
-    def stop_all(self) -> None:
-        """Stop every feed (its engine is closing) and finish every recording."""
+    def stop_all(self, why: str = "the engine was reloaded") -> None:
+        """Stop every feed (its engine is closing) and finish every recording. why: for the activity log."""
         dropped = []
         with self._lock:
             for key in list(self._feeds):  # each page says why it stopped, and keeps its captions to export
                 feed = self._feeds.pop(key)
                 feed.error = feed.error or "stopped: the engine was reloaded (Settings); Start again"
                 feed.close()
+                _log_stop(key[0], key[1], feed, why)
                 self._ended[key] = feed  # its session let go of the engine when it closed
                 dropped += self._keep_stopped(key[0])
             for (session, kind), recorder in self._recorders.items():  # finished files stay for their downloads
@@ -350,3 +359,10 @@ def _remove(recorders: list) -> None:
     for recorder in filter(None, recorders):
         recorder.close()
         recorder.path.unlink(missing_ok=True)
+
+
+def _log_stop(session: str, kind: str, feed, why: str) -> None:
+    snap = feed.snapshot()  # with its counters (full=False leaves them out)
+    failed = snap.error if snap.error and not snap.error.startswith("stopped") else None
+    log.info("%s %s stopped (%s%s) %s", who(session), "live feed" if kind == "pull" else "camera", why,
+             f"; {failed}" if failed else "", feed_text(snap.counters, snap.running_s))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from app import activity
 from app.errors import UIError
 from app.inflight_share import CAMERA_SILENT_S
 from app.page_values import markdown_text, new_shots, number, unread, upload_named, user_error
@@ -53,6 +54,7 @@ class PageEvents:
 
     def live(self, src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None, auto=False):
         sid = request.session_hash
+        activity.seen(sid, getattr(request, "username", None))
         try:
             task = make_task(kind, question, ckind, ctext, regions=True)
             # an upload's Export names it as uploaded, not by Gradio's scratch path (as a video job's JSONL)
@@ -67,11 +69,11 @@ class PageEvents:
             self.paused.discard(sid)
             if auto and sid in self.away:  # the page left Live while this opened: leave_live found nothing to pause
                 self.paused.add(sid)
-                self.service.stop_live(sid)
+                self.service.stop_live(sid, why="the page left Live")
         except (UIError, VlmstreamError, OSError) as e:
             # A bad form (an empty question) fails before start_live: the feed that plays (the
             # sample) is stopped too, else its frames covered the message within a page update.
-            self.service.stop_live(sid)
+            self.service.stop_live(sid, why=f"a Start failed: {e}")
             self.autoplayed.pop(sid, None)
             e = upload_named(e, upload)
             # Again for two seconds: the previous feed's loop may have passed its check that it
@@ -83,6 +85,7 @@ class PageEvents:
                 time.sleep(0.25)
             return
         version, next_at, slow_at, shown = -1, time.monotonic(), 0.0, None
+        why = "the page went away"  # what the activity log says ended the feed, if this ends it
         stuck = None  # (updates unread, since when) while the page reads none of them
         try:
             while True:
@@ -100,6 +103,7 @@ class PageEvents:
                     if stuck is None or backlog < stuck[0]:  # read from since: not stuck
                         stuck = (backlog, now)
                     elif now - stuck[1] > ORPHAN_S:
+                        why = f"the page read no update for {ORPHAN_S:.0f} s"
                         return  # and the feed stops (below)
                     time.sleep(1.0 / PAGE_HZ)
                     next_at = time.monotonic()
@@ -119,6 +123,7 @@ class PageEvents:
                 else:
                     yield frame, gr.skip(), gr.skip(), gr.skip(), gr.skip()
                 if not snap.running:
+                    why = "it ended"
                     return
                 next_at += 1.0 / PAGE_HZ  # a steady rate, not work + sleep; never a busy catch-up
                 now = time.monotonic()
@@ -126,7 +131,7 @@ class PageEvents:
                 time.sleep(next_at - now)
         finally:  # the page went away (or Stop): nothing keeps running for nobody
             if self.service.feed(sid) is feed:
-                self.service.stop_live(sid)
+                self.service.stop_live(sid, why=why)
 
     # Gradio passes the request to a parameter annotated gr.Request, not to one after *args
     def autoplay(self, src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None):
@@ -138,7 +143,7 @@ class PageEvents:
         feed = self.service.feed(sid)
         if feed is not None and self.autoplayed.get(sid) is feed:
             self.paused.add(sid)
-            self.service.stop_live(sid)
+            self.service.stop_live(sid, why="the page left Live")
 
     def back_to_live(self, src, upload, kind, question, ckind, ctext, record=False, request: gr.Request = None):
         self.away.discard(request.session_hash)
@@ -148,8 +153,9 @@ class PageEvents:
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
     def stop(self, request: gr.Request):
+        activity.seen(request.session_hash, getattr(request, "username", None))
         feed = self.service.feed(request.session_hash)
-        self.service.stop_live(request.session_hash)
+        self.service.stop_live(request.session_hash, why="Stop")
         if feed is None:
             return gr.skip()
         snap = feed.snapshot()
@@ -167,6 +173,7 @@ class PageEvents:
         return run
 
     def webcam(self, rgb, kind, question, ckind, ctext, record, shown, request: gr.Request):
+        activity.seen(request.session_hash, getattr(request, "username", None))
         if rgb is None:
             return gr.skip(), gr.skip(), gr.skip(), shown
         try:
@@ -190,16 +197,27 @@ class PageEvents:
         snap = feed.snapshot()
         return counters_html(snap.counters, self.service.engine_stats(), False, snap.error), feed.pushed_at
 
-    def image(self, picture, kind, question, ckind, ctext):
+    def image(self, picture, kind, question, ckind, ctext, request: gr.Request = None):
         if picture is None:
             raise user_error("upload an image first")
+        sid = getattr(request, "session_hash", None)
+        activity.seen(sid, getattr(request, "username", None))
         try:
-            out = self.service.caption_image(as_rgb(picture), make_task(kind, question, ckind, ctext))
+            task = make_task(kind, question, ckind, ctext)
+            out = self.service.caption_image(as_rgb(picture), task)
         except (UIError, VlmstreamError) as e:
             raise user_error(str(e)) from None
+        activity.log.info("%s image: %s, %.0f ms", activity.who(sid), activity.task_text(task),
+                          out.get("timings_ms", {}).get("total", 0.0))
         return out["text"], out
 
-    def locate(self, picture, what, task):
+    def locator(self, task: str):
+        """The Image tab's Detect or Point button's handler."""
+        def run(picture, what, request: gr.Request = None):
+            return self.locate(picture, what, task, request)
+        return run
+
+    def locate(self, picture, what, task, request: gr.Request = None):
         if picture is None:
             raise user_error("upload an image first")
         if not (what or "").strip():
@@ -209,6 +227,9 @@ class PageEvents:
         except VlmstreamError as e:
             raise user_error(str(e)) from None
         picture = out.pop("picture")
+        sid = getattr(request, "session_hash", None)
+        activity.seen(sid, getattr(request, "username", None))
+        activity.log.info("%s image: %s %r, %d found", activity.who(sid), task, what[:60], len(out["pixels"]))
         return f"{out[task]}: {places_text(out['pixels'], task)}", gr.Image(picture, visible=True), out
 
     def video(self, path, kind, question, every_n, ckind="none", ctext="", changes=False, request: gr.Request = None,
@@ -220,7 +241,9 @@ class PageEvents:
             every = number(every_n, 1, "every n-th frame")
         except UIError as e:
             raise user_error(str(e)) from None
-        stop = self.service.jobs.stop_flag(request.session_hash if request else "api")
+        sid = request.session_hash if request else "api"
+        activity.seen(sid, getattr(request, "username", None))
+        stop = self.service.jobs.stop_flag(sid)
 
         locating = kind in ("detect", "point")
 
@@ -238,10 +261,14 @@ class PageEvents:
             out_dir = self.service.jobs.new_folder()
             # the JSONL's "source" is the upload's name, as `video clip.mp4 -o` writes it: Gradio's
             # scratch path (/tmp/vlmstream-ui-.../gradio/<hash>/clip.mp4) is gone with the server
+            activity.log.info("%s video job: %s, %s, %s", activity.who(sid), Path(path).name,
+                              activity.task_text(task), "every frame" if every == 1 else f"one frame in {every}")
             out = self.service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes),
                                              name=Path(path).name)
         except (UIError, VlmstreamError, OSError) as e:
-            raise user_error(str(upload_named(e, path))) from None
+            e = upload_named(e, path)
+            activity.log.info("%s video job failed: %s", activity.who(sid), e)
+            raise user_error(str(e)) from None
         finally:
             self.service.jobs.end_turn()
         rows = [[r["index"], round(r["pts"], 3), r["text"], r["ms"]] for r in out["rows"][:VIDEO_TABLE_ROWS]]
@@ -258,6 +285,9 @@ class PageEvents:
                    "downloads hold them all" if len(out["rows"]) > VIDEO_TABLE_ROWS else "")
                 # the upload by its name, as in errors: not by Gradio's scratch path
                 + "".join(f"\n\nwarning: {upload_named(UIError(w), path)}" for w in out["warnings"]))
+        activity.log.info("%s video job %s: %s, %d frames in %s s (%sx real time)", activity.who(sid),
+                          "cancelled" if out["cancelled"] else "done", Path(path).name, out["frames"], out["seconds"],
+                          out["x_real_time"])
         p = out["paths"]
         return note, rows, [p[k] for k in ("srt", "vtt", "jsonl", "mp4") if k in p], p["mp4"]
 
@@ -270,7 +300,10 @@ class PageEvents:
         the user left as shown keeps the server's setting: another page may have applied a new one
         meanwhile, which this page's Apply of another field had put back. With `settings_by`, only
         those users may: a new model stops every viewer's feeds and video jobs."""
+        sid = getattr(request, "session_hash", None)
+        activity.seen(sid, getattr(request, "username", None))
         if self.settings_by is not None and getattr(request, "username", None) not in self.settings_by:
+            activity.log.info("%s: Settings refused (--settings-by)", activity.who(sid))
             raise user_error(f"only {', '.join(sorted(self.settings_by))} may change this server's settings "
                              "(vlmstream ui --settings-by)")
         if shown is not None:
@@ -287,6 +320,9 @@ class PageEvents:
                                          hold=number(hold, now.hold, "frames a change holds")))
         except (UIError, VlmstreamError, OSError) as e:
             raise user_error(str(e)) from None
+        changed = [f"{k} {getattr(now, k)!r} -> {getattr(self.service.settings, k)!r}" for k in vars(now)
+                   if getattr(now, k) != getattr(self.service.settings, k)]
+        activity.log.info("%s applied Settings: %s (%s)", activity.who(sid), ", ".join(changed) or "no change", msg)
         return msg
 
     def settings_form(self) -> tuple:

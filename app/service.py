@@ -140,8 +140,8 @@ class Service:
     def feed(self, session: str, kind: str = "pull"):
         return self.live.feed(session, kind)
 
-    def stop_live(self, session: str, kind: str = "pull") -> None:
-        self.live.stop_live(session, kind)
+    def stop_live(self, session: str, kind: str = "pull", why: str = "stopped") -> None:
+        self.live.stop_live(session, kind, why)
 
     def push_frame(self, session: str, rgb: np.ndarray, task: dict, record: bool = False) -> object:
         return self.live.push_frame(session, rgb, task, record)
@@ -286,10 +286,11 @@ class Service:
         self.live.forget_recordings()
         self.jobs.remove()
 
-    def close(self) -> None:
-        """Stop every feed and close the engine (a later call to `engine()` opens a new one)."""
+    def close(self, why: str = "the engine was reloaded") -> None:
+        """Stop every feed and close the engine (a later call to `engine()` opens a new one).
+        why: what the activity log says stopped the feeds."""
         with self._lock:  # one hold with the engine's close: no Start installs a feed on it in between
-            self.live.stop_all()
+            self.live.stop_all(why)
             if self._engine is not None:
                 self._engine.close(cancel=True)
                 self._engine = None

@@ -208,7 +208,7 @@ def image_tab(events: PageEvents) -> None:
         stale(lambda: gr.Image(None, visible=False), None, iplaces, queue=False, api_name=False, show_progress="hidden")
     irun.click(events.image, [img, *form], [itext, itimings], api_name="caption_image", concurrency_limit=None)
     for button, task in ((idetect, "detect"), (ipoint, "point")):
-        button.click(lambda rgb, what, task=task: events.locate(rgb, what, task), [img, iobject],
+        button.click(events.locator(task), [img, iobject],
                      [itext, iplaces, itimings], api_name=f"{task}_image", concurrency_limit=None)
 
 

@@ -122,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
     if own_temp:
         os.environ["GRADIO_TEMP_DIR"] = str(service.jobs.scratch() / "gradio")
     demo = None
+    from app import activity
+
+    log_handler = activity.to_stderr()  # who started what, and why it stopped: a line each
     try:
         service.engine()  # a bad --model fails here, in one line, before the server starts
         demo = build(service, args.source, settings_by)
@@ -144,9 +147,11 @@ def run(args: argparse.Namespace) -> int:
                 demo.close(verbose=False)
         finally:
             try:
-                service.close()
+                service.close("the server stopped")
             finally:
                 service.remove_outputs()
+                activity.log.removeHandler(log_handler)
+                activity.log.propagate = True
                 if own_temp:
                     os.environ.pop("GRADIO_TEMP_DIR", None)
     return 0

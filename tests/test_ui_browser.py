@@ -464,6 +464,10 @@ def test_ui_serves_https_and_asks_a_password(tmp_path, client_downloads):
         with pytest.raises(Exception, match=r"only alice may change this server's settings \(vlmstream ui --settings-by\)"):
             bob.predict("tiny", "cpu", 0.0, 40, True, 2.0, 3, api_name="/apply_settings")
         assert client.predict("tiny", "cpu", 0.0, 40, True, 2.0, 3, api_name="/apply_settings") == "settings applied"
+        # and the server's activity log says who did what, a line each on its standard error
+        log = (ARTIFACTS / "ui_server_https.log").read_text()
+        assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d vlmstream: bob \(page \w+\): Settings refused", log, re.M), log
+        assert re.search(r"vlmstream: alice \(page \w+\) applied Settings: max_tokens 64 -> 40", log), log
         # Gradio's copy of an upload lies in this server's own folder (in /tmp/gradio it outlived
         # the server, as did every export and video job's files)
         client.predict(handle_file(str(SAMPLES / "scene.png")), "short", "", "none", "", api_name="/caption_image")

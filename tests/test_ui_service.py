@@ -629,6 +629,57 @@ def test_a_server_plays_at_most_its_max_feeds_at_once():
         s.remove_outputs()
 
 
+def test_the_activity_log_says_who_started_what_and_why_it_stopped(tmp_path):
+    """An operator of a shared server could not tell afterwards who had played what, or why a
+    feed had stopped: the server printed nothing of its feeds, jobs or Settings. A line each now,
+    with the user (--auth-file) and the page; a URL's password never in it."""
+    import logging
+    import types
+
+    from app import activity
+    from app.page_events import PageEvents
+
+    lines = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    activity.log.addHandler(handler)
+    level = activity.log.level
+    activity.log.setLevel(logging.INFO)  # with setLevel: the logger caches what its level allowed
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    s = Service(Settings(max_tokens=4), max_feeds=1)
+    try:
+        activity.seen("logA1234-x", "alice")
+        a = s.start_live("logA1234-x", "shapes_640x360_60fps.mp4", make_task("short"))
+        wait_for(lambda: a.snapshot().counters["completed"] >= 3)
+        with pytest.raises(UIError):
+            s.start_live("logB1234-x", "cuts_640x360_30fps.mp4", make_task("short"))
+        s.stop_live("logA1234-x", why="Stop")
+        s.push_frame("logB1234-x", rgb, make_task("question", "Is there a star?"))
+        s.close_session("logB1234-x")
+        events = PageEvents(s, settings_by=frozenset({"alice"}))
+        with pytest.raises(Exception, match="only alice"):
+            events.apply("tiny", "cpu", 0.0, 4, True, request=types.SimpleNamespace(session_hash="logC", username="bob"))
+        events.apply("tiny", "cpu", 0.5, 4, True,
+                     request=types.SimpleNamespace(session_hash="logA1234-x", username="alice"))
+    finally:
+        activity.log.removeHandler(handler)
+        activity.log.setLevel(level)
+        s.close()
+        s.remove_outputs()
+    assert len(lines) == 7, lines
+    assert lines[0] == "alice (page logA1234) started a live feed: shapes_640x360_60fps.mp4, caption short"
+    assert lines[1].startswith("page logB1234: Start refused: this server plays 1 live feed, its limit"), lines[1]
+    m = re.fullmatch(r"alice \(page logA1234\) live feed stopped \(Stop\) after \d+\.\d s: (\d+) frames captioned, "
+                     r"[\d.]+ fps, p50 \d+ ms", lines[2])
+    assert m and int(m[1]) >= 3, lines[2]
+    assert lines[3] == "page logB1234 started the browser camera: question 'Is there a star?'"
+    assert re.fullmatch(r"page logB1234 camera stopped \(the tab closed\) after .*", lines[4]), lines[4]
+    assert lines[5:] == ["bob (page logC): Settings refused (--settings-by)",
+                         "alice (page logA1234) applied Settings: temperature 0.0 -> 0.5 (settings applied)"]
+    assert activity.source_text("rtsp://user:secret@cam.local:554/live?token=abc") == \
+        "rtsp://***@cam.local:554/live?token=***"
+
+
 def test_a_new_feed_of_a_slow_model_starts_one_frame_at_a_time(service, monkeypatch):
     """With 4 frames in flight a slow model's first answer came ~4x late (they shared the
     machine). The server's first feed asks one frame until its first answer says how long they

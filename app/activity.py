@@ -1,0 +1,82 @@
+"""The web UI server's activity log: a line for each thing its operator asks about later.
+
+Who started which live feed or camera, what it played and asked; when and why it stopped (Stop,
+tab closed, page gone, a failed source, a reload), after how long, with its frames captioned, fps
+and median latency; each video job and image answered; Settings applied; what was refused for
+the server's limits (--max-feeds, --settings-by). Standard `logging` under "vlmstream.ui":
+silent until `vlmstream ui` attaches its handler (`to_stderr`), so the Python API and tests print
+nothing. A page is named by its user (with --auth-file) and the start of its Gradio session id,
+which ties its lines together; a URL's credentials never appear (pipelines.url.redact).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+log = logging.getLogger("vlmstream.ui")
+USERS_KEPT = 10_000  # sessions whose user name is remembered, least recently seen dropped first
+_users: OrderedDict[str, str] = OrderedDict()
+
+
+def to_stderr() -> logging.Handler:
+    """Attach the server's handler: timestamped lines on standard error (remove it with
+    `log.removeHandler`, and set `log.propagate` back, when the server stops)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s vlmstream: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # a root handler (an embedding app's basicConfig) would print each line twice
+    return handler
+
+
+def seen(session: str | None, user: str | None) -> None:
+    """A page's event: its session belongs to this user (None without --auth-file)."""
+    if session and user:
+        _users[session] = user
+        _users.move_to_end(session)
+        while len(_users) > USERS_KEPT:
+            _users.popitem(last=False)
+
+
+def who(session: str | None) -> str:
+    page = (session or "api")[:8]
+    user = _users.get(session or "")
+    return f"{user} (page {page})" if user else f"page {page}"
+
+
+def source_text(source: str) -> str:
+    from pipelines.url import redact
+
+    try:
+        return redact(source) if "://" in source else Path(source).name or source
+    except Exception:  # an unparsable URL: its feed said why; the log must not fail on it
+        return "(a URL that cannot be read)"
+
+
+def task_text(task: dict | list[dict]) -> str:
+    """What a feed or job asks, in a few words: `caption short`, `question "Is the door open?"`."""
+    parts = []
+    for t in task if isinstance(task, list) else [task]:
+        kind = next((k for k in ("caption", "question", "detect", "point") if k in t), "?")
+        value = str(t.get(kind, ""))
+        parts.append(f"{kind} {value}" if kind == "caption" else f"{kind} {value[:60]!r}")
+    return ", ".join(parts)
+
+
+def feed_text(counters: dict, running_s: float) -> str:
+    """A stopped feed's figures: how long, frames captioned, fps, median latency."""
+    p50 = counters.get("latency_ms", {}).get("end_to_end", {}).get("p50")
+    return (f"after {_duration(running_s)}: {counters.get('completed', 0)} frames captioned, "
+            f"{counters.get('achieved_fps', 0.0):.3g} fps" + (f", p50 {p50:.0f} ms" if p50 is not None else ""))
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s"
