@@ -66,6 +66,43 @@ def task_text(task: dict | list[dict]) -> str:
     return ", ".join(parts)
 
 
+def feed_started(session: str, source: str, task: dict | list[dict], record: bool) -> None:
+    log.info("%s started a live feed: %s, %s%s", who(session), source_text(source), task_text(task),
+             ", recorded" if record else "")
+
+
+def camera_started(session: str, task: dict | list[dict], first: bool) -> None:
+    log.info("%s %s the browser camera: %s", who(session), "started" if first else "asks", task_text(task))
+
+
+def feed_stopped(session: str, kind: str, feed, why: str) -> None:
+    """A feed just closed (a LiveFeed): why it stopped, and its own error if its source failed."""
+    snap = feed.snapshot()  # with its counters (full=False leaves them out)
+    failed = snap.error if snap.error and not snap.error.startswith("stopped") else None
+    log.info("%s %s stopped (%s%s) %s", who(session), "live feed" if kind == "pull" else "camera", why,
+             f"; {failed}" if failed else "", feed_text(snap.counters, snap.running_s))
+
+
+def refused(key: tuple[str, str], why: str) -> None:
+    log.info("%s: %s refused: %s", who(key[0]), "Start" if key[1] == "pull" else "camera", why)
+
+
+def video_started(session: str, name: str, task: dict | list[dict], every: int) -> None:
+    log.info("%s video job: %s, %s, %s", who(session), name, task_text(task),
+             "every frame" if every == 1 else f"one frame in {every}")
+
+
+def video_ended(session: str, name: str, out: dict) -> None:
+    log.info("%s video job %s: %s, %d frames in %s s (%sx real time)", who(session),
+             "cancelled" if out["cancelled"] else "done", name, out["frames"], out["seconds"], out["x_real_time"])
+
+
+def settings_applied(session: str, old, new, outcome: str) -> None:
+    """What changed between two Settings (dataclasses), and whether the engine was reloaded."""
+    changed = [f"{k} {getattr(old, k)!r} -> {getattr(new, k)!r}" for k in vars(old) if getattr(old, k) != getattr(new, k)]
+    log.info("%s applied Settings: %s (%s)", who(session), ", ".join(changed) or "no change", outcome)
+
+
 def feed_text(counters: dict, running_s: float) -> str:
     """A stopped feed's figures: how long, frames captioned, fps, median latency."""
     p50 = counters.get("latency_ms", {}).get("end_to_end", {}).get("p50")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app import live_exports
-from app.activity import feed_text, log, source_text, task_text, who
+from app import activity
 from app.errors import UIError
 from app.inflight_share import MAX_FEEDS, latest_answer_s, over_limit, share_inflight, silent
 from app.samples import SAMPLES_DIR, sample_videos
@@ -135,8 +135,7 @@ class LiveSessions:
                 recorder.close()
                 recorder.path.unlink(missing_ok=True)
             raise UIError(full or "the engine was reloaded (Settings) while this Start opened its source: Start again")
-        log.info("%s started a live feed: %s, %s%s", who(session), source_text(name or source), task_text(task),
-                 ", recorded" if record else "")
+        activity.feed_started(session, name or source, task, record)
         return feed
 
     def recording(self, session: str, kind: str = "pull") -> Path:
@@ -181,7 +180,7 @@ class LiveSessions:
             recorder = self._recorders.get((session, kind))
         if feed is not None:
             feed.close()
-            _log_stop(session, kind, feed, why)
+            activity.feed_stopped(session, kind, feed, why)
         if recorder is not None:  # the file is finished, kept for a download
             recorder.close()
         _remove(dropped)
@@ -219,8 +218,7 @@ class LiveSessions:
             if feed is None or feed.task != task:  # a new prompt starts a new feed
                 if feed is None or silent(feed):
                     self._check_room(key)
-                log.info("%s %s the browser camera: %s", who(session), "started" if feed is None else "asks",
-                         task_text(task))
+                activity.camera_started(session, task, first=feed is None)
                 engine = service.engine()
                 new = LiveFeed(engine, task, service.params(), hold=service.settings.hold,
                                locate=service.region_of(task), answer_s=self._answer_s(engine))
@@ -261,7 +259,7 @@ class LiveSessions:
         with self._lock:
             full = over_limit(self._feeds, key, self._max_feeds)
         if full:
-            log.info("%s: %s refused: %s", who(key[0]), "Start" if key[1] == "pull" else "camera", full)
+            activity.refused(key, full)
             raise UIError(full)
 
     def _check_open(self, session: str) -> None:
@@ -336,7 +334,7 @@ class LiveSessions:
                 feed = self._feeds.pop(key)
                 feed.error = feed.error or "stopped: the engine was reloaded (Settings); Start again"
                 feed.close()
-                _log_stop(key[0], key[1], feed, why)
+                activity.feed_stopped(key[0], key[1], feed, why)
                 self._ended[key] = feed  # its session let go of the engine when it closed
                 dropped += self._keep_stopped(key[0])
             for (session, kind), recorder in self._recorders.items():  # finished files stay for their downloads
@@ -359,10 +357,3 @@ def _remove(recorders: list) -> None:
     for recorder in filter(None, recorders):
         recorder.close()
         recorder.path.unlink(missing_ok=True)
-
-
-def _log_stop(session: str, kind: str, feed, why: str) -> None:
-    snap = feed.snapshot()  # with its counters (full=False leaves them out)
-    failed = snap.error if snap.error and not snap.error.startswith("stopped") else None
-    log.info("%s %s stopped (%s%s) %s", who(session), "live feed" if kind == "pull" else "camera", why,
-             f"; {failed}" if failed else "", feed_text(snap.counters, snap.running_s))

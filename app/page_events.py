@@ -261,8 +261,7 @@ class PageEvents:
             out_dir = self.service.jobs.new_folder()
             # the JSONL's "source" is the upload's name, as `video clip.mp4 -o` writes it: Gradio's
             # scratch path (/tmp/vlmstream-ui-.../gradio/<hash>/clip.mp4) is gone with the server
-            activity.log.info("%s video job: %s, %s, %s", activity.who(sid), Path(path).name,
-                              activity.task_text(task), "every frame" if every == 1 else f"one frame in {every}")
+            activity.video_started(sid, Path(path).name, task, every)
             out = self.service.caption_video(path, task, out_dir, every, on_progress, stop=stop, changes=bool(changes),
                                              name=Path(path).name)
         except (UIError, VlmstreamError, OSError) as e:
@@ -285,9 +284,7 @@ class PageEvents:
                    "downloads hold them all" if len(out["rows"]) > VIDEO_TABLE_ROWS else "")
                 # the upload by its name, as in errors: not by Gradio's scratch path
                 + "".join(f"\n\nwarning: {upload_named(UIError(w), path)}" for w in out["warnings"]))
-        activity.log.info("%s video job %s: %s, %d frames in %s s (%sx real time)", activity.who(sid),
-                          "cancelled" if out["cancelled"] else "done", Path(path).name, out["frames"], out["seconds"],
-                          out["x_real_time"])
+        activity.video_ended(sid, Path(path).name, out)
         p = out["paths"]
         return note, rows, [p[k] for k in ("srt", "vtt", "jsonl", "mp4") if k in p], p["mp4"]
 
@@ -320,9 +317,7 @@ class PageEvents:
                                          hold=number(hold, now.hold, "frames a change holds")))
         except (UIError, VlmstreamError, OSError) as e:
             raise user_error(str(e)) from None
-        changed = [f"{k} {getattr(now, k)!r} -> {getattr(self.service.settings, k)!r}" for k in vars(now)
-                   if getattr(now, k) != getattr(self.service.settings, k)]
-        activity.log.info("%s applied Settings: %s (%s)", activity.who(sid), ", ".join(changed) or "no change", msg)
+        activity.settings_applied(sid, now, self.service.settings, msg)
         return msg
 
     def settings_form(self) -> tuple:

@@ -659,14 +659,15 @@ def test_the_activity_log_says_who_started_what_and_why_it_stopped(tmp_path):
         events = PageEvents(s, settings_by=frozenset({"alice"}))
         with pytest.raises(Exception, match="only alice"):
             events.apply("tiny", "cpu", 0.0, 4, True, request=types.SimpleNamespace(session_hash="logC", username="bob"))
-        events.apply("tiny", "cpu", 0.5, 4, True,
-                     request=types.SimpleNamespace(session_hash="logA1234-x", username="alice"))
+        alice = types.SimpleNamespace(session_hash="logA1234-x", username="alice")
+        events.apply("tiny", "cpu", 0.5, 4, True, request=alice)
+        events.video(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), "short", "", 120, request=alice)
     finally:
         activity.log.removeHandler(handler)
         activity.log.setLevel(level)
         s.close()
         s.remove_outputs()
-    assert len(lines) == 7, lines
+    assert len(lines) == 9, lines
     assert lines[0] == "alice (page logA1234) started a live feed: shapes_640x360_60fps.mp4, caption short"
     assert lines[1].startswith("page logB1234: Start refused: this server plays 1 live feed, its limit"), lines[1]
     m = re.fullmatch(r"alice \(page logA1234\) live feed stopped \(Stop\) after \d+\.\d s: (\d+) frames captioned, "
@@ -674,8 +675,11 @@ def test_the_activity_log_says_who_started_what_and_why_it_stopped(tmp_path):
     assert m and int(m[1]) >= 3, lines[2]
     assert lines[3] == "page logB1234 started the browser camera: question 'Is there a star?'"
     assert re.fullmatch(r"page logB1234 camera stopped \(the tab closed\) after .*", lines[4]), lines[4]
-    assert lines[5:] == ["bob (page logC): Settings refused (--settings-by)",
-                         "alice (page logA1234) applied Settings: temperature 0.0 -> 0.5 (settings applied)"]
+    assert lines[5:8] == ["bob (page logC): Settings refused (--settings-by)",
+                          "alice (page logA1234) applied Settings: temperature 0.0 -> 0.5 (settings applied)",
+                          "alice (page logA1234) video job: cuts_640x360_30fps.mp4, caption short, one frame in 120"]
+    assert re.fullmatch(r"alice \(page logA1234\) video job done: cuts_640x360_30fps.mp4, 4 frames in [\d.]+ s "
+                        r"\([\d.]+x real time\)", lines[8]), lines[8]
     assert activity.source_text("rtsp://user:secret@cam.local:554/live?token=abc") == \
         "rtsp://***@cam.local:554/live?token=***"
 
