@@ -3,10 +3,12 @@
 Up to CONCURRENT_FILES files (more, short ones at a low --fps: `files_side_by_side`) run side by
 side, each in a worker thread of its own and with its own outputs (a JSONL, subtitles, an
 annotated MP4, as its `Outputs` plan says) besides the one JSONL all of them share (-o OUT.jsonl,
--o -). A file's failure is its summary's (an error, counted as incomplete), never the others'. Ctrl-C (or SIGTERM) sets the stop flag: every worker ends at its
-next frame and its summary still counts what was written; a second Ctrl-C later than
-DOUBLE_SIGNAL_S after the first leaves at once. A reader of -o - that has had enough stops the run
-quietly (`pipe_closed`); an output that cannot be written fails its file (`write_failed`).
+-o -). A file's failure is its summary's (an error, counted as incomplete), never the others'.
+Ctrl-C (or SIGTERM) sets the stop flag: every worker ends at its next frame and its summary still
+counts what was written; a second Ctrl-C later than DOUBLE_SIGNAL_S after the first leaves at once
+(`hurry`: the frames under way are cancelled, not waited for). A reader of -o - that has had
+enough stops the run quietly (`pipe_closed`); an output that cannot be written fails its file
+(`write_failed`).
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ class VideoRun:
                         # The same stop twice (GNU timeout signals the command and its group): the
                         # summary was lost to it. A second Ctrl-C later than that is a hurry: it goes.
                         if time.perf_counter() - first > DOUBLE_SIGNAL_S:
+                            self.hurry()
                             raise
             finally:
                 # However the wait ended: a second SIGINT that came before the handler's stop.set()
@@ -149,6 +152,16 @@ class VideoRun:
                 self.stop.set()
                 notice.cancel()
         return summaries
+
+    def hurry(self) -> None:
+        """A second Ctrl-C: the frames under way are cancelled, not finished. The pool's exit
+        waits for its workers, and they waited on those answers: Moondream 2 on a CPU left 26 s
+        after "Ctrl-C again to quit now". Cancelled, each worker's wait ends at the engine's next
+        step and its outputs close whole (the answers written stay; the cancelled ones are not
+        written)."""
+        self.stop.set()
+        if self.engine is not None:
+            self.engine.close(cancel=True)
 
     def close(self) -> None:
         if self.overall is not None:
