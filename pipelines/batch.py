@@ -215,6 +215,10 @@ class _FileRun:
     def next_group(self) -> None:
         while self.pending:  # the group before: its last answers are this group's drafts
             self.finish_one()
+        if self.stop is not None and self.stop.is_set():  # Ctrl-C while they finished: ask no more
+            # (the next group was asked, then the file decoded on to the group after it, only to
+            # cancel it: Moondream 2 at --fps 0.2 showed 94 % done after 2 of 4 frames)
+            raise KeyboardInterrupt
         try:
             if self.replay:
                 self.find_cuts()

@@ -63,3 +63,28 @@ def test_a_second_ctrl_c_cancels_the_frames_under_way(tmp_path, small_folder, mo
                  str(small_folder), "-o", str(out)]) == 130
     assert time.perf_counter() - second[0] < 4.0  # a step or two, not the 16 s of the answer
     assert out.read_text() == ""  # the cancelled answer is not written
+
+
+def test_a_ctrl_c_asks_no_frame_after_those_under_way(capsys, tmp_path, small_folder, monkeypatch):
+    """After a Ctrl-C, once the frames under way were answered, the next group was still asked
+    and the file decoded on to the group after it, then both cancelled: the bar said 94 % done
+    (Moondream 2 at --fps 0.2, 2 of 4 frames answered), the speed counted video never answered."""
+    from app.video_run import _AllDone
+    from engine import Engine
+
+    waiting = _slowed(monkeypatch, 0.03)
+    wait, submit, asked = _AllDone.wait, Engine.submit, []
+
+    def interrupted(self, *a, **k):  # Ctrl-C while the first frame's answer is awaited
+        if waiting.is_set() and not asked[1:]:
+            raise KeyboardInterrupt
+        return wait(self, *a, **k)
+
+    monkeypatch.setattr(_AllDone, "wait", interrupted)
+    monkeypatch.setattr(Engine, "submit", lambda self, *a, **k: (asked.append(1), submit(self, *a, **k))[1])
+    out = tmp_path / "o.jsonl"
+    assert main(["video", str(CLIP), "--fps", "0.2", "--max-tokens", "64", "--model", str(small_folder),
+                 "-o", str(out)]) == 130
+    assert len(asked) == 1 and len(out.read_text().splitlines()) == 1  # frame 0 answered, no other asked
+    bar = capsys.readouterr().err
+    assert "151/480" in bar and "301/480" not in bar  # the frame staged, none decoded past it
