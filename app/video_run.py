@@ -42,6 +42,10 @@ DOUBLE_SIGNAL_S = 1.0  # a second interrupt this soon after the first is the sam
 # After a Ctrl-C, the frames under way finish first (Moondream 2 on a CPU: a step of 5-30 s): a
 # wait longer than this is said, else the run looked hung and a second Ctrl-C lost them.
 STOP_NOTICE_S = 2.0
+# tqdm redraws a bar only when it moves: with a slow model (Moondream 2 on a CPU: 33 s to the
+# first answer, 15-30 s each after) it sat at "0/480 [00:00<?" as if hung. On a terminal, a bar
+# left still this long is redrawn, its clock running (not in a log file: a line a second).
+TICK_S = 1.0
 
 
 def files_side_by_side(sampling, params, counts: list[int | None]) -> int:
@@ -89,6 +93,7 @@ class VideoRun:
                                 unit="frame", file=sys.stderr)
             self.overall.set_postfix(files_done=0)
         self.files_done = 0
+        self.bars: list = []  # the bars open now, redrawn by `_tick` while they stand still
         self.trackers: list = []  # with --changes: every AnswerChanges, for the count of changes
 
     def jsonl_sink(self, sink):
@@ -119,6 +124,11 @@ class VideoRun:
         notice = threading.Timer(STOP_NOTICE_S, _say_stopping)
         notice.daemon = True
         side_by_side = files_side_by_side(self.sampling, self.params, list(self.counts.values()))
+        ticked = threading.Event()
+        if self.overall is not None:
+            self.bars.append(self.overall)
+        if _on_terminal():
+            threading.Thread(target=self._tick, args=(ticked,), name="vlmstream-bars", daemon=True).start()
         with ThreadPoolExecutor(max_workers=min(side_by_side, len(paths))) as pool:
             futures = [pool.submit(self.process, i, path) for i, (path, _, _) in enumerate(paths)]
             all_done = _AllDone(futures)
@@ -151,7 +161,19 @@ class VideoRun:
                 # file captioned to its end, then exit 130 without a summary).
                 self.stop.set()
                 notice.cancel()
+                ticked.set()
         return summaries
+
+    def _tick(self, done: threading.Event) -> None:
+        """Until `done`: every bar that has stood still for TICK_S redrawn, its clock running."""
+        while not done.wait(TICK_S):
+            with self.print_lock:
+                for bar in self.bars:
+                    if bar.last_print_t <= time.time() - TICK_S:  # tqdm's clock
+                        try:
+                            bar.refresh()
+                        except (OSError, ValueError):  # a closed stderr: given up, as elsewhere
+                            return
 
     def hurry(self) -> None:
         """A second Ctrl-C: the frames under way are cancelled, not finished. The pool's exit
@@ -286,6 +308,9 @@ class _FileProgress:
         self.name = run.names[path]
         self.bar = None if run.overall is not None else tqdm(total=frame_count, desc=self.name, unit="frame",
                                                              position=i, leave=True, file=sys.stderr)
+        if self.bar is not None:
+            with run.print_lock:
+                run.bars.append(self.bar)
         self.shown = 0
         self.on_terminal = c.out is None and not c.out_dir and not c.to_stdout
         self.changed = AnswerChanges(run.args.hold or 1) if run.args.changes and self.on_terminal else None
@@ -328,12 +353,21 @@ class _FileProgress:
         with run.print_lock:
             self.advance()  # frames after the last one picked
             if self.bar is not None:
+                run.bars.remove(self.bar)
                 self.bar.close()
             else:
                 run.files_done += 1
                 if run.counts[self.path] and run.overall.total is not None:  # what it held, not what it announced
                     run.overall.total += self.summary.frames_decoded - run.counts[self.path]
                 run.overall.set_postfix(files_done=run.files_done)
+
+
+def _on_terminal() -> bool:
+    """Whether the bars are drawn on a terminal (and redrawn while they stand still)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _say_stopping() -> None:
