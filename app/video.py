@@ -90,7 +90,8 @@ def _report(args: argparse.Namespace, c: VideoArgs, work: VideoRun, summary, mad
     print(f"vlmstream: {summary.frames_captioned} frames captioned, {summary.frames_skipped} skipped (resume), "
           f"{summary.files} file(s)" + (f", {len(c.skipped)} unreadable skipped" if c.skipped else "")
           + (f", {sum(t.count for t in work.trackers)} changes" if args.changes else "")
-          + f", {speed_text(speed)}x real time" + (f", outputs in {c.out_dir}" if c.out_dir else "")
+          + f", {speed_text(speed)}x real time" + pace_text(summary.seconds, summary.frames_captioned)
+          + (f", outputs in {c.out_dir}" if c.out_dir else "")
           + (" (interrupted)" if interrupted else ""),
           file=sys.stderr)
     if work.pipe_closed.is_set():
@@ -104,6 +105,19 @@ def _report(args: argparse.Namespace, c: VideoArgs, work: VideoRun, summary, mad
     # rest is whole: 1, so that a script (`vlmstream video dir/ && upload`) sees it. With 0, a
     # folder with a broken clip looked done. Damaged packets skipped on the way are a warning.
     return 1 if summary.incomplete or c.skipped else 0
+
+
+SLOW_FRAME_S = 10.0  # frames that took longer than this each have their pace said
+
+
+def pace_text(seconds: float, frames: int) -> str:
+    """For a slow run, the summary's " (a frame every N s)": Moondream 2 on a CPU at --fps 0.2
+    said "0.18x real time", which does not tell what a longer video will take at another --fps
+    (23 s a frame), as `live` says "an answer every 27 s". Nothing for a run faster than
+    SLOW_FRAME_S a frame (the tiny model: 30 frames a second)."""
+    if frames <= 0 or seconds / frames < SLOW_FRAME_S:
+        return ""
+    return f" (a frame every {seconds / frames:.0f} s)"
 
 
 def speed_text(speed: float) -> str:

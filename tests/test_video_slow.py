@@ -137,3 +137,12 @@ def test_a_resumed_runs_speed_is_over_the_video_it_answered(tmp_path, small_fold
         again = run(done_frames(out))
     assert (again.frames_skipped, again.frames_captioned) == (2, 2)
     assert again.video_seconds == pytest.approx(16.0 - 8.0)  # from frame 240 on
+
+
+def test_a_slow_runs_summary_says_how_long_a_frame_took():
+    """Moondream 2 on a CPU at --fps 0.2: "0.18x real time" alone did not say what another --fps
+    or a longer video would take (23 s a frame); a fast run's line is as it was."""
+    from app.video import pace_text
+
+    assert pace_text(91.0, 4) == " (a frame every 23 s)"
+    assert pace_text(1.3, 32) == pace_text(0.0, 0) == pace_text(50.0, 0) == ""
