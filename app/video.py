@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 
 from app.cli import realtime_dtype, reading_arg
@@ -27,6 +28,10 @@ from app.video_args import VideoArgs, check_args
 from app.video_run import CONCURRENT_FILES, VideoRun
 
 __all__ = ["CONCURRENT_FILES", "run"]
+
+# A model load longer than this is said: Moondream 2 from a cold disk took 22-30 s on two cores,
+# with nothing on the terminal until the progress bar came (the tiny model: well under a second).
+LOAD_NOTICE_S = 5.0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,8 +52,16 @@ def run(args: argparse.Namespace) -> int:
 
     from engine import Engine, EngineConfig  # torch: after every argument is checked
 
-    with Engine(EngineConfig(model=args.model, device=args.device, dtype=realtime_dtype(args.device, args.dtype),
-                             vision_thread=False if args.no_vision_thread else None)) as engine:
+    loading = threading.Timer(LOAD_NOTICE_S, _say, [f"loading the model ({args.model})"])
+    loading.daemon = True
+    loading.start()
+    try:
+        engine = Engine(EngineConfig(model=args.model, device=args.device,
+                                     dtype=realtime_dtype(args.device, args.dtype),
+                                     vision_thread=False if args.no_vision_thread else None))
+    finally:
+        loading.cancel()
+    with engine:
         check_constraints(engine, c.tasks)  # before any output is touched
         made = c.out is not None and c.kind == "jsonl" and not c.out.exists()  # removed again if the run gives nothing
         work.open_shared()
@@ -71,6 +84,13 @@ def _resumed(args: argparse.Namespace, c: VideoArgs) -> tuple[dict, dict]:
     return read_resumed(lambda p: done_frames(p, c.one_prompt, warn), lambda r: r.model,
                         c.out if c.kind == "jsonl" else None, c.plans, args.model,
                         "answers") if args.resume else ({}, {})
+
+
+def _say(message: str) -> None:
+    try:  # a closed stderr (2>&-) is given up, as elsewhere
+        print(f"vlmstream: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _report(args: argparse.Namespace, c: VideoArgs, work: VideoRun, summary, made: bool) -> int:

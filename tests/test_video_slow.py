@@ -146,3 +146,15 @@ def test_a_slow_runs_summary_says_how_long_a_frame_took():
 
     assert pace_text(91.0, 4) == " (a frame every 23 s)"
     assert pace_text(1.3, 32) == pace_text(0.0, 0) == pace_text(50.0, 0) == ""
+
+
+def test_a_slow_model_load_is_said(capsys, tmp_path, small_folder, monkeypatch):
+    """Moondream 2 from a cold disk took 22-30 s to load with nothing on the terminal, then the
+    bar; a load past LOAD_NOTICE_S is said (the small model's, well under it, is not)."""
+    argv = ["video", str(CLIP), "--every-n", "240", "--max-tokens", "2", "--model", str(small_folder),
+            "-o", str(tmp_path / "o.jsonl")]
+    assert main(argv) == 0
+    assert "loading the model" not in capsys.readouterr().err
+    monkeypatch.setattr("app.video.LOAD_NOTICE_S", 0.0, raising=False)
+    assert main(argv) == 0
+    assert f"vlmstream: loading the model ({small_folder})\n" in capsys.readouterr().err
