@@ -45,6 +45,11 @@ def upload_size(text: str) -> int:
     return int(m[1]) * _SIZE_UNITS[m[2]]
 
 
+class _NoJson(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("video has no --json: its answers are JSON lines with -o OUT.jsonl, or -o - on standard output")
+
+
 def _feeds_limit(text: str) -> int:
     try:
         n = int(text)
@@ -112,6 +117,9 @@ def _video_command(sub) -> None:
                           "folders: every video in them and their subfolders, by extension (unreadable ones "
                           "there are skipped with a warning)")
     add_prompt_args(vid)
+    # `image --json` and `live --json` exist, so users type `video --json`: argparse took it for an
+    # abbreviation of --json-schema ("expected one argument")
+    vid.add_argument("--json", action=_NoJson, nargs=0, help=argparse.SUPPRESS)
     region = vid.add_mutually_exclusive_group()
     region.add_argument("--detect", metavar="OBJECT", action=Once,
                         help="boxes around every OBJECT in each processed frame, as JSON lines (or terminal lines), "

@@ -178,6 +178,16 @@ def test_an_empty_name_is_a_mistake_not_this_folder(capsys, tmp_path, monkeypatc
     assert captured.err == f"vlmstream: error: {flag} is empty\n" and captured.out == ""
 
 
+def test_video_json_says_where_its_json_is(capsys):
+    """`image --json` and `live --json` exist; `video --json` was taken for an abbreviation of
+    --json-schema: "expected one argument"."""
+    with pytest.raises(SystemExit) as stop:
+        main(["video", str(ROOT / "sample_videos" / "cuts_640x360_30fps.mp4"), "--json"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == ("vlmstream: error: video has no --json: its answers are JSON lines with "
+                                       "-o OUT.jsonl, or -o - on standard output (see vlmstream video --help)\n")
+
+
 @pytest.mark.parametrize("size", ["12", "4 xb", "0gb", "-1mb", "1.5gb"])
 def test_a_bad_upload_limit_is_one_line(capsys, size):
     with pytest.raises(SystemExit) as stop:
