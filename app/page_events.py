@@ -4,7 +4,8 @@
 feed its opening autoplayed, and whether it is away from Live. Handlers take Gradio's values and
 return its updates; a user's mistake is raised as a one-line `gr.Error` (`user_error`). A live
 feed's page is sent updates at most PAGE_HZ a second, and a page that reads none of them stops its
-feed after ORPHAN_S. How a page's values are read and its errors said: app/page_values.py.
+feed after ORPHAN_S. How a page's values are read and its errors said: app/page_values.py; what
+the Settings tab does: app/settings_events.py (`PageEvents.settings`).
 """
 
 import time
@@ -17,7 +18,7 @@ from app.errors import UIError
 from app.inflight_share import CAMERA_SILENT_S
 from app.page_values import markdown_text, new_shots, number, unread, upload_named, user_error
 from app.service import Service
-from app.settings import Settings
+from app.settings_events import SettingsEvents
 from app.task import make_task
 from app.video_jobs import VIDEO_SLOTS
 from app.view import chart_svg, counters_html, frame_html, log_text, shots_html
@@ -41,7 +42,7 @@ class PageEvents:
     def __init__(self, service: Service, settings_by: frozenset[str] | None = None):
         """settings_by: the users who may apply Settings (`ui --settings-by`); None: every user."""
         self.service = service
-        self.settings_by = settings_by
+        self.settings = SettingsEvents(service, settings_by)  # the Settings tab's
         self.demo = None  # the Blocks, once built: its queue tells how far behind a page reads
         # The sample a page plays on opening stops while the page is on another tab that works
         # (Browser webcam, Video file, Image), or hidden in the browser, and starts over back on
@@ -290,46 +291,6 @@ class PageEvents:
 
     def cancel_video(self, request: gr.Request):
         self.service.jobs.cancel(request.session_hash)
-
-    def apply(self, model, device, temperature, max_tokens, pipelined, sticky=Settings.sticky, hold=Settings.hold,
-              shown: tuple | None = None, request: gr.Request = None):
-        """`shown`: the form as this page last showed it (`settings_form`; None from the API). A field
-        the user left as shown keeps the server's setting: another page may have applied a new one
-        meanwhile, which this page's Apply of another field had put back. With `settings_by`, only
-        those users may: a new model stops every viewer's feeds and video jobs."""
-        sid = getattr(request, "session_hash", None)
-        activity.seen(sid, getattr(request, "username", None))
-        if self.settings_by is not None and getattr(request, "username", None) not in self.settings_by:
-            activity.log.info("%s: Settings refused (--settings-by)", activity.who(sid))
-            raise user_error(f"only {', '.join(sorted(self.settings_by))} may change this server's settings "
-                             "(vlmstream ui --settings-by)")
-        if shown is not None:
-            fields = (model, device, temperature, max_tokens, pipelined, sticky, hold)
-            model, device, temperature, max_tokens, pipelined, sticky, hold = (
-                now if field == was else field for field, was, now in zip(fields, shown, self._form()))
-        try:
-            # A box left empty comes as None: the setting as it is (float(None) escaped as a TypeError).
-            now = self.service.settings
-            msg = self.service.apply(Settings(model=(model or "tiny").strip(), device=device, dtype=now.dtype,
-                                         temperature=number(temperature, now.temperature, "temperature"),
-                                         max_tokens=number(max_tokens, now.max_tokens, "max tokens"),
-                                         pipelined=bool(pipelined), sticky=number(sticky, now.sticky, "steadiness"),
-                                         hold=number(hold, now.hold, "frames a change holds")))
-        except (UIError, VlmstreamError, OSError) as e:
-            raise user_error(str(e)) from None
-        activity.settings_applied(sid, now, self.service.settings, msg)
-        return msg
-
-    def settings_form(self) -> tuple:
-        """The Settings form's values as the server runs now (`apply`'s fields, in its order): a page
-        showed those of the server's start, and after another page's Apply its form, sent again
-        to change one field, put the others back."""
-        form = self._form()
-        return *form, form  # the fields, and what the page then shows (`apply`'s `shown`)
-
-    def _form(self) -> tuple:
-        s = self.service.settings
-        return s.model, s.device, s.temperature, s.max_tokens, s.pipelined, s.sticky, s.hold
 
     def closed(self, request: gr.Request):  # tab closed or reloaded: stop its feeds, cancel their requests
         self.autoplayed.pop(request.session_hash, None)

@@ -214,7 +214,7 @@ def image_tab(events: PageEvents) -> None:
 
 def settings_tab(events: PageEvents) -> list:
     """The Settings tab: the model, device and decoding every tab shares (one engine). Returns its
-    form's fields and the state of what they show (`PageEvents.settings_form` fills them)."""
+    form's fields and the state of what they show (`SettingsEvents.form` fills them)."""
     s = events.service.settings
     with gr.Row():
         model = gr.Textbox(s.model, label="Model: tiny or a Moondream 2 folder")
@@ -230,8 +230,8 @@ def settings_tab(events: PageEvents) -> list:
     hold = gr.Number(s.hold, step=1,  # 1..600, checked by apply()
                      label="Changes (live tabs): a new answer gets a picture once it has held this many "
                            "frames in a row (1 = every change)")
-    if events.settings_by is not None:  # the others see who may, before they try
-        gr.Markdown(f"Applied by {', '.join(sorted(events.settings_by))} only (this server's --settings-by).")
+    if events.settings.settings_by is not None:  # the others see who may, before they try
+        gr.Markdown(f"Applied by {', '.join(sorted(events.settings.settings_by))} only (this server's --settings-by).")
     sapply = gr.Button("Apply", variant="primary")
     sstatus = gr.Markdown(elem_id="vs-settings-status")  # said to a screen reader (page_head.HEAD_JS)
     stats = gr.JSON(label="Engine")
@@ -242,8 +242,8 @@ def settings_tab(events: PageEvents) -> list:
     sapply.click(lambda: "", None, sstatus, queue=False, api_name=False, show_progress="hidden")
     # Once applied, the form shows what now runs: a box left empty (or a number the browser could
     # not read, such as 1e400) keeps its setting, and had stayed empty beside "settings applied".
-    sapply.click(events.apply, [*form, shown], sstatus, api_name="apply_settings").success(
-        events.settings_form, None, [*form, shown], api_name=False, show_progress="hidden", queue=False)
+    sapply.click(events.settings.apply, [*form, shown], sstatus, api_name="apply_settings").success(
+        events.settings.form, None, [*form, shown], api_name=False, show_progress="hidden", queue=False)
     gr.Timer(1.0).tick(events.service.engine_stats, None, stats, api_name="engine_stats", show_progress="hidden")
     return [*form, shown]
 

@@ -52,7 +52,7 @@ def build(service: Service, source: str | None = None, settings_by: frozenset[st
         # The settings are the server's, shared by every page: a page shows them as they are when
         # it opens and when its Settings tab is chosen (another page may have applied new ones).
         for shown in (demo.load, settings_page.select):
-            shown(events.settings_form, None, settings, api_name=False, show_progress="hidden", queue=False)
+            shown(events.settings.form, None, settings, api_name=False, show_progress="hidden", queue=False)
         # The page says where it is (HEAD_JS: after tab switches and visibility changes settle):
         # tabs' own select events, run side by side, left a quick Video file -> Live stopped.
         page_hidden.click(events.leave_live, None, None, api_name=False, concurrency_limit=None,

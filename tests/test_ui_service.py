@@ -657,10 +657,11 @@ def test_the_activity_log_says_who_started_what_and_why_it_stopped(tmp_path):
         s.push_frame("logB1234-x", rgb, make_task("question", "Is there a star?"))
         s.close_session("logB1234-x")
         events = PageEvents(s, settings_by=frozenset({"alice"}))
+        settings = events.settings
         with pytest.raises(Exception, match="only alice"):
-            events.apply("tiny", "cpu", 0.0, 4, True, request=types.SimpleNamespace(session_hash="logC", username="bob"))
+            settings.apply("tiny", "cpu", 0.0, 4, True, request=types.SimpleNamespace(session_hash="logC", username="bob"))
         alice = types.SimpleNamespace(session_hash="logA1234-x", username="alice")
-        events.apply("tiny", "cpu", 0.5, 4, True, request=alice)
+        settings.apply("tiny", "cpu", 0.5, 4, True, request=alice)
         events.video(str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"), "short", "", 120, request=alice)
     finally:
         activity.log.removeHandler(handler)
