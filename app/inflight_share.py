@@ -40,8 +40,8 @@ def over_limit(feeds: dict, key: tuple[str, str], max_feeds: int) -> str | None:
     playing = [k for k, f in feeds.items() if k != key and not (k[1] == "push" and silent(f))]
     if len(playing) < max_feeds:
         return None
-    return (f"this server plays {len(playing)} live feed{'' if len(playing) == 1 else 's'}, its limit (vlmstream ui --max-feeds {max_feeds}): "
-            "try again when one stops")
+    return (f"this server plays {len(playing)} live feed{'' if len(playing) == 1 else 's'}, its limit "
+            f"(vlmstream ui --max-feeds {max_feeds}): try again when one stops")
 
 
 def latest_answer_s(feeds: dict, engine) -> float:

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app import live_exports
-from app import activity
+from app import activity, live_exports
 from app.errors import UIError
 from app.inflight_share import MAX_FEEDS, latest_answer_s, over_limit, share_inflight, silent
 from app.samples import SAMPLES_DIR, sample_videos
@@ -218,7 +217,7 @@ class LiveSessions:
             if feed is None or feed.task != task:  # a new prompt starts a new feed
                 if feed is None or silent(feed):
                     self._check_room(key)
-                activity.camera_started(session, task, first=feed is None)
+                first = feed is None
                 engine = service.engine()
                 new = LiveFeed(engine, task, service.params(), hold=service.settings.hold,
                                locate=service.region_of(task), answer_s=self._answer_s(engine))
@@ -235,6 +234,7 @@ class LiveSessions:
                         new.on_result = self._recorders[key].add
                 feed = self._feeds[key] = new
                 share_inflight(self._feeds)
+                activity.camera_started(session, task, first)
             elif resumed:  # it takes its share back from this frame on
                 self._check_room(key)
                 feed.pushed_at = time.monotonic()
