@@ -2,7 +2,9 @@
 the model's warm-up to its closing figures: what it writes (the terminal lines, the -o log,
 --snapshots, the --annotate recordings), the answers it follows (--changes), and the first write
 that failed, which stops the run (exit 1; a closed pipe, as into `head`, exit 0 quietly). The
-feeds' threads report through `show` under one lock; the main thread does the rest.
+feeds' threads report through `show` under one lock; the main thread does the rest. A stream's or
+a camera's outages are marked in the log (an "outage" line when one is found, ends, is given up,
+or the run ends in it) and in its recording (`Recorder.outage`), from its sources' threads (`outage`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from engine.types import EngineStats
 from pipelines.changes import AnswerChanges
+from pipelines.outage import Outage
 from pipelines.prompts import prompt_label
 from pipelines.recorder import Recorder
 from pipelines.sinks import json_text
@@ -64,6 +67,21 @@ class LiveRun:
             if live.connection is not None:  # an outage is said when it happens, not only in the closing figures
                 live.connection.on_event = lambda line, label=label: self.say(
                     f"{label + ': ' if self.several else ''}{line}")
+                live.connection.on_outage = lambda outage, label=label: self.outage(label, outage)
+
+    def outage(self, label: str, outage: Outage, state: str | None = None) -> None:
+        """An outage of a source found, over (frames again, or given up), or (`state`
+        "unfinished") going on as the run ends: marked in its recording and its log line written."""
+        if label in self.recorders and state is None:
+            self.recorders[label].outage(outage)
+        state = state or ("ended" if outage.end is not None else "gave_up" if outage.gave_up is not None else "began")
+        with self.print_lock:
+            if self.log is not None and not any(what == self.args.output for what, _ in self.write_error):
+                try:
+                    self.log.write(json_text(outage.record(state)) + "\n")
+                    self.log.flush()
+                except OSError as e:
+                    self.write_error.append((log_name(self.args.output), e))
 
     def say_failed(self, feeds: list) -> None:
         """Each source that failed while others go on, said then, once (`newly_failed`)."""
@@ -194,6 +212,9 @@ class LiveRun:
                 print(f"vlmstream: warning: {label + ': ' if several else ''}{problem}", file=sys.stderr)
             for problem in live.problems:  # a file's, which names it
                 print(f"vlmstream: warning: {problem}", file=sys.stderr)
+        for live, label in zip(opened, labels):  # its "began" line had no end: the log says why
+            if live.connection is not None and live.connection.outage is not None:
+                self.outage(label, live.connection.outage, "unfinished")
         per_source = [f.snapshot().counters for f in feeds]
         for live, s, label in zip(opened, per_source, labels):
             st = live.stream  # how the network (or the pipe) held up: s["stream"], from the feed

@@ -199,10 +199,13 @@ def _live_command(sub) -> None:
                            "events instead of every frame (--detect/--point: when the number found changes)", "frames", "log")
     live.add_argument("--annotate", metavar="OUT.mp4",
                       help="record the completed frames with their answers and latency drawn, at the times they "
-                           "were captured; a FOLDER/: one file per source, named by start time and source")
+                           "were captured, and a stream's outages over the gap (its last picture darkened, when and "
+                           "how long in a red band); a FOLDER/: one file per source, named by start time and source")
     live.add_argument("-o", "--output", metavar="OUT.jsonl",
                       help="append one JSON line per captioned frame (source, index, pts, UTC time, text, "
-                           "token ids, timings); '-' writes them to standard output instead of the captions")
+                           "token ids, timings), and an \"event\": \"outage\" line when a stream is lost, back "
+                           "(start, end, duration_s) or given up; '-' writes them to standard output instead of "
+                           "the captions")
     add_reading_args(live)
     live.set_defaults(func=lazy('app.live'))
 

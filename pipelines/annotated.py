@@ -1,6 +1,7 @@
 """The annotated MP4: each processed frame with its answers and an info line drawn in a band at
-the bottom (`annotate`), encoded as H.264 at the frames' own times (`AnnotatedVideoSink`, one of
-the sinks of `pipelines.sinks`; `live --annotate` records through it too).
+the bottom (`annotate`), and a note where one is given in a red band at the top (a live
+recording's outage), encoded as H.264 at the frames' own times (`AnnotatedVideoSink`, one of the
+sinks of `pipelines.sinks`; `live --annotate` records through it too).
 
 Drawing a frame's caption is most of the cost of annotating it, and a video's caption repeats for
 many frames: the caption band is cached, the info line (new every frame) is not.
@@ -17,9 +18,13 @@ from .output_file import open_output
 from .sinks import FrameResult, frame_text
 
 
-def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
+NOTE_COLOURS = ((255, 255, 255), (170, 0, 0))  # a note's text and band: unlike any caption's
+
+
+def annotate(rgb: np.ndarray, text: str, info: str, note: str | None = None) -> np.ndarray:
     """A copy of the frame with its caption (each answer from a new line, wrapped to the frame's
-    width, at most half the frame's height) and a line of info drawn in a band at the bottom."""
+    width, at most half the frame's height) and a line of info drawn in a band at the bottom;
+    `note`, wrapped likewise (at most a quarter of the height), in a red band at the top."""
     h, w = rgb.shape[:2]
     # Sized by the height, and by the width for portrait frames: a phone's 1080x1920 video had
     # 96-px letters, 20 to the line. At most half the frame: a band taller than a small frame
@@ -31,6 +36,9 @@ def annotate(rgb: np.ndarray, text: str, info: str) -> np.ndarray:
     img = np.array(rgb)  # a writable copy
     img[max(top, 0):h - band] = _caption_band(lines, w, band, (255, 255, 255))[max(-top, 0):]
     img[h - band:] = _band((info,), w, band, (255, 220, 0))  # new every frame: not cached
+    if note:
+        shown = _wrapped(note, w, band)[: max(1, h // (4 * band))]
+        img[: min(h, len(shown) * band)] = _caption_band(shown, w, band, *NOTE_COLOURS)[:h]
     return img
 
 
@@ -65,11 +73,12 @@ def _word_px(word: str, size: int) -> float:
     return _font(size).getlength(word)
 
 
-def _band(lines: tuple[str, ...], width: int, band: int, colour: tuple[int, int, int]) -> np.ndarray:
-    """Lines of text on black, `band` pixels a line."""
+def _band(lines: tuple[str, ...], width: int, band: int, colour: tuple[int, int, int],
+          background: tuple[int, int, int] = (0, 0, 0)) -> np.ndarray:
+    """Lines of text on `background` (black), `band` pixels a line."""
     from PIL import Image, ImageDraw
 
-    img = Image.new("RGB", (width, band * len(lines)))
+    img = Image.new("RGB", (width, band * len(lines)), background)
     draw, font = ImageDraw.Draw(img), _font(max(1, int(band * 0.7)))
     for i, line in enumerate(lines):
         draw.text((6, i * band + 2), line, fill=colour, font=font)
@@ -156,11 +165,12 @@ class AnnotatedVideoSink:
         info = f"#{r.index} {r.pts:.3f}s  {max(x.timings_ms.get('total', 0) for x in results):.0f} ms"
         self.write_image(rgb, frame_text(results), info, r.pts)
 
-    def write_image(self, rgb: np.ndarray, text: str, info: str, seconds: float) -> None:
-        """One frame with `text` and `info` drawn, shown from `seconds` on (until the next one)."""
+    def write_image(self, rgb: np.ndarray, text: str, info: str, seconds: float, note: str | None = None) -> None:
+        """One frame with `text`, `info` and `note` drawn (`annotate`), shown from `seconds` on
+        (until the next one)."""
         if self._failed is not None:  # the file is lost: a caller that goes on is told again
             raise self._failed
-        img = annotate(self._fit(rgb), text, info)
+        img = annotate(self._fit(rgb), text, info, note)
         frame = self._av.VideoFrame.from_ndarray(img, format="rgb24").reformat(
             format="yuv420p", dst_colorspace=self._av.video.reformatter.Colorspace.ITU709)  # as tagged (above)
         pts = max(int(round(seconds * 1000)), self._last_pts + 1)  # strictly increasing

@@ -7,7 +7,9 @@ closing figures), and said to go on after a minute, then at doubling gaps. Betwe
 reopen, the source waits with exponential backoff. A source that never sent a frame is an error
 after `max_wait` seconds (a wrong address, a camera that is not there); one that did is
 reopened for as long as it takes (a camera rebooting is gone a minute or two, a network outage
-longer), or for `max_outage` seconds where that is given.
+longer), or for `max_outage` seconds where that is given. Each outage is also handed, as an
+`Outage` (outage.py), to `on_outage`: when it is found, when frames come again and when it is
+given up, for the outputs that mark it (a live log's line, a recording's card).
 """
 
 from __future__ import annotations
@@ -17,20 +19,19 @@ import time
 from typing import Callable
 
 from .frame import SourceSilent
+from .outage import Outage, span
 
 TIMED_OUT = "nothing came for"  # FFmpeg's "Immediate exit requested", in the words a user needs
 RETRY_FIRST_S, RETRY_MAX_S = 0.25, 4.0  # the pause before the first try to reopen, and the longest
 STILL_SAID_S = (60.0, 1800.0)  # an outage is said to go on after a minute, then at doubling gaps up to 30 min
 
 
-def span(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
 class Connection:
     def __init__(self, display: str, max_wait: float, max_outage: float | None = None):
         self.display, self.max_wait, self.max_outage = display, max_wait, max_outage
         self.on_event: Callable[[str], None] | None = None
+        self.on_outage: Callable[[Outage], None] | None = None
+        self.outage: Outage | None = None  # the one going on (until a frame comes, or it is given up)
         self.counters: Callable[[], dict] | None = None  # the source's own figures, for `health`
         self.state = "connecting"
         self.since = time.perf_counter()  # when the state began (an outage: at the last frame)
@@ -64,6 +65,8 @@ class Connection:
         if self.state != "live":
             if self.state == "reconnecting":
                 self.say(f"back after {span(self.last_frame - self.since)}")
+                if self.outage is not None:
+                    self._tell(self.outage.closed(self.last_frame))
             self.set("live")
             self._still_at = STILL_SAID_S[0]
 
@@ -73,6 +76,7 @@ class Connection:
             self.say(f"lost ({reason}); reconnecting")
             self.set("reconnecting", since=self.last_frame)  # the outage began with the last frame
             self.outages += 1
+            self._tell(Outage(self.display, self.last_frame, reason))
 
     def retry(self, reason: str, started: float) -> bool:
         """Wait before the next try to reopen; False if `stop` came meanwhile (the source ends).
@@ -85,6 +89,8 @@ class Connection:
         if limit is not None and silent > limit:
             if self.last_frame is None:
                 raise SourceSilent(f"cannot read {self.display}: {reason}")
+            if self.outage is not None:
+                self._tell(self.outage.given_up(time.perf_counter()))
             # Said as given up: "cannot read X: nothing came for 4.0 s" read as a try that failed,
             # in a run that went on with its other sources
             raise SourceSilent(f"gave up on {self.display}: no frame for {span(silent)}, more than the "
@@ -110,6 +116,12 @@ class Connection:
 
     def set(self, state: str, since: float | None = None) -> None:
         self.state, self.since = state, time.perf_counter() if since is None else since
+
+    def _tell(self, outage: Outage) -> None:
+        """`outage` is the news: kept while it goes on, and handed to `on_outage`."""
+        self.outage = None if outage.over else outage
+        if self.on_outage is not None:
+            self.on_outage(outage)
 
     def say(self, line: str) -> None:
         if self.on_event is not None:

@@ -11,6 +11,15 @@ frames captured more than `max_seconds` after the first (`full` then says so). A
 (a full disk) ends the recording and is kept in `error` for the caller; `close()` finishes the
 file (what was written plays). The MP4 is fragmented: if the process dies before `close()`, all but
 the last second or so still plays.
+
+A source's outages (`outage`, from its Connection's `on_outage`) are marked, so that a reviewer
+sees the picture was not live: from the last frame before an outage to the first after it, its
+last recorded picture is shown darkened, "STREAM LOST at 02:13:05 UTC: no frames for 41.2 s, back
+at 02:13:46 UTC" in a red band at the top (a card: placed once the first frame after it is added,
+since the frames captured before it may still be answered meanwhile), and the frames captured in
+the NOTE_S seconds after it carry "stream lost for 41.2 s (02:13:05 UTC to 02:13:46 UTC)" there.
+One still going on at `close()`, or given up (`--max-outage`), gets its card to the recording's
+end (given up: to the moment it was).
 """
 
 from __future__ import annotations
@@ -20,11 +29,26 @@ import queue
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
 
 from .live_result import LiveResult
 from .annotated import AnnotatedVideoSink
+from .outage import Outage
 
 QUEUE_FRAMES = 120  # two seconds at 60 fps
+NOTE_S = 2.0  # the frames captured this long after an outage carry its note
+CARD_DIM = 0.4  # an outage's card shows the last picture at this brightness: not live
+
+
+class _Item(NamedTuple):
+    rgb: np.ndarray
+    text: str
+    info: str
+    seconds: float
+    note: str | None = None
+    dim: bool = False
 
 
 class Recorder:
@@ -43,6 +67,10 @@ class Recorder:
         self._t0: float | None = None
         self._end: float | None = None  # when close() came, in the frames' capture clock (perf_counter)
         self._answered: float | None = None  # when the last frame recorded was added (its answer came)
+        self._last: tuple[np.ndarray, str] | None = None  # the last frame queued (picture, answers): a card shows it
+        self._open: Outage | None = None  # an outage going on (or given up): its card comes at close()
+        self._due: list[Outage] = []  # outages over whose card waits for the first frame after them
+        self._notes: list[Outage] = []  # outages whose note the frames after them carry (NOTE_S)
         self._thread = threading.Thread(target=self._run, name="vlmstream-recorder", daemon=True)
         self._thread.start()
         # Finished at the interpreter's exit if no one closed it: a Ctrl-C while `live` closed its
@@ -54,20 +82,45 @@ class Recorder:
         with self._adding:  # queued before close()'s end mark, or not at all
             self._add(r)
 
+    def outage(self, outage: Outage) -> None:
+        """News of an outage of the source (`Connection.on_outage`; any thread)."""
+        with self._adding:
+            self._open = None if outage.end is not None else outage
+            if outage.end is not None:
+                self._due.append(outage)
+
     def _add(self, r: LiveResult) -> None:
         if self._closed or self.error is not None or r.frame.rgb is None:
             return
+        captured = r.frame.captured_at
         if self._t0 is None:
-            self._t0 = r.frame.captured_at
-        seconds = r.frame.captured_at - self._t0
-        if self.max_seconds is not None and seconds > self.max_seconds:
+            self._t0 = captured
+        # No frame comes in an outage: one captured past its middle came after it (the last one
+        # before it was captured at its start, the first after at its end)
+        while self._due and captured > (self._due[0].start + self._due[0].end) / 2:
+            outage = self._due.pop(0)
+            self._card(outage, outage.card())
+            self._notes.append(outage)
+        self._notes = [o for o in self._notes if captured - o.end < NOTE_S]
+        note = "\n".join(o.back() for o in self._notes) or None
+        self._put(_Item(r.frame.rgb, r.text, f"#{r.frame.index}  {r.end_to_end_ms:.0f} ms", captured - self._t0, note))
+
+    def _card(self, outage: Outage, text: str) -> None:
+        """The outage's card, from its start: the last picture recorded, darkened (none before it: no card)."""
+        if self._last is not None and self._t0 is not None:
+            rgb, answers = self._last
+            self._put(_Item(rgb, answers, "no frames", max(0.0, outage.start - self._t0), text, dim=True))
+
+    def _put(self, item: _Item) -> None:
+        if self.max_seconds is not None and item.seconds > self.max_seconds:
             self.full = True
             self.skipped += 1
             return
-        item = (r.frame.rgb, r.text, f"#{r.frame.index}  {r.end_to_end_ms:.0f} ms", seconds)
         try:
             self._queue.put_nowait(item)
             self._answered = time.perf_counter()
+            if not item.dim:
+                self._last = (item.rgb, item.text)
         except queue.Full:
             self.skipped += 1
 
@@ -83,11 +136,11 @@ class Recorder:
                     continue
                 if item is None:
                     break
-                rgb, text, info, seconds = item
+                rgb = (item.rgb * CARD_DIM).astype(np.uint8) if item.dim else item.rgb
                 if sink is None:
                     # fragmented: a recording the process never got to finish (killed, power lost) still plays
                     sink = AnnotatedVideoSink(self.path, rgb.shape[1], rgb.shape[0], fragmented=True)
-                sink.write_image(rgb, text, info, seconds)
+                sink.write_image(rgb, item.text, item.info, item.seconds, item.note)
                 self.written += 1
         except Exception as e:  # the disk filled, the folder went away: the session goes on without
             self.error = e
@@ -105,6 +158,17 @@ class Recorder:
                 except Exception as e:
                     self.error = self.error or e
 
+    def _last_card(self) -> None:
+        """The card of an outage that the recording ends in: to its end, or to when the source was
+        given up (a recording that ends with its last answer, `hold_to_close` False, gets none
+        otherwise: it ends before the outage)."""
+        outage = self._open
+        if outage is None or not (self.hold_to_close or outage.gave_up is not None):
+            return
+        self._card(outage, outage.card(now=self._end))
+        if outage.gave_up is not None and not self.hold_to_close:
+            self._answered = outage.gave_up  # the recording ends there
+
     def close(self, timeout: float = 60.0) -> None:
         """Encode what is queued, finish the file, join the thread (idempotent). Frames added
         afterwards are ignored."""
@@ -112,6 +176,7 @@ class Recorder:
         with self._adding:
             if not self._closed:  # a second close (at exit) is no later end
                 self._end = time.perf_counter()
+                self._last_card()
             self._closed = True
         deadline = time.monotonic() + timeout
         while self._thread.is_alive():

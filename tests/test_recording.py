@@ -593,5 +593,5 @@ def test_a_recorded_frame_is_drawn_with_its_answer_index_and_latency(tmp_path, m
                        [{"question": "Is the door open?"}, {"question": "How many people?"}]))
     rec.close()
     assert rec.error is None
-    assert drawn == [("a red car", "#4  88 ms", 0.0),
-                     ("Is the door open?: yes\nHow many people?: two", "#9  1234 ms", pytest.approx(0.5))]
+    assert drawn == [("a red car", "#4  88 ms", 0.0, None),  # no note: no outage
+                     ("Is the door open?: yes\nHow many people?: two", "#9  1234 ms", pytest.approx(0.5), None)]
