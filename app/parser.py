@@ -177,7 +177,8 @@ def _live_command(sub) -> None:
     live.add_argument("--fps", type=float, default=60.0, help="highest intake rate (default 60)")
     live.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
     live.add_argument("--max-outage", type=float, default=None, metavar="S",
-                      help="give up on a stream that sends nothing for S seconds once it has sent frames "
+                      help="give up on a stream that sends nothing for S seconds once it has sent frames, a hung "
+                           "camera too: within a second of S, each try to reconnect cut to the time left "
                            "(default: reconnect for as long as it takes, as for a camera that reboots; a stream "
                            "that never sent a frame is given 30 s)")
     live.add_argument("--max-inflight", type=int, default=None, metavar="N",

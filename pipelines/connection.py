@@ -80,22 +80,12 @@ class Connection:
 
     def retry(self, reason: str, started: float) -> bool:
         """Wait before the next try to reopen; False if `stop` came meanwhile (the source ends).
-        Raise a SourceSilent once the source has sent nothing for longer than it may (`started`:
-        when this source was first opened)."""
+        Raise a SourceSilent once the source has sent nothing for longer than it may (`check`)."""
         self.last_reason = reason
+        self.check(reason, started)
         silent = time.perf_counter() - (self.last_frame or started)
-        timed_out = reason.startswith(TIMED_OUT)  # the reason says how long already
-        limit = self.max_wait if self.last_frame is None else self.max_outage
-        if limit is not None and silent > limit:
-            if self.last_frame is None:
-                raise SourceSilent(f"cannot read {self.display}: {reason}")
-            if self.outage is not None:
-                self._tell(self.outage.given_up(time.perf_counter()))
-            # Said as given up: "cannot read X: nothing came for 4.0 s" read as a try that failed,
-            # in a run that went on with its other sources
-            raise SourceSilent(f"gave up on {self.display}: no frame for {span(silent)}, more than the "
-                               f"{span(limit)} allowed" + ("" if timed_out else f" (the last try: {reason})"))
         if self.last_frame is not None and silent >= self._still_at:
+            timed_out = reason.startswith(TIMED_OUT)  # the reason says how long already
             self.say(f"still reconnecting: nothing for {span(silent)}" + ("" if timed_out else f" ({reason})"))
             self._still_at = min(2 * self._still_at, self._still_at + STILL_SAID_S[1])
         left = self.remaining(started)
@@ -104,14 +94,36 @@ class Connection:
         self.delay = min(self.delay * 2, RETRY_MAX_S)
         return True
 
-    def remaining(self, started: float) -> float | None:
-        """Seconds before this source is given up (`retry`'s limit, from `started` or its last
-        frame) or its consumer stops (`ends_at`), whichever is sooner; None where neither is."""
-        now = time.perf_counter()
+    def check(self, reason: str, started: float) -> None:
+        """Raise a SourceSilent if the source has sent nothing for longer than it may (`started`:
+        when this source was first opened): `max_wait` before its first frame, `max_outage`
+        after; `reason`: why the last try to (re)open failed, or why frames stopped."""
+        silent = time.perf_counter() - (self.last_frame or started)
         limit = self.max_wait if self.last_frame is None else self.max_outage
-        left = None if limit is None else limit - (now - (self.last_frame or started))
+        if limit is None or silent <= limit:
+            return
+        if self.last_frame is None:
+            raise SourceSilent(f"cannot read {self.display}: {reason}")
+        if self.outage is not None:
+            self._tell(self.outage.given_up(time.perf_counter()))
+        # Said as given up: "cannot read X: nothing came for 4.0 s" read as a try that failed,
+        # in a run that went on with its other sources
+        raise SourceSilent(f"gave up on {self.display}: no frame for {span(silent)}, more than the "
+                           f"{span(limit)} allowed" + ("" if reason.startswith(TIMED_OUT) else f" (the last try: {reason})"))
+
+    def give_up_in(self, started: float) -> float | None:
+        """Seconds before this source is given up (`check`'s limit, from `started` or its last
+        frame); None where it never is."""
+        limit = self.max_wait if self.last_frame is None else self.max_outage
+        return None if limit is None else limit - (time.perf_counter() - (self.last_frame or started))
+
+    def remaining(self, started: float) -> float | None:
+        """Seconds before this source is given up (`give_up_in`) or its consumer stops
+        (`ends_at`), whichever is sooner; None where neither is."""
+        left = self.give_up_in(started)
         if self.ends_at is not None:
-            left = self.ends_at - now if left is None else min(left, self.ends_at - now)
+            end = self.ends_at - time.perf_counter()
+            left = end if left is None else min(left, end)
         return left
 
     def set(self, state: str, since: float | None = None) -> None:

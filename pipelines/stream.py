@@ -24,6 +24,7 @@ STALE_AFTER, BURST_S = 0.9, 0.05  # a silence this share of the read timeout; th
 STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error
 BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
 UNDECODABLE_S = 10.0  # a stream that gave frames and then only packets the decoder rejects, this long: reopened
+TRY_MIN_S = 0.5  # the shortest open or read timeout a try is given, however little time the source has left
 
 
 class _Undecodable(Exception):
@@ -32,6 +33,10 @@ class _Undecodable(Exception):
 
 class _NoAnswer(OSError):
     """An RTSP server that took the connection and never answered, until the open timeout."""
+
+
+class _TimedOut(OSError):
+    """A read that timed out, and got what the demuxer held instead of an error (see `before`)."""
 
 
 class StreamSource:
@@ -93,20 +98,38 @@ class StreamSource:
             # FFmpeg probes 5 MB or 5 s of a stream before its first frame: a camera's MJPEG came
             # after 11 s, one that sent 2 s and paused never, and the backlog then came at once.
             return refuse_text(av.open(reader, mode="r", timeout=None, options=PIPE_PROBE), self.display)
-        # A try that would outlast the time the source has left ends with it: the last one ran
-        # its whole open timeout past the limit (a server that never answers: said after 38 s of 30).
-        left = None if started is None else self.connection.remaining(started)
-        timeout = self.open_timeout if left is None else min(self.open_timeout, max(0.5, left))
+        timeout, read = self._timeouts(started)
         began = time.perf_counter()
         try:
-            return refuse_text(av.open(self.url, timeout=(timeout, self.read_timeout), options=self._options),
-                               self.display)
+            return refuse_text(av.open(self.url, timeout=(timeout, read), options=self._options), self.display)
         except av.InvalidDataError:
             # FFmpeg's RTSP client says our timeout as "Invalid data found...": a camera still booting
             # (its port open, its server not up), or hung, was given up in those words, having sent nothing
             if self.url.lower().startswith("rtsp") and time.perf_counter() - began >= timeout:
                 raise _NoAnswer() from None
             raise
+
+    def _timeouts(self, started: float | None) -> tuple[float, float]:
+        """A try's open and read timeouts. A try that would outlast the time the source has left
+        ends with it: the last one ran its whole open timeout past the limit (a server that never
+        answers: said after 38 s of 30). So do its reads, cut to the time left before the source
+        is given up (not to the run's end: a read is never waited for then); and once the
+        source has sent frames (--max-outage), the open leaves its read that time too. A hung
+        camera answers every try, its open taking its whole timeout, then sends nothing: it was
+        given up an open and a read timeout past --max-outage (9.5 s of 4, 13 s of 10). If frames
+        come again through such a try, its reads keep their shorter timeout: a pause that long is
+        then an outage."""
+        connection = self.connection
+        left = None if started is None else connection.remaining(started)
+        timeout = self.open_timeout if left is None else min(self.open_timeout, max(TRY_MIN_S, left))
+        read = self.read_timeout if connection.max_outage is None else min(self.read_timeout, connection.max_outage)
+        give_up = None if started is None else connection.give_up_in(started)
+        if give_up is not None:
+            read = min(read, max(TRY_MIN_S, give_up))
+            if connection.last_frame is not None:
+                timeout = min(timeout, max(TRY_MIN_S, give_up - read))
+                read = min(read, max(TRY_MIN_S, give_up - timeout))
+        return timeout, read
 
     def _open_pipe(self) -> int:
         """Standard input's descriptor, or the named pipe's (`open_pipe`), opened once."""
@@ -158,6 +181,7 @@ class StreamSource:
                     return
                 continue
             ended, broke, came = False, "the stream ended", index
+            read_timeout = getattr(container, "read_timeout", None) or self.read_timeout  # as _open cut it
             try:
                 missing = no_video(container, self.display)
                 if missing:
@@ -208,13 +232,18 @@ class StreamSource:
                 since: list = [None, 0, self.damaged]  # the last frame's time; packets since; self.damaged then
 
                 def before(waited: float) -> None:
+                    # A read that timed out (the sender silent) and got a packet the demuxer held
+                    # (RTP's last, MPEG-TS's): the silence is an outage. Taken for a packet, it
+                    # began the read timeout anew, and a hung camera was found lost after two.
+                    if not recording and self._pipe is None and waited >= read_timeout:
+                        raise _TimedOut()
                     now = time.perf_counter()
                     since[1] += 1
                     if (since[0] is not None and now - since[0] > UNDECODABLE_S
                             and 2 * (self.damaged - since[2]) >= since[1]):
                         raise _Undecodable(f"no frame for {span(now - since[0])}, the {stream.codec_context.name} decoder "
                                            "rejecting its packets: has the stream changed format?")
-                    if not recording and now - arrived[0] > STALE_AFTER * self.read_timeout:
+                    if not recording and now - arrived[0] > STALE_AFTER * read_timeout:
                         arrived[1] = now
                     arrived[0] = now
                     if guard is not None:
@@ -254,7 +283,7 @@ class StreamSource:
             except (av.FFmpegError, OSError, _Undecodable) as e:
                 if connection.stopped and self._pipe is not None:  # a read the run's end broke off
                     return
-                broke = str(e) if isinstance(e, _Undecodable) else self._clean(e, self.read_timeout)
+                broke = str(e) if isinstance(e, _Undecodable) else self._clean(e, read_timeout)
                 self.error = f"{self.display}: {broke}"
                 if not self.reconnect:  # standard input broken off: said, not taken for its end
                     raise SourceError(f"cannot read {self.error}") from None
@@ -263,7 +292,12 @@ class StreamSource:
             if not self.reconnect or ended:
                 return
             connection.lost(broke)
-            if index == came:  # opened, nothing came: not hammered
+            if index != came:
+                # Reopened at once, if there is time left where the read's timeout was cut to
+                # --max-outage (a stream that stopped otherwise, a codec change, has its try)
+                if broke.startswith(TIMED_OUT):
+                    connection.check(broke, t0)
+            else:  # opened, nothing came: not hammered
                 if broke.startswith(TIMED_OUT):
                     # The whole silence, as a try that could not open says it: a camera that
                     # answered its tries and sent nothing was given up as "nothing came for 3.0 s"
@@ -295,6 +329,6 @@ class StreamSource:
     def _clean(self, e: Exception, waited: float) -> str:
         import av
 
-        if isinstance(e, (av.ExitError, _NoAnswer)):  # "Immediate exit requested": our timeout, in FFmpeg's words
+        if isinstance(e, (av.ExitError, _NoAnswer, _TimedOut)):  # "Immediate exit requested": our timeout, in FFmpeg's words
             return f"{TIMED_OUT} {waited:.1f} s"
         return first_line(e).replace(self.url, self.display)

@@ -150,3 +150,23 @@ def test_live_logs_and_records_a_cameras_outage(monkeypatch, capsys, small_folde
     _, pictures = _decoded(rec)
     assert sum(_red_top(p) for p in pictures) >= 1 + (not ends_in_it)  # the card, and a frame after it
 
+
+def test_a_hung_camera_is_found_lost_at_the_read_timeout_and_given_up_at_max_outage():
+    """A camera whose RTSP server answers every try and then sends nothing. Its timed-out read got
+    a packet the demuxer held, which started the read timeout over: found lost after two (said
+    as one); then its last try ran a whole open and read timeout past --max-outage (9.6 s of 2,
+    13 s of 10)."""
+    from rtsp_camera import RtspCamera
+
+    with RtspCamera() as cam:
+        src = StreamSource(cam.url, read_timeout=1.5, max_outage=2.5)
+        lost = []
+        src.connection.on_event = lambda line: lost.append((time.perf_counter() - src.connection.last_frame, line))
+        with pytest.raises(SourceError, match=r"^gave up on .*: no frame for 2\.\d s, more than the 2\.5 s allowed$"):
+            for i, _ in enumerate(src.frames()):
+                if i == 5:
+                    cam.stalled = True
+        took = time.perf_counter() - src.connection.last_frame
+    assert [line for _, line in lost] == ["lost (nothing came for 1.5 s); reconnecting"]
+    assert 1.5 <= lost[0][0] < 1.5 + 0.7, lost  # not at 3.0
+    assert 2.5 <= took < 2.5 + 1.0, took  # 5.0 before
