@@ -23,7 +23,7 @@ from pipelines.sources import SourceError
 from app.console import StandardOutputError
 from app.live import p50_text, rate_text
 from app.live_files import log_name
-from app.live_run import closing_error, never_came, newly_failed, run_rate
+from app.live_run import closing_error, mark_outage, never_came, newly_failed, run_rate
 
 
 class LiveLocateRun:
@@ -43,6 +43,7 @@ class LiveLocateRun:
         self.changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
         self.snapshots = Path(args.snapshots) if args.snapshots else None
         self.failed_said: set[str] = set()  # sources whose failure was said while the others went on
+        self.opened: list = []  # the sources, once started
 
     def say(self, line: str) -> None:
         with self.lock:
@@ -54,11 +55,14 @@ class LiveLocateRun:
             self.say(line)
 
     def start(self, opened: list) -> None:
-        """Once the model is warm: each stream's outages are said as they happen."""
+        """Once the model is warm: each stream's outages are said as they happen, and marked in
+        its log and recording (as live's: `mark_outage`)."""
+        self.opened = opened
         for live, label in zip(opened, self.labels):
             if live.connection is not None:
                 live.connection.on_event = lambda line, label=label: self.say(
                     f"{label + ': ' if self.several else ''}{line}")
+                live.connection.on_outage = lambda outage, label=label: mark_outage(self, self.lock, label, outage)
 
     @property
     def stopped(self) -> bool:
@@ -116,6 +120,9 @@ class LiveLocateRun:
             if label not in going:
                 rec.hold_to_close = False
         locator.close()
+        for live, label in zip(self.opened, self.labels):  # its "began" line had no end: the log says why
+            if live.connection is not None and live.connection.outage is not None:
+                mark_outage(self, self.lock, label, live.connection.outage, "unfinished")
         for rec in self.recorders.values():
             rec.close()
         if self.log is not None and self.log is not sys.stdout:

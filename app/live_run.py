@@ -70,18 +70,7 @@ class LiveRun:
                 live.connection.on_outage = lambda outage, label=label: self.outage(label, outage)
 
     def outage(self, label: str, outage: Outage, state: str | None = None) -> None:
-        """An outage of a source found, over (frames again, or given up), or (`state`
-        "unfinished") going on as the run ends: marked in its recording and its log line written."""
-        if label in self.recorders and state is None:
-            self.recorders[label].outage(outage)
-        state = state or ("ended" if outage.end is not None else "gave_up" if outage.gave_up is not None else "began")
-        with self.print_lock:
-            if self.log is not None and not any(what == self.args.output for what, _ in self.write_error):
-                try:
-                    self.log.write(json_text(outage.record(state)) + "\n")
-                    self.log.flush()
-                except OSError as e:
-                    self.write_error.append((log_name(self.args.output), e))
+        mark_outage(self, self.print_lock, label, outage, state)
 
     def say_failed(self, feeds: list) -> None:
         """Each source that failed while others go on, said then, once (`newly_failed`)."""
@@ -309,6 +298,22 @@ def _wait_closed(feeds: list) -> None:
         raise
     if failed:
         raise failed[0]
+
+
+def mark_outage(run, lock, label: str, outage: Outage, state: str | None = None) -> None:
+    """An outage of a source found, over (frames again, or given up), or (`state` "unfinished")
+    going on as the run ends: marked in its recording and its log line written. `run`: a LiveRun
+    or a LiveLocateRun (its recorders, -o log, args and write errors); `lock`: its output lock."""
+    if label in run.recorders and state is None:
+        run.recorders[label].outage(outage)
+    state = state or ("ended" if outage.end is not None else "gave_up" if outage.gave_up is not None else "began")
+    with lock:
+        if run.log is not None and not any(what == run.args.output for what, _ in run.write_error):
+            try:
+                run.log.write(json_text(outage.record(state)) + "\n")
+                run.log.flush()
+            except OSError as e:
+                run.write_error.append((log_name(run.args.output), e))
 
 
 def closing_error(never_read: list[BaseException]) -> BaseException:

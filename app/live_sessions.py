@@ -106,6 +106,8 @@ class LiveSessions:
         if record:
             self._drop_recording(session, "pull")
             recorder = Recorder(service.jobs.recording_path("live"), max_seconds=RECORD_MAX_S)
+            if live.connection is not None:  # a stream's outages marked in it, as `live --annotate` marks them
+                live.connection.on_outage = recorder.outage
         engine = service.engine()
         try:
             feed = LiveFeed(engine, task, service.params(), live.frames, realtime=live.paced, loop=live.loops,

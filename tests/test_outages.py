@@ -110,10 +110,11 @@ def test_a_connection_hands_each_outage_over_when_found_over_and_given_up():
     assert records[1]["duration_s"] == round(told[1].end - told[1].start, 3) and records[0]["source"] == "rtsp://cam"
 
 
-@pytest.mark.parametrize("ends_in_it", [False, True])
-def test_live_logs_and_records_a_cameras_outage(monkeypatch, capsys, small_folder, tmp_path, ends_in_it):
+@pytest.mark.parametrize("ends_in_it, detect", [(False, False), (True, False), (False, True)])
+def test_live_logs_and_records_a_cameras_outage(monkeypatch, capsys, small_folder, tmp_path, ends_in_it, detect):
     """`live -o LOG.jsonl --annotate OUT.mp4` of a camera gone 1.2 s: the log said nothing of it
-    (the frames' lines just skip the time) and the recording held the last picture, as if live."""
+    (the frames' lines just skip the time) and the recording held the last picture, as if live.
+    The same with --detect (its run's outputs are made elsewhere: app/live_locate_run.py)."""
     def frames(self):
         rgb = np.full((120, 160, 3), 150, np.uint8)
         for i in range(80):
@@ -131,8 +132,9 @@ def test_live_logs_and_records_a_cameras_outage(monkeypatch, capsys, small_folde
     monkeypatch.setattr(StreamSource, "_frames", frames)
     log, rec = tmp_path / "cam.jsonl", tmp_path / "cam.mp4"
     url = "rtsp://user:secret@127.0.0.1:9/cam"
-    assert main(["live", url, "--model", str(small_folder), "--json", "--max-tokens", "2", "-o", str(log),
-                 "--annotate", str(rec), *(["--duration", "3"] if ends_in_it else [])]) == 0
+    assert main(["live", url, "--model", str(small_folder), "--json", "-o", str(log), "--annotate", str(rec),
+                 *(["--detect", "star"] if detect else ["--max-tokens", "2"]),
+                 *(["--duration", "3"] if ends_in_it else [])]) == 0
     stats = json.loads(capsys.readouterr().out)
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     events = [x for x in lines if x.get("event") == "outage"]

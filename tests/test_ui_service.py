@@ -1958,12 +1958,13 @@ def test_an_uploads_jsonl_names_the_upload_not_the_servers_scratch_copy(service,
 
 def test_a_viewer_of_an_ip_camera_sees_it_reboot_and_come_back(service):
     """The Live tab on an RTSP camera: captions, then the camera off (the connection cell says
-    "reconnecting"), then on again: captions go on from the new session, and the outage is counted."""
+    "reconnecting"), then on again: captions go on from the new session, and the outage is counted,
+    and marked in the tab's recording (it had held the last picture through the gap, live-looking)."""
     from app.view import stream_state
     from rtsp_camera import RtspCamera
 
     with RtspCamera() as cam:
-        feed = service.start_live("tab-ipcam", cam.url, make_task("short"))
+        feed = service.start_live("tab-ipcam", cam.url, make_task("short"), record=True)
         try:
             wait_for(lambda: len(feed.records()) >= 3)
             cam.stop()
@@ -1978,6 +1979,10 @@ def test_a_viewer_of_an_ip_camera_sees_it_reboot_and_come_back(service):
             assert stream_state(health) == "live, 1 outage"
             indices = [json.loads(r)["index"] for r in feed.records()]
             assert indices == sorted(set(indices))  # frames numbered on across the reboot, none twice
+            with av.open(str(service.recording("tab-ipcam"))) as c:  # the band over the gap and after it
+                tops = [f.to_ndarray(format="rgb24")[:6].reshape(-1, 3).astype(int) for f in c.decode(video=0)]
+            red = [((t[:, 0] > 120) & (t[:, 1] < 60) & (t[:, 2] < 60)).mean() > 0.6 for t in tops]
+            assert 0 < sum(red) < len(red) and not red[0], red
         finally:
             service.close_session("tab-ipcam")
 
