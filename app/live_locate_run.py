@@ -23,7 +23,7 @@ from pipelines.sources import SourceError
 from app.console import StandardOutputError
 from app.live import p50_text, rate_text
 from app.live_files import log_name
-from app.live_run import closing_error, mark_outage, never_came, newly_failed, run_rate
+from app.live_report import closing_error, mark_outage, never_came, newly_failed, run_rate
 
 
 class LiveLocateRun:

@@ -1410,7 +1410,7 @@ def test_a_failed_sources_line_names_it_once():
     """Said while others go on: the error names its source already ("cannot read cam1: ..."), or
     is prefixed with it; a label found elsewhere in the text (a camera called `10`, in "nothing
     for 10 s") is not taken for the name."""
-    from app.live_run import newly_failed
+    from app.live_report import newly_failed
 
     said: set = set()
     errors = {"rtsp://cam1": "cannot read rtsp://cam1: 404 Not Found", "10": "it stopped sending frames (nothing for 10 s)"}
