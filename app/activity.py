@@ -106,7 +106,8 @@ def settings_applied(session: str, old, new, outcome: str) -> None:
 def feed_text(counters: dict, running_s: float) -> str:
     """A stopped feed's figures: how long, frames captioned, fps, median latency."""
     p50 = counters.get("latency_ms", {}).get("end_to_end", {}).get("p50")
-    return (f"after {_duration(running_s)}: {counters.get('completed', 0)} frames captioned, "
+    n = counters.get("completed", 0)
+    return (f"after {_duration(running_s)}: {n} frame{'' if n == 1 else 's'} captioned, "
             f"{counters.get('achieved_fps', 0.0):.3g} fps" + (f", p50 {p50:.0f} ms" if p50 is not None else ""))
 
 

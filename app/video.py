@@ -107,7 +107,8 @@ def _report(args: argparse.Namespace, c: VideoArgs, work: VideoRun, summary, mad
             c.out.unlink()
         return 2
     speed = summary.video_seconds / summary.seconds if summary.seconds else 0.0
-    print(f"vlmstream: {summary.frames_captioned} frames captioned, {summary.frames_skipped} skipped (resume), "
+    n = summary.frames_captioned
+    print(f"vlmstream: {n} frame{'' if n == 1 else 's'} captioned, {summary.frames_skipped} skipped (resume), "
           f"{summary.files} file(s)" + (f", {len(c.skipped)} unreadable skipped" if c.skipped else "")
           + (f", {sum(t.count for t in work.trackers)} changes" if args.changes else "")
           + f", {speed_text(speed)}x real time" + pace_text(summary.seconds, summary.frames_captioned)

@@ -158,3 +158,9 @@ def test_a_slow_model_load_is_said(capsys, tmp_path, small_folder, monkeypatch):
     monkeypatch.setattr("app.video.LOAD_NOTICE_S", 0.0, raising=False)
     assert main(argv) == 0
     assert f"vlmstream: loading the model ({small_folder})\n" in capsys.readouterr().err
+
+
+def test_a_run_of_one_frame_says_one_frame(capsys, small_folder):
+    """Moondream 2 on a CPU at `--fps 0.05` (one frame of a 16 s clip) said "1 frames captioned"."""
+    assert main(["video", str(CLIP), "--fps", "0.05", "--model", str(small_folder), "--max-tokens", "2"]) == 0
+    assert "vlmstream: 1 frame captioned, 0 skipped (resume), 1 file(s), " in capsys.readouterr().err
