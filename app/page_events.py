@@ -17,6 +17,7 @@ from app import activity
 from app.errors import UIError
 from app.inflight_share import CAMERA_SILENT_S
 from app.page_values import markdown_text, new_shots, number, unread, upload_named, user_error
+from app.samples import sample_videos
 from app.service import Service
 from app.settings_events import SettingsEvents
 from app.task import make_task
@@ -61,8 +62,9 @@ class PageEvents:
             # an upload's Export names it as uploaded, not by Gradio's scratch path (as a video job's JSONL)
             # "Record from Start": the sample a page plays by itself (on opening, back on Live)
             # is not recorded with the box ticked and no Start pressed.
-            feed = self.service.start_live(sid, upload or src, task, record=bool(record) and not auto,
-                                           name=Path(upload).name if upload else None)
+            # a listed source by its name: its URL (and password) never in what the page sees
+            source, name = (upload, Path(upload).name) if upload else self.service.sources.resolve(src, sample_videos())
+            feed = self.service.start_live(sid, source, task, record=bool(record) and not auto, name=name)
             if auto:
                 self.autoplayed[sid] = feed
             else:

@@ -233,6 +233,12 @@ def _ui_command(sub) -> None:
     ui.add_argument("--auth-file", metavar="FILE",
                     help="ask for a user name and password: FILE has one 'user:password' a line (the page can "
                          "play any file or URL the server reaches, so share it on a network only with this)")
+    ui.add_argument("--sources", metavar="FILE",
+                    help="named sources for the Live tab, one 'NAME = SOURCE' a line (a stream URL, webcam:N or "
+                         "a file): pages choose them by name and never see the URL or its password")
+    ui.add_argument("--listed-only", action="store_true",
+                    help="the Live tab plays only the --sources, the samples and uploaded files: no path, URL "
+                         "or webcam of this server typed in")
     ui.add_argument("--settings-by", metavar="USER[,USER]",
                     help="only these users of the --auth-file may apply Settings (a new model stops every "
                          "viewer's feeds and jobs); default: every user")

@@ -24,6 +24,7 @@ from app.inflight_share import MAX_FEEDS
 from app.live_sessions import RECORD_MAX_S, LiveSessions
 from app.samples import SAMPLES_DIR, sample_videos, samples_dir
 from app.settings import Settings, checked
+from app.source_list import SourceList
 from app.video_jobs import VideoJobs
 from pipelines.frame import AS_SHOWN, Reading
 
@@ -36,12 +37,15 @@ RATE_WINDOW_S = 3.0  # engine tokens/s and busy % shown in the UI are over about
 
 
 class Service:
-    def __init__(self, settings: Settings = Settings(), reading: Reading = AS_SHOWN, max_feeds: int = MAX_FEEDS):
+    def __init__(self, settings: Settings = Settings(), reading: Reading = AS_SHOWN, max_feeds: int = MAX_FEEDS,
+                 sources: SourceList = SourceList()):
         """reading: how every source of this server is read (`pipelines.frame.Reading`; default
         as a player shows it); fixed for the server (`ui --no-deinterlace / --no-tonemap`).
-        max_feeds: live feeds played at once, beyond which a Start is refused (`ui --max-feeds`)."""
+        max_feeds: live feeds played at once, beyond which a Start is refused (`ui --max-feeds`).
+        sources: the named sources a page chooses from, and whether it may play others (`ui --sources`)."""
         self.settings = settings
         self.reading = reading
+        self.sources = sources
         self._lock = threading.RLock()
         self._engine = None
         self._history: deque = deque(maxlen=4096)  # engine stats snapshots behind the current rates

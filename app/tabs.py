@@ -62,9 +62,13 @@ def live_tab(events: PageEvents, samples: list[str], default_source: str) -> tup
     """The Live tab: a source played live. Returns its Start's inputs and outputs (the page's
     coming back to Live restarts its sample with them)."""
     service = events.service
+    listed = service.sources
     with gr.Row():
-        src = gr.Dropdown(samples + ["webcam:0"], value=default_source, allow_custom_value=True, scale=3,
-                          label="Source: a sample, a webcam index on the server, a URL or a path")
+        # --listed-only: nothing typed in (the server's own refusal stands behind this: app.source_list)
+        src = gr.Dropdown([*listed.named, *samples, *([] if listed.only else ["webcam:0"])], value=default_source,
+                          allow_custom_value=not listed.only, scale=3,
+                          label="Source: a camera of this server's list, or a sample" if listed.only else
+                                "Source: a sample, a webcam index on the server, a URL or a path")
         upload = gr.File(label="...or a video file to play live", file_types=video_file_types(), type="filepath",
                          scale=2)
     with gr.Row(elem_classes="vs-prompt-row"):  # stacked on a narrow window (page_head.CSS)

@@ -91,6 +91,7 @@ def _value_in_one_line(preprocess: Callable, label: str) -> Callable:
 def run(args: argparse.Namespace) -> int:
     from app.cli import UsageError, reading_arg, realtime_dtype
     from app.listen import check_port, loopback, read_auth, settings_users, tls_arguments
+    from app.source_list import read_sources
     from app.page_head import CSS, HEAD_JS
     from pipelines.pipe import is_named_pipe
 
@@ -106,15 +107,19 @@ def run(args: argparse.Namespace) -> int:
     tls = tls_arguments(args.ssl_certfile, args.ssl_keyfile)
     auth = read_auth(args.auth_file) if args.auth_file else None
     settings_by = settings_users(args.settings_by, auth)
+    sources = read_sources(args.sources, args.listed_only)
     if auth is None and not loopback(args.host):
-        print(f"vlmstream: warning: the UI on {args.host} asks no password, and its page plays any file or URL "
-              "this server reaches (--auth-file)", file=sys.stderr)
-    if args.source and args.source not in sample_videos():
+        reach = "" if sources.only else ", and its page plays any file or URL this server reaches"
+        print(f"vlmstream: warning: the UI on {args.host} asks no password{reach} (--auth-file)", file=sys.stderr)
+    if args.source and args.source not in sample_videos() and args.source not in sources.named:
         from pipelines.sources import open_live
 
+        if sources.only:
+            raise UsageError(f"--source {args.source} is none of the --sources (--listed-only): name one of them")
         open_live(args.source)  # a missing file or camera, a bad URL scheme: SourceError, exit 2
     dtype = realtime_dtype(args.device, args.dtype)
-    service = Service(Settings(model=args.model, device=args.device, dtype=dtype), reading_arg(args), args.max_feeds)
+    service = Service(Settings(model=args.model, device=args.device, dtype=dtype), reading_arg(args), args.max_feeds,
+                      sources)
     # Gradio's copies of uploads and results in this server's own folder, removed with it when the
     # server stops (in /tmp/gradio they stayed: exports, recordings, every video job's files).
     # Unset again at the end: a second server in this process (tests) must not inherit a removed folder.

@@ -101,14 +101,14 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
     here. `reading`: as a player shows its frames, or as stored. A recording served over the
     network paces itself (StreamSource) and ends; called again, its frames start over, as a file's
     do. A live stream or a camera never ends that way (it is reopened, `Connection`), so looping
-    it changes nothing. `name`: a file's frames' source id (the web UI's upload by its own name,
-    not its scratch path); else the path.
+    it changes nothing. `name`: the frames' source id (the web UI's upload by its own name, not its
+    scratch path; a listed source by its name, not its URL); else the path, URL (redacted) or webcam:N.
     """
     if not isinstance(source, str) or not source.strip():  # "" had been read as the folder "."
         raise SourceError("no source given: a file, a stream URL, webcam:N or - (standard input)")
     camera = parse_webcam(source)
     if camera is not None:
-        cam = WebcamSource(camera, max_outage=max_outage)
+        cam = WebcamSource(camera, source_id=name, max_outage=max_outage)
         return LiveSource(cam.frames, paced=False, loops=False, connection=cam.connection)
     # Frames come unconverted: the grabber keeps the newest, and the feed converts the ones it takes.
     if "://" in source or source == STDIN or is_named_pipe(source):
@@ -116,7 +116,7 @@ def open_live(source: str, max_outage: float | None = None, reading: Reading = A
 
         if source == STDIN and (sys.stdin is None or sys.stdin.isatty()):
             raise SourceError("nothing is piped into standard input (-): e.g. rpicam-vid -t 0 -o - | vlmstream live -")
-        stream = StreamSource(source, lazy=True, max_outage=max_outage, reading=reading)  # checks the scheme; redacts credentials
+        stream = StreamSource(source, name, lazy=True, max_outage=max_outage, reading=reading)  # checks the scheme; redacts credentials
 
         def passes() -> Iterator[Frame]:
             began = time.perf_counter()

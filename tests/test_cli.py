@@ -178,6 +178,31 @@ def test_an_empty_name_is_a_mistake_not_this_folder(capsys, tmp_path, monkeypatc
     assert captured.err == f"vlmstream: error: {flag} is empty\n" and captured.out == ""
 
 
+def test_ui_sources_file_mistakes_are_one_line_before_the_model_loads(capsys, tmp_path):
+    import socket
+
+    from app.source_list import read_sources
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    (tmp_path / "cams.txt").write_text("\ufeff# cameras\nFront door = rtsp://u:p@10.0.0.5/live?a=1&b=2\n\n Yard=webcam:1 \n")
+    (tmp_path / "bare.txt").write_text("rtsp://10.0.0.5/live?profile=1\n")  # a URL with no name: not a name "rtsp..."
+    (tmp_path / "twice.txt").write_text("Door = webcam:0\nDoor = webcam:1\n")
+    for args, needle in [(["--sources", str(tmp_path / "bare.txt")], "line 1: expected NAME = SOURCE"),
+                         (["--sources", str(tmp_path / "twice.txt")], "line 2: Door is named twice"),
+                         (["--sources", str(tmp_path / "missing.txt")], "--sources: cannot read"),
+                         (["--listed-only"], "--listed-only needs --sources FILE"),
+                         (["--sources", str(tmp_path / "cams.txt"), "--listed-only", "--source", "/etc/hosts"],
+                          "--source /etc/hosts is none of the --sources (--listed-only)")]:
+        assert main(["ui", "--port", port, *args, "--model", "/no/such/model"]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.startswith("vlmstream: error: ") and err.count("\n") == 1, err
+    listed = read_sources(str(tmp_path / "cams.txt"))
+    assert listed.named == {"Front door": "rtsp://u:p@10.0.0.5/live?a=1&b=2", "Yard": "webcam:1"} and not listed.only
+    assert listed.resolve(" Yard ", []) == ("webcam:1", "Yard") and listed.resolve("clip.mp4", []) == ("clip.mp4", None)
+
+
 def test_video_json_says_where_its_json_is(capsys):
     """`image --json` and `live --json` exist; `video --json` was taken for an abbreviation of
     --json-schema: "expected one argument"."""

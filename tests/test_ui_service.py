@@ -685,6 +685,71 @@ def test_the_activity_log_says_who_started_what_and_why_it_stopped(tmp_path):
         "rtsp://***@cam.local:554/live?token=***"
 
 
+def test_a_listed_camera_plays_by_its_name_and_its_password_never_reaches_the_page(tmp_path):
+    """`ui --sources cams.txt`: a team's cameras set up once. Each viewer had typed the camera's URL,
+    its password in it, and every page's Export and frames named it; now a page chooses "Front
+    door" and sees that name alone."""
+    import types
+
+    from app.page_events import PageEvents
+    from app.source_list import read_sources
+    from rtsp_camera import RtspCamera
+
+    with RtspCamera(password="s3cret") as cam:
+        listed = tmp_path / "cams.txt"
+        listed.write_text(f"# the team's cameras\nFront door = rtsp://admin:s3cret@127.0.0.1:{cam.port}/cam\n")
+        s = Service(Settings(max_tokens=4), sources=read_sources(str(listed)))
+        request = types.SimpleNamespace(session_hash="tab-listed", username=None)
+        try:
+            updates = PageEvents(s).live("Front door", None, "short", "", "none", "", False, request)
+            shown = [next(updates)]
+            feed = s.feed("tab-listed")
+            wait_for(lambda: len(feed.records()) >= 3)
+            shown += [next(updates) for _ in range(30)]
+            assert {json.loads(r)["source"] for r in feed.records()} == {"Front door"}
+            assert "s3cret" not in repr(shown) and "admin" not in repr(shown)
+            updates.close()
+            assert {json.loads(line)["source"] for line in s.export_log("tab-listed").read_text().splitlines()} \
+                == {"Front door"}
+        finally:
+            s.close_session("tab-listed")
+            s.close()
+            s.remove_outputs()
+
+
+def test_with_listed_only_a_page_plays_no_path_or_url_of_its_own():
+    """`ui --sources cams.txt --listed-only`: a page on a shared server could play any file or URL
+    the server reaches (a path on its disk, a host of its network); now only the listed sources,
+    the samples and the page's own uploads."""
+    import types
+
+    from app.page_events import PageEvents
+    from app.source_list import SourceList
+
+    s = Service(Settings(max_tokens=4), sources=SourceList({"Lobby": str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")},
+                                                           only=True))
+    request = types.SimpleNamespace(session_hash="tab-only", username=None)
+    try:
+        for typed in ("/etc/hosts", "rtsp://10.0.0.9/stream", "webcam:0"):
+            frame, counters, *_ = next(PageEvents(s).live(typed, None, "short", "", "none", "", False, request))
+            assert "this server plays only its listed sources (Lobby) and the samples, or an uploaded file" in frame
+            assert s.feed("tab-only") is None
+        for choice in ("Lobby", "shapes_640x360_60fps.mp4"):
+            updates = PageEvents(s).live(choice, None, "short", "", "none", "", False, request)
+            next(updates)
+            assert s.feed("tab-only").running
+            updates.close()
+        from app.ui import build  # the page's source list: the names and samples, nothing to type in
+
+        picker = next(b for b in build(s, "Lobby").blocks.values()
+                      if type(b).__name__ == "Dropdown" and (b.label or "").startswith("Source"))
+        assert [c[0] for c in picker.choices] == ["Lobby", *sample_videos()] and not picker.allow_custom_value
+    finally:
+        s.close_session("tab-only")
+        s.close()
+        s.remove_outputs()
+
+
 def test_a_new_feed_of_a_slow_model_starts_one_frame_at_a_time(service, monkeypatch):
     """With 4 frames in flight a slow model's first answer came ~4x late (they shared the
     machine). The server's first feed asks one frame until its first answer says how long they

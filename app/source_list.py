@@ -1,0 +1,62 @@
+"""The web UI's named sources (`vlmstream ui --sources FILE`): the cameras and streams an operator
+sets up once, chosen by name on the Live tab.
+
+The file has one source a line, `NAME = SOURCE` (a stream URL, webcam:N or a video file; spaces
+around the `=` ignored, blank lines and lines starting with # skipped), each name once. A page
+sees only the names: its Start plays the source behind one (`SourceList.resolve`), its frames,
+Export and the activity log are named by it, so the URL's password never reaches a browser. With
+`only` (`ui --listed-only`), a page plays nothing else but the samples and its own uploads: no
+path or URL of the server's typed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.errors import UIError, UsageError
+
+
+@dataclass(frozen=True)
+class SourceList:
+    named: dict[str, str] = field(default_factory=dict)  # name -> source, in the file's order
+    only: bool = False  # nothing else plays (the samples and uploads aside)
+
+    def resolve(self, choice: str, samples: list[str]) -> tuple[str, str | None]:
+        """(the source to open, the name its frames go by: None for a sample, path or URL as
+        typed). A UIError for a source that is not listed, where only listed ones play."""
+        choice = (choice or "").strip()
+        if choice in self.named:
+            return self.named[choice], choice
+        if self.only and choice and choice not in samples:
+            names = ", ".join(self.named) or "none"
+            raise UIError(f"this server plays only its listed sources ({names}) and the samples, or an "
+                          "uploaded file (vlmstream ui --listed-only)")
+        return choice, None
+
+
+def read_sources(path: str | None, only: bool = False) -> SourceList:
+    """The --sources file read; a UsageError, with its line, for a line that is not NAME = SOURCE or
+    a name given twice. `only` without a file is a mistake too (nothing would play but the samples)."""
+    if path is None:
+        if only:
+            raise UsageError("--listed-only needs --sources FILE: the sources it lets pages play")
+        return SourceList()
+    try:
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--sources: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    named: dict[str, str] = {}
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, source = (part.strip() for part in line.partition("="))
+        if not sep or not name or not source or "://" in name:  # a URL's query: not a name
+            raise UsageError(f"--sources {path}, line {n}: expected NAME = SOURCE (a URL, webcam:N or a file)")
+        if name in named:
+            raise UsageError(f"--sources {path}, line {n}: {name} is named twice")
+        named[name] = source
+    if not named:
+        raise UsageError(f"--sources {path} has no NAME = SOURCE line")
+    return SourceList(named, only)
