@@ -97,8 +97,8 @@ def test_on_a_terminal_a_bar_waiting_for_a_slow_answer_keeps_its_clock_running(c
     """tqdm redraws a bar when it moves: until the slow model's first answer (33 s for Moondream 2
     on a CPU) it stood at "0/480 [00:00<?", as if the run hung. On a terminal it is redrawn."""
     _slowed(monkeypatch, 0.04)  # 64 tokens: 2.5 s an answer
-    monkeypatch.setattr("app.video_run._on_terminal", lambda: True, raising=False)
-    monkeypatch.setattr("app.video_run.TICK_S", 0.2, raising=False)
+    monkeypatch.setattr("app.video_run.on_terminal", lambda: True, raising=False)
+    monkeypatch.setattr("app.video_progress.TICK_S", 0.2, raising=False)
     assert main(["video", str(CLIP), "--fps", "0.1", "--max-tokens", "64", "--model", str(small_folder),
                  "-o", str(tmp_path / "o.jsonl")]) == 0
     assert "0/480 [00:01<?" in capsys.readouterr().err  # still no frame answered, a second on
@@ -107,7 +107,7 @@ def test_on_a_terminal_a_bar_waiting_for_a_slow_answer_keeps_its_clock_running(c
 def test_off_a_terminal_a_bar_is_drawn_only_when_it_moves(capsys, tmp_path, small_folder, monkeypatch):
     """In a log file (2>>job.log) a redraw a second would be a line a second for hours."""
     _slowed(monkeypatch, 0.04)
-    monkeypatch.setattr("app.video_run.TICK_S", 0.2, raising=False)
+    monkeypatch.setattr("app.video_progress.TICK_S", 0.2, raising=False)
     assert main(["video", str(CLIP), "--fps", "0.1", "--max-tokens", "64", "--model", str(small_folder),
                  "-o", str(tmp_path / "o.jsonl")]) == 0
     assert "0/480 [00:01<?" not in capsys.readouterr().err
