@@ -46,7 +46,7 @@ class VideoArgs:
 def check_args(args: argparse.Namespace) -> VideoArgs:
     """Checks the arguments in the order the command always has (its first mistake is the one
     said); sets args.batch for --detect/--point."""
-    from pipelines.batch import MAX_FPS
+    from pipelines.sampling import MAX_FPS
 
     if args.fps is not None and not 0 < args.fps <= MAX_FPS or args.every_n is not None and args.every_n < 1:
         raise UsageError(f"--fps must be a finite number > 0 (at most {MAX_FPS:g}) and --every-n >= 1")  # NaN too
