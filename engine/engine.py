@@ -15,13 +15,13 @@ released (pages, slot, image) when no launched step includes it any more.
 from __future__ import annotations
 
 import itertools
-import numbers
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Sequence as Seq
 
 import numpy as np
 
+from .arguments import check_cancel, check_depth, checked_draft, checked_priority
 from .batch import Batch
 from .engine_config import EngineConfig
 from .constraint_cache import ConstraintCache
@@ -30,7 +30,7 @@ from .executor import Executor
 from .errors import ConfigError, RequestError
 from .inbox import Inbox
 from .kv_cache import PagePool
-from .kv_memory import check_kv_fits, default_pages
+from .kv_memory import pool_pages
 from .models.loader import load_model
 from .models.prompt import prompt_ids
 from .models.tiling import overlap_crops
@@ -60,17 +60,7 @@ class Engine:
         mc = self.loaded.config
         self.model_config = mc
         ps = cfg.page_size
-        prefix_pages = -(-mc.prefix_len // ps)
-        per_seq = -(-mc.text.max_context // ps)
-        need = prefix_pages + per_seq - mc.prefix_len // ps
-        n_pages = cfg.kv_pages or default_pages(cfg.max_batch_size * (per_seq + prefix_pages),
-                                                max(need, cfg.max_batch_size), ps, self.loaded)
-        if n_pages < need:
-            raise ConfigError(f"kv_pages={n_pages} cannot hold one full-context request ({need} pages)")
-        if cfg.max_batch_size > n_pages:  # each running request has a page of its own at least
-            raise ConfigError(f"max_batch_size={cfg.max_batch_size} is more requests than the KV pool's {n_pages} "
-                              "pages can run at once; lower max_batch_size (or raise kv_pages)")
-        check_kv_fits(n_pages, ps, self.loaded, cfg)
+        n_pages, prefix_pages, need = pool_pages(cfg, self.loaded)
         self.pool = PagePool(n_pages, ps)
         # Each flag checked before a thread starts: an Engine that failed to start left its
         # executor's thread running, one a try.
@@ -116,7 +106,7 @@ class Engine:
         """Preprocess an image (in the calling thread) and queue its prefix for encoding. rgb: a
         uint8 array, RGB (H, W, 3), RGBA, grey or grey with alpha, or a Pillow image (engine.request.as_rgb)."""
         self._inbox.check_open()
-        image = self._image(rgb, _priority(priority))
+        image = self._image(rgb, checked_priority(priority))
         self._post(("image", image))
         return ImageRef(self, image)
 
@@ -143,18 +133,9 @@ class Engine:
         self._inbox.check_open()
         if not isinstance(params, SamplingParams):
             raise RequestError("params must be a SamplingParams")
-        priority = _priority(priority)
+        priority = checked_priority(priority)
         if draft is not None:
-            vocab = self.model_config.text.vocab_size
-            try:  # whole numbers only: 1.7 and "5" had passed as 1 and 5
-                draft = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else None
-                         for t in draft]
-            except TypeError:  # not a sequence
-                draft = [None]
-            if None in draft:
-                raise RequestError("draft must be a list of token ids (whole numbers)")
-            if any(not 0 <= t < vocab for t in draft):
-                raise RequestError(f"draft token ids must be in [0, {vocab})")
+            draft = checked_draft(draft, self.model_config.text.vocab_size)
         ids = prompt_ids(self.model_config, self.loaded.tokenizer, caption=caption, question=question)
         mc = self.model_config
         room = mc.text.max_context - mc.prefix_len - len(ids) + 1
@@ -221,8 +202,7 @@ class Engine:
 
     def set_pipeline_depth(self, depth: int) -> None:
         """Switch between pipelined (2) and blocking (1) between steps; for benchmarks."""
-        if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth not in (1, 2):
-            raise RequestError(f"pipeline depth must be 1 or 2, got {depth!r}")
+        check_depth(depth)
         self._post(("depth", depth))
 
     def reset_stats(self) -> None:
@@ -236,8 +216,7 @@ class Engine:
         returns: the engine ends once the callback returns and the requests are done.
         timeout None (or math.inf): no limit."""
         timeout = seconds(timeout)  # before anything closes: a bad one leaves the engine as it was
-        if not isinstance(cancel, (bool, np.bool_)):  # "no" or "false" from a setting had cancelled every request
-            raise RequestError(f"cancel must be True or False, got {cancel!r}")
+        check_cancel(cancel)
         self._inbox.close()
         if self._shut:  # closed and joined already (by a with block, then by hand, then at exit)
             return
@@ -347,9 +326,3 @@ class Engine:
         # ImageRefs still held give their pages back too: their release is moot now (_post), and
         # they had kept their prefixes' pages after the failure, and after close.
         self._batch.drop_images()
-
-
-def _priority(priority: Any) -> int:
-    if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
-        raise RequestError(f"priority must be an integer, got {priority!r}")
-    return int(priority)

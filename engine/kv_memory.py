@@ -1,6 +1,7 @@
 """How large the KV pool may be: its size by default (on a CPU, a share of the memory that the
-machine, and any cgroup limit above this process, leaves), and the check that a pool asked for
-fits before it is allocated whole at start (engine/kv_cache.py, engine/runner.py)."""
+machine, and any cgroup limit above this process, leaves), and the checks that a pool asked for
+holds one full-context request and fits before it is allocated whole at start (`pool_pages`;
+engine/kv_cache.py, engine/runner.py)."""
 
 from __future__ import annotations
 
@@ -108,3 +109,22 @@ def check_kv_fits(n_pages: int, page_size: int, loaded, cfg: EngineConfig) -> No
                           f"{need / 2**30:.1f} GiB, more than the {room / 2**30:.1f} GiB of "
                           f"{'free GPU memory' if loaded.device.type == 'cuda' else 'memory'}; lower "
                           "max_batch_size or kv_pages")
+
+
+def pool_pages(cfg: EngineConfig, loaded) -> tuple[int, int, int]:
+    """The KV pool for `cfg` and the loaded model, checked (ConfigError): its pages, those of an
+    image's prefix, and those one full-context request on a new image needs (what images encoded
+    ahead of their requests leave free: Budget.reserve_pages)."""
+    mc, ps = loaded.config, cfg.page_size
+    prefix_pages = -(-mc.prefix_len // ps)
+    per_seq = -(-mc.text.max_context // ps)
+    need = prefix_pages + per_seq - mc.prefix_len // ps
+    n_pages = cfg.kv_pages or default_pages(cfg.max_batch_size * (per_seq + prefix_pages),
+                                            max(need, cfg.max_batch_size), ps, loaded)
+    if n_pages < need:
+        raise ConfigError(f"kv_pages={n_pages} cannot hold one full-context request ({need} pages)")
+    if cfg.max_batch_size > n_pages:  # each running request has a page of its own at least
+        raise ConfigError(f"max_batch_size={cfg.max_batch_size} is more requests than the KV pool's {n_pages} "
+                          "pages can run at once; lower max_batch_size (or raise kv_pages)")
+    check_kv_fits(n_pages, ps, loaded, cfg)
+    return n_pages, prefix_pages, need
