@@ -22,8 +22,10 @@ from .config import ModelConfig
 from .engine_config import EngineConfig
 from .detokenizer import WordStreamer
 from .kv_cache import PagePool
-from .scheduler import Budget, StepPlan, own_pages, plan
+from .invariants import check_invariants
+from .scheduler import Budget, StepPlan, members, own_pages, plan
 from .sequence import Image, Sequence
+from .turns import Turns
 
 if TYPE_CHECKING:  # bookkeeping, no torch: the device half lives in runner.py
     from .executor import Pending
@@ -53,7 +55,7 @@ class Batch:
         self.steps = self.tokens = 0
         self.draft_proposed = self.draft_accepted = 0
         self.prefixes_dropped = 0
-        self._higher_run = 0  # admissions of the top priority in a row while a lower one waited
+        self.turns = Turns(config)  # one admission in lower_turn to a lower priority
 
     def has_work(self, closing: bool) -> bool:
         # Once closing, an image no request waits for is not worth encoding (and may not fit: close
@@ -100,27 +102,8 @@ class Batch:
     # ------------------------------------------------------------------ a step: plan, launch, commit
 
     def lower_turn(self) -> Sequence | None:
-        """The oldest waiting request below the top priority, when it is its turn: after
-        `lower_turn` - 1 admissions of the top priority in a row while it waited. With strict
-        priority, a live view that always has a frame waiting stopped a video job beside it (its
-        frames, a sticky group at a time, queued for seconds: 13x the job's time alone)."""
-        n = self.config.lower_turn
-        if not n or self._higher_run < n - 1 or not self.waiting:
-            return None
-        top = max(s.priority for s in self.waiting)
-        lower = [s for s in self.waiting if s.priority < top]
-        return max(lower, key=lambda s: s.priority) if lower else None  # max: the first, FIFO
-
-    def _count_turns(self, admitted: list[Sequence], waited: deque[Sequence]) -> None:
-        if not admitted or not self.config.lower_turn:
-            return
-        top = max(s.priority for s in waited)
-        lower_waited = any(s.priority < top for s in waited)
-        for seq in admitted:
-            if seq.priority < top:
-                self._higher_run = 0
-            elif lower_waited:
-                self._higher_run += 1
+        """The oldest waiting request below the top priority when it is its turn, else None (turns.py)."""
+        return self.turns.lower(self.waiting)
 
     def plan(self, first: Sequence | None = None) -> StepPlan:
         budget = Budget(free_pages=self.pool.n_free, free_slots=len(self.free_slots),
@@ -132,7 +115,7 @@ class Batch:
 
     def launch(self, step: StepPlan) -> None:
         P, ps = self.model_config.prefix_len, self.config.page_size
-        self._count_turns(step.admit, self.waiting)  # before the admitted leave it
+        self.turns.count(step.admit, self.waiting)  # before the admitted leave it
         for img in step.images:
             img.pages = self.pool.allocate(self.prefix_pages)
             self.pending_images.remove(img)
@@ -325,31 +308,5 @@ class Batch:
             self.maybe_release_image(img)
 
     def check_invariants(self, depth: int) -> None:
-        """After the commits (debug_checks): fewer than `depth` steps in flight, and the count of
-        in-flight steps each sequence and image keeps (what releases them) is exactly the number
-        of those steps that include it."""
-        assert len(self.inflight) < depth, (len(self.inflight), depth)
-        seqs: dict[int, int] = {}
-        images: dict[int, int] = {}
-        for record in self.inflight:
-            for seq in members(record.plan):
-                assert seq.id in self.seqs, f"request {seq.id} released while a step holds it"
-                seqs[seq.id] = seqs.get(seq.id, 0) + 1
-            for img in record.plan.images:
-                assert img.id in self.images, f"image {img.id} released while a step holds it"
-                images[img.id] = images.get(img.id, 0) + 1
-        for seq in self.seqs.values():
-            assert seq.inflight == seqs.get(seq.id, 0), (seq.id, seq.inflight, seqs.get(seq.id, 0))
-        for img in self.images.values():
-            assert img.inflight == images.get(img.id, 0), (img.id, img.inflight, images.get(img.id, 0))
-        waiting: dict[int, int] = {}
-        for seq in self.waiting:
-            waiting[id(seq.image)] = waiting.get(id(seq.image), 0) + 1
-        for img in self.images.values():
-            assert img.waiting == waiting.get(id(img), 0) and img.holders >= img.ref_held + img.waiting
-            assert not (img.staged and img.launched and not img.encoding), "launched before the vision stage"
-
-
-def members(step: StepPlan) -> list[Sequence]:
-    """The sequences a step includes, each once."""
-    return list({id(s): s for s in [c.seq for c in step.prefills] + step.decodes}.values())
+        """After the commits (debug_checks): the bookkeeping agrees with the steps in flight (invariants.py)."""
+        check_invariants(self, depth)

@@ -191,3 +191,8 @@ def plan(waiting: deque[Sequence], running: list[Sequence], pending_images: list
             ch.draft = propose([], ch.seq.draft, ch.seq.draft_index, min(budget.max_draft, ch.seq.capacity - 1, rows))
             rows -= len(ch.draft)
     return step
+
+
+def members(step: StepPlan) -> list[Sequence]:
+    """The sequences a step includes, each once."""
+    return list({id(s): s for s in [c.seq for c in step.prefills] + step.decodes}.values())
