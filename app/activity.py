@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
 log = logging.getLogger("vlmstream.ui")
 USERS_KEPT = 10_000  # sessions whose user name is remembered, least recently seen dropped first
 _users: OrderedDict[str, str] = OrderedDict()
+# Gradio runs page events on many threads at once: a session seen again while another's `seen`
+# dropped the least recent moved a key that was gone (KeyError in that page's event)
+_users_lock = threading.Lock()
 
 
 def to_stderr() -> logging.Handler:
@@ -35,15 +39,17 @@ def to_stderr() -> logging.Handler:
 def seen(session: str | None, user: str | None) -> None:
     """A page's event: its session belongs to this user (None without --auth-file)."""
     if session and user:
-        _users[session] = user
-        _users.move_to_end(session)
-        while len(_users) > USERS_KEPT:
-            _users.popitem(last=False)
+        with _users_lock:
+            _users[session] = user
+            _users.move_to_end(session)
+            while len(_users) > USERS_KEPT:
+                _users.popitem(last=False)
 
 
 def who(session: str | None) -> str:
     page = (session or "api")[:8]
-    user = _users.get(session or "")
+    with _users_lock:
+        user = _users.get(session or "")
     return f"{user} (page {page})" if user else f"page {page}"
 
 

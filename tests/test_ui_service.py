@@ -2090,3 +2090,37 @@ def test_the_wait_for_a_first_answer_says_how_long_it_has_lasted():
     snap = FeedSnapshot(version=0, running=True, error=None, frame_rgb=None, text="", pts=0.0, index=-1,
                         end_to_end_ms=0.0, counters=snap.counters, running_s=21.4)
     assert "waiting for the first answer (1 frame in flight): 21 s so far" in frame_html(snap)
+
+
+def test_the_activity_logs_user_names_are_safe_across_page_threads(monkeypatch):
+    """Gradio runs page events on many threads: a session seen again (its entry updated in place,
+    the least recent) while another page's `seen` dropped the least recent had its move_to_end
+    find no key, a KeyError in that page's event. Here the second page's `seen` runs exactly
+    between the first's update and its move; with the lock it waits for the first to finish."""
+    import threading
+    from collections import OrderedDict
+
+    from app import activity
+
+    class Interleaved(OrderedDict):
+        armed = False
+
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            if self.armed and key == "old-page":
+                self.armed = False
+                other = threading.Thread(target=activity.seen, args=("new-page", "bob"))
+                other.start()
+                other.join(0.5)  # without the lock it drops "old-page" now; with it, it waits
+
+    users = Interleaved([("old-page", "alice"), ("mid-page", "carol")])
+    monkeypatch.setattr(activity, "_users", users)
+    monkeypatch.setattr(activity, "USERS_KEPT", 2)
+    users.armed = True
+    activity.seen("old-page", "alice")  # a KeyError here without the lock
+    for _ in range(100):
+        if "new-page" in users:
+            break
+        time.sleep(0.01)
+    assert list(users) == ["old-page", "new-page"]
+    assert activity.who("old-page") == "alice (page old-page)"
