@@ -58,6 +58,7 @@ class LiveSessions:
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
         self._closed: OrderedDict[str, None] = OrderedDict()  # the sessions closed last, oldest first
         self._stopped: OrderedDict[str, None] = OrderedDict()  # sessions with a feed stopped, least recent first
+        self._refused: set[tuple[str, str]] = set()  # (session, kind) refused for max_feeds, said once (_check_room)
 
     def start_live(self, session: str, source: str, task: dict, record: bool = False,
                    name: str | None = None) -> object:
@@ -258,10 +259,21 @@ class LiveSessions:
         return feed
 
     def _check_room(self, key: tuple[str, str]) -> None:
+        """A UIError if the server plays its max_feeds already. Logged once until `key` gets a
+        feed: a refused camera goes on sending a frame every 0.1 s, each one refused, and the
+        activity log had a line for each (ten a second, for as long as the page stayed open)."""
         with self._lock:
             full = over_limit(self._feeds, key, self._max_feeds)
+            said = key in self._refused
+            if full:
+                if len(self._refused) >= CLOSED_KEPT:  # API clients' sessions are never closed: bounded
+                    self._refused.clear()
+                self._refused.add(key)
+            else:
+                self._refused.discard(key)
         if full:
-            activity.refused(key, full)
+            if not said:
+                activity.refused(key, full)
             raise UIError(full)
 
     def _check_open(self, session: str) -> None:
@@ -315,6 +327,7 @@ class LiveSessions:
         with self._lock:
             self._cam_record.pop(session, None)
             self._starting.pop(session, None)
+            self._refused.difference_update({(session, "pull"), (session, "push")})
             self._stopped.pop(session, None)
 
 

@@ -2124,3 +2124,37 @@ def test_the_activity_logs_user_names_are_safe_across_page_threads(monkeypatch):
         time.sleep(0.01)
     assert list(users) == ["old-page", "new-page"]
     assert activity.who("old-page") == "alice (page old-page)"
+
+
+def test_a_refused_camera_is_logged_once_not_for_each_frame_it_sends():
+    """A camera refused for --max-feeds goes on sending a frame every 0.1 s, each refused: the
+    activity log had a line for each, ten a second for as long as the page stayed open."""
+    import logging
+
+    from app import activity
+
+    lines = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    activity.log.addHandler(handler)
+    level = activity.log.level
+    activity.log.setLevel(logging.INFO)
+    rgb = np.asarray(Image.open(SAMPLES_DIR / "scene.png").convert("RGB"))
+    s = Service(Settings(max_tokens=4), max_feeds=1)
+    try:
+        s.start_live("tab-full", "shapes_640x360_60fps.mp4", make_task("short"))
+        for _ in range(5):
+            with pytest.raises(UIError, match="its limit"):
+                s.push_frame("tab-cam-refused", rgb, make_task("short"))
+        s.stop_live("tab-full", why="Stop")
+        s.push_frame("tab-cam-refused", rgb, make_task("short"))  # room again: it starts
+    finally:
+        activity.log.removeHandler(handler)
+        activity.log.setLevel(level)
+        for sid in ("tab-full", "tab-cam-refused"):
+            s.close_session(sid)
+        s.close()
+        s.remove_outputs()
+    refused = [line for line in lines if "refused" in line]
+    assert len(refused) == 1, lines
+    assert any("started the browser camera" in line for line in lines), lines
