@@ -69,6 +69,8 @@ class StreamSource:
             scheme, reconnect, open_timeout, read_timeout = "pipe", False, STREAM_MAX_WAIT_S, STREAM_MAX_WAIT_S
         else:
             check_url(url, scheme, self.display)
+            if source_id:  # a listed source (`ui --sources`): its messages name it as its frames do,
+                self.display = source_id  # not by its URL (a page was to see the name alone)
         self.source_id = source_id or self.display
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.reconnect, self.pace = reconnect, pace

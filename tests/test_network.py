@@ -1938,3 +1938,17 @@ def test_an_rtsp_server_that_never_answers_is_said_to_send_nothing():
         with pytest.raises(SourceError, match=r": nothing came for [\d.]+ s$"):
             list(src.frames())
     assert reasons and all(r.startswith("nothing came for") for r in reasons), reasons
+
+
+def test_a_listed_stream_is_named_in_its_messages_by_its_name_not_its_url():
+    """`ui --sources`: a page that plays "Front door" was to see that name alone, but a stream's
+    errors and connection lines named its URL (redacted, its host and path still there), and its
+    outages' log lines a source that its frames' lines did not."""
+    src = StreamSource(f"rtsp://admin:s3cret@127.0.0.1:{_port()}/cam", "Front door", open_timeout=1,
+                       read_timeout=1, max_wait=1)
+    assert src.connection.display == "Front door"
+    with pytest.raises(SourceError) as failed:
+        next(src.frames())
+    assert "Front door" in str(failed.value) and "127.0.0.1" not in str(failed.value), failed.value
+    unnamed = StreamSource("rtsp://admin:s3cret@127.0.0.1:8554/cam")  # the CLI's: the URL, redacted
+    assert unnamed.display == unnamed.source_id == "rtsp://***@127.0.0.1:8554/cam"
