@@ -100,8 +100,9 @@ class LiveSessions:
             from engine.errors import shortened
 
             raise UIError(f"no such file: {shortened(source)} ({e.strerror})") from None
-        if missing:
-            raise UIError(f"{source} is a folder, not a video" if folder else f"no such file: {source}")
+        if missing:  # a listed file by its name (the server's path is not the page's to see), an upload by its own
+            shown = name or source
+            raise UIError(f"{shown} is a folder, not a video" if folder else f"no such file: {shown}")
         live = open_live(source, reading=service.reading, name=name)  # a recording (a file, or one over the network) plays as if live, round and round
         recorder = None
         if record:
@@ -136,6 +137,8 @@ class LiveSessions:
             if recorder is not None:
                 recorder.close()
                 recorder.path.unlink(missing_ok=True)
+            if full:
+                activity.refused((session, "pull"), full)
             raise UIError(full or "the engine was reloaded (Settings) while this Start opened its source: Start again")
         activity.feed_started(session, name or source, task, record)
         return feed

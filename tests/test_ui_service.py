@@ -726,14 +726,16 @@ def test_with_listed_only_a_page_plays_no_path_or_url_of_its_own():
     from app.page_events import PageEvents
     from app.source_list import SourceList
 
-    s = Service(Settings(max_tokens=4), sources=SourceList({"Lobby": str(SAMPLES_DIR / "cuts_640x360_30fps.mp4")},
-                                                           only=True))
+    s = Service(Settings(max_tokens=4), sources=SourceList({"Lobby": str(SAMPLES_DIR / "cuts_640x360_30fps.mp4"),
+                                                            "Gone": "/srv/cams/gone.mp4"}, only=True))
     request = types.SimpleNamespace(session_hash="tab-only", username=None)
     try:
         for typed in ("/etc/hosts", "rtsp://10.0.0.9/stream", "webcam:0"):
             frame, counters, *_ = next(PageEvents(s).live(typed, None, "short", "", "none", "", False, request))
-            assert "this server plays only its listed sources (Lobby) and the samples, or an uploaded file" in frame
+            assert "this server plays only its listed sources (Lobby, Gone) and the samples, or an uploaded file" in frame
             assert s.feed("tab-only") is None
+        frame, *_ = next(PageEvents(s).live("Gone", None, "short", "", "none", "", False, request))
+        assert "no such file: Gone" in frame and "/srv/cams" not in frame  # the server's path not the page's to see
         for choice in ("Lobby", "shapes_640x360_60fps.mp4"):
             updates = PageEvents(s).live(choice, None, "short", "", "none", "", False, request)
             next(updates)
@@ -743,7 +745,7 @@ def test_with_listed_only_a_page_plays_no_path_or_url_of_its_own():
 
         picker = next(b for b in build(s, "Lobby").blocks.values()
                       if type(b).__name__ == "Dropdown" and (b.label or "").startswith("Source"))
-        assert [c[0] for c in picker.choices] == ["Lobby", *sample_videos()] and not picker.allow_custom_value
+        assert [c[0] for c in picker.choices] == ["Lobby", "Gone", *sample_videos()] and not picker.allow_custom_value
     finally:
         s.close_session("tab-only")
         s.close()
