@@ -6,7 +6,8 @@ each kind it stopped stays for its Export. Closing the tab stops both feeds, can
 jobs and removes its recordings, and a closed tab stays closed: a late event of its page is a
 UIError, not a new feed. Every open feed gets an equal share of the engine's frames in flight, but
 a camera that stopped sending (CAMERA_SILENT_S without a frame) holds none until it sends again
-(app/inflight_share.py). A new feed beyond the server's max_feeds is a UIError.
+(app/inflight_share.py). A new feed beyond the server's max_feeds, or from a closed tab, is a UIError
+(app/feed_gate.py).
 
 The feeds run on their `Service`'s engine, settings and reading, under the service's lock: a
 model reload (`Service.apply`) and a Start that opens its source meanwhile must see each other
@@ -27,7 +28,8 @@ import numpy as np
 
 from app import activity, live_exports
 from app.errors import UIError
-from app.inflight_share import MAX_FEEDS, latest_answer_s, over_limit, share_inflight, silent
+from app.feed_gate import FeedGate
+from app.inflight_share import MAX_FEEDS, latest_answer_s, share_inflight, silent
 from app.samples import SAMPLES_DIR, sample_videos
 
 if TYPE_CHECKING:
@@ -38,7 +40,6 @@ LIVE_FPS = 60.0
 # at 640x360 (the 60 fps sample: 2.8 MB for 150 s). One per tab, replaced by its next one,
 # removed with the tab.
 RECORD_MAX_S = 600.0
-CLOSED_KEPT = 10_000  # closed sessions remembered, so that a late event cannot bring one back
 # Sessions whose stopped feeds and recordings stay for their Export and download, least recently
 # stopped dropped first: an API client without Gradio's heartbeat never unloads, and each of its
 # calls, a session, had kept its stopped feed (~5 MB) and recording until the server stopped.
@@ -50,15 +51,13 @@ class LiveSessions:
         """lock: the service's own, held by its engine's reload too (see the module's docstring)."""
         self._service = service
         self._lock = lock
-        self._max_feeds = max_feeds
+        self._gate = FeedGate(max_feeds)  # closed tabs and the server's limit (app/feed_gate.py)
         self._feeds: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> LiveFeed
         self._ended: dict[tuple[str, str], object] = {}  # the last stopped feed of each, for an export
         self._recorders: dict[tuple[str, str], object] = {}  # (session, "pull" | "push") -> its feed's Recorder
         self._cam_record: dict[str, bool] = {}  # session -> its camera's Record box, as last seen
         self._starting: dict[str, threading.Lock] = {}  # session -> held while a Start of it runs
-        self._closed: OrderedDict[str, None] = OrderedDict()  # the sessions closed last, oldest first
         self._stopped: OrderedDict[str, None] = OrderedDict()  # sessions with a feed stopped, least recent first
-        self._refused: set[tuple[str, str]] = set()  # (session, kind) refused for max_feeds, said once (_check_room)
 
     def start_live(self, session: str, source: str, task: dict, record: bool = False,
                    name: str | None = None) -> object:
@@ -124,7 +123,7 @@ class LiveSessions:
             # Settings may have reloaded the model since engine() above: apply() closed every feed
             # it found, not this one, and the engine it was built on
             stale = service.current_engine() is not engine
-            full = over_limit(self._feeds, (session, "pull"), self._max_feeds)  # others started meanwhile
+            full = self._gate.full(self._feeds, (session, "pull"))  # others started meanwhile
             if not stale and not full:
                 self._feeds[(session, "pull")] = feed
                 if recorder is not None:
@@ -137,8 +136,6 @@ class LiveSessions:
             if recorder is not None:
                 recorder.close()
                 recorder.path.unlink(missing_ok=True)
-            if full:
-                activity.refused((session, "pull"), full)
             raise UIError(full or "the engine was reloaded (Settings) while this Start opened its source: Start again")
         activity.feed_started(session, name or source, task, record)
         return feed
@@ -262,28 +259,13 @@ class LiveSessions:
         return feed
 
     def _check_room(self, key: tuple[str, str]) -> None:
-        """A UIError if the server plays its max_feeds already. Logged once until `key` gets a
-        feed: a refused camera goes on sending a frame every 0.1 s, each one refused, and the
-        activity log had a line for each (ten a second, for as long as the page stayed open)."""
         with self._lock:
-            full = over_limit(self._feeds, key, self._max_feeds)
-            said = key in self._refused
-            if full:
-                if len(self._refused) >= CLOSED_KEPT:  # API clients' sessions are never closed: bounded
-                    self._refused.clear()
-                self._refused.add(key)
-            else:
-                self._refused.discard(key)
-        if full:
-            if not said:
-                activity.refused(key, full)
-            raise UIError(full)
+            self._gate.check_room(self._feeds, key)
 
     def _check_open(self, session: str) -> None:
         """A session's page is gone once closed: a camera frame that arrives after its unload
         would start a feed that nobody closes (and that takes a share of every viewer's frames)."""
-        if session in self._closed:
-            raise UIError("this page was closed: reload it")
+        self._gate.check_open(session)
 
     def camera_silent(self, session: str) -> None:
         """The session's camera stopped sending (the page's timer says so): its feed stays, for its
@@ -313,9 +295,7 @@ class LiveSessions:
 
     def close_session(self, session: str) -> None:
         with self._lock:
-            self._closed[session] = None
-            while len(self._closed) > CLOSED_KEPT:
-                self._closed.popitem(last=False)
+            self._gate.close(session)
         self._service.jobs.cancel(session)
         with self._lock:
             # a Start still opening its source would install its feed after us: wait for it
@@ -330,7 +310,6 @@ class LiveSessions:
         with self._lock:
             self._cam_record.pop(session, None)
             self._starting.pop(session, None)
-            self._refused.difference_update({(session, "pull"), (session, "push")})
             self._stopped.pop(session, None)
 
 

@@ -508,16 +508,16 @@ def test_unticking_a_cameras_record_box_ends_its_recording_there(service):
 def test_a_tab_closed_last_stays_closed_when_the_oldest_are_forgotten(service, monkeypatch):
     """Closed tabs are remembered up to CLOSED_KEPT, the oldest forgotten first: the ones closed
     last are those whose late camera frames still come, and must not start a feed for nobody."""
-    import app.live_sessions
+    import app.feed_gate
 
-    monkeypatch.setattr(app.live_sessions, "CLOSED_KEPT", 2)
+    monkeypatch.setattr(app.feed_gate, "CLOSED_KEPT", 2)
     grey = np.full((64, 64, 3), 128, np.uint8)
     for tab in ("gone-1", "gone-2", "gone-3"):
         service.close_session(tab)
     for tab in ("gone-2", "gone-3"):
         with pytest.raises(UIError, match="closed"):
             service.push_frame(tab, grey, make_task("short"))
-    assert "gone-1" not in service.live._closed and service.feed("gone-3", "push") is None
+    assert "gone-1" not in service.live._gate._closed and service.feed("gone-3", "push") is None
 
 
 def test_several_questions_in_every_tab(service, tmp_path):
