@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.types import SamplingParams
     from pipelines.live import DEFAULT_MAX_INFLIGHT, FAST_ANSWER_S, SLOW_ANSWER_S
 
+    _listed(args)
     sticky, snapshots, tasks, region = _checked(args)
     opened, labels, recordings = _opened(args)
     if region is not None:
@@ -94,6 +95,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listed(args: argparse.Namespace) -> None:
+    """The sources as given, with --sources: each SOURCE that names one of its file's is that one
+    (all of them where no SOURCE is given), the others as they are; `args.source_names` holds each
+    one's name (None for a source given as itself)."""
+    from app.source_list import read_sources
+
+    names: list[str | None] = [None] * len(args.sources)
+    if args.source_file is not None:
+        listed = read_sources(args.source_file).named
+        chosen = args.sources or list(listed)
+        for c in chosen:  # a mistyped name had been "video not found: Frnt door"
+            if c not in listed and "://" not in c and c != "-" and not c.startswith(("webcam:", "/dev/")) \
+                    and not os.path.exists(c):
+                raise UsageError(f"{c} is no name in {args.source_file} ({', '.join(listed)}) and no file")
+        names = [c if c in listed else None for c in chosen]
+        args.sources = [listed.get(c, c) for c in chosen]
+    elif not args.sources:
+        raise UsageError("name a SOURCE (a file, webcam:N, a stream URL, -), or give --sources FILE")
+    if len(set(filter(None, names))) != len(list(filter(None, names))):
+        raise UsageError("a source is listed twice")
+    args.source_names = names
+
+
 def _checked(args: argparse.Namespace) -> tuple[float, Path | None, list[dict], tuple[str, str] | None]:
     """(sticky, the --snapshots folder, the prompts' tasks, --detect/--point's (task, object));
     a mistake is a UsageError."""
@@ -135,11 +159,12 @@ def _opened(args: argparse.Namespace) -> tuple[list, list[str], list[Path] | Non
     # Every mistake fails here, before torch loads (~3 s): a missing file or camera is said at once.
     # Opening connects to no stream (StreamSource connects when its frames are first asked).
     reading = reading_arg(args)
-    opened = [open_live(source, max_outage=args.max_outage, reading=reading) for source in args.sources]
-    labels = [redact(source) for source in args.sources]
+    opened = [open_live(source, max_outage=args.max_outage, reading=reading, name=name)
+              for source, name in zip(args.sources, args.source_names)]
+    labels = [name or redact(source) for source, name in zip(args.sources, args.source_names)]
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials
         labels = [f"{label} ({i + 1})" for i, label in enumerate(labels)]
-    recordings = recording_paths(args.annotate, args.sources, labels)
+    recordings = recording_paths(args.annotate, args.sources, labels, args.source_names)
     check_not_inputs([*([Path(args.output)] if args.output not in (None, "-") else []), *(recordings or [])],
                      args.sources)
     # Said now, as a busy log is: the recorder opens its file at the first frame, so a second run

@@ -25,15 +25,17 @@ def save_change_frame(folder: Path, source: str, frame) -> Path:
     return save_jpeg(folder / f"{stamp}{'_' + source if source else ''}_{frame.index}.jpg", frame.rgb)
 
 
-def file_names(sources: list[str], labels: list[str]) -> list[str]:
+def file_names(sources: list[str], labels: list[str], listed: list[str | None] | None = None) -> list[str]:
     """Each source as its recordings and snapshots name it: a file's name without its folder and
-    suffix, a stream's address without credentials, made unique. Snapshots had carried a file's
-    whole path (_work_clips_door.mp4) where its recording said door."""
+    suffix, a stream's address without credentials, a source of `live --sources` by its name
+    (`listed`, None for the others), made unique. Snapshots had carried a file's whole path
+    (_work_clips_door.mp4) where its recording said door."""
     from pipelines.sinks import file_label
 
+    listed = listed or [None] * len(sources)
     # standard input is "stdin": its recordings and snapshots were STAMP_-.mp4 and ..._-_0.jpg
-    names = [file_label("stdin" if source == "-" else Path(source).stem if Path(source).is_file() else label)
-             or "source" for source, label in zip(sources, labels)]
+    names = [file_label(name or ("stdin" if source == "-" else Path(source).stem if Path(source).is_file() else label))
+             or "source" for source, label, name in zip(sources, labels, listed)]
     # A name no other source has is kept; the others get the first free _1, _2...: door_2.mp4
     # beside a/door.mp4 and b/door.mp4 stays door_2, they become door_1 and door_3
     taken = {n for n in names if names.count(n) == 1}
@@ -47,7 +49,8 @@ def file_names(sources: list[str], labels: list[str]) -> list[str]:
     return unique
 
 
-def recording_paths(annotate: str | None, sources: list[str], labels: list[str]) -> list[Path] | None:
+def recording_paths(annotate: str | None, sources: list[str], labels: list[str],
+                    listed: list[str | None] | None = None) -> list[Path] | None:
     """--annotate: OUT.mp4 (one source), or FOLDER/: a file per source named by the UTC time the
     run began and the source (`file_names`), so a restarted job starts new files beside the old
     ones."""
@@ -65,7 +68,7 @@ def recording_paths(annotate: str | None, sources: list[str], labels: list[str])
     from datetime import datetime, timezone
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return [folder / f"{stamp}_{name}.mp4" for name in file_names(sources, labels)]
+    return [folder / f"{stamp}_{name}.mp4" for name in file_names(sources, labels, listed)]
 
 
 def open_log(output: str | None):

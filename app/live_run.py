@@ -52,7 +52,7 @@ class LiveRun:
         self.write_error: list[tuple[str, OSError]] = []  # (what, error): the run stops
         self.print_lock = threading.Lock()
         # --changes: each source's answers are followed, and only the new ones reported
-        self.names = dict(zip(labels, file_names(args.sources, labels)))  # the snapshots' names for the sources
+        self.names = dict(zip(labels, file_names(args.sources, labels, getattr(args, "source_names", None))))  # snapshots
         self.changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
         self.recorders: dict = {}  # label -> Recorder, with --annotate (started once the model is up)
         self.failed_said: set[str] = set()  # sources whose failure was said while the others went on

@@ -163,10 +163,14 @@ def _live_command(sub) -> None:
                           description="Caption a live source: a network stream (reconnecting when it breaks) "
                                       "or a file played in real time (looped to --duration); several sources "
                                       "share one engine, each with its own latest-frame-wins session.")
-    live.add_argument("sources", nargs="+", metavar="SOURCE",
+    live.add_argument("sources", nargs="*", metavar="SOURCE",
                       help="a video file (played in real time), webcam:N (or /dev/videoN), a stream URL: "
                            "rtsp, udp, http(s)/HLS, rtmp, or - for a stream piped in (rpicam-vid -t 0 -o - | "
-                           "vlmstream live -); several sources share one engine")
+                           "vlmstream live -); several sources share one engine; with --sources, a NAME of its file")
+    live.add_argument("--sources", dest="source_file", metavar="FILE",
+                      help="named sources, one 'NAME = SOURCE' a line (as `ui --sources`): all of them, or those "
+                           "named as SOURCE; each goes by its name in what the run says and writes, so a camera's "
+                           "password is in no command line (ps, shell history) and no output")
     add_prompt_args(live, " (a frame completes with all its answers)")
     region = live.add_mutually_exclusive_group()
     region.add_argument("--detect", metavar="OBJECT", action=Once,

@@ -1,5 +1,6 @@
-"""The web UI's named sources (`vlmstream ui --sources FILE`): the cameras and streams an operator
-sets up once, chosen by name on the Live tab.
+"""Named sources (`vlmstream ui --sources FILE`, `vlmstream live --sources FILE`): the cameras and
+streams an operator sets up once, chosen by name on the web UI's Live tab or on `live`'s command
+line (where a URL's password would show in `ps`).
 
 The file has one source a line, `NAME = SOURCE` (a stream URL, webcam:N or a video file; spaces
 around the `=` ignored, blank lines and lines starting with # skipped), each name once. A page

@@ -1258,6 +1258,37 @@ def test_an_error_closing_the_feeds_at_the_end_of_a_run_reaches_the_caller(monke
         live_run._wait_closed([Broken()])
 
 
+def test_live_plays_named_sources_and_a_cameras_password_is_in_no_command_line_or_output(small_folder, tmp_path,
+                                                                                         capsys):
+    """`live rtsp://admin:pw@cam/...` put the camera's password in the process list (ps) and the
+    shell's history. `live --sources cams.txt [NAME...]` reads it from a file, and the run says
+    and writes each source by its name: its lines, log, recordings, closing figures."""
+    from app.cli import main
+
+    samples = Path(__file__).resolve().parents[1] / "sample_videos"
+    cams = tmp_path / "cams.txt"
+    cams.write_text(f"Lobby = {samples / 'cuts_640x360_30fps.mp4'}\nDoor = rtsp://admin:s3cret@127.0.0.1:9/cam\n")
+    log, folder = tmp_path / "log.jsonl", tmp_path / "rec"
+    cmd = ["live", "--sources", str(cams), "--model", str(small_folder), "--duration", "2", "--max-tokens", "3"]
+    assert main([*cmd, "--json", "-o", str(log), "--annotate", f"{folder}/"]) == 1  # the door's camera is off
+    captured = capsys.readouterr()
+    stats = json.loads(captured.out)
+    assert set(stats["sources"]) == {"Lobby", "Door"} and stats["sources"]["Lobby"]["completed"] > 3
+    assert "Door: no frames received (Connection refused)" in captured.err
+    assert {json.loads(line)["source"] for line in log.read_text().splitlines()} == {"Lobby"}
+    assert [p.name.split("_", 1)[1] for p in sorted(folder.iterdir())] == ["Lobby.mp4"]  # the door's: no frame
+    said = captured.out + captured.err + log.read_text()
+    assert "s3cret" not in said and "127.0.0.1:9" not in said and "cuts_640x360" not in said
+    assert main([*cmd, "Lobby"]) == 0  # one of them, by its name
+    captured = capsys.readouterr()
+    assert "frames captioned" in captured.err and "Door" not in captured.out + captured.err
+    for argv, said in [(["live", "--sources", str(cams), "Lobb"], f"Lobb is no name in {cams} (Lobby, Door) and no file"),
+                       (["live", "--sources", str(cams), "Lobby", "Lobby"], "a source is listed twice"),
+                       (["live"], "name a SOURCE (a file, webcam:N, a stream URL, -), or give --sources FILE")]:
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"vlmstream: error: {said}\n"
+
+
 def test_the_json_summary_of_several_sources_totals_every_counter(capsys):
     """`live a b --json`: the top-level figures are each source's summed, past-the-deadline
     frames among them."""
