@@ -98,7 +98,7 @@ def test_a_connection_hands_each_outage_over_when_found_over_and_given_up():
     assert c.outage is told[0] and not told[0].over and told[0].start == c.last_frame
     time.sleep(0.05)
     c.frame()
-    assert told[1].end == c.last_frame and 0.05 <= told[1].duration() < 0.25 and c.outage is None
+    assert told[1].end == c.last_frame and 0.045 <= told[1].duration() < 0.25 and c.outage is None
     c.lost("Connection refused")
     time.sleep(0.35)
     with pytest.raises(SourceError, match="gave up on"):
