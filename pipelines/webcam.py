@@ -48,7 +48,10 @@ class WebcamSource:
                     yield Frame(self.source_id, index, last_ok - t0, self._cv2.cvtColor(bgr, self._cv2.COLOR_BGR2RGB))
                     index += 1
                     continue
-                if now - last_ok <= self.read_timeout and self._cap is not None:
+                # Failed reads within read_timeout are a camera warming up, unless --max-outage comes
+                # first: a frozen camera with --max-outage 1 was given up after the 3 s read timeout
+                left = None if connection.last_frame is None else connection.give_up_in(t0)
+                if now - last_ok <= self.read_timeout and self._cap is not None and (left is None or left > 0):
                     time.sleep(0.01)
                     continue
                 if connection.last_frame is None:  # a camera that is off or busy: exit 1, as a silent stream

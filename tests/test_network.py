@@ -319,6 +319,38 @@ def test_a_camera_slow_to_send_its_first_frame_is_read_not_given_up(monkeypatch)
     assert [e.split(" after")[0] for e in events] == ["lost (it stopped sending frames); reconnecting", "back"]
 
 
+def test_a_frozen_webcam_is_given_up_at_max_outage_not_its_read_timeout(monkeypatch):
+    """A camera that stops sending (its reads failing, the device still open): with --max-outage 1
+    it was given up after its 3 s read timeout, and each reopen's read timeout later with a longer one."""
+    import cv2
+    import numpy as np
+
+    from pipelines.webcam import WebcamSource
+
+    class Frozen:
+        def __init__(self, index):
+            self.left = 3
+
+        def isOpened(self):
+            return True
+
+        def read(self):
+            if not self.left:
+                return False, None
+            self.left -= 1
+            return True, np.zeros((4, 6, 3), np.uint8)
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(cv2, "VideoCapture", Frozen)
+    src = WebcamSource(0, read_timeout=3.0, max_outage=1.0)
+    with pytest.raises(SourceError, match=r"^gave up on webcam:0: no frame for 1\.\d s, more than the 1\.0 s allowed"):
+        for _ in src.frames():
+            pass
+    assert time.perf_counter() - src.connection.last_frame < 2.0
+
+
 def test_the_first_camera_is_webcam_0_and_a_tenth_is_dev_video10():
     """webcam:0 is the default camera; capture cards and virtual cameras take /dev/video10 and up."""
     from pipelines.webcam import parse_webcam
