@@ -108,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     auth = read_auth(args.auth_file) if args.auth_file else None
     settings_by = settings_users(args.settings_by, auth)
     sources = read_sources(args.sources, args.listed_only)
+    for name, source in sources.named.items():  # read once, where every page's Start opens it again
+        if source == "-" or is_named_pipe(source):
+            raise UsageError(f"--sources: {name} = {source}: the web UI does not read standard input or a named "
+                             "pipe (`vlmstream live` does)")
     if auth is None and not loopback(args.host):
         reach = "" if sources.only else ", and its page plays any file or URL this server reaches"
         print(f"vlmstream: warning: the UI on {args.host} asks no password{reach} (--auth-file)", file=sys.stderr)

@@ -189,10 +189,13 @@ def test_ui_sources_file_mistakes_are_one_line_before_the_model_loads(capsys, tm
     (tmp_path / "cams.txt").write_text("\ufeff# cameras\nFront door = rtsp://u:p@10.0.0.5/live?a=1&b=2\n\n Yard=webcam:1 \n")
     (tmp_path / "bare.txt").write_text("rtsp://10.0.0.5/live?profile=1\n")  # a URL with no name: not a name "rtsp..."
     (tmp_path / "twice.txt").write_text("Door = webcam:0\nDoor = webcam:1\n")
+    (tmp_path / "stdin.txt").write_text("Pi camera = -\n")
     for args, needle in [(["--sources", str(tmp_path / "bare.txt")], "line 1: expected NAME = SOURCE"),
                          (["--sources", str(tmp_path / "twice.txt")], "line 2: Door is named twice"),
                          (["--sources", str(tmp_path / "missing.txt")], "--sources: cannot read"),
                          (["--listed-only"], "--listed-only needs --sources FILE"),
+                         (["--sources", str(tmp_path / "stdin.txt")],
+                          "--sources: Pi camera = -: the web UI does not read standard input or a named pipe"),
                          (["--sources", str(tmp_path / "cams.txt"), "--listed-only", "--source", "/etc/hosts"],
                           "--source /etc/hosts is none of the --sources (--listed-only)")]:
         assert main(["ui", "--port", port, *args, "--model", "/no/such/model"]) == 2
