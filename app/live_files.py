@@ -16,12 +16,16 @@ from app.outputs import check_writable, folder_arg
 
 def save_change_frame(folder: Path, source: str, frame) -> Path:
     """The frame of a change as a JPEG named by the UTC time it was saved (names sort in time
-    order), the source's `file_names` name (with several) and the frame's index."""
+    order), the source's `file_names` name (with several) and the frame's index. A label given
+    as it is shown (--detect's: `Front door`, a URL's `rtsp://***@cam/live`) is made a file name
+    here as `file_names` makes it: its slashes had named folders that are not there, and the run
+    stopped at its first change ("cannot write a snapshot")."""
     from datetime import datetime, timezone
 
-    from pipelines.sinks import save_jpeg
+    from pipelines.sinks import file_label, save_jpeg
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
+    source = source and (file_label(source) or "source")
     return save_jpeg(folder / f"{stamp}{'_' + source if source else ''}_{frame.index}.jpg", frame.rgb)
 
 

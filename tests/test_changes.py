@@ -382,3 +382,22 @@ def test_every_video_gets_its_own_snapshot_names(tmp_path):
     assert all(n.endswith("_0000007.jpg") for n in names)
     # a long path keeps its end, the video's own name (its start, the folders, is what goes)
     assert all("long1.mp4_" in n for n in names[7:]), names[7:]
+
+
+def test_detect_snapshots_of_listed_sources_are_named_as_their_recordings(tmp_path, small_folder):
+    """`live --sources cams.txt --detect OBJECT --changes --snapshots DIR`: a snapshot carried the
+    source's label as it was (`Front door_7.jpg`, where its recording is Front_door.mp4), and a
+    label with a slash (a name `Gate/North`, a URL's `rtsp://***@cam/live`) made a path into folders
+    that are not there: "cannot write a snapshot", and the run stopped at its first change."""
+    cams = tmp_path / "cams.txt"
+    other = tmp_path / "gate.mp4"
+    other.write_bytes(CLIP.read_bytes())
+    cams.write_text(f"Front door = {CLIP}\nGate/North = {other}\n")
+    shots, log = tmp_path / "shots", tmp_path / "log.jsonl"
+    assert main(["live", "--sources", str(cams), "--detect", "circle", "--model", str(small_folder),
+                 "--duration", "2", "--changes", "-o", str(log), "--snapshots", str(shots),
+                 "--annotate", str(tmp_path / "rec") + "/"]) == 0
+    recorded = sorted(p.stem.split("_", 1)[1] for p in (tmp_path / "rec").iterdir())
+    assert recorded == ["Front_door", "Gate_North"]
+    saved = sorted(p.name for p in shots.iterdir())
+    assert {re.fullmatch(r"\d{8}T\d{6}\.\d{3}Z_(.+)_\d+\.jpg", n).group(1) for n in saved} == set(recorded), saved
