@@ -39,6 +39,17 @@ class _TimedOut(OSError):
     """A read that timed out, and got what the demuxer held instead of an error (see `before`)."""
 
 
+def _shown(url: str, name: str | None = None) -> str:
+    """The URL as messages show it (`redact`); a URL that is none, said by its `name` where it has
+    one (the reason alone: the URL is in redact's message as written)."""
+    try:
+        return redact(url)
+    except SourceError as e:
+        if name is None:
+            raise
+        raise SourceError(f"{name}: not a valid URL ({str(e).partition(' is not a valid URL: ')[2]})") from None
+
+
 class StreamSource:
     """A network stream through PyAV (RTSP, UDP/RTP, HTTP(S) and HLS, RTMP...), or standard input
     (`STDIN`: a program's stream piped in, read once) or a named pipe (`is_named_pipe`), alike.
@@ -57,7 +68,6 @@ class StreamSource:
                  pace: bool = True, lazy: bool = False, max_outage: float | None = None,
                  reading: Reading = AS_SHOWN):
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-        self.url, self.display = url, redact(url)
         # The path of a pipe to read (STDIN for standard input), or None for a network stream
         self._pipe: str | None = url if url == STDIN or is_named_pipe(url) else None
         self._pipe_fd: int | None = None  # a named pipe's, opened by the first _open
@@ -68,9 +78,12 @@ class StreamSource:
             self.url, self.display = ("pipe:0", "standard input") if url == STDIN else (url, url)
             scheme, reconnect, open_timeout, read_timeout = "pipe", False, STREAM_MAX_WAIT_S, STREAM_MAX_WAIT_S
         else:
+            # A listed source (`--sources`): its messages name it as its frames do, not by its URL
+            # (a page was to see the name alone), from the first: a mistyped scheme or port had
+            # been said with the URL's host, and a URL that does not parse with its password.
+            shown = _shown(url, source_id)
+            self.url, self.display = url, source_id or shown
             check_url(url, scheme, self.display)
-            if source_id:  # a listed source (`ui --sources`): its messages name it as its frames do,
-                self.display = source_id  # not by its URL (a page was to see the name alone)
         self.source_id = source_id or self.display
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.reconnect, self.pace = reconnect, pace

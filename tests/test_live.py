@@ -1558,3 +1558,21 @@ def test_a_slow_feeds_chart_keeps_its_last_answers_beyond_the_window():
     svg = chart_svg(points, 0.05)
     assert f"last {span:.0f} s (3 frames shown)" in svg and 'data-bars="3"' in svg
     assert "(1 frame shown)" in chart_svg(points[:1], 30.0) and "(1 frame):" in chart_svg(points[:1], 30.0)
+
+
+def test_a_listed_url_that_is_no_stream_url_is_said_by_its_name(tmp_path, capsys):
+    """`live --sources cams.txt NAME` (and a page's Start of NAME): a mistyped scheme or port was
+    said with the URL's host, and a URL that does not parse with its password whole
+    ("rtsp://admin:s3cret@[::1/cam is not a valid URL"): a listed source goes by its name in
+    everything the run says."""
+    from app.cli import main
+
+    cams = tmp_path / "cams.txt"
+    cams.write_text("Typo = rtps://admin:s3cret@10.0.0.5/cam\nBracket = rtsp://admin:s3cret@[::1/cam\n"
+                    "Port = rtsp://10.0.0.5:99999/cam?token=t0k\n")
+    for name, said in [("Typo", "unsupported URL scheme 'rtps' in Typo"),
+                       ("Bracket", "Bracket: not a valid URL (Invalid IPv6 URL)"),
+                       ("Port", "Port: Port out of range")]:
+        assert main(["live", "--sources", str(cams), name]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "s3cret" not in err and "10.0.0.5" not in err and "::1" not in err, err
