@@ -2,8 +2,9 @@
 streams an operator sets up once, chosen by name on the web UI's Live tab or on `live`'s command
 line (where a URL's password would show in `ps`).
 
-The file has one source a line, `NAME = SOURCE` (a stream URL, webcam:N or a video file; spaces
-around the `=` ignored, blank lines and lines starting with # skipped), each name once. A page
+The file has one source a line, `NAME = SOURCE` (a stream URL, webcam:N or a video file, whose
+relative path is taken from the file's own folder; spaces around the `=` ignored, blank lines and
+lines starting with # skipped), each name once. A page
 sees only the names: its Start plays the source behind one (`SourceList.resolve`), its frames,
 Export and the activity log are named by it, so the URL's password never reaches a browser. With
 `only` (`ui --listed-only`), a page plays nothing else but the samples and its own uploads: no
@@ -57,7 +58,20 @@ def read_sources(path: str | None, only: bool = False) -> SourceList:
             raise UsageError(f"--sources {path}, line {n}: expected NAME = SOURCE (a URL, webcam:N or a file)")
         if name in named:
             raise UsageError(f"--sources {path}, line {n}: {name} is named twice")
-        named[name] = source
+        named[name] = _beside(source, Path(path).parent)
     if not named:
         raise UsageError(f"--sources {path} has no NAME = SOURCE line")
     return SourceList(named, only)
+
+
+def _beside(source: str, folder: Path) -> str:
+    """A file's path as the list gives it, relative to the list's own folder (~ for the home
+    folder), as a setup file's paths are: `Demo = clips/demo.mp4` beside /etc/vlmstream/cams.txt
+    had been looked for in whatever folder the server or the run was started from. A URL,
+    webcam:N and - (standard input) are kept as they are."""
+    import os
+
+    if "://" in source or source == "-" or source.startswith("webcam:"):
+        return source
+    source = os.path.expanduser(source)
+    return source if os.path.isabs(source) or folder == Path(".") else os.path.join(folder, source)

@@ -1576,3 +1576,30 @@ def test_a_listed_url_that_is_no_stream_url_is_said_by_its_name(tmp_path, capsys
         assert main(["live", "--sources", str(cams), name]) == 2
         err = capsys.readouterr().err
         assert said in err and "s3cret" not in err and "10.0.0.5" not in err and "::1" not in err, err
+
+
+def test_a_listed_files_relative_path_is_taken_from_the_lists_folder(small_folder, tmp_path, monkeypatch, capsys):
+    """`Door = clips/door.mp4` in /etc/vlmstream/cams.txt: the path was looked for in the folder
+    the run (or the web UI's server) was started from, so the list worked from one folder and
+    said "no such file" from any other. A setup file's paths are its own folder's, as README says;
+    ~ is the home folder; URLs, webcam:N and - are kept as they are."""
+    from app.cli import main
+    from app.source_list import read_sources
+
+    samples = Path(__file__).resolve().parents[1] / "sample_videos"
+    setup = tmp_path / "setup"
+    (setup / "clips").mkdir(parents=True)
+    (setup / "clips" / "door.mp4").write_bytes((samples / "cuts_640x360_30fps.mp4").read_bytes())
+    (setup / "cams.txt").write_text("Door = clips/door.mp4\nHome = ~/yard.mp4\nAbs = /srv/a.mp4\n"
+                                    "Cam = webcam:1\nPi = -\nGate = rtsp://10.0.0.5/live\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert read_sources(str(setup / "cams.txt")).named == {
+        "Door": str(setup / "clips" / "door.mp4"), "Home": str(tmp_path / "home" / "yard.mp4"), "Abs": "/srv/a.mp4",
+        "Cam": "webcam:1", "Pi": "-", "Gate": "rtsp://10.0.0.5/live"}
+    assert read_sources("../setup/cams.txt").named["Door"] == "../setup/clips/door.mp4"
+    assert main(["live", "--sources", "../setup/cams.txt", "Door", "--model", str(small_folder), "--duration", "1",
+                 "--max-tokens", "2"]) == 0
+    assert "frames captioned" in capsys.readouterr().err
