@@ -88,6 +88,29 @@ def _value_in_one_line(preprocess: Callable, label: str) -> Callable:
     return read
 
 
+def check_listed(named: dict[str, str], samples: list[str]) -> None:
+    """The --sources checked before the model loads, as --source is: a list's mistake (a mistyped
+    URL scheme, a missing file) had been found by each page's Start, in a one-line error that
+    named only the source; a name that is a sample's had hidden the sample (the page's list showed
+    it twice, and both played the camera). A webcam is not opened (it may be plugged in later)."""
+    from app.cli import UsageError
+    from pipelines.pipe import is_named_pipe
+    from pipelines.sources import SourceError, open_live
+    from pipelines.webcam import parse_webcam
+
+    for name, source in named.items():  # read once, where every page's Start opens it again
+        if name in samples:
+            raise UsageError(f"--sources: {name} is the name of a sample video: name the source otherwise")
+        if source == "-" or is_named_pipe(source):
+            raise UsageError(f"--sources: {name} = {source}: the web UI does not read standard input or a named "
+                             "pipe (`vlmstream live` does)")
+        try:
+            if parse_webcam(source) is None:
+                open_live(source, name=name)  # a stream is not connected to: its URL is checked
+        except SourceError as e:
+            raise UsageError(f"--sources: {e}" if name in str(e) else f"--sources: {name}: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from app.cli import UsageError, reading_arg, realtime_dtype
     from app.listen import check_port, loopback, read_auth, settings_users, tls_arguments
@@ -108,10 +131,7 @@ def run(args: argparse.Namespace) -> int:
     auth = read_auth(args.auth_file) if args.auth_file else None
     settings_by = settings_users(args.settings_by, auth)
     sources = read_sources(args.sources, args.listed_only)
-    for name, source in sources.named.items():  # read once, where every page's Start opens it again
-        if source == "-" or is_named_pipe(source):
-            raise UsageError(f"--sources: {name} = {source}: the web UI does not read standard input or a named "
-                             "pipe (`vlmstream live` does)")
+    check_listed(sources.named, sample_videos())
     if auth is None and not loopback(args.host):
         reach = "" if sources.only else ", and its page plays any file or URL this server reaches"
         print(f"vlmstream: warning: the UI on {args.host} asks no password{reach} (--auth-file)", file=sys.stderr)

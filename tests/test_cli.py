@@ -190,12 +190,20 @@ def test_ui_sources_file_mistakes_are_one_line_before_the_model_loads(capsys, tm
     (tmp_path / "bare.txt").write_text("rtsp://10.0.0.5/live?profile=1\n")  # a URL with no name: not a name "rtsp..."
     (tmp_path / "twice.txt").write_text("Door = webcam:0\nDoor = webcam:1\n")
     (tmp_path / "stdin.txt").write_text("Pi camera = -\n")
+    # found at start, not by each page's Start
+    (tmp_path / "scheme.txt").write_text("Yard = webcam:7\nGate = rtps://admin:s3cret@10.0.0.5/live\n")
+    (tmp_path / "nofile.txt").write_text("Demo = no/such/clip.mp4\n")
+    (tmp_path / "sample.txt").write_text("shapes_640x360_60fps.mp4 = rtsp://10.0.0.5/live\n")
     for args, needle in [(["--sources", str(tmp_path / "bare.txt")], "line 1: expected NAME = SOURCE"),
                          (["--sources", str(tmp_path / "twice.txt")], "line 2: Door is named twice"),
                          (["--sources", str(tmp_path / "missing.txt")], "--sources: cannot read"),
                          (["--listed-only"], "--listed-only needs --sources FILE"),
                          (["--sources", str(tmp_path / "stdin.txt")],
                           "--sources: Pi camera = -: the web UI does not read standard input or a named pipe"),
+                         (["--sources", str(tmp_path / "scheme.txt")], "--sources: unsupported URL scheme 'rtps' in Gate"),
+                         (["--sources", str(tmp_path / "nofile.txt")], "--sources: Demo: video not found"),
+                         (["--sources", str(tmp_path / "sample.txt")],
+                          "--sources: shapes_640x360_60fps.mp4 is the name of a sample video"),
                          (["--sources", str(tmp_path / "cams.txt"), "--listed-only", "--source", "/etc/hosts"],
                           "--source /etc/hosts is none of the --sources (--listed-only)")]:
         assert main(["ui", "--port", port, *args, "--model", "/no/such/model"]) == 2
