@@ -135,7 +135,18 @@ def _checked(args: argparse.Namespace) -> tuple[float, Path | None, list[dict], 
         check_writable([snapshots], [])
     tasks = prompt_tasks(args)
     # a file however its path is spelt (`clip.mp4`, `./clip.mp4`): it was watched twice over
-    if len({os.path.realpath(s) if os.path.isfile(s) else s for s in args.sources}) != len(args.sources):
+    keys = [os.path.realpath(s) if os.path.isfile(s) else s for s in args.sources]
+    if len(set(keys)) != len(keys):
+        # --sources: two names of one camera (`live --sources cams.txt` plays all) were "a source
+        # is listed twice", with no word of which: said by their names (never the URL)
+        first = next(key for key in keys if keys.count(key) > 1)
+        twice = [k for k, key in enumerate(keys) if key == first]
+        names = [args.source_names[k] for k in twice]
+        if any(names):
+            from pipelines.sources import redact
+
+            shown = " and ".join(dict.fromkeys(n or redact(args.sources[k]) for k, n in zip(twice, names)))
+            raise UsageError(f"a source is listed twice: {shown} are the same source")
         raise UsageError("a source is listed twice")
     if args.output == "-" and args.json:
         raise UsageError("--json and -o - would both write to standard output")

@@ -1603,3 +1603,17 @@ def test_a_listed_files_relative_path_is_taken_from_the_lists_folder(small_folde
     assert main(["live", "--sources", "../setup/cams.txt", "Door", "--model", str(small_folder), "--duration", "1",
                  "--max-tokens", "2"]) == 0
     assert "frames captioned" in capsys.readouterr().err
+
+
+def test_one_source_under_two_names_is_said_by_its_names(tmp_path, capsys):
+    """A list that names one camera twice (`Front door` and `Entrance`, for the web UI's viewers):
+    `live --sources cams.txt`, which plays all of them, said "a source is listed twice", with no
+    word of which (the command line named none)."""
+    from app.cli import main
+
+    cams = tmp_path / "cams.txt"
+    cams.write_text("Front door = rtsp://admin:s3cret@10.0.0.5/live\nYard = rtsp://10.0.0.6/live\n"
+                    "Entrance = rtsp://admin:s3cret@10.0.0.5/live\n")
+    assert main(["live", "--sources", str(cams)]) == 2
+    err = capsys.readouterr().err
+    assert err == "vlmstream: error: a source is listed twice: Front door and Entrance are the same source\n"
