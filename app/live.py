@@ -165,13 +165,12 @@ def _checked(args: argparse.Namespace) -> tuple[float, Path | None, list[dict], 
 
 def _opened(args: argparse.Namespace) -> tuple[list, list[str], list[Path] | None]:
     """(the sources opened, their labels, the --annotate recordings' paths)."""
-    from pipelines.sources import open_live, redact
+    from pipelines.sources import redact
 
     # Every mistake fails here, before torch loads (~3 s): a missing file or camera is said at once.
     # Opening connects to no stream (StreamSource connects when its frames are first asked).
     reading = reading_arg(args)
-    opened = [open_live(source, max_outage=args.max_outage, reading=reading, name=name)
-              for source, name in zip(args.sources, args.source_names)]
+    opened = [_open(source, name, args.max_outage, reading) for source, name in zip(args.sources, args.source_names)]
     labels = [name or redact(source) for source, name in zip(args.sources, args.source_names)]
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials
         labels = [f"{label} ({i + 1})" for i, label in enumerate(labels)]
@@ -187,6 +186,20 @@ def _opened(args: argparse.Namespace) -> tuple[list, list[str], list[Path] | Non
         print(f"vlmstream: warning: {recordings[0]} exists and is replaced by this run's recording "
               "(--annotate FOLDER/ keeps each run's)", file=sys.stderr)
     return opened, labels, recordings
+
+
+def _open(source: str, name: str | None, max_outage: float | None, reading) -> object:
+    """open_live's source; a listed one's failure to open says its name (`live --sources cams.txt`
+    plays them all: "no camera at webcam:0" or "video not found: clips/door.mp4" said which
+    entry only by what it stands for)."""
+    from pipelines.sources import SourceError, open_live
+
+    try:
+        return open_live(source, max_outage=max_outage, reading=reading, name=name)
+    except SourceError as e:
+        if name is not None and name not in str(e):
+            e.args = (f"{name}: {e}",)  # its kind (and exit code) kept
+        raise
 
 
 def _engine(args: argparse.Namespace, max_batch_size: int) -> Engine:

@@ -1617,3 +1617,16 @@ def test_one_source_under_two_names_is_said_by_its_names(tmp_path, capsys):
     assert main(["live", "--sources", str(cams)]) == 2
     err = capsys.readouterr().err
     assert err == "vlmstream: error: a source is listed twice: Front door and Entrance are the same source\n"
+
+
+def test_a_listed_source_that_cannot_be_opened_is_said_by_its_name(tmp_path, capsys):
+    """`live --sources cams.txt` plays every entry: one that could not be opened was said by what
+    it stands for alone ("no camera at webcam:9", "video not found: clips/door.mp4"), not by the
+    name the run gives it everywhere else."""
+    from app.cli import main
+
+    cams = tmp_path / "cams.txt"
+    cams.write_text("Back door = webcam:9\nLobby = no/such/door.mp4\n")
+    for name, said in [("Back door", "Back door: no camera at webcam:9"), ("Lobby", "Lobby: video not found")]:
+        assert main(["live", "--sources", str(cams), name]) == 2
+        assert capsys.readouterr().err.startswith(f"vlmstream: error: {said}")
