@@ -37,9 +37,11 @@ class SourceList:
         return choice, None
 
 
-def read_sources(path: str | None, only: bool = False) -> SourceList:
+def read_sources(path: str | None, only: bool = False, samples: list[str] | tuple = ()) -> SourceList:
     """The --sources file read; a UsageError, with its line, for a line that is not NAME = SOURCE or
-    a name given twice. `only` without a file is a mistake too (nothing would play but the samples)."""
+    a name given twice. `only` without a file is a mistake too (nothing would play but the samples).
+    A SOURCE among `samples` (the web UI's sample videos, by file name) is that sample, wherever
+    the list is."""
     if path is None:
         if only:
             raise UsageError("--listed-only needs --sources FILE: the sources it lets pages play")
@@ -58,7 +60,7 @@ def read_sources(path: str | None, only: bool = False) -> SourceList:
             raise UsageError(f"--sources {path}, line {n}: expected NAME = SOURCE (a URL, webcam:N or a file)")
         if name in named:
             raise UsageError(f"--sources {path}, line {n}: {name} is named twice")
-        named[name] = _beside(source, Path(path).parent)
+        named[name] = source if source in samples else _beside(source, Path(path).parent)
     if not named:
         raise UsageError(f"--sources {path} has no NAME = SOURCE line")
     return SourceList(named, only)

@@ -105,7 +105,7 @@ def check_listed(named: dict[str, str], samples: list[str]) -> None:
             raise UsageError(f"--sources: {name} = {source}: the web UI does not read standard input or a named "
                              "pipe (`vlmstream live` does)")
         try:
-            if parse_webcam(source) is None:
+            if parse_webcam(source) is None and source not in samples:  # a page's Start plays a sample's name
                 open_live(source, name=name)  # a stream is not connected to: its URL is checked
         except SourceError as e:
             raise UsageError(f"--sources: {e}" if name in str(e) else f"--sources: {name}: {e}") from None
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     tls = tls_arguments(args.ssl_certfile, args.ssl_keyfile)
     auth = read_auth(args.auth_file) if args.auth_file else None
     settings_by = settings_users(args.settings_by, auth)
-    sources = read_sources(args.sources, args.listed_only)
+    sources = read_sources(args.sources, args.listed_only, sample_videos())
     check_listed(sources.named, sample_videos())
     if auth is None and not loopback(args.host):
         reach = "" if sources.only else ", and its page plays any file or URL this server reaches"

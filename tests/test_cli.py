@@ -209,6 +209,9 @@ def test_ui_sources_file_mistakes_are_one_line_before_the_model_loads(capsys, tm
         assert main(["ui", "--port", port, *args, "--model", "/no/such/model"]) == 2
         err = capsys.readouterr().err
         assert needle in err and err.startswith("vlmstream: error: ") and err.count("\n") == 1, err
+    (tmp_path / "demo.txt").write_text("Demo = shapes_640x360_60fps.mp4\n")  # a sample by its name: played
+    main(["ui", "--port", port, "--sources", str(tmp_path / "demo.txt"), "--model", "/no/such/model"])
+    assert "model folder not found" in capsys.readouterr().err
     listed = read_sources(str(tmp_path / "cams.txt"))
     assert listed.named == {"Front door": "rtsp://u:p@10.0.0.5/live?a=1&b=2", "Yard": "webcam:1"} and not listed.only
     assert listed.resolve(" Yard ", []) == ("webcam:1", "Yard") and listed.resolve("clip.mp4", []) == ("clip.mp4", None)
