@@ -8,6 +8,7 @@ a recording) is in schemes.py, why a failed open is given up at once in refusal.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Iterator
 
@@ -84,6 +85,7 @@ class StreamSource:
             shown = _shown(url, source_id)
             self.url, self.display = url, source_id or shown
             check_url(url, scheme, self.display)
+        self._named = bool(source_id) and self._pipe is None  # its host is not said (`_unnamed`)
         self.source_id = source_id or self.display
         self.open_timeout, self.read_timeout = open_timeout, read_timeout
         self.reconnect, self.pace = reconnect, pace
@@ -188,7 +190,8 @@ class StreamSource:
                 # the pipe's (a network source's try says why it had not opened yet: retry, below).
                 if connection.stopped and self._pipe is not None:
                     return
-                given_up = refusal(e, self.url, self.display, index == 0, self.open_timeout, self._clean)
+                given_up = self._unnamed(refusal(e, self.url, self.display, index == 0, self.open_timeout,
+                                                 self._clean))
                 if given_up or not self.reconnect:
                     raise SourceError(f"cannot read {self.display}: {given_up or self._clean(e, self.open_timeout)}"
                                       ) from None
@@ -346,4 +349,15 @@ class StreamSource:
 
         if isinstance(e, (av.ExitError, _NoAnswer, _TimedOut)):  # "Immediate exit requested": our timeout, in FFmpeg's words
             return f"{TIMED_OUT} {waited:.1f} s"
-        return first_line(e).replace(self.url, self.display)
+        return self._unnamed(first_line(e).replace(self.url, self.display))
+
+    def _unnamed(self, said: str | None) -> str | None:
+        """A listed source's message without its host, which the list keeps as it keeps its
+        password: a page that played "Front door" was told "no address for the host cam1.lan"."""
+        if said and self._named:
+            from urllib.parse import urlsplit
+
+            host = urlsplit(self.url).hostname
+            if host:
+                said = re.sub(rf"(the host )?{re.escape(host)}", "its host", said, flags=re.IGNORECASE)
+        return said

@@ -1984,3 +1984,24 @@ def test_a_listed_stream_is_named_in_its_messages_by_its_name_not_its_url():
     assert "Front door" in str(failed.value) and "127.0.0.1" not in str(failed.value), failed.value
     unnamed = StreamSource("rtsp://admin:s3cret@127.0.0.1:8554/cam")  # the CLI's: the URL, redacted
     assert unnamed.display == unnamed.source_id == "rtsp://***@127.0.0.1:8554/cam"
+
+
+def test_a_listed_cameras_host_is_not_said(capsys, tmp_path, monkeypatch):
+    """`live --sources cams.txt Cam` (and a web page's Start of "Cam"): a host with no address was
+    said by its name, "no address for the host cam1.lan", where the list keeps the URL from
+    the page (README: a page sees the name alone, never the URL). An unlisted URL names it still."""
+    real = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if host == "nonexistent.invalid":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    cams = tmp_path / "cams.txt"
+    cams.write_text("Cam = http://admin:s3cret@nonexistent.invalid/cam.ts?token=t0k\n")
+    assert main(["live", "--sources", str(cams), "Cam"]) == 2
+    err = capsys.readouterr().err
+    assert err == "vlmstream: error: cannot read Cam: no address for its host (a typo, or no network?)\n", err
+    assert main(["live", "http://nonexistent.invalid/cam.ts"]) == 2
+    assert "no address for the host nonexistent.invalid" in capsys.readouterr().err
