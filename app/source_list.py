@@ -3,8 +3,8 @@ streams an operator sets up once, chosen by name on the web UI's Live tab or on 
 line (where a URL's password would show in `ps`).
 
 The file has one source a line, `NAME = SOURCE` (a stream URL, webcam:N or a video file, whose
-relative path is taken from the file's own folder; spaces around the `=` ignored, blank lines and
-lines starting with # skipped), each name once. A page
+relative path is taken from the file's own folder; spaces around the `=` and quotes around a name
+or a source ignored, blank lines and lines starting with # skipped), each name once. A page
 sees only the names: its Start plays the source behind one (`SourceList.resolve`), its frames,
 Export and the activity log are named by it, so the URL's password never reaches a browser. With
 `only` (`ui --listed-only`), a page plays nothing else but the samples and its own uploads: no
@@ -55,7 +55,7 @@ def read_sources(path: str | None, only: bool = False, samples: list[str] | tupl
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        name, sep, source = (part.strip() for part in line.partition("="))
+        name, sep, source = (_unquoted(part.strip()) for part in line.partition("="))
         if not sep or not name or not source or "://" in name:  # a URL's query: not a name
             raise UsageError(f"--sources {path}, line {n}: expected NAME = SOURCE (a URL, webcam:N or a file)")
         if name in named:
@@ -77,3 +77,12 @@ def _beside(source: str, folder: Path) -> str:
         return source
     source = os.path.expanduser(source)
     return source if os.path.isabs(source) or folder == Path(".") else os.path.join(folder, source)
+
+
+def _unquoted(text: str) -> str:
+    """A name or source without the quotes around it (`"Front door" = "rtsp://..."`, as a shell or
+    an INI file has them): the name had kept them, so `live --sources cams.txt "Front door"` found
+    no such name, and the source was a URL of the scheme '"rtsp'."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1].strip()
+    return text

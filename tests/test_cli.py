@@ -212,6 +212,10 @@ def test_ui_sources_file_mistakes_are_one_line_before_the_model_loads(capsys, tm
     (tmp_path / "demo.txt").write_text("Demo = shapes_640x360_60fps.mp4\n")  # a sample by its name: played
     main(["ui", "--port", port, "--sources", str(tmp_path / "demo.txt"), "--model", "/no/such/model"])
     assert "model folder not found" in capsys.readouterr().err
+    (tmp_path / "quoted.txt").write_text('"Front door" = "rtsp://10.0.0.5/live"\n\'Yard\' = webcam:1\n'
+                                         'Bob\'s "desk" = webcam:2\n')
+    assert read_sources(str(tmp_path / "quoted.txt")).named == {
+        "Front door": "rtsp://10.0.0.5/live", "Yard": "webcam:1", 'Bob\'s "desk"': "webcam:2"}
     listed = read_sources(str(tmp_path / "cams.txt"))
     assert listed.named == {"Front door": "rtsp://u:p@10.0.0.5/live?a=1&b=2", "Yard": "webcam:1"} and not listed.only
     assert listed.resolve(" Yard ", []) == ("webcam:1", "Yard") and listed.resolve("clip.mp4", []) == ("clip.mp4", None)
