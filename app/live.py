@@ -96,26 +96,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _listed(args: argparse.Namespace) -> None:
-    """The sources as given, with --sources: each SOURCE that names one of its file's is that one
-    (all of them where no SOURCE is given), the others as they are; `args.source_names` holds each
-    one's name (None for a source given as itself)."""
-    from app.source_list import read_sources
+    """The sources as given, or chosen by name from --sources (`app.source_list.chosen`);
+    `args.source_names` holds each one's name (None for a source given as itself)."""
+    from app.source_list import chosen
 
-    names: list[str | None] = [None] * len(args.sources)
-    if args.source_file is not None:
-        listed = read_sources(args.source_file).named
-        chosen = args.sources or list(listed)
-        for c in chosen:  # a mistyped name had been "video not found: Frnt door"
-            if c not in listed and "://" not in c and c != "-" and not c.startswith(("webcam:", "/dev/")) \
-                    and not os.path.exists(c):
-                raise UsageError(f"{c} is no name in {args.source_file} ({', '.join(listed)}) and no file")
-        names = [c if c in listed else None for c in chosen]
-        args.sources = [listed.get(c, c) for c in chosen]
-    elif not args.sources:
-        raise UsageError("name a SOURCE (a file, webcam:N, a stream URL, -), or give --sources FILE")
-    if len(set(filter(None, names))) != len(list(filter(None, names))):
-        raise UsageError("a source is listed twice")
-    args.source_names = names
+    args.sources, args.source_names = chosen(args.sources, args.source_file)
 
 
 def _checked(args: argparse.Namespace) -> tuple[float, Path | None, list[dict], tuple[str, str] | None]:
@@ -167,10 +152,13 @@ def _opened(args: argparse.Namespace) -> tuple[list, list[str], list[Path] | Non
     """(the sources opened, their labels, the --annotate recordings' paths)."""
     from pipelines.sources import redact
 
+    from app.source_list import open_listed
+
     # Every mistake fails here, before torch loads (~3 s): a missing file or camera is said at once.
     # Opening connects to no stream (StreamSource connects when its frames are first asked).
     reading = reading_arg(args)
-    opened = [_open(source, name, args.max_outage, reading) for source, name in zip(args.sources, args.source_names)]
+    opened = [open_listed(source, name, max_outage=args.max_outage, reading=reading)
+              for source, name in zip(args.sources, args.source_names)]
     labels = [name or redact(source) for source, name in zip(args.sources, args.source_names)]
     if len(set(labels)) != len(labels):  # URLs that differ only in their credentials
         labels = [f"{label} ({i + 1})" for i, label in enumerate(labels)]
@@ -186,20 +174,6 @@ def _opened(args: argparse.Namespace) -> tuple[list, list[str], list[Path] | Non
         print(f"vlmstream: warning: {recordings[0]} exists and is replaced by this run's recording "
               "(--annotate FOLDER/ keeps each run's)", file=sys.stderr)
     return opened, labels, recordings
-
-
-def _open(source: str, name: str | None, max_outage: float | None, reading) -> object:
-    """open_live's source; a listed one's failure to open says its name (`live --sources cams.txt`
-    plays them all: "no camera at webcam:0" or "video not found: clips/door.mp4" said which
-    entry only by what it stands for)."""
-    from pipelines.sources import SourceError, open_live
-
-    try:
-        return open_live(source, max_outage=max_outage, reading=reading, name=name)
-    except SourceError as e:
-        if name is not None and name not in str(e):
-            e.args = (f"{name}: {e}",)  # its kind (and exit code) kept
-        raise
 
 
 def _engine(args: argparse.Namespace, max_batch_size: int) -> Engine:

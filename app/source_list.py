@@ -86,3 +86,43 @@ def _unquoted(text: str) -> str:
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1].strip()
     return text
+
+
+def chosen(given: list[str], path: str | None) -> tuple[list[str], list[str | None]]:
+    """`live`'s sources and their names (None for one given as itself): with a --sources file,
+    each SOURCE that is a name in it is that source (all of them where none is given), the others
+    as they are. A UsageError for no source at all, a name given twice, or a SOURCE that is
+    neither a name in the file nor a file, URL or camera (a mistyped name had been "video not
+    found: Frnt door")."""
+    import os
+
+    names: list[str | None] = [None] * len(given)
+    sources = given
+    if path is not None:
+        listed = read_sources(path).named
+        picked = given or list(listed)
+        for c in picked:
+            if c not in listed and "://" not in c and c != "-" and not c.startswith(("webcam:", "/dev/")) \
+                    and not os.path.exists(c):
+                raise UsageError(f"{c} is no name in {path} ({', '.join(listed)}) and no file")
+        names = [c if c in listed else None for c in picked]
+        sources = [listed.get(c, c) for c in picked]
+    elif not given:
+        raise UsageError("name a SOURCE (a file, webcam:N, a stream URL, -), or give --sources FILE")
+    if len(set(filter(None, names))) != len(list(filter(None, names))):
+        raise UsageError("a source is listed twice")
+    return sources, names
+
+
+def open_listed(source: str, name: str | None, **options):
+    """`open_live(source, name=name, **options)`; a listed source's failure to open says its name
+    (`live --sources cams.txt` plays them all: "no camera at webcam:0" or "video not found:
+    clips/door.mp4" said which entry only by what it stands for). Its kind (and exit code) kept."""
+    from pipelines.sources import SourceError, open_live
+
+    try:
+        return open_live(source, name=name, **options)
+    except SourceError as e:
+        if name is not None and name not in str(e):
+            e.args = (f"{name}: {e}",)
+        raise

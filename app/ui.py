@@ -95,8 +95,10 @@ def check_listed(named: dict[str, str], samples: list[str]) -> None:
     it twice, and both played the camera). A webcam is not opened (it may be plugged in later)."""
     from app.cli import UsageError
     from pipelines.pipe import is_named_pipe
-    from pipelines.sources import SourceError, open_live
+    from pipelines.sources import SourceError
     from pipelines.webcam import parse_webcam
+
+    from app.source_list import open_listed
 
     for name, source in named.items():  # read once, where every page's Start opens it again
         if name in samples:
@@ -106,9 +108,9 @@ def check_listed(named: dict[str, str], samples: list[str]) -> None:
                              "pipe (`vlmstream live` does)")
         try:
             if parse_webcam(source) is None and source not in samples:  # a page's Start plays a sample's name
-                open_live(source, name=name)  # a stream is not connected to: its URL is checked
+                open_listed(source, name)  # a stream is not connected to: its URL is checked
         except SourceError as e:
-            raise UsageError(f"--sources: {e}" if name in str(e) else f"--sources: {name}: {e}") from None
+            raise UsageError(f"--sources: {e}") from None
 
 
 def run(args: argparse.Namespace) -> int:
