@@ -23,6 +23,7 @@ from .outage import Outage, span
 
 TIMED_OUT = "nothing came for"  # FFmpeg's "Immediate exit requested", in the words a user needs
 RETRY_FIRST_S, RETRY_MAX_S = 0.25, 4.0  # the pause before the first try to reopen, and the longest
+TRY_MIN_S = 0.5  # the shortest open or read timeout a try is given, however little time the source has left
 STILL_SAID_S = (60.0, 1800.0)  # an outage is said to go on after a minute, then at doubling gaps up to 30 min
 
 
@@ -110,6 +111,27 @@ class Connection:
         # in a run that went on with its other sources
         raise SourceSilent(f"gave up on {self.display}: no frame for {span(silent)}, more than the "
                            f"{span(limit)} allowed" + ("" if reason.startswith(TIMED_OUT) else f" (the last try: {reason})"))
+
+    def try_timeouts(self, open_timeout: float, read_timeout: float, started: float | None) -> tuple[float, float]:
+        """A try's open and read timeouts (a stream's, StreamSource). A try that would outlast the
+        time the source has left ends with it: the last one ran its whole open timeout past the
+        limit (a server that never answers: said after 38 s of 30). So do its reads, cut to the
+        time left before the source is given up (not to the run's end: a read is never waited for
+        then); and once the source has sent frames (--max-outage), the open leaves its read that
+        time too. A hung camera answers every try, its open taking its whole timeout, then sends
+        nothing: it was given up an open and a read timeout past --max-outage (9.5 s of 4, 13 s of
+        10). If frames come again through such a try, its reads keep their shorter timeout: a
+        pause that long is then an outage. Each is TRY_MIN_S at least."""
+        left = None if started is None else self.remaining(started)
+        timeout = open_timeout if left is None else min(open_timeout, max(TRY_MIN_S, left))
+        read = read_timeout if self.max_outage is None else min(read_timeout, self.max_outage)
+        give_up = None if started is None else self.give_up_in(started)
+        if give_up is not None:
+            read = min(read, max(TRY_MIN_S, give_up))
+            if self.last_frame is not None:
+                timeout = min(timeout, max(TRY_MIN_S, give_up - read))
+                read = min(read, max(TRY_MIN_S, give_up - timeout))
+        return timeout, read
 
     def give_up_in(self, started: float) -> float | None:
         """Seconds before this source is given up (`check`'s limit, from `started` or its last

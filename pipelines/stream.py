@@ -8,7 +8,6 @@ a recording) is in schemes.py, why a failed open is given up at once in refusal.
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Iterator
 
@@ -19,13 +18,12 @@ from .pipe import PIPE_PROBE, STDIN, PipeReader, is_named_pipe, open_pipe, wait_
 from .refusal import refusal
 from .replayed import Replayed
 from .schemes import CLOCKED_SCHEMES, WEB, check_url, is_recording, stream_options
-from .url import redact
+from .url import shown_as, without_host
 
 STALE_AFTER, BURST_S = 0.9, 0.05  # a silence this share of the read timeout; the burst it ends (see _frames)
 STREAM_MAX_WAIT_S = 30.0  # a stream that never sent a frame and sends nothing this long is an error
 BEHIND_EVERY_S = 60.0  # falling behind is said at most this often
 UNDECODABLE_S = 10.0  # a stream that gave frames and then only packets the decoder rejects, this long: reopened
-TRY_MIN_S = 0.5  # the shortest open or read timeout a try is given, however little time the source has left
 
 
 class _Undecodable(Exception):
@@ -38,17 +36,6 @@ class _NoAnswer(OSError):
 
 class _TimedOut(OSError):
     """A read that timed out, and got what the demuxer held instead of an error (see `before`)."""
-
-
-def _shown(url: str, name: str | None = None) -> str:
-    """The URL as messages show it (`redact`); a URL that is none, said by its `name` where it has
-    one (the reason alone: the URL is in redact's message as written)."""
-    try:
-        return redact(url)
-    except SourceError as e:
-        if name is None:
-            raise
-        raise SourceError(f"{name}: not a valid URL ({str(e).partition(' is not a valid URL: ')[2]})") from None
 
 
 class StreamSource:
@@ -82,7 +69,7 @@ class StreamSource:
             # A listed source (`--sources`): its messages name it as its frames do, not by its URL
             # (a page was to see the name alone), from the first: a mistyped scheme or port had
             # been said with the URL's host, and a URL that does not parse with its password.
-            shown = _shown(url, source_id)
+            shown = shown_as(url, source_id)
             self.url, self.display = url, source_id or shown
             check_url(url, scheme, self.display)
         self._named = bool(source_id) and self._pipe is None  # its host is not said (`_unnamed`)
@@ -115,7 +102,7 @@ class StreamSource:
             # FFmpeg probes 5 MB or 5 s of a stream before its first frame: a camera's MJPEG came
             # after 11 s, one that sent 2 s and paused never, and the backlog then came at once.
             return refuse_text(av.open(reader, mode="r", timeout=None, options=PIPE_PROBE), self.display)
-        timeout, read = self._timeouts(started)
+        timeout, read = self.connection.try_timeouts(self.open_timeout, self.read_timeout, started)
         began = time.perf_counter()
         try:
             return refuse_text(av.open(self.url, timeout=(timeout, read), options=self._options), self.display)
@@ -125,28 +112,6 @@ class StreamSource:
             if self.url.lower().startswith("rtsp") and time.perf_counter() - began >= timeout:
                 raise _NoAnswer() from None
             raise
-
-    def _timeouts(self, started: float | None) -> tuple[float, float]:
-        """A try's open and read timeouts. A try that would outlast the time the source has left
-        ends with it: the last one ran its whole open timeout past the limit (a server that never
-        answers: said after 38 s of 30). So do its reads, cut to the time left before the source
-        is given up (not to the run's end: a read is never waited for then); and once the
-        source has sent frames (--max-outage), the open leaves its read that time too. A hung
-        camera answers every try, its open taking its whole timeout, then sends nothing: it was
-        given up an open and a read timeout past --max-outage (9.5 s of 4, 13 s of 10). If frames
-        come again through such a try, its reads keep their shorter timeout: a pause that long is
-        then an outage."""
-        connection = self.connection
-        left = None if started is None else connection.remaining(started)
-        timeout = self.open_timeout if left is None else min(self.open_timeout, max(TRY_MIN_S, left))
-        read = self.read_timeout if connection.max_outage is None else min(self.read_timeout, connection.max_outage)
-        give_up = None if started is None else connection.give_up_in(started)
-        if give_up is not None:
-            read = min(read, max(TRY_MIN_S, give_up))
-            if connection.last_frame is not None:
-                timeout = min(timeout, max(TRY_MIN_S, give_up - read))
-                read = min(read, max(TRY_MIN_S, give_up - timeout))
-        return timeout, read
 
     def _open_pipe(self) -> int:
         """Standard input's descriptor, or the named pipe's (`open_pipe`), opened once."""
@@ -352,12 +317,5 @@ class StreamSource:
         return self._unnamed(first_line(e).replace(self.url, self.display))
 
     def _unnamed(self, said: str | None) -> str | None:
-        """A listed source's message without its host, which the list keeps as it keeps its
-        password: a page that played "Front door" was told "no address for the host cam1.lan"."""
-        if said and self._named:
-            from urllib.parse import urlsplit
-
-            host = urlsplit(self.url).hostname
-            if host:
-                said = re.sub(rf"(the host )?{re.escape(host)}", "its host", said, flags=re.IGNORECASE)
-        return said
+        """A listed source's message without its host (`without_host`)."""
+        return without_host(said, self.url) if self._named else said

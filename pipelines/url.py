@@ -98,3 +98,27 @@ def redact(url: str) -> str:
     if (netloc, query) == (parts.netloc, parts.query):
         return url
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def shown_as(url: str, name: str | None = None) -> str:
+    """The URL as messages show it (`redact`); a URL that is none, said by its `name` where it has
+    one (a listed source, `--sources`: the reason alone, since redact's message has the URL as
+    written, its password in it)."""
+    try:
+        return redact(url)
+    except SourceError as e:
+        if name is None:
+            raise
+        raise SourceError(f"{name}: not a valid URL ({str(e).partition(' is not a valid URL: ')[2]})") from None
+
+
+def without_host(said: str | None, url: str) -> str | None:
+    """A listed source's message without the URL's host, which the list keeps as it keeps its
+    password: a page that played "Front door" was told "no address for the host cam1.lan"."""
+    import re
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname if said else None
+    if host:
+        said = re.sub(rf"(the host )?{re.escape(host)}", "its host", said, flags=re.IGNORECASE)
+    return said
