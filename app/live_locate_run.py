@@ -22,7 +22,7 @@ from pipelines.sources import SourceError
 
 from app.console import StandardOutputError
 from app.live import p50_text, rate_text
-from app.live_files import log_name
+from app.live_files import file_names, log_name
 from app.live_report import closing_error, mark_outage, never_came, newly_failed, run_rate
 
 
@@ -42,6 +42,9 @@ class LiveLocateRun:
         # --changes: each source's number found is followed, and only a new one reported
         self.changes = {label: AnswerChanges(args.hold or 1) for label in labels} if args.changes else None
         self.snapshots = Path(args.snapshots) if args.snapshots else None
+        # the snapshots' names for the sources, as their recordings': "Front door" and "Front_door"
+        # had both saved as Front_door_7.jpg where their recordings were Front_door_1 and _2
+        self.names = dict(zip(labels, file_names(args.sources, labels, getattr(args, "source_names", None))))
         self.failed_said: set[str] = set()  # sources whose failure was said while the others went on
         self.opened: list = []  # the sources, once started
 
@@ -87,7 +90,7 @@ class LiveLocateRun:
                     from app.live_files import save_change_frame  # looked up when used: a test stands a full disk in for it
 
                     try:
-                        change["snapshot"] = str(save_change_frame(snapshots, r.label if self.several else "",
+                        change["snapshot"] = str(save_change_frame(snapshots, self.names[r.label] if self.several else "",
                                                            first.drawn().frame))
                     except OSError as e:
                         write_error.append((f"a snapshot in {snapshots}", e))

@@ -390,14 +390,16 @@ def test_detect_snapshots_of_listed_sources_are_named_as_their_recordings(tmp_pa
     label with a slash (a name `Gate/North`, a URL's `rtsp://***@cam/live`) made a path into folders
     that are not there: "cannot write a snapshot", and the run stopped at its first change."""
     cams = tmp_path / "cams.txt"
-    other = tmp_path / "gate.mp4"
+    other, third = tmp_path / "gate.mp4", tmp_path / "side.mp4"
     other.write_bytes(CLIP.read_bytes())
-    cams.write_text(f"Front door = {CLIP}\nGate/North = {other}\n")
+    third.write_bytes(CLIP.read_bytes())
+    # two names that make one file name: numbered, the snapshots as the recordings
+    cams.write_text(f"Front door = {CLIP}\nGate/North = {other}\nFront_door = {third}\n")
     shots, log = tmp_path / "shots", tmp_path / "log.jsonl"
     assert main(["live", "--sources", str(cams), "--detect", "circle", "--model", str(small_folder),
                  "--duration", "2", "--changes", "-o", str(log), "--snapshots", str(shots),
                  "--annotate", str(tmp_path / "rec") + "/"]) == 0
     recorded = sorted(p.stem.split("_", 1)[1] for p in (tmp_path / "rec").iterdir())
-    assert recorded == ["Front_door", "Gate_North"]
+    assert recorded == ["Front_door_1", "Front_door_2", "Gate_North"]
     saved = sorted(p.name for p in shots.iterdir())
     assert {re.fullmatch(r"\d{8}T\d{6}\.\d{3}Z_(.+)_\d+\.jpg", n).group(1) for n in saved} == set(recorded), saved
