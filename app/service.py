@@ -78,10 +78,11 @@ class Service:
         return SamplingParams(temperature=s.temperature, max_tokens=s.max_tokens,
                               sticky=s.sticky if s.temperature == 0 else 0.0)
 
-    def apply(self, settings: Settings) -> str:
+    def apply(self, settings: Settings, on_applied: Callable[[Settings, Settings], None] | None = None) -> str:
         """Change settings; a new model or device stops every feed and reloads the engine. One
         that cannot load is said before anything stops (every tab's feeds and jobs stopped for a
-        mistyped model folder)."""
+        mistyped model folder). on_applied(old, new): once they are, under the same lock (the
+        activity log's "what changed": read apart, another page's Apply could come between)."""
         settings = checked(settings)
         with self._lock:
             old = self.settings
@@ -104,6 +105,8 @@ class Service:
                     self._engine.reset_stats()
                 # feeds that run take them from their next frame (they had kept theirs until a new Start)
                 self.live.set_params()
+            if on_applied is not None:
+                on_applied(old, settings)
         return "engine reloaded" if reload else "settings applied"
 
     def engine_stats(self) -> dict:

@@ -41,14 +41,16 @@ class SettingsEvents:
         try:
             # A box left empty comes as None: the setting as it is (float(None) escaped as a TypeError).
             now = self.service.settings
+            applied = []
             msg = self.service.apply(Settings(model=(model or "tiny").strip(), device=device, dtype=now.dtype,
                                          temperature=number(temperature, now.temperature, "temperature"),
                                          max_tokens=number(max_tokens, now.max_tokens, "max tokens"),
                                          pipelined=bool(pipelined), sticky=number(sticky, now.sticky, "steadiness"),
-                                         hold=number(hold, now.hold, "frames a change holds")))
+                                         hold=number(hold, now.hold, "frames a change holds")),
+                                     on_applied=lambda old, new: applied.append((old, new)))
         except (UIError, VlmstreamError, OSError) as e:
             raise user_error(str(e)) from None
-        activity.settings_applied(sid, now, self.service.settings, msg)
+        activity.settings_applied(sid, *applied[0], msg)
         return msg
 
     def form(self) -> tuple:
