@@ -273,19 +273,16 @@ def test_webcam_frames_are_rgb_and_timed_and_a_camera_plugged_in_again_is_read_a
     assert src.connection.health()["outages"] == 2 and src.connection.state == "failed"
 
 
-def test_a_camera_slow_to_send_its_first_frame_is_read_not_given_up(monkeypatch):
-    """A webcam warms up before its first frame (failed reads for a moment), when first opened and
-    when plugged in again: within `read_timeout` those reads are waited out, not an outage."""
-    import cv2
+def _opened_camera(frames: list[int], warming: int = 0):
+    """A cv2.VideoCapture stand-in for a camera that opens every time: the n-th opening fails
+    `warming` reads, then sends frames[n] frames (none past the list), then fails every read."""
     import numpy as np
 
-    from pipelines.webcam import WebcamSource
+    openings = iter(frames)
 
-    openings = iter([3, 3])  # frames each time the camera is opened, each after two failed reads
-
-    class WarmingUp:
+    class Camera:
         def __init__(self, index):
-            self.warming, self.left = 2, next(openings, 0)
+            self.warming, self.left = warming, next(openings, 0)
 
         def isOpened(self):
             return True
@@ -302,7 +299,18 @@ def test_a_camera_slow_to_send_its_first_frame_is_read_not_given_up(monkeypatch)
         def release(self):
             pass
 
-    monkeypatch.setattr(cv2, "VideoCapture", WarmingUp)
+    return Camera
+
+
+def test_a_camera_slow_to_send_its_first_frame_is_read_not_given_up(monkeypatch):
+    """A webcam warms up before its first frame (failed reads for a moment), when first opened and
+    when plugged in again: within `read_timeout` those reads are waited out, not an outage."""
+    import cv2
+
+    from pipelines.webcam import WebcamSource
+
+    # frames each time the camera is opened, each after two failed reads
+    monkeypatch.setattr(cv2, "VideoCapture", _opened_camera([3, 3], warming=2))
     src = WebcamSource(0, read_timeout=0.5, max_outage=5.0)  # a camera never back fails, not hangs
     events = []
     src.connection.on_event = events.append
@@ -323,27 +331,10 @@ def test_a_frozen_webcam_is_given_up_at_max_outage_not_its_read_timeout(monkeypa
     """A camera that stops sending (its reads failing, the device still open): with --max-outage 1
     it was given up after its 3 s read timeout, and each reopen's read timeout later with a longer one."""
     import cv2
-    import numpy as np
 
     from pipelines.webcam import WebcamSource
 
-    class Frozen:
-        def __init__(self, index):
-            self.left = 3
-
-        def isOpened(self):
-            return True
-
-        def read(self):
-            if not self.left:
-                return False, None
-            self.left -= 1
-            return True, np.zeros((4, 6, 3), np.uint8)
-
-        def release(self):
-            pass
-
-    monkeypatch.setattr(cv2, "VideoCapture", Frozen)
+    monkeypatch.setattr(cv2, "VideoCapture", _opened_camera([3]))  # 3 frames, then failed reads
     src = WebcamSource(0, read_timeout=3.0, max_outage=1.0)
     with pytest.raises(SourceError, match=r"^gave up on webcam:0: no frame for 1\.\d s, more than the 1\.0 s allowed"):
         for _ in src.frames():
