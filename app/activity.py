@@ -109,6 +109,22 @@ def settings_applied(session: str, old, new, outcome: str) -> None:
     log.info("%s applied Settings: %s (%s)", who(session), ", ".join(changed) or "no change", outcome)
 
 
+def image_answered(session: str | None, task: dict | list[dict], total_ms: float) -> None:
+    log.info("%s image: %s, %.0f ms", who(session), task_text(task), total_ms)
+
+
+def image_located(session: str | None, task: str, what: str, found: int) -> None:
+    log.info("%s image: %s %r, %d found", who(session), task, what[:60], found)
+
+
+def video_failed(session: str, error: BaseException) -> None:
+    log.info("%s video job failed: %s", who(session), error)
+
+
+def settings_refused(session: str | None) -> None:
+    log.info("%s: Settings refused (--settings-by)", who(session))
+
+
 def feed_text(counters: dict, running_s: float) -> str:
     """A stopped feed's figures: how long, frames captioned, fps, median latency."""
     p50 = counters.get("latency_ms", {}).get("end_to_end", {}).get("p50")

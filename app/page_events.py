@@ -210,8 +210,7 @@ class PageEvents:
             out = self.service.caption_image(as_rgb(picture), task)
         except (UIError, VlmstreamError) as e:
             raise user_error(str(e)) from None
-        activity.log.info("%s image: %s, %.0f ms", activity.who(sid), activity.task_text(task),
-                          out.get("timings_ms", {}).get("total", 0.0))
+        activity.image_answered(sid, task, out.get("timings_ms", {}).get("total", 0.0))
         return out["text"], out
 
     def locator(self, task: str):
@@ -232,7 +231,7 @@ class PageEvents:
         picture = out.pop("picture")
         sid = getattr(request, "session_hash", None)
         activity.seen(sid, getattr(request, "username", None))
-        activity.log.info("%s image: %s %r, %d found", activity.who(sid), task, what[:60], len(out["pixels"]))
+        activity.image_located(sid, task, what, len(out["pixels"]))
         return f"{out[task]}: {places_text(out['pixels'], task)}", gr.Image(picture, visible=True), out
 
     def video(self, path, kind, question, every_n, ckind="none", ctext="", changes=False, request: gr.Request = None,
@@ -269,7 +268,7 @@ class PageEvents:
                                              name=Path(path).name)
         except (UIError, VlmstreamError, OSError) as e:
             e = upload_named(e, path)
-            activity.log.info("%s video job failed: %s", activity.who(sid), e)
+            activity.video_failed(sid, e)
             raise user_error(str(e)) from None
         finally:
             self.service.jobs.end_turn()

@@ -31,7 +31,7 @@ class SettingsEvents:
         sid = getattr(request, "session_hash", None)
         activity.seen(sid, getattr(request, "username", None))
         if self.settings_by is not None and getattr(request, "username", None) not in self.settings_by:
-            activity.log.info("%s: Settings refused (--settings-by)", activity.who(sid))
+            activity.settings_refused(sid)
             raise user_error(f"only {', '.join(sorted(self.settings_by))} may change this server's settings "
                              "(vlmstream ui --settings-by)")
         if shown is not None:
